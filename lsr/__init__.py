@@ -1,0 +1,51 @@
+"""lsr: end-to-end GPU learned sparse retrieval.
+
+Importing ``lsr`` is cheap: torch, triton and transformers are imported only when a public name
+that needs them is first used (PEP 562 lazy attributes).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "SparseVectors": "lsr.sparse",
+    "InvertedIndex": "lsr.index.inverted",
+    "Searcher": "lsr.search",
+    "SpladeEncoder": "lsr.encode.splade",
+    "LexicalEncoder": "lsr.encode.lexical",
+    "evaluate": "lsr.evaluate",
+    "load_dataset": "lsr.data",
+}
+_SUBMODULES = {"kernels", "interop", "data", "runs", "encode", "index", "config", "shards", "cli"}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.data import load_dataset
+    from lsr.encode.lexical import LexicalEncoder
+    from lsr.encode.splade import SpladeEncoder
+    from lsr.evaluate import evaluate
+    from lsr.index.inverted import InvertedIndex
+    from lsr.search import Searcher
+    from lsr.sparse import SparseVectors
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"lsr.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'lsr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)

@@ -1,0 +1,222 @@
+"""Parquet shards of sparse vectors, with a manifest (DESIGN §3).
+
+A vector directory holds ``part-00000.parquet`` ... (columns ``id`` string, ``indices`` list<int32>,
+``values`` list<float32>) and ``manifest.json``::
+
+    {"format": "lsr-vectors", "version": 1, "vocab_size": V, "n_rows": n, "nnz": m,
+     "metadata": {...encoder / model / max_length ...},
+     "shards": [{"file": "part-00000.parquet", "rows": r, "nnz": z, "sha256": "..."}, ...]}
+
+Every file is written to a temporary name and renamed into place, and the manifest is rewritten
+after each shard, so a killed writer leaves a directory whose manifest lists only complete shards:
+``ShardWriter(..., resume=True)`` continues from there with no lost or duplicated rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from lsr.sparse import SparseVectors
+
+__all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "sha256_file"]
+
+FORMAT = "lsr-vectors"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def vectors_to_table(vectors: SparseVectors) -> pa.Table:
+    """SparseVectors -> Arrow table (id, indices list<int32>, values list<float32>)."""
+    ip = vectors.indptr.cpu().numpy()
+    offsets = pa.array(ip.astype(np.int32) if ip[-1] < 2**31 else ip,
+                       type=pa.int32() if ip[-1] < 2**31 else pa.int64())
+    list_type = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
+    indices = list_type.from_arrays(offsets, pa.array(vectors.indices.cpu().numpy(), type=pa.int32()))
+    values = list_type.from_arrays(offsets, pa.array(vectors.values.cpu().numpy(), type=pa.float32()))
+    return pa.table({"id": pa.array(vectors.ids, type=pa.string()), "indices": indices, "values": values})
+
+
+def table_to_vectors(table: pa.Table, vocab_size: int | None, device: str | torch.device = "cpu",
+                     validate: bool = True) -> SparseVectors:
+    """Arrow table with id/indices/values columns -> SparseVectors."""
+    for col in ("id", "indices", "values"):
+        if col not in table.column_names:
+            raise ValueError(f"vector table lacks the column {col!r} (has {table.column_names})")
+    ind = table.column("indices").combine_chunks()
+    val = table.column("values").combine_chunks()
+    if len(ind) and (ind.null_count or val.null_count):
+        raise ValueError("vector table has null rows")
+    ind_off = np.asarray(ind.offsets, dtype=np.int64)
+    val_off = np.asarray(val.offsets, dtype=np.int64)
+    if not np.array_equal(ind_off - ind_off[0], val_off - val_off[0]):
+        raise ValueError("indices and values have different lengths in some row")
+    indptr = (ind_off - ind_off[0]).copy()
+    flat_i = np.array(ind.flatten(), dtype=np.int32)
+    flat_v = np.array(val.flatten(), dtype=np.float32)
+    ids = table.column("id").to_pylist()
+    return SparseVectors(torch.from_numpy(indptr), torch.from_numpy(flat_i), torch.from_numpy(flat_v), ids,
+                         vocab_size, device=device, validate=validate)
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    mf = p / MANIFEST if p.is_dir() else p
+    if not mf.exists():
+        raise FileNotFoundError(f"no {MANIFEST} in {p}: not an lsr vector directory (lsr encode writes one)")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{mf} is not valid JSON ({e}); the directory is corrupt") from e
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{mf}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    if manifest.get("version", 0) > VERSION:
+        raise ValueError(f"{mf}: format version {manifest['version']} is newer than this lsr ({VERSION})")
+    return manifest
+
+
+class ShardWriter:
+    """Write SparseVectors batches as fixed-size Parquet shards, resumably.
+
+    Args:
+        path: output directory.
+        vocab_size: size of the term space.
+        metadata: JSON-serialisable facts about the vectors (model id, revision, tokenizer hash, max_length...).
+            On resume they must equal the stored ones.
+        shard_rows: rows per shard (the last one may be shorter).
+        resume: continue a directory whose manifest lists complete shards (``rows_done`` tells how many
+            input rows to skip); without it an existing non-empty manifest is an error.
+    """
+
+    def __init__(self, path: str | os.PathLike, vocab_size: int, metadata: Mapping[str, Any] | None = None,
+                 shard_rows: int = 100_000, resume: bool = False) -> None:
+        if shard_rows <= 0:
+            raise ValueError("shard_rows must be positive")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.shard_rows = int(shard_rows)
+        meta = json.loads(json.dumps(dict(metadata or {})))
+        self.manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "vocab_size": int(vocab_size),
+                                         "n_rows": 0, "nnz": 0, "complete": False, "metadata": meta, "shards": []}
+        if (self.path / MANIFEST).exists():
+            old = read_manifest(self.path)
+            if not resume:
+                raise FileExistsError(f"{self.path} already holds vectors; pass resume=True or choose a new directory")
+            if old["vocab_size"] != vocab_size or old.get("metadata", {}) != meta:
+                raise ValueError(f"cannot resume {self.path}: it was written with other settings "
+                                 f"({old.get('metadata')} vs {meta})")
+            for s in old["shards"]:
+                f = self.path / s["file"]
+                if not f.exists() or sha256_file(f) != s["sha256"]:
+                    raise ValueError(f"cannot resume {self.path}: shard {s['file']} is missing or corrupt")
+            self.manifest = old
+            self.manifest["complete"] = False
+        self._buffer: list[SparseVectors] = []
+        self._buffered = 0
+
+    @property
+    def rows_done(self) -> int:
+        """Rows already in complete shards (input rows to skip when resuming)."""
+        return int(self.manifest["n_rows"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    def add(self, vectors: SparseVectors) -> None:
+        self._buffer.append(vectors.to("cpu"))
+        self._buffered += len(vectors)
+        while self._buffered >= self.shard_rows:
+            allv = SparseVectors.concat(self._buffer)
+            self._write(allv[: self.shard_rows])
+            rest = allv[self.shard_rows:]
+            self._buffer, self._buffered = ([rest], len(rest)) if len(rest) else ([], 0)
+
+    def _write(self, vectors: SparseVectors) -> None:
+        k = len(self.manifest["shards"])
+        name = f"part-{k:05d}.parquet"
+        tmp = self.path / (name + ".tmp")
+        pq.write_table(vectors_to_table(vectors), tmp, compression="zstd")
+        os.replace(tmp, self.path / name)
+        self.manifest["shards"].append({"file": name, "rows": len(vectors), "nnz": vectors.nnz,
+                                        "sha256": sha256_file(self.path / name)})
+        self.manifest["n_rows"] += len(vectors)
+        self.manifest["nnz"] += vectors.nnz
+        _atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
+
+    def close(self) -> dict[str, Any]:
+        """Flush the last partial shard and mark the directory complete; returns the manifest."""
+        if self._buffered:
+            self._write(SparseVectors.concat(self._buffer))
+            self._buffer, self._buffered = [], 0
+        self.manifest["complete"] = True
+        _atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
+        return self.manifest
+
+
+def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Mapping[str, Any] | None = None,
+                  shard_rows: int = 100_000) -> dict[str, Any]:
+    """Write all of ``vectors`` to a new vector directory; returns the manifest."""
+    w = ShardWriter(path, vectors.vocab_size, metadata, shard_rows)
+    w.add(vectors)
+    return w.close()
+
+
+def iter_shards(path: str | os.PathLike, device: str | torch.device = "cpu",
+                verify: bool = True) -> Iterator[SparseVectors]:
+    """Yield each shard of a vector directory as SparseVectors (checksums verified)."""
+    p = Path(path)
+    manifest = read_manifest(p)
+    for s in manifest["shards"]:
+        f = p / s["file"]
+        if not f.exists():
+            raise FileNotFoundError(f"shard {f} listed in the manifest is missing")
+        if verify and sha256_file(f) != s["sha256"]:
+            raise ValueError(f"shard {f} fails its checksum: the file is corrupt or was modified")
+        try:
+            table = pq.read_table(f)
+        except Exception as e:  # pyarrow raises several types for damaged files
+            raise ValueError(f"shard {f} cannot be read as Parquet: {e}") from e
+        vec = table_to_vectors(table, manifest["vocab_size"], device)
+        if len(vec) != s["rows"] or vec.nnz != s["nnz"]:
+            raise ValueError(f"shard {f} has {len(vec)} rows / {vec.nnz} nnz, manifest says {s['rows']} / {s['nnz']}")
+        yield vec
+
+
+def read_vectors(path: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True,
+                 allow_incomplete: bool = False) -> SparseVectors:
+    """Read a vector directory (or one .parquet file) into SparseVectors on ``device``."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".parquet":
+        return table_to_vectors(pq.read_table(p), None, device)
+    manifest = read_manifest(p)
+    if not manifest.get("complete") and not allow_incomplete:
+        raise ValueError(f"{p} is an unfinished vector directory ({manifest['n_rows']} rows so far); "
+                         "rerun the encoder with resume to finish it")
+    parts = list(iter_shards(p, device, verify))
+    if not parts:
+        return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], [], manifest["vocab_size"], device=device)
+    return SparseVectors.concat(parts)

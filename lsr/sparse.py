@@ -1,0 +1,339 @@
+"""SparseVectors: the CSR container every stage of lsr exchanges.
+
+Contract (DESIGN §3): ``indptr`` int64 [n+1], ``indices`` int32 [nnz] unique and ascending within a
+row, ``values`` float32 [nnz] > 0 and finite, string ``ids`` (unique), and ``vocab_size`` > every
+index. Tensors live on one device (CPU or CUDA); validation runs on that device without Python loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SparseVectors"]
+
+TensorLike = Any  # torch.Tensor | np.ndarray | Sequence
+
+
+def _as_tensor(x: TensorLike, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        t = torch.as_tensor(np.asarray(x))
+    if t.dtype.is_floating_point != dtype.is_floating_point and t.numel() > 0:
+        raise ValueError(f"expected a {'floating' if dtype.is_floating_point else 'integer'} array, got {t.dtype}")
+    return t.to(device=device if device is not None else t.device, dtype=dtype).contiguous()
+
+
+class SparseVectors:
+    """A batch of sparse vectors in CSR form, with string ids.
+
+    Args:
+        indptr: int64 [n+1], indptr[0] == 0, non-decreasing, indptr[-1] == nnz.
+        indices: int32 [nnz] term ids, unique and ascending within each row, in [0, vocab_size).
+        values: float32 [nnz] weights, finite and > 0.
+        ids: n unique strings (default "0".."n-1").
+        vocab_size: size of the term space (default max index + 1).
+        validate: run the checks (set False only for arrays produced by lsr itself).
+
+    Raises:
+        ValueError: for any violation of the contract, naming the first offending row.
+    """
+
+    __slots__ = ("indptr", "indices", "values", "ids", "vocab_size")
+
+    def __init__(
+        self,
+        indptr: TensorLike,
+        indices: TensorLike,
+        values: TensorLike,
+        ids: Sequence[str] | None = None,
+        vocab_size: int | None = None,
+        *,
+        device: str | torch.device | None = None,
+        validate: bool = True,
+    ) -> None:
+        dev = torch.device(device) if device is not None else None
+        self.indptr = _as_tensor(indptr, torch.int64, dev)
+        dev = self.indptr.device
+        self.indices = _as_tensor(indices, torch.int32, dev)
+        self.values = _as_tensor(values, torch.float32, dev)
+        n = self.indptr.numel() - 1
+        if ids is None:
+            ids = [str(i) for i in range(max(n, 0))]
+        self.ids = [str(i) for i in ids]
+        if vocab_size is None:
+            vocab_size = int(self.indices.max()) + 1 if self.indices.numel() else 0
+        self.vocab_size = int(vocab_size)
+        if validate:
+            self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Check the CSR contract; raise ValueError describing the first violation."""
+        ip, ix, val = self.indptr, self.indices, self.values
+        if ip.dim() != 1 or ip.numel() < 1:
+            raise ValueError("indptr must be a 1-D array of length n_rows + 1 (>= 1)")
+        if ix.dim() != 1 or val.dim() != 1 or ix.numel() != val.numel():
+            raise ValueError(f"indices ({tuple(ix.shape)}) and values ({tuple(val.shape)}) must be 1-D of equal length")
+        n = ip.numel() - 1
+        if int(ip[0]) != 0 or int(ip[-1]) != ix.numel():
+            raise ValueError(f"indptr must start at 0 and end at nnz={ix.numel()} (got {int(ip[0])}..{int(ip[-1])})")
+        lengths = ip[1:] - ip[:-1]
+        if n and bool((lengths < 0).any()):
+            raise ValueError(f"indptr decreases at row {int(torch.nonzero(lengths < 0)[0])}")
+        if len(self.ids) != n:
+            raise ValueError(f"got {len(self.ids)} ids for {n} rows")
+        if len(set(self.ids)) != n:
+            seen: set[str] = set()
+            dup = next(i for i in self.ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+            raise ValueError(f"duplicate id {dup!r}")
+        if ix.numel() == 0:
+            return
+        bad = ~torch.isfinite(val)
+        if bool(bad.any()):
+            raise ValueError(f"non-finite weight (NaN/Inf) in row {self._row_of(bad)}")
+        bad = val <= 0
+        if bool(bad.any()):
+            raise ValueError(f"weights must be > 0; row {self._row_of(bad)} has {float(val[bad][0])}"
+                             " (drop zeros; negative weights are not supported)")
+        bad = (ix < 0) | (ix >= self.vocab_size)
+        if bool(bad.any()):
+            raise ValueError(f"term id {int(ix[bad][0])} in row {self._row_of(bad)} is outside the vocabulary"
+                             f" [0, {self.vocab_size})")
+        # ascending and unique within each row: every step that does not start a row must increase
+        step_ok = ix[1:] > ix[:-1]
+        row_start = torch.zeros(ix.numel(), dtype=torch.bool, device=ix.device)
+        starts = ip[:-1][lengths > 0]
+        row_start[starts] = True
+        bad = ~(step_ok | row_start[1:])
+        if bool(bad.any()):
+            pos = torch.nonzero(bad)[0] + 1
+            mask = torch.zeros_like(row_start)
+            mask[pos] = True
+            raise ValueError(f"term ids in row {self._row_of(mask)} are not unique and ascending"
+                             " (use SparseVectors.from_coo to sort and merge)")
+
+    def _row_of(self, mask: torch.Tensor) -> str:
+        pos = int(torch.nonzero(mask)[0])
+        row = int(torch.searchsorted(self.indptr, torch.tensor([pos], device=self.indptr.device), right=True)[0]) - 1
+        return f"{row} (id {self.ids[row]!r})"
+
+    # ------------------------------------------------------------------ basics
+    def __len__(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def n_rows(self) -> int:
+        return len(self)
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """int64 [n] number of non-zeros per row."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def row_ids(self) -> torch.Tensor:
+        """int64 [nnz] row of every non-zero (COO row index)."""
+        return torch.repeat_interleave(torch.arange(len(self), device=self.device), self.lengths)
+
+    def to(self, device: str | torch.device) -> SparseVectors:
+        return SparseVectors(self.indptr.to(device), self.indices.to(device), self.values.to(device),
+                             self.ids, self.vocab_size, validate=False)
+
+    def __repr__(self) -> str:
+        return f"SparseVectors(n={len(self)}, nnz={self.nnz}, vocab_size={self.vocab_size}, device={self.device})"
+
+    def __getitem__(self, rows: int | slice | Sequence[int] | torch.Tensor) -> SparseVectors:
+        """Select rows (int, slice, index list/tensor or boolean mask); order follows the selection."""
+        n = len(self)
+        if isinstance(rows, int):
+            rows = [rows]
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(n)
+            if step == 1:
+                a, b = int(self.indptr[start]), int(self.indptr[max(stop, start)])
+                return SparseVectors(self.indptr[start:max(stop, start) + 1] - a, self.indices[a:b],
+                                     self.values[a:b], self.ids[start:stop], self.vocab_size, validate=False)
+            rows = range(start, stop, step)
+        sel = torch.as_tensor(rows if isinstance(rows, torch.Tensor) else list(rows), device=self.device)
+        if sel.dtype == torch.bool:
+            sel = torch.nonzero(sel).flatten()
+        sel = sel.to(torch.int64)
+        sel = torch.where(sel < 0, sel + n, sel)
+        lens = self.lengths[sel]
+        new_ptr = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(lens, 0, out=new_ptr[1:])
+        src = self.indptr[sel].repeat_interleave(lens) + (
+            torch.arange(int(new_ptr[-1]), device=self.device) - new_ptr[:-1].repeat_interleave(lens))
+        ids = [self.ids[i] for i in sel.tolist()]
+        return SparseVectors(new_ptr, self.indices[src], self.values[src], ids, self.vocab_size, validate=False)
+
+    @staticmethod
+    def concat(parts: Sequence[SparseVectors]) -> SparseVectors:
+        """Stack rows of several batches (same vocabulary); ids must stay unique."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        vocab = max(p.vocab_size for p in parts)
+        dev = parts[0].device
+        offs = np.cumsum([0] + [p.nnz for p in parts])
+        indptr = torch.cat([parts[0].indptr[:1].to(dev)] + [p.indptr[1:].to(dev) + int(o) for p, o in zip(parts, offs)])
+        ids = [i for p in parts for i in p.ids]
+        out = SparseVectors(indptr, torch.cat([p.indices.to(dev) for p in parts]),
+                            torch.cat([p.values.to(dev) for p in parts]), ids, vocab, validate=False)
+        if len(set(ids)) != len(ids):
+            out.validate()  # raises with the duplicate id
+        return out
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_coo(
+        cls,
+        rows: TensorLike,
+        cols: TensorLike,
+        vals: TensorLike,
+        n_rows: int,
+        ids: Sequence[str] | None = None,
+        vocab_size: int | None = None,
+        *,
+        reduce: str = "sum",
+        drop_zeros: bool = True,
+        device: str | torch.device | None = None,
+    ) -> SparseVectors:
+        """Build from unsorted (row, term, weight) triples; duplicates are merged by ``reduce``
+        ("sum" or "max"); zero weights are dropped. Negative or NaN weights still raise."""
+        dev = torch.device(device) if device is not None else None
+        r = _as_tensor(rows, torch.int64, dev)
+        c = _as_tensor(cols, torch.int64, r.device)
+        v = _as_tensor(vals, torch.float32, r.device)
+        if vocab_size is None:
+            vocab_size = int(c.max()) + 1 if c.numel() else 0
+        if c.numel() and (int(c.min()) < 0 or int(c.max()) >= vocab_size):
+            raise ValueError(f"term ids must lie in [0, {vocab_size})")
+        key = r * max(vocab_size, 1) + c
+        uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
+        merged = torch.zeros(uniq.numel(), dtype=torch.float32, device=r.device)
+        if reduce == "sum":
+            merged.index_add_(0, inv, v)
+        elif reduce == "max":
+            merged.fill_(-float("inf")).scatter_reduce_(0, inv, v, reduce="amax")
+        else:
+            raise ValueError("reduce must be 'sum' or 'max'")
+        r_u = uniq // max(vocab_size, 1)
+        c_u = uniq % max(vocab_size, 1)
+        if drop_zeros:
+            keep = merged != 0
+            r_u, c_u, merged = r_u[keep], c_u[keep], merged[keep]
+        indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=r.device)
+        torch.cumsum(torch.bincount(r_u, minlength=n_rows)[:n_rows], 0, out=indptr[1:])
+        return cls(indptr, c_u.to(torch.int32), merged, ids, vocab_size)
+
+    @classmethod
+    def from_dense(cls, dense: torch.Tensor, ids: Sequence[str] | None = None) -> SparseVectors:
+        """[n, V] dense weights -> SparseVectors (zeros dropped)."""
+        rows, cols = torch.nonzero(dense, as_tuple=True)
+        return cls.from_coo(rows, cols, dense[rows, cols].float(), dense.shape[0], ids, dense.shape[1])
+
+    @classmethod
+    def from_dicts(
+        cls,
+        rows: Iterable[Mapping[Any, float]],
+        vocab: Mapping[str, int] | None = None,
+        ids: Sequence[str] | None = None,
+        vocab_size: int | None = None,
+        *,
+        unknown: str = "error",
+    ) -> SparseVectors:
+        """Build from token->weight (or term id->weight) dicts.
+
+        With ``vocab`` the keys are tokens mapped through it; a token not in the vocabulary raises
+        (``unknown="error"``) or is skipped (``unknown="drop"``)."""
+        rr: list[int] = []
+        cc: list[int] = []
+        vv: list[float] = []
+        n = 0
+        for n_i, row in enumerate(rows):
+            n = n_i + 1
+            for key, w in row.items():
+                if vocab is not None:
+                    tid = vocab.get(key)
+                    if tid is None:
+                        if unknown == "drop":
+                            continue
+                        raise ValueError(f"token {key!r} (row {n_i}) is not in the vocabulary")
+                else:
+                    tid = int(key)
+                rr.append(n_i)
+                cc.append(tid)
+                vv.append(float(w))
+        if vocab_size is None and vocab is not None:
+            vocab_size = max(vocab.values()) + 1 if len(vocab) else 0
+        v = np.asarray(vv, dtype=np.float32)
+        if v.size and (not np.isfinite(v).all() or (v < 0).any()):
+            bad = int(np.nonzero(~np.isfinite(v) | (v < 0))[0][0])
+            raise ValueError(f"row {rr[bad]} has an invalid weight {vv[bad]!r} (must be finite and >= 0)")
+        return cls.from_coo(np.asarray(rr, np.int64), np.asarray(cc, np.int64), v, n, ids, vocab_size)
+
+    def to_dicts(self, vocab: Sequence[str] | None = None) -> list[dict[Any, float]]:
+        """Rows as {token or term id: weight} dicts (``vocab`` maps id -> token)."""
+        ip = self.indptr.cpu().numpy()
+        ix = self.indices.cpu().numpy()
+        val = self.values.cpu().numpy()
+        out = []
+        for i in range(len(self)):
+            a, b = ip[i], ip[i + 1]
+            keys = ix[a:b].tolist() if vocab is None else [vocab[t] for t in ix[a:b]]
+            out.append(dict(zip(keys, val[a:b].tolist())))
+        return out
+
+    # ------------------------------------------------------------------ conversions
+    def to_torch_sparse(self, layout: torch.layout = torch.sparse_csr) -> torch.Tensor:
+        """[n, vocab_size] float32 torch sparse tensor (CSR by default, or sparse_coo)."""
+        size = (len(self), self.vocab_size)
+        csr = torch.sparse_csr_tensor(self.indptr, self.indices.to(torch.int64), self.values, size=size,
+                                      check_invariants=False)  # validated at construction
+        return csr if layout == torch.sparse_csr else csr.to_sparse_coo().coalesce()
+
+    @classmethod
+    def from_torch_sparse(cls, t: torch.Tensor, ids: Sequence[str] | None = None) -> SparseVectors:
+        if t.layout == torch.sparse_csr:
+            t = t.to_sparse_coo()
+        t = t.coalesce()
+        rows, cols = t.indices()
+        return cls.from_coo(rows, cols, t.values().float(), t.shape[0], ids, t.shape[1])
+
+    def to_dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[n, vocab_size] dense tensor (mind the memory: n * vocab_size * itemsize)."""
+        out = torch.zeros(len(self), self.vocab_size, dtype=dtype, device=self.device)
+        out[self.row_ids(), self.indices.long()] = self.values.to(dtype)
+        return out
+
+    def prune_top_k(self, k: int) -> SparseVectors:
+        """Keep the k largest weights of each row (ties: lower term id first)."""
+        if k <= 0:
+            raise ValueError("k must be positive")
+        row = self.row_ids()
+        # order by (row, -weight, term): a stable sort on weight, then a stable sort on row
+        order = torch.sort(self.values, descending=True, stable=True).indices
+        order = order[torch.sort(row[order], stable=True).indices]
+        rank = torch.arange(self.nnz, device=self.device) - self.indptr[:-1].repeat_interleave(self.lengths)
+        keep = order[rank < k]
+        return SparseVectors.from_coo(row[keep], self.indices[keep], self.values[keep], len(self), self.ids,
+                                      self.vocab_size)
+
+    def equal(self, other: SparseVectors) -> bool:
+        """Exact equality of structure, weights, ids and vocabulary size."""
+        return (self.ids == other.ids and self.vocab_size == other.vocab_size
+                and torch.equal(self.indptr.cpu(), other.indptr.cpu())
+                and torch.equal(self.indices.cpu(), other.indices.cpu())
+                and torch.equal(self.values.cpu(), other.values.cpu()))
