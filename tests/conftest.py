@@ -1,0 +1,45 @@
+"""Test setup shared by the whole suite.
+
+Without a GPU, Triton kernels run in interpreter mode. TRITON_INTERPRET is read when a kernel is
+decorated, so it is set here, before any lsr.kernels module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    HAS_CUDA = False
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real offline data shipped in the repository (data/, see data/README.md)."""
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    return DATA / "bert-base-uncased"
