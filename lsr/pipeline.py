@@ -1,0 +1,174 @@
+"""The end-to-end job behind ``lsr run``: encode -> index -> search -> evaluate.
+
+Every step writes its result under ``config.output`` (vectors, index, runs, metrics.json), and the
+encoding step resumes from complete shards, so an interrupted job picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lsr.config import EncoderConfig, RunConfig
+
+__all__ = ["run_pipeline", "resolve_device", "build_encoder", "load_query_vectors"]
+
+log = logging.getLogger("lsr")
+
+
+def resolve_device(device: str | None) -> str:
+    """"auto"/None -> "cuda" when a GPU is visible, else "cpu"."""
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} was asked for but no CUDA GPU is visible")
+    return str(device)
+
+
+@contextmanager
+def _step(name: str, timings: dict[str, float]) -> Iterator[None]:
+    log.info("%s ...", name)
+    t0 = time.perf_counter()
+    yield
+    timings[name] = round(time.perf_counter() - t0, 3)
+    log.info("%s done in %.2fs", name, timings[name])
+
+
+def build_encoder(cfg: EncoderConfig, device: str) -> Any:
+    """Instantiate the configured encoder (a BM25 encoder is returned unfitted)."""
+    if cfg.kind == "bm25":
+        from lsr.encode.lexical import LexicalEncoder
+
+        return LexicalEncoder(k1=cfg.k1, b=cfg.b)
+    if cfg.kind == "splade":
+        if not cfg.model:
+            raise ValueError("encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
+        import torch
+
+        from lsr.encode.splade import SpladeEncoder
+
+        dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+        return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=dtype, query_model=cfg.query_model,
+                                             max_length_query=cfg.max_length_query,
+                                             max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k)
+    raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
+
+
+def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any:
+    """Pre-encoded queries: an lsr vector directory or an Anserini ``qid\\ttok tok ...`` file."""
+    from lsr.shards import read_vectors
+
+    p = Path(path)
+    if p.is_dir():
+        return read_vectors(p)
+    from lsr.interop import read_anserini_queries
+
+    return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
+
+
+def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, device: str) -> Path:
+    """Write document vectors to ``out`` (resumable) and return the directory."""
+    from lsr.shards import read_manifest
+
+    if (out / "manifest.json").exists() and read_manifest(out).get("complete"):
+        log.info("document vectors already complete in %s", out)
+        return out
+    from lsr.encode.corpus import encode_corpus
+
+    encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
+                  shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs)
+    return out
+
+
+def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
+    """Run the whole job; returns {"metrics", "timings", "files", "config"} and writes metrics.json."""
+    import torch
+
+    from lsr import runs
+    from lsr.data import load_dataset
+    from lsr.evaluate import evaluate
+    from lsr.index.inverted import InvertedIndex
+    from lsr.search import Searcher
+    from lsr.shards import read_vectors
+
+    device = resolve_device(cfg.device)
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "config.yaml")
+    timings: dict[str, float] = {}
+    dataset = load_dataset(cfg.dataset, cfg.split)
+    qids = list(dataset.queries)
+    encoder = None
+
+    with _step("encode documents", timings):
+        if cfg.search.doc_vectors:
+            docs = _read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
+        else:
+            encoder = build_encoder(cfg.encoder, device)
+            if cfg.encoder.kind == "bm25":
+                encoder = _fit_lexical(encoder, dataset, out / "encoder")
+            docs = read_vectors(_encode_docs(cfg, dataset, encoder, out / "doc_vectors", device))
+    with _step("build index", timings):
+        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size)
+        index.save(out / "index", overwrite=True)
+        del docs
+    with _step("encode queries", timings):
+        if cfg.search.query_vectors:
+            vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
+            queries = load_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)
+            keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
+            queries = queries[keep] if keep is not None and len(keep) < len(queries) else queries
+            qids = queries.ids
+        else:
+            if encoder is None:
+                raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
+            queries = encoder.encode_queries([dataset.queries[q] for q in qids], ids=qids)
+    with _step("search", timings):
+        searcher = Searcher(index, device=device, backend=cfg.search.backend)
+        scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    with _step("write runs", timings):
+        run = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)
+        runs.write_trec(run, out / "run.trec", tag=cfg.name)
+        runs.write_msmarco(run, out / "run.msmarco.tsv")
+    with _step("evaluate", timings):
+        metrics = evaluate(run, dataset.qrels, metrics=cfg.metrics)
+    result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
+              "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
+              "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),
+                                                   "run_msmarco": str(out / "run.msmarco.tsv"),
+                                                   "index": str(out / "index")}}
+    (out / "metrics.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _fit_lexical(encoder: Any, dataset: Any, path: Path) -> Any:
+    """Fit BM25 statistics on the corpus (or reuse a saved fit) and keep them with the output."""
+    from lsr.encode.lexical import LexicalEncoder
+
+    if (path / "lexical.json").exists():
+        return LexicalEncoder.load(path)
+    encoder.fit(text for _, text in dataset.docs_iter())
+    encoder.save(path)
+    return encoder
+
+
+def _read_doc_vectors(path: str, vocab: str | None) -> Any:
+    from lsr.shards import read_vectors
+
+    p = Path(path)
+    if p.is_dir():
+        return read_vectors(p)
+    if vocab is None:
+        raise ValueError("pre-encoded JSON document vectors need search.vocab (vocab.txt or a tokenizer folder)")
+    from lsr.interop import read_anserini_documents
+
+    return read_anserini_documents(p, vocab)

@@ -1,0 +1,164 @@
+"""TREC and MS MARCO run files.
+
+A run is ``dict[str, dict[str, float]]``: qid -> docno -> score, each inner dict in rank order (best
+first). That is the shape ir-measures / pytrec_eval take directly.
+
+* TREC: ``qid Q0 docno rank score tag`` (whitespace separated), ranks from 1.
+* MS MARCO: ``qid\\tdocno\\trank``. It has no scores, so :func:`read_msmarco` sets
+  ``score = 1 / rank``: positive, strictly decreasing with the rank, so any evaluation tool ranks
+  the documents exactly as the file does.
+
+Files ending in ``.gz`` are read and written gzip-compressed; writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lsr.io import PathLike, atomic_write, iter_lines
+
+__all__ = ["Run", "from_topk", "write_trec", "read_trec", "write_msmarco", "read_msmarco",
+           "read_run", "detect_run_format"]
+
+Run = dict[str, dict[str, float]]
+
+
+def _to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):  # torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def from_topk(qids: Sequence[str], docnos: Sequence[str], scores: Any, doc_idx: Any) -> Run:
+    """Turn search output into a run.
+
+    Args:
+        qids: B query ids, one per row.
+        docnos: external doc ids; ``doc_idx`` indexes into it.
+        scores: float [B, k] (torch tensor or ndarray), sorted descending per row.
+        doc_idx: int64 [B, k]; -1 marks padding (fewer than k hits) and is skipped.
+    """
+    s, d = _to_numpy(scores), _to_numpy(doc_idx)
+    if s.ndim != 2 or s.shape != d.shape:
+        raise ValueError(f"scores {s.shape} and doc_idx {d.shape} must both be [B, k]")
+    if len(qids) != s.shape[0]:
+        raise ValueError(f"got {len(qids)} qids for {s.shape[0]} rows of results")
+    if d.size and int(d.max()) >= len(docnos):
+        raise ValueError(f"doc index {int(d.max())} is out of range for {len(docnos)} docnos")
+    run: Run = {}
+    for qid, row_s, row_d in zip(qids, s.tolist(), d.tolist()):
+        qid = str(qid)
+        if qid in run:
+            raise ValueError(f"duplicate query id {qid!r}")
+        run[qid] = {docnos[j]: float(v) for v, j in zip(row_s, row_d) if j >= 0}
+    return run
+
+
+def _ranked(run: Mapping[str, Mapping[str, float]]):
+    """Yield (qid, rank, docno, score), score descending; ties keep insertion order (stable sort)."""
+    for qid, docs in run.items():
+        items = sorted(docs.items(), key=lambda kv: -kv[1])
+        for rank, (docno, score) in enumerate(items, 1):
+            yield str(qid), rank, str(docno), float(score)
+
+
+def _check_token(value: str, what: str) -> None:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{what} {value!r} is empty or contains whitespace; run files cannot hold it")
+
+
+def write_trec(run: Mapping[str, Mapping[str, float]], path: PathLike, tag: str = "lsr") -> None:
+    """Write a TREC run (``qid Q0 docno rank score tag``).
+
+    Documents are sorted by score (descending; ties keep the run's order) and ranked from 1. Scores
+    are written with ``repr``: the shortest text that reads back to the same float (>= 6 significant
+    digits, exact round trip), so near-ties are never collapsed by rounding.
+    """
+    _check_token(tag, "run tag")
+    with atomic_write(path) as f:
+        for qid, rank, docno, score in _ranked(run):
+            if rank == 1:
+                _check_token(qid, "query id")
+            _check_token(docno, "docno")
+            if not math.isfinite(score):
+                raise ValueError(f"score of ({qid}, {docno}) is {score}; run files need finite scores")
+            f.write(f"{qid} Q0 {docno} {rank} {score!r} {tag}\n")
+
+
+def write_msmarco(run: Mapping[str, Mapping[str, float]], path: PathLike) -> None:
+    """Write an MS MARCO run (``qid\\tdocno\\trank``), ranks from 1 in score order."""
+    with atomic_write(path) as f:
+        for qid, rank, docno, _ in _ranked(run):
+            if rank == 1:
+                _check_token(qid, "query id")
+            _check_token(docno, "docno")
+            f.write(f"{qid}\t{docno}\t{rank}\n")
+
+
+def _build(rows: list[tuple[str, str, float, int]], path: PathLike) -> Run:
+    """rows of (qid, docno, score, line) -> run sorted best first; duplicates raise."""
+    per_q: dict[str, list[tuple[str, float]]] = {}
+    seen: dict[tuple[str, str], int] = {}
+    for qid, docno, score, line in rows:
+        if (qid, docno) in seen:
+            raise ValueError(f"{path}:{line}: duplicate (query {qid!r}, doc {docno!r}); "
+                             f"first seen on line {seen[qid, docno]}")
+        seen[qid, docno] = line
+        per_q.setdefault(qid, []).append((docno, score))
+    # best first; stable, so equal scores keep the file order
+    return {qid: dict(sorted(docs, key=lambda kv: -kv[1])) for qid, docs in per_q.items()}
+
+
+def _rows(path: PathLike, n_cols: int, fmt: str):
+    for n, line in iter_lines(path):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != n_cols:
+            raise ValueError(f"{path}:{n}: expected {n_cols} columns for a {fmt} run, got {len(parts)}: {line!r}")
+        yield n, parts
+
+
+def read_trec(path: PathLike) -> Run:
+    """Read a TREC run (6 columns); each query's documents come back sorted by score, best first."""
+    rows = []
+    for n, (qid, _q0, docno, _rank, score, _tag) in _rows(path, 6, "TREC"):
+        try:
+            value = float(score)
+        except ValueError:
+            raise ValueError(f"{path}:{n}: score {score!r} is not a number") from None
+        rows.append((qid, docno, value, n))
+    return _build(rows, path)
+
+
+def read_msmarco(path: PathLike) -> Run:
+    """Read an MS MARCO run (``qid docno rank``); score = 1 / rank (see the module docstring)."""
+    rows = []
+    for n, (qid, docno, rank) in _rows(path, 3, "MS MARCO"):
+        if not rank.isdigit() or int(rank) < 1:
+            raise ValueError(f"{path}:{n}: rank {rank!r} is not a positive integer")
+        rows.append((qid, docno, 1.0 / int(rank), n))
+    return _build(rows, path)
+
+
+def detect_run_format(path: PathLike) -> str:
+    """``"trec"`` (6 columns) or ``"msmarco"`` (3 columns), from the first non-empty line."""
+    for n, line in iter_lines(path):
+        cols = len(line.split())
+        if cols == 0:
+            continue
+        if cols == 6:
+            return "trec"
+        if cols == 3:
+            return "msmarco"
+        raise ValueError(f"{path}:{n}: {cols} columns; expected a TREC (6) or MS MARCO (3) run")
+    raise ValueError(f"{path} is an empty run file")
+
+
+def read_run(path: PathLike) -> Run:
+    """Read a TREC or MS MARCO run, detected by its number of columns."""
+    return read_trec(path) if detect_run_format(path) == "trec" else read_msmarco(path)
