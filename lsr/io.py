@@ -1,6 +1,6 @@
 """Small file helpers shared by the readers and writers of lsr (runs, data, interop).
 
-One gzip-aware text opener and one atomic writer, so every module treats ``.gz`` and partial
+One gzip-aware opener and one atomic writer, so every module treats ``.gz`` and partial
 writes the same way.
 """
 
@@ -15,17 +15,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["PathLike", "open_text", "atomic_write", "iter_lines"]
+__all__ = ["PathLike", "atomic_write", "count_lines", "iter_lines", "open_binary", "open_text"]
 
 PathLike = str | os.PathLike
 
 
-def open_text(path: PathLike, encoding: str = "utf-8") -> IO[str]:
-    """Open a text file for reading; ``.gz`` files are decompressed on the fly."""
+def open_binary(path: PathLike) -> IO[bytes]:
+    """Open a file for reading bytes; ``.gz`` files are decompressed on the fly."""
     path = Path(path)
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding=encoding, newline="\n")
-    return open(path, encoding=encoding, newline="\n")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def open_text(path: PathLike, encoding: str = "utf-8") -> IO[str]:
+    """Open a text file for reading (``.gz`` ok). Lines split at LF only, so a stray CR inside a
+    text field does not cut a record in two."""
+    return io.TextIOWrapper(open_binary(path), encoding=encoding, newline="\n")
+
+
+def count_lines(path: PathLike) -> int:
+    """Number of non-blank lines (fast: bytes, no decoding)."""
+    with open_binary(path) as f:
+        return sum(1 for line in f if line.strip())
 
 
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:

@@ -93,10 +93,10 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
 
     from lsr import runs
     from lsr.data import load_dataset
-    from lsr.evaluate import evaluate
     from lsr.index.inverted import InvertedIndex
     from lsr.search import Searcher
     from lsr.shards import read_vectors
+    from lsr.topk_metrics import evaluate_topk
 
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
@@ -136,11 +136,10 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     with _step("write runs", timings):
-        run = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)
-        runs.write_trec(run, out / "run.trec", tag=cfg.name)
-        runs.write_msmarco(run, out / "run.msmarco.tsv")
+        runs.write_topk(out / "run.trec", queries.ids, index.docnos, scores, doc_idx, fmt="trec", tag=cfg.name)
+        runs.write_topk(out / "run.msmarco.tsv", queries.ids, index.docnos, scores, doc_idx, fmt="msmarco")
     with _step("evaluate", timings):
-        metrics = evaluate(run, dataset.qrels, metrics=cfg.metrics)
+        metrics = evaluate_topk(queries.ids, doc_idx, index.docnos, dataset.qrels, cfg.metrics)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
               "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
               "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),

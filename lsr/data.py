@@ -1,0 +1,441 @@
+"""Datasets: documents, queries and relevance judgements from one spec string.
+
+``load_dataset(spec, split=None)`` accepts
+
+1. **A local BEIR folder** (``corpus.jsonl`` with ``_id``/``title``/``text``, ``queries.jsonl`` with
+   ``_id``/``text``, ``qrels/<split>.tsv`` with a ``query-id corpus-id score`` header; any file may be
+   ``.gz``). ``split`` defaults to ``"test"``; ``"folder:split"`` also selects it. As in BEIR, the
+   queries are those named in the split's qrels; a folder without ``qrels/`` gives all queries and no
+   qrels. Document text is ``title + " " + text`` (Pyserini's "flat" BEIR indexes).
+2. **A local TSV folder** (the MS MARCO layout): ``collection.tsv`` (``docno<TAB>text``),
+   ``queries.tsv`` (``qid<TAB>text``) and optional TREC qrels ``qrels.tsv`` or ``qrels.txt``
+   (``qid 0 docno grade``). With a split ``s`` the files are ``queries.s.tsv`` and ``qrels.s.tsv`` /
+   ``qrels.s.txt`` (e.g. MS MARCO's ``queries.dev.small.tsv`` + ``qrels.dev.small.tsv``).
+3. **An ir_datasets id** (``msmarco-passage/dev/small``, ``beir/scifact/test``; ``split`` is appended
+   as ``/<split>``). Topics and qrels of the ids in :data:`BUILTIN` are read from the data folder
+   shipped with lsr (``$LSR_DATA``, else the repository's ``data/``) when it is there, so they work
+   offline; anything else goes through ir_datasets (imported lazily). Downloads are refused when
+   ``LSR_OFFLINE``, ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set (or ``download=False``);
+   a missing file raises :class:`DatasetUnavailableError` naming the files to place and where.
+
+Text fields are stripped of surrounding whitespace. Duplicate doc ids, query ids or
+(query, doc) judgements raise ``ValueError`` naming the id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsr.io import PathLike, count_lines, iter_lines
+
+__all__ = [
+    "BUILTIN",
+    "Dataset",
+    "DatasetUnavailableError",
+    "data_root",
+    "load_dataset",
+    "read_beir_qrels",
+    "read_beir_queries",
+    "read_qrels",
+    "read_topics_tsv",
+    "read_trec_qrels",
+]
+
+Qrels = dict[str, dict[str, int]]
+DocsIter = Iterator[tuple[str, str]]
+
+_MSMARCO_PASSAGE_DOCS = 8_841_823  # ir_datasets / MS MARCO v1 passage collection size
+_OFFLINE_VARS = ("LSR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_LOCAL_HINT = ("or use a local folder: load_dataset('path/to/folder[:split]') with the BEIR layout (corpus.jsonl, "
+               "queries.jsonl, qrels/<split>.tsv) or the TSV layout (collection.tsv, queries.tsv, qrels.tsv)")
+
+
+class DatasetUnavailableError(FileNotFoundError):
+    """The data a dataset needs is not on this machine (and could not or may not be downloaded)."""
+
+
+@dataclass
+class Dataset:
+    """Queries and qrels in memory; documents streamed by :meth:`docs_iter`."""
+
+    name: str
+    queries: dict[str, str]
+    qrels: Qrels
+    n_docs: int | None = None
+    docs_source: Callable[[], DocsIter] | None = field(default=None, repr=False, compare=False)
+
+    def docs_iter(self) -> DocsIter:
+        """Iterate ``(doc_id, text)`` in collection order; raises if the documents are unavailable."""
+        if self.docs_source is None:
+            raise DatasetUnavailableError(f"dataset {self.name!r} has no documents")
+        return self.docs_source()
+
+    @property
+    def docs(self) -> DocsIter:
+        """Same as :meth:`docs_iter` (a fresh iterator each time)."""
+        return self.docs_iter()
+
+
+# ---------------------------------------------------------------------------------------- file readers
+def _check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
+    if key in seen:
+        raise ValueError(f"{where}: duplicate {what} {key!r}")
+
+
+def read_topics_tsv(path: PathLike) -> dict[str, str]:
+    """``qid<TAB>text`` lines -> {qid: text}."""
+    out: dict[str, str] = {}
+    for n, line in iter_lines(path):
+        if not line.strip():
+            continue
+        qid, tab, text = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{path}:{n}: expected 'qid<TAB>text', got {line!r}")
+        _check_new(out, qid.strip(), "query id", f"{path}:{n}")
+        out[qid.strip()] = text.strip()
+    return out
+
+
+def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
+    for n, line in iter_lines(path):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON ({e})") from None
+
+
+def read_beir_queries(path: PathLike) -> dict[str, str]:
+    """BEIR ``queries.jsonl`` (``_id``, ``text``) -> {qid: text}."""
+    out: dict[str, str] = {}
+    for n, obj in _read_jsonl(path):
+        qid = str(obj["_id"])
+        _check_new(out, qid, "query id", f"{path}:{n}")
+        out[qid] = str(obj.get("text", "")).strip()
+    return out
+
+
+def _qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
+    qrels: Qrels = {}
+    for n, qid, docno, grade in rows:
+        try:
+            rel = int(grade)
+        except ValueError:
+            raise ValueError(f"{path}:{n}: relevance {grade!r} is not an integer") from None
+        docs = qrels.setdefault(qid, {})
+        _check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
+        docs[docno] = rel
+    return qrels
+
+
+def _split_rows(path: PathLike, n_cols: int, header: bool) -> Iterator[tuple[int, list[str]]]:
+    for n, line in iter_lines(path):
+        parts = line.split()
+        if not parts or (header and n == 1):
+            continue
+        if len(parts) != n_cols:
+            raise ValueError(f"{path}:{n}: expected {n_cols} columns, got {len(parts)}: {line!r}")
+        yield n, parts
+
+
+def read_trec_qrels(path: PathLike) -> Qrels:
+    """TREC qrels (``qid iter docno grade``, whitespace separated; the iter column is ignored)."""
+    return _qrels_from_rows(((n, p[0], p[2], p[3]) for n, p in _split_rows(path, 4, False)), path)
+
+
+def read_beir_qrels(path: PathLike) -> Qrels:
+    """BEIR qrels TSV (``query-id corpus-id score``, header line first)."""
+    return _qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
+
+
+def read_qrels(path: PathLike) -> Qrels:
+    """A TREC (4 columns) or BEIR (3 columns, header) qrels file, told apart by the first line."""
+    for _, line in iter_lines(path):
+        if line.strip():
+            return read_beir_qrels(path) if len(line.split()) == 3 else read_trec_qrels(path)
+    return {}
+
+
+# ---------------------------------------------------------------------------------------- local folders
+def _find(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
+    seen: set[str] = set()  # ~100 bytes per id: fine for MS MARCO-sized corpora on a GPU host
+    for doc_id, text in docs:
+        _check_new(seen, doc_id, "doc id", str(source))
+        seen.add(doc_id)
+        yield doc_id, text
+
+
+def _beir_corpus(path: Path) -> DocsIter:
+    for _, obj in _read_jsonl(path):
+        title, text = str(obj.get("title") or ""), str(obj.get("text") or "")
+        yield str(obj["_id"]), f"{title} {text}".strip()
+
+
+def _tsv_collection(path: Path) -> DocsIter:
+    for n, line in iter_lines(path):
+        if not line.strip():
+            continue
+        docno, tab, text = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{path}:{n}: expected 'docno<TAB>text', got {line[:80]!r}")
+        yield docno.strip(), text.strip()
+
+
+def _local_docs(path: Path, reader: Callable[[Path], DocsIter]) -> Callable[[], DocsIter]:
+    return lambda: _unique_docs(reader(path), path)
+
+
+def _load_beir(folder: Path, split: str | None, explicit: bool) -> Dataset:
+    split = split or "test"
+    corpus, queries_file = _find(folder, "corpus.jsonl"), _find(folder, "queries.jsonl")
+    if queries_file is None:
+        raise FileNotFoundError(f"BEIR folder {folder} has no queries.jsonl")
+    queries = read_beir_queries(queries_file)
+    qrels: Qrels = {}
+    qrels_dir = folder / "qrels"
+    if qrels_dir.is_dir():
+        qrels_file = _find(qrels_dir, f"{split}.tsv")
+        if qrels_file is None:
+            splits = sorted(p.name.split(".")[0] for p in qrels_dir.glob("*.tsv*"))
+            raise FileNotFoundError(f"{qrels_dir} has no {split}.tsv; available splits: {splits}")
+        qrels = read_beir_qrels(qrels_file)
+        missing = [q for q in qrels if q not in queries]
+        if missing:
+            raise ValueError(f"{qrels_file} judges query {missing[0]!r}, which is not in {queries_file}")
+        queries = {q: queries[q] for q in qrels}  # BEIR: a split's queries are those it judges
+    elif explicit:
+        raise FileNotFoundError(f"BEIR folder {folder} has no qrels/ folder for split {split!r}")
+    return Dataset(name=f"{folder}:{split}", queries=queries, qrels=qrels,
+                   n_docs=count_lines(corpus) if corpus else None,
+                   docs_source=_local_docs(corpus, _beir_corpus) if corpus else None)
+
+
+def _load_tsv(folder: Path, split: str | None) -> Dataset:
+    stem = f".{split}" if split else ""
+    queries_file = _find(folder, f"queries{stem}.tsv")
+    if queries_file is None:
+        raise FileNotFoundError(f"TSV folder {folder} has no queries{stem}.tsv")
+    qrels_file = _find(folder, f"qrels{stem}.tsv") or _find(folder, f"qrels{stem}.txt")
+    collection = _find(folder, "collection.tsv")
+    return Dataset(name=f"{folder}:{split}" if split else str(folder), queries=read_topics_tsv(queries_file),
+                   qrels=read_trec_qrels(qrels_file) if qrels_file else {},
+                   n_docs=count_lines(collection) if collection else None,
+                   docs_source=_local_docs(collection, _tsv_collection) if collection else None)
+
+
+def _load_folder(folder: Path, split: str | None, explicit: bool) -> Dataset:
+    if _find(folder, "corpus.jsonl") or _find(folder, "queries.jsonl"):
+        return _load_beir(folder, split, explicit)
+    if _find(folder, "collection.tsv") or list(folder.glob("queries*.tsv*")):
+        return _load_tsv(folder, split)
+    raise FileNotFoundError(f"{folder} is neither a BEIR folder (corpus.jsonl, queries.jsonl, qrels/) nor a TSV "
+                            "folder (collection.tsv, queries.tsv, qrels.tsv)")
+
+
+# ---------------------------------------------------------------------------------------- shipped data
+@dataclass(frozen=True)
+class _Builtin:
+    folder: str
+    topics: str | None = None  # TSV topics + TREC qrels (msmarco-passage) ...
+    qrels: str | None = None
+    judged_only: bool = False
+    beir_split: str | None = None  # ... or a BEIR folder split
+
+
+BUILTIN: dict[str, _Builtin] = {
+    "msmarco-passage/dev/small": _Builtin("msmarco-passage", "topics.msmarco-passage.dev-subset.txt",
+                                          "qrels.msmarco-passage.dev-subset.txt"),
+    "msmarco-passage/trec-dl-2019/judged": _Builtin("msmarco-passage", "topics.dl19-passage.txt",
+                                                    "qrels.dl19-passage.txt", judged_only=True),
+    "msmarco-passage/trec-dl-2020": _Builtin("msmarco-passage", "topics.dl20.txt", "qrels.dl20-passage.txt"),
+    "msmarco-passage/trec-dl-2020/judged": _Builtin("msmarco-passage", "topics.dl20.txt", "qrels.dl20-passage.txt",
+                                                    judged_only=True),
+    "beir/scifact/test": _Builtin("scifact", beir_split="test"),
+    "beir/scifact/train": _Builtin("scifact", beir_split="train"),
+}
+
+
+def data_root() -> Path | None:
+    """The shipped data folder: ``$LSR_DATA`` if set, else the repository's ``data/`` if present."""
+    env = os.environ.get("LSR_DATA")
+    if env:
+        return Path(env).expanduser()
+    repo_data = Path(__file__).resolve().parents[1] / "data"
+    return repo_data if repo_data.is_dir() else None
+
+
+def _load_builtin(spec: str, entry: _Builtin, root: Path, download: bool) -> Dataset | None:
+    folder = root / entry.folder
+    if entry.beir_split:
+        if not (_find(folder, "queries.jsonl") and (folder / "qrels").is_dir()):
+            return None
+        ds = _load_beir(folder, entry.beir_split, explicit=True)
+        ds.name = spec
+        return ds
+    topics, qrels_file = folder / entry.topics, folder / entry.qrels
+    if not (topics.is_file() and qrels_file.is_file()):
+        return None
+    queries, qrels = read_topics_tsv(topics), read_trec_qrels(qrels_file)
+    if entry.judged_only:
+        queries = {q: t for q, t in queries.items() if q in qrels}
+    return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=_MSMARCO_PASSAGE_DOCS,
+                   docs_source=lambda: _msmarco_docs(folder, download))
+
+
+def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
+    collection = _find(folder, "collection.tsv")
+    if collection is not None:
+        return _unique_docs(_tsv_collection(collection), collection)
+    hint = (f"docs for msmarco-passage need ir_datasets' collection or a local collection.tsv "
+            f"(docno<TAB>text, e.g. from MS MARCO's collectionandqueries.tar.gz) at {folder / 'collection.tsv'}")
+    return _ir_docs("msmarco-passage", download, hint)
+
+
+# ---------------------------------------------------------------------------------------- ir_datasets
+class _Blocked(Exception):
+    pass
+
+
+def _describe_download(dl: Any) -> str:
+    urls = [getattr(m, "url", None) or getattr(m, "uri", None) for m in getattr(dl, "mirrors", [])]
+    local = [str(m._path) for m in getattr(dl, "mirrors", []) if hasattr(m, "_path")]  # ir_datasets LocalDownload
+    target = getattr(dl, "_cache_path", None)
+    where = " or ".join(str(p) for p in [target, *local] if p and p != os.devnull)
+    return f"{', '.join(u for u in urls if u) or '(no public URL)'} -> place it at {where or '(unknown path)'}"
+
+
+@contextlib.contextmanager
+def _ir_datasets_guard(spec: str, what: str, download: bool, hint: str = "") -> Iterator[None]:
+    """Turn ir_datasets download failures into DatasetUnavailableError naming the files to place.
+
+    With ``download=False`` the download is refused *before* any network access (an unreachable host
+    could otherwise cost ir_datasets' 15 s timeout x retries x mirrors). This patches ir_datasets'
+    ``Download`` class while the block runs (not thread-safe across concurrent loads).
+    """
+    from ir_datasets.util import download as irds_dl
+    from ir_datasets.util import home_path
+
+    attempted: list[str] = []
+    original = irds_dl.Download.path
+
+    def path(self: Any, force: bool = True) -> Any:
+        if force and getattr(self, "_path", None) is None:
+            cache = getattr(self, "_cache_path", None)
+            have = (cache and os.path.exists(cache)) or any(
+                hasattr(m, "_path") and Path(m._path).exists() for m in self.mirrors)
+            if not have:
+                attempted.append(_describe_download(self))
+                if not download:
+                    raise _Blocked()
+        return original(self, force)
+
+    irds_dl.Download.path = path
+    try:
+        yield
+    except DatasetUnavailableError:
+        raise
+    except (_Blocked, OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "download" not in str(e).lower():
+            raise
+        reason = ("downloads are disabled (download=False or " + "/".join(_OFFLINE_VARS) + " set)"
+                  if isinstance(e, _Blocked) else f"the download failed: {type(e).__name__}: {str(e)[:300]}")
+        files = "".join(f"\n  - {a}" for a in attempted) or f"\n  - (see the ir_datasets log above; {e!r})"
+        raise DatasetUnavailableError(
+            (f"{hint}.\n" if hint else "")
+            + f"ir_datasets cannot provide the {what} of {spec!r}: {reason}. Missing file(s):{files}\n"
+            f"ir_datasets' home is {home_path()} (IR_DATASETS_HOME, read when ir_datasets is imported); {_LOCAL_HINT}."
+        ) from (None if isinstance(e, _Blocked) else e)
+    finally:
+        irds_dl.Download.path = original
+
+
+def _import_ir_datasets(spec: str) -> Any:
+    try:
+        import ir_datasets
+    except ImportError:
+        raise DatasetUnavailableError(f"{spec!r} looks like an ir_datasets id but ir_datasets is not installed "
+                                      f"(pip install ir_datasets), {_LOCAL_HINT}") from None
+    return ir_datasets
+
+
+def _ir_docs(spec: str, download: bool, hint: str = "") -> DocsIter:
+    ds = _import_ir_datasets(spec).load(spec)
+    with _ir_datasets_guard(spec, "documents", download, hint):
+        it = iter(ds.docs_iter())
+        first = next(it, None)  # opening the files (the download, if any) happens here
+    if first is None:
+        return
+    for doc in itertools.chain([first], it):
+        yield doc.doc_id, doc.default_text().strip()
+
+
+def _load_ir_datasets(spec: str, download: bool) -> Dataset:
+    irds = _import_ir_datasets(spec)
+    try:
+        ds = irds.load(spec)
+    except KeyError:
+        raise ValueError(f"{spec!r} is neither an existing folder nor a known ir_datasets id "
+                         "(see https://ir-datasets.com)") from None
+    queries: dict[str, str] = {}
+    qrels: Qrels = {}
+    if ds.has_queries():
+        with _ir_datasets_guard(spec, "queries", download):
+            for q in ds.queries_iter():
+                _check_new(queries, q.query_id, "query id", spec)
+                queries[q.query_id] = q.default_text().strip()
+    if ds.has_qrels():
+        with _ir_datasets_guard(spec, "qrels", download):
+            qrels = _qrels_from_rows(((0, q.query_id, q.doc_id, str(q.relevance)) for q in ds.qrels_iter()), spec)
+    n_docs = None
+    if ds.has_docs():
+        # the count is optional: never download for it
+        with contextlib.suppress(DatasetUnavailableError), _ir_datasets_guard(spec, "document count", download=False):
+            n_docs = ds.docs_count()
+    return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=n_docs,
+                   docs_source=(lambda: _ir_docs(spec, download)) if ds.has_docs() else None)
+
+
+# ---------------------------------------------------------------------------------------- entry point
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no") for v in _OFFLINE_VARS)
+
+
+def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download: bool | None = None) -> Dataset:
+    """Load a dataset from a local folder (``"dir"`` or ``"dir:split"``) or an ir_datasets id.
+
+    See the module docstring for the folder layouts. ``download=None`` lets ir_datasets download
+    unless an offline variable (``LSR_OFFLINE``, ``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``) is set.
+    """
+    spec = os.fspath(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _load_folder(path, split, explicit=split is not None)
+    head, colon, tail = spec.rpartition(":")
+    if colon and head and tail and "/" not in tail and Path(head).expanduser().is_dir():
+        if split is not None and split != tail:
+            raise ValueError(f"split given twice: {tail!r} in {spec!r} and split={split!r}")
+        return _load_folder(Path(head).expanduser(), tail, explicit=True)
+    if path.exists() or spec.startswith(("/", "./", "../", "~")):
+        raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
+    ds_id = f"{spec.rstrip('/')}/{split}" if split else spec
+    allow = (not _offline()) if download is None else download
+    entry, root = BUILTIN.get(ds_id), data_root()
+    if entry is not None and root is not None:
+        ds = _load_builtin(ds_id, entry, root, allow)
+        if ds is not None:
+            return ds
+    return _load_ir_datasets(ds_id, allow)

@@ -1,0 +1,224 @@
+"""Corpus encoding: a stream of (doc_id, text) pairs -> resumable Parquet shards of document vectors.
+
+    manifest = encode_corpus(encoder, dataset.docs_iter(), "vectors/", batch_size=1024, shard_rows=100_000)
+
+Design (simplest one that is resumable and exact):
+
+* The stream is cut into windows at every multiple of ``sort_window`` *and* of ``shard_rows``
+  (positions counted from the start of the stream). A window is tokenized, sorted by length into
+  batches (little padding), encoded, put back in stream order and handed to ``ShardWriter``, which
+  writes a shard whenever ``shard_rows`` rows are buffered. Shards therefore hold documents in stream
+  order, and every shard boundary is a window boundary.
+* A killed run leaves a manifest listing only complete shards. ``resume=True`` skips
+  ``writer.rows_done`` documents of the stream (a shard boundary), so the rerun sees the very same
+  windows and batches as an uninterrupted run: no document is lost or duplicated and the shards are
+  identical (bit-exact on a deterministic device), not merely equivalent.
+* A worker thread reads and tokenizes the next windows (the Rust tokenizer releases the GIL; batches
+  go to pinned memory) while the main thread runs the model, and another thread writes Parquet, so
+  the GPU does not wait on the CPU side.
+
+Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
+with ``encode_documents(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from lsr.shards import MANIFEST, ShardWriter, read_manifest
+from lsr.sparse import SparseVectors
+
+__all__ = ["encode_corpus"]
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
+    """(ids, texts) windows of the stream from position ``start``, cut at multiples of both sizes."""
+    pos = start
+    while True:
+        end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
+        ids, texts = [], []
+        for item in itertools.islice(docs, end - pos):
+            try:
+                doc_id, text = item
+            except (TypeError, ValueError):
+                raise TypeError(f"documents must be (doc_id, text) pairs; item {pos + len(ids)} is {type(item).__name__}") from None
+            if not isinstance(text, str):
+                raise TypeError(f"document {doc_id!r}: text is {type(text).__name__}, not str")
+            ids.append(str(doc_id))
+            texts.append(text)
+        if not ids:
+            return
+        yield ids, texts
+        pos += len(ids)
+
+
+class _Prefetch:
+    """Run ``fn`` over ``items`` on a daemon thread, at most ``depth`` results ahead of the consumer.
+    Exceptions (from the document iterator too) are re-raised in the consumer."""
+
+    def __init__(self, items: Iterator[Any], fn: Callable[[Any], Any], depth: int) -> None:
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items, fn), daemon=True, name="lsr-encode-prefetch")
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[Any], fn: Callable[[Any], Any]) -> None:
+        try:
+            for item in items:
+                if not self._put(fn(item)):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
+            self._put(_Failure(e))
+            return
+        self._put(_END)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)  # it may sit in a slow document iterator; it is a daemon anyway
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None:
+    """Consume the ``skip`` documents already written. The last of them must be the last id of the
+    last shard (a cheap guard against resuming with another corpus or another order)."""
+    last_seen = None
+    for item in itertools.islice(stream, skip):
+        last_seen = item
+    last_seen = None if last_seen is None else str(last_seen[0])
+    shards = writer.manifest["shards"]
+    if not shards:
+        return
+    stored = pq.read_table(writer.path / shards[-1]["file"], columns=["id"]).column("id")[-1].as_py()
+    if last_seen is None or last_seen != stored:
+        raise ValueError(f"cannot resume {writer.path}: it holds {skip} documents ending with {stored!r}, but the "
+                         f"stream {'is shorter' if last_seen is None else f'has {last_seen!r} there'}; "
+                         "pass the same documents in the same order, or start a new directory")
+
+
+def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
+                  batch_size: int | None = None, shard_rows: int = 100_000, resume: bool = True,
+                  n_docs: int | None = None, progress: bool = True, sort_window: int | None = None,
+                  doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
+                  stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
+
+    Args:
+        encoder: SpladeEncoder (fast path) or any encoder with ``encode_documents``, ``vocab_size`` and
+            ``describe()`` (fit a LexicalEncoder first).
+        docs: iterable of (doc_id, text); ids must be unique.
+        out_dir: output directory.
+        batch_size: texts per batch (default: the encoder's own, else 1024).
+        shard_rows: documents per Parquet shard (the resume granularity).
+        resume: continue an interrupted directory written with the same encoder settings (a complete
+            one is returned as is); False refuses a non-empty directory.
+        n_docs: total number of documents, for the progress bar's ETA only.
+        progress: show a tqdm bar (docs/s, ETA, padding waste).
+        sort_window: documents sorted by length together (default min(shard_rows, 16384)).
+        doc_top_k: keep each document's k largest weights (default: the encoder's setting).
+        max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
+        prefetch: windows tokenized ahead of the model.
+        stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens.
+    """
+    if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
+        raise ValueError("shard_rows and sort_window must be positive")
+    sort_window = sort_window or min(shard_rows, 16384)
+    metadata = dict(encoder.describe())
+    if doc_top_k is not None:
+        metadata["doc_top_k"] = doc_top_k
+    was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
+    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume)
+    if was_complete:  # the writer re-verified settings and checksums; nothing to do
+        log.info("%s is already complete (%d documents)", out_dir, writer.rows_done)
+        return writer.close()
+    skip = writer.rows_done
+    stream = iter(docs)
+    if skip:
+        log.info("resuming %s after %d documents", out_dir, skip)
+        _skip_written(writer, stream, skip)
+
+    fast = hasattr(encoder, "prepare") and hasattr(encoder, "encode_prepared")
+    batch_size = batch_size or getattr(encoder, "batch_size", None) or 1024
+    top_k = {} if doc_top_k is None else {"top_k": doc_top_k}
+    totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
+
+    def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
+        ids, texts = window
+        return ids, (encoder.prepare(texts, "doc", batch_size, max_tokens) if fast else texts)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not progress,
+               desc="encode", dynamic_ncols=True)
+    prefetcher = _Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
+    pending: Future | None = None
+    t0 = time.perf_counter()
+    try:
+        for ids, payload in prefetcher:
+            if fast:
+                vectors = encoder.encode_prepared(payload, ids, on_batch=bar.update, **top_k)
+                totals["tokens"] += payload.n_tokens
+                totals["padded_tokens"] += payload.n_slots
+            else:
+                parts = []
+                for i in range(0, len(ids), batch_size):
+                    part = encoder.encode_documents(payload[i:i + batch_size], ids=ids[i:i + batch_size])
+                    parts.append(part.prune_top_k(doc_top_k) if doc_top_k is not None else part)
+                    bar.update(len(part))
+                vectors = SparseVectors.concat(parts)
+            totals["docs"] += len(vectors)
+            totals["nnz"] += vectors.nnz
+            if pending is not None:
+                pending.result()  # one shard write in flight at most: bounded memory, errors surface
+            pending = pool.submit(writer.add, vectors)
+            postfix = {"nnz/doc": f"{totals['nnz'] / max(totals['docs'], 1):.0f}"}
+            if fast:
+                postfix["pad"] = f"{totals['padded_tokens'] / max(totals['tokens'], 1) - 1:.1%}"
+            bar.set_postfix(postfix, refresh=False)
+        if pending is not None:
+            pending.result()
+        manifest = writer.close()
+    finally:
+        prefetcher.close()
+        pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
+        bar.close()
+    seconds = time.perf_counter() - t0
+    if stats is not None:
+        stats.update(totals, seconds=seconds, docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+    return manifest

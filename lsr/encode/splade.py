@@ -1,0 +1,391 @@
+"""SPLADE encoder: a Hugging Face masked LM cut into backbone + MLM transform, then the Sparton head.
+
+    enc = SpladeEncoder.from_pretrained("naver/splade-cocondenser-ensembledistil")  # or a local directory
+    docs = enc.encode_documents(texts, ids)     # SparseVectors on the CPU, rows in input order
+    queries = enc.encode_queries(query_texts, qids)
+    enc.decode(queries[:1])                      # [[("token", weight), ...]] best first
+
+For every text Y[v] = max_s log1p(relu(T(H_s)·E_v + b_v)) over its unmasked positions s, where H are the
+backbone's hidden states, T the checkpoint's own MLM transform (BERT ``cls.predictions.transform``,
+DistilBERT ``vocab_transform → act → vocab_layer_norm``, RoBERTa/XLM-R ``lm_head.dense → gelu →
+layer_norm``, ModernBERT ``head``) and (E, b) its decoder. T runs by calling the masked LM with its
+output embedding replaced by an identity, so any head that ends in its decoder Linear works without
+an architecture table; ``lsr.kernels.sparton.sparton_head`` then pools without building [B, S, V].
+
+Batch calls tokenize once (fast Rust tokenizer, truncation to the query / document max length), sort
+the texts by length so each batch pads little, and restore the input order at the end.
+``prepare`` / ``encode_prepared`` expose the two halves so ``lsr.encode.corpus`` can tokenize the
+next window on a CPU thread while the GPU encodes this one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lsr.encode.lexical import vocab_hash
+from lsr.kernels.sparton import sparton_head
+from lsr.sparse import SparseVectors
+
+__all__ = ["SpladeEncoder", "TokenBatch", "PreparedTexts"]
+
+_TRUE = {"1", "ON", "YES", "TRUE"}
+_TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
+_KEEP = object()  # "use the encoder's doc_top_k"
+
+
+@dataclass
+class TokenBatch:
+    """One padded batch: ``input_ids`` / ``attention_mask`` int64 [B, L] (pinned memory when bound for
+    CUDA) and ``rows`` int64 [B], the positions of these texts in the prepared input."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rows: torch.Tensor
+
+
+@dataclass
+class PreparedTexts:
+    """Tokenized texts cut into length-sorted batches (see ``SpladeEncoder.prepare``)."""
+
+    kind: str  # "query" | "doc"
+    batches: list[TokenBatch]
+    n: int
+    n_tokens: int  # real tokens, special tokens included
+    n_slots: int  # padded positions actually computed (sum of B·L): n_slots / n_tokens - 1 = padding waste
+
+
+def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    out = getattr(torch, names.get(dtype, dtype), None)
+    if not isinstance(out, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r} (use bfloat16, float16 or float32)")
+    return out
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Can a TCP connection to the hub endpoint be opened within ``timeout`` s? (no HTTP request)."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a proxy decides; huggingface_hub's own timeouts apply
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _local_files_only(name: str, local_files_only: bool | None, revision: str | None) -> bool:
+    """Decide whether to load ``name`` from disk only; fail fast with a clear message when the model
+    is neither a directory nor cached and downloading is impossible (instead of hub retries)."""
+    p = Path(name).expanduser()
+    if p.is_dir():
+        return True
+    if p.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"{name!r} is not a model directory (expected a save_pretrained() folder "
+                                "with config.json, the weights and the tokenizer files)")
+    why = "local_files_only=True"
+    if local_files_only is None:
+        offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(k, "").upper() in _TRUE]
+        why = f"{offline[0]}=1" if offline else "the Hugging Face hub is unreachable"
+        local_files_only = bool(offline) or not _hub_reachable()
+    if not local_files_only:
+        return False
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name, revision=revision, local_files_only=True)
+    except OSError as e:
+        from huggingface_hub import constants
+
+        raise OSError(f"model {name!r} is not a local directory and is not in the Hugging Face cache "
+                      f"({constants.HF_HUB_CACHE}), and downloads are off ({why}). Download it where the hub "
+                      f"is reachable (`hf download {name}`) and copy the cache or a save_pretrained() "
+                      "directory here, then pass that path (or unset HF_HUB_OFFLINE when online).") from e
+    return True
+
+
+class _Tokenize:
+    """texts -> token ids truncated to ``max_length`` with the tokenizer's special tokens.
+
+    Uses a private copy of the Rust tokenizer configured once (truncation on, padding off), so
+    calls from a worker thread never race with the HF wrapper mutating its settings."""
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer, self.max_length = tokenizer, max_length
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._fast = None
+        if backend is not None:
+            from tokenizers import Tokenizer
+
+            self._fast = Tokenizer.from_str(backend.to_str())
+            self._fast.no_padding()
+            self._fast.enable_truncation(max_length)
+            self._encode = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)  # no offsets
+
+    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """-> (flat int64 [sum lengths] token ids, lengths int64 [n])."""
+        texts = texts if isinstance(texts, list) else list(texts)
+        if self._fast is not None:
+            ids = [e.ids for e in self._encode(texts)]  # Rust, parallel, releases the GIL
+        else:
+            ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum())), lengths
+
+
+class _Tower:
+    """One masked-LM checkpoint: ``body`` (backbone + MLM transform: the model with its decoder
+    replaced by an identity, so ``.logits`` are the transformed hidden states [B, S, D]) and the
+    decoder's ``weight`` [V, D] / ``bias`` [V]."""
+
+    def __init__(self, name: str, device: torch.device, dtype: torch.dtype, local_files_only: bool | None,
+                 revision: str | None, attn_implementation: str | None) -> None:
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        kw = {"revision": revision, "local_files_only": _local_files_only(name, local_files_only, revision)}
+        self.name = name
+        self.tokenizer = AutoTokenizer.from_pretrained(name, **kw)
+        try:
+            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, **kw)
+        except (ValueError, ImportError):  # this architecture has no such attention implementation
+            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, **kw)
+        model.to(device).eval()
+        decoder = model.get_output_embeddings()
+        if not isinstance(decoder, nn.Linear):
+            raise NotImplementedError(f"{type(model).__name__}: the output embedding is {type(decoder).__name__}, "
+                                      "not a Linear decoder; cannot build a SPLADE head")
+        self.weight, self.bias = decoder.weight.detach(), (decoder.bias.detach() if decoder.bias is not None else None)
+        for module in model.modules():  # detach the decoder; the rest of the head stays in place
+            for child_name, child in module.named_children():
+                if child is decoder:
+                    setattr(module, child_name, nn.Identity())
+        self.body = model
+        self.architecture = type(model).__name__
+        self.revision = getattr(model.config, "_commit_hash", None) or revision
+        V = self.weight.shape[0]
+        inverse = {i: t for t, i in self.tokenizer.get_vocab().items()}
+        self.vocab = [inverse.get(i, f"[id{i}]") for i in range(V)]  # decoders may pad V past the tokenizer
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        limit = self.tokenizer.model_max_length
+        self.max_positions = int(limit) if limit and limit < 1_000_000 else None
+
+
+class SpladeEncoder:
+    """SPLADE document / query encoder (build it with ``from_pretrained``).
+
+    Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
+    ``max_length_doc``, ``doc_top_k`` (documents keep their k largest weights; None keeps all),
+    ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget).
+    """
+
+    def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
+                 max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
+                 batch_size: int, max_tokens: int | None) -> None:
+        if query.weight.shape[0] != doc.weight.shape[0] or vocab_hash(query.vocab) != vocab_hash(doc.vocab):
+            raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
+        if doc_top_k is not None and doc_top_k <= 0:
+            raise ValueError("doc_top_k must be positive (or None)")
+        self._towers = {"doc": doc, "query": query}
+        self.device, self.dtype, self.backend = device, dtype, backend
+        self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self._tokenizers: dict[str, _Tokenize] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, device: str | torch.device | None = None,
+                        dtype: torch.dtype | str | None = None, query_model: str | os.PathLike | None = None,
+                        max_length_query: int = 64, max_length_doc: int = 256, doc_top_k: int | None = None,
+                        backend: str = "auto", local_files_only: bool | None = None, *, revision: str | None = None,
+                        batch_size: int | None = None, max_tokens: int | None = None,
+                        attn_implementation: str | None = "sdpa", compile: bool = False) -> SpladeEncoder:
+        """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
+
+        ``device``: default CUDA when available. ``dtype``: default bf16 on CUDA, fp32 on CPU.
+        ``query_model``: separate checkpoint for queries (same vocabulary). ``local_files_only``: None =
+        only when HF_HUB_OFFLINE=1 or the hub is unreachable (a missing model then fails at once).
+        ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``batch_size`` / ``max_tokens``:
+        batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
+        ``compile``: torch.compile the backbone (dynamic shapes) — pays off only for long runs.
+        """
+        dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dt = _dtype(dtype, dev)
+        doc = _Tower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
+        query = doc if query_model is None else _Tower(str(query_model), dev, dt, local_files_only, None,
+                                                       attn_implementation)
+        for tower, length in ((doc, max_length_doc), (query, max_length_query)):
+            if tower.max_positions is not None and length > tower.max_positions:
+                raise ValueError(f"{tower.name}: max_length {length} exceeds the model's {tower.max_positions} positions")
+        if compile:
+            for tower in {id(doc): doc, id(query): query}.values():
+                tower.body = torch.compile(tower.body, dynamic=True)
+        cuda = dev.type == "cuda"
+        return cls(doc, query, device=dev, dtype=dt, max_length_query=max_length_query, max_length_doc=max_length_doc,
+                   doc_top_k=doc_top_k, backend=backend, batch_size=batch_size or (1024 if cuda else 32),
+                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None))
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def vocab(self) -> list[str]:
+        return self._towers["doc"].vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON facts stored with the vectors (resume and search check them)."""
+        doc, query = self._towers["doc"], self._towers["query"]
+        return {"kind": "splade", "model": doc.name, "revision": doc.revision, "architecture": doc.architecture,
+                "query_model": None if query is doc else query.name,
+                "query_revision": None if query is doc else query.revision,
+                "max_length_query": self.max_length_query, "max_length_doc": self.max_length_doc,
+                "doc_top_k": self.doc_top_k, "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self.vocab),
+                "dtype": str(self.dtype).removeprefix("torch."), "pooling": "max", "activation": "log1p_relu"}
+
+    def __repr__(self) -> str:
+        return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "
+                f"max_length_doc={self.max_length_doc}, max_length_query={self.max_length_query})")
+
+    # ------------------------------------------------------------------ tokenize + batch (CPU, thread-safe)
+    def _tokenizer(self, kind: str) -> _Tokenize:
+        with self._lock:
+            if kind not in self._tokenizers:
+                if kind not in self._towers:
+                    raise ValueError(f"kind must be 'query' or 'doc', got {kind!r}")
+                length = self.max_length_doc if kind == "doc" else self.max_length_query
+                self._tokenizers[kind] = _Tokenize(self._towers[kind].tokenizer, length)
+            return self._tokenizers[kind]
+
+    def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
+                max_tokens: int | None = None) -> PreparedTexts:
+        """Tokenize ``texts`` and cut them into batches of similar length (longest first, so the peak
+        memory shows up at once). Pure CPU work: safe to run on a worker thread."""
+        flat, lengths = self._tokenizer(kind)(texts)
+        batch_size = batch_size or self.batch_size
+        max_tokens = max_tokens if max_tokens is not None else self.max_tokens
+        mult = 8 if self.device.type == "cuda" else 1  # tensor-core friendly L; fewer distinct shapes
+        pad_id, pin = self._towers[kind].pad_id, self.device.type == "cuda"
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        order = np.argsort(-lengths, kind="stable")
+        batches, i, slots = [], 0, 0
+        while i < len(order):
+            width = -(-max(int(lengths[order[i]]), 1) // mult) * mult  # the longest remaining text
+            size = batch_size if max_tokens is None else max(1, min(batch_size, max_tokens // width))
+            sel = order[i:i + size]
+            lens = lengths[sel]
+            col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            ids = np.full((len(sel), width), pad_id, dtype=np.int64)
+            ids[np.repeat(np.arange(len(sel)), lens), col] = flat[np.repeat(starts[sel], lens) + col]
+            mask = (np.arange(width)[None, :] < lens[:, None]).astype(np.int64)
+            tensors = [torch.from_numpy(a) for a in (ids, mask)]
+            if pin:
+                tensors = [t.pin_memory() for t in tensors]
+            batches.append(TokenBatch(tensors[0], tensors[1], torch.from_numpy(sel.astype(np.int64))))
+            slots += ids.size
+            i += len(sel)
+        return PreparedTexts(kind, batches, len(lengths), int(lengths.sum()), slots)
+
+    # ------------------------------------------------------------------ encode (device)
+    def _head(self, tower: _Tower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, L, D] transformed states -> [B, V] SPLADE weights (hidden's dtype)."""
+        if hidden.shape[-1] != tower.weight.shape[1]:
+            raise NotImplementedError(f"{tower.architecture}: the MLM head does not end in its decoder Linear "
+                                      f"(got states of width {hidden.shape[-1]}); this architecture is not supported")
+        triton = self.backend == "triton" or (self.backend == "auto" and hidden.device.type == "cuda")
+        B, L, _ = hidden.shape
+        rows = B if triton else max(1, _TORCH_HEAD_BYTES // max(1, L * tower.weight.shape[0] * 4))
+        return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
+                          for i in range(0, B, rows)])
+
+    @torch.inference_mode()
+    def encode_prepared(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *, top_k: Any = _KEEP,
+                        on_batch: Callable[[int], None] | None = None) -> SparseVectors:
+        """Encode ``prepare``'s batches; returns SparseVectors on the CPU in the original text order.
+
+        ``top_k``: keep each row's k largest weights (ties: lower term id); default: ``doc_top_k`` for
+        documents, None for queries. ``on_batch(n_texts)`` is called after every batch (progress)."""
+        tower = self._towers[prepared.kind]
+        k = (self.doc_top_k if prepared.kind == "doc" else None) if top_k is _KEEP else top_k
+        ids = [str(i) for i in range(prepared.n)] if ids is None else [str(i) for i in ids]
+        if len(ids) != prepared.n:
+            raise ValueError(f"got {len(ids)} ids for {prepared.n} texts")
+        lengths, indices, values, rows = [], [], [], []
+        for batch in prepared.batches:
+            input_ids = batch.input_ids.to(self.device, non_blocking=True)
+            mask = batch.attention_mask.to(self.device, non_blocking=True)
+            hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
+            for out, part in zip((lengths, indices, values), _to_csr(self._head(tower, hidden, mask), k)):
+                out.append(part)
+            rows.append(batch.rows)
+            if on_batch is not None:
+                on_batch(len(batch.rows))
+        if not prepared.batches:
+            return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], ids, self.vocab_size, validate=False)
+        order = torch.cat(rows)  # row j of the sorted result is text order[j]
+        counts = torch.cat(lengths)
+        indptr = torch.zeros(prepared.n + 1, dtype=torch.int64, device=counts.device)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        by_length = SparseVectors(indptr, torch.cat(indices), torch.cat(values), [ids[r] for r in order.tolist()],
+                                  self.vocab_size, validate=False)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(prepared.n)
+        if len(set(ids)) != len(ids):
+            raise ValueError("ids must be unique")
+        return by_length[position.to(counts.device)].to("cpu")
+
+    def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None) -> SparseVectors:
+        return self.encode_prepared(self.prepare(texts, kind, batch_size), ids)
+
+    def encode_documents(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                         batch_size: int | None = None) -> SparseVectors:
+        """Document texts -> SparseVectors (CPU, input order), truncated to ``max_length_doc`` tokens,
+        pruned to ``doc_top_k`` terms when set."""
+        return self._encode(texts, ids, "doc", batch_size)
+
+    def encode_queries(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                       batch_size: int | None = None) -> SparseVectors:
+        """Query texts -> SparseVectors (CPU, input order), truncated to ``max_length_query`` tokens."""
+        return self._encode(texts, ids, "query", batch_size)
+
+    def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
+        """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""
+        ip, ix, val = (t.cpu().numpy() for t in (vectors.indptr, vectors.indices, vectors.values))
+        out = []
+        for a, b in zip(ip[:-1], ip[1:]):
+            order = np.argsort(-val[a:b], kind="stable")[:top_k]
+            out.append([(self.vocab[t], float(w)) for t, w in zip(ix[a:b][order], val[a:b][order])])
+        return out
+
+
+def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, V] weights -> (row lengths int64 [B], term ids int32 [nnz], weights float32 [nnz]), rows in
+    order and terms ascending; with ``top_k`` only each row's k largest (ties: lower term id) survive."""
+    B, V = y.shape
+    if top_k is not None and top_k < V:
+        kth = torch.topk(y, top_k, dim=1).values[:, -1:]
+        above, tied = y > kth, y == kth
+        room = top_k - above.sum(1, keepdim=True)
+        y = torch.where(above | (tied & (torch.cumsum(tied, 1) <= room)), y, torch.zeros((), dtype=y.dtype, device=y.device))
+    nz = torch.nonzero(y)  # row-major: rows in order, term ids ascending
+    values = y[nz[:, 0], nz[:, 1]].float()
+    if not bool(torch.isfinite(values).all()):
+        raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {y.dtype}; try dtype=torch.float32")
+    return torch.bincount(nz[:, 0], minlength=B), nz[:, 1].to(torch.int32), values

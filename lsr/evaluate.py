@@ -1,0 +1,92 @@
+"""Evaluation with ir-measures (pytrec_eval under the hood), keyed by the caller's metric strings.
+
+Conventions (as in ir-measures / ``trec_eval -c``): only judged queries count, and a judged query
+missing from the run scores 0. TREC DL reports recall and MAP at relevance level 2
+(``R(rel=2)@1000``, ``AP(rel=2)``, Pyserini's ``trec_eval -l 2``); MS MARCO MRR@10 is ``RR@10``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lsr.io import PathLike
+
+__all__ = ["BEIR_METRICS", "DL_METRICS", "MSMARCO_METRICS", "evaluate", "parse_metrics", "per_query"]
+
+MSMARCO_METRICS = ("RR@10", "nDCG@10", "R@1000")
+DL_METRICS = ("nDCG@10", "R(rel=2)@1000", "AP(rel=2)")
+BEIR_METRICS = ("nDCG@10", "R@100", "R@1000")
+
+RunLike = Mapping[str, Mapping[str, float]] | PathLike
+QrelsLike = Mapping[str, Mapping[str, int]] | PathLike
+
+
+def parse_metrics(metrics: str | Sequence[str]) -> dict[str, Any]:
+    """Metric strings -> {string: ir_measures measure}; an unknown metric raises ValueError."""
+    import ir_measures
+
+    if isinstance(metrics, str):  # one metric; not split on commas ("P(rel=2,judged_only=True)@10")
+        metrics = (metrics,)
+    out: dict[str, Any] = {}
+    for text in metrics:
+        try:
+            out[text] = ir_measures.parse_measure(text)
+        except (NameError, ValueError, SyntaxError, TypeError) as e:
+            raise ValueError(f"unknown metric {text!r} ({e}); use ir-measures names such as RR@10, nDCG@10, "
+                             "R@1000, R(rel=2)@1000, AP(rel=2) (https://ir-measur.es/en/latest/measures.html)") from None
+    if not out:
+        raise ValueError("no metrics given")
+    return out
+
+
+def _as_run(run: RunLike) -> Mapping[str, Mapping[str, float]]:
+    if isinstance(run, Mapping):
+        return run
+    from lsr.runs import read_run
+
+    return read_run(run)
+
+
+def _as_qrels(qrels: QrelsLike) -> Mapping[str, Mapping[str, int]]:
+    """A qrels dict, a TREC / BEIR qrels file, or a dataset spec (folder or ir_datasets id)."""
+    if isinstance(qrels, Mapping):
+        out = qrels
+    else:
+        from lsr import data
+
+        out = data.read_qrels(qrels) if Path(qrels).is_file() else data.load_dataset(str(qrels)).qrels
+    if not out:
+        raise ValueError(f"no relevance judgements in {qrels if not isinstance(qrels, Mapping) else 'the qrels'}")
+    return out
+
+
+def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMARCO_METRICS) -> dict[str, float]:
+    """Mean of each metric over the judged queries.
+
+    Args:
+        run: a run dict (qid -> docno -> score) or a TREC / MS MARCO run file (``.gz`` ok).
+        qrels: a qrels dict, a TREC or BEIR qrels file, or a dataset spec for :func:`lsr.data.load_dataset`.
+        metrics: ir-measures strings, e.g. ``("RR@10", "nDCG@10", "R@1000")`` or :data:`DL_METRICS`.
+
+    Returns:
+        {metric string exactly as passed: value}.
+    """
+    import ir_measures
+
+    parsed = parse_metrics(metrics)
+    agg = ir_measures.calc_aggregate(list(parsed.values()), _as_qrels(qrels), _as_run(run))
+    return {text: float(agg[m]) for text, m in parsed.items()}
+
+
+def per_query(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMARCO_METRICS
+              ) -> dict[str, dict[str, float]]:
+    """Per-query values: {metric string: {qid: value}} over the judged queries (e.g. for significance tests)."""
+    import ir_measures
+
+    parsed = parse_metrics(metrics)
+    by_measure: dict[Any, dict[str, float]] = {m: {} for m in parsed.values()}
+    for row in ir_measures.iter_calc(list(parsed.values()), _as_qrels(qrels), _as_run(run)):
+        by_measure[row.measure][row.query_id] = float(row.value)
+    return {text: by_measure[m] for text, m in parsed.items()}

@@ -1,0 +1,301 @@
+"""Sparton: the fused SPLADE LM head  Y[b, v] = log1p(relu(max_s (H Eᵀ + bias)[b, s, v]))  over unmasked s.
+
+Public API: ``sparton_head`` (differentiable, backend choice), ``torch_sparton_head`` (torch twin,
+the one reference), ``SpartonHead`` (nn.Module), ``triton_sparton_fwd`` (forward launcher),
+``SpartonHeadFunction`` (autograd). The backward kernels live in ``sparton_bwd.py``.
+
+Forward: one program per (batch row b, vocab tile); it loops over the sequence in BLOCK_S chunks,
+computes the [BLOCK_V, BLOCK_S] logit tile Eᵀ-major with tl.dot (fp32 accumulation; the max over S is
+then a reduction along the MMA's N axis, i.e. inside a thread / quad, no shared memory) and keeps a
+running max + argmax on chip. [B, S, V] is never materialised.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch import nn
+
+try:  # triton is optional on CPU (only the interpreter-mode tests need it)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+__all__ = ["sparton_head", "torch_sparton_head", "triton_sparton_fwd", "SpartonHead", "SpartonHeadFunction"]
+
+
+def _prepare(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             mask: torch.Tensor | None) -> torch.Tensor:
+    """Validate shapes/devices; return the mask as bool [B, S] (all-true when None)."""
+    if hidden.dim() != 3 or weight.dim() != 2:
+        raise ValueError(f"hidden must be [B,S,D] and weight [V,D], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    B, S, D = hidden.shape
+    if weight.shape[1] != D:
+        raise ValueError(f"hidden dim {D} != weight dim {weight.shape[1]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be [V]={weight.shape[0]}, got {tuple(bias.shape)}")
+    if mask is None:
+        mask = torch.ones(B, S, dtype=torch.bool, device=hidden.device)
+    if tuple(mask.shape) != (B, S):
+        raise ValueError(f"mask must be [B,S]=({B},{S}), got {tuple(mask.shape)}")
+    for name, t in (("weight", weight), ("bias", bias), ("mask", mask)):
+        if t is not None and t.device != hidden.device:
+            raise ValueError(f"{name} is on {t.device}, hidden on {hidden.device}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def torch_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None, *, upcast: bool = True) -> torch.Tensor:
+    """Plain-torch twin: builds the [B, S, V] logits.
+
+    hidden [B,S,D], weight [V,D], bias [V] | None, mask [B,S] (bool/int, nonzero = keep) -> [B,V] in
+    hidden's dtype. ``upcast=True`` computes in float32 (float64 stays float64) — the reference;
+    ``upcast=False`` keeps the logits in the input precision (what an eager HF head does).
+    Masked positions are −inf; a fully masked row gives 0.
+    """
+    mask = _prepare(hidden, weight, bias, mask)
+    cdt = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    h, w = (hidden.to(cdt), weight.to(cdt)) if upcast else (hidden, weight.to(hidden.dtype))
+    logits = h @ w.t()
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    logits = logits.masked_fill(~mask[:, :, None], float("-inf"))
+    return torch.log1p(torch.relu(logits.amax(dim=1))).to(hidden.dtype)
+
+
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return device.type == "cuda"
+    if backend != "triton":
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("backend='triton' needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU "
+                           "(interpreter mode, set before lsr.kernels.sparton_triton is imported)")
+    return True
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+if triton is not None:
+
+    @triton.jit
+    def _sparton_fwd_kernel(
+        h_ptr, e_ptr, bias_ptr, mask_ptr, len_ptr, y_ptr, y32_ptr, arg_ptr,
+        B, S, V, D, S_KEY,  # S_KEY (bucketed S) is only an autotune key
+        stride_h_b, stride_h_s, stride_e_v, stride_m_b, stride_y_b,
+        HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+        BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_B: tl.constexpr,
+        FLATTEN: tl.constexpr,
+    ):
+        # Grouped order: GROUP_B batch rows share each E tile while it is in L2, and each H[b] is
+        # reused by the ~all vocab tiles running next to it.
+        pid = tl.program_id(0)
+        n_vt = tl.cdiv(V, BLOCK_V)
+        per_group = GROUP_B * n_vt
+        first_b = (pid // per_group) * GROUP_B
+        group_size = tl.minimum(B - first_b, GROUP_B)
+        b = first_b + (pid % per_group) % group_size
+        vt = (pid % per_group) // group_size
+
+        offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
+        v_ok = offs_v < V
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_s = tl.arange(0, BLOCK_S)
+        h_base = h_ptr + b.to(tl.int64) * stride_h_b
+        n_s = tl.load(len_ptr + b)  # last unmasked position + 1: trailing padding costs nothing
+        run_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        run_arg = tl.zeros([BLOCK_V], tl.int32)
+        for s0 in tl.range(0, n_s, BLOCK_S, flatten=FLATTEN):  # flatten: pipeline across S chunks too
+            s_ok = s0 + offs_s < n_s
+            acc = tl.zeros([BLOCK_V, BLOCK_S], tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                d_ok = d0 + offs_d < D
+                e = tl.load(e_ptr + offs_v[:, None] * stride_e_v + (d0 + offs_d)[None, :],
+                            mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                h = tl.load(h_base + (s0 + offs_s)[None, :] * stride_h_s + (d0 + offs_d)[:, None],
+                            mask=s_ok[None, :] & d_ok[:, None], other=0.0)
+                if DOT_FP32:  # interpreter: its bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact here
+                    e, h = e.to(tl.float32), h.to(tl.float32)
+                acc = tl.dot(e, h, acc, input_precision=INPUT_PRECISION)
+            keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
+            acc = tl.where(keep[None, :], acc, float("-inf"))  # masked positions never win
+            t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
+            better = t_max > run_max  # strict: ties keep the earliest position
+            run_max = tl.where(better, t_max, run_max)
+            run_arg = tl.where(better, t_arg + s0, run_arg)
+        if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
+            run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
+        u = 1.0 + r  # log1p(r) = log(u) * r / (u - 1) (Kahan): exact for tiny r
+        y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
+        out = b.to(tl.int64) * stride_y_b + offs_v
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
+        tl.store(arg_ptr + out, run_arg, mask=v_ok)
+        if STORE_FP32:
+            tl.store(y32_ptr + out, y, mask=v_ok)
+
+    def _fwd_prune(configs, named_args, **kwargs):
+        s_key = named_args["S_KEY"]
+        kept = [c for c in configs if c.kwargs["BLOCK_S"] <= max(s_key, 64)]  # no tiles of mostly padding
+        return kept or configs
+
+    def _configs(flatten: bool) -> list:
+        shapes = [(128, 128, 8, 3), (128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 64, 4, 4)]
+        return [triton.Config({"BLOCK_V": bv, "BLOCK_S": bs, "BLOCK_D": 64, "GROUP_B": 8, "FLATTEN": f},
+                              num_warps=w, num_stages=st)
+                for bv, bs, w, st in shapes for f in ([False, True] if flatten else [False])
+                if not (f and (bv, bs, w) == (128, 64, 4))]
+
+    def _tuner(configs: list):
+        return triton.autotune(configs, key=["V", "D", "S_KEY"],
+                               prune_configs_by={"early_config_prune": _fwd_prune})(_sparton_fwd_kernel)
+
+    # loop flattening (tl.range(flatten=True), triton >= 3.3) is tried first; if it fails to
+    # compile on this triton the launcher falls back to the plain configs for the session
+    _FWD_TUNERS = [_tuner(_configs(True)), _tuner(_configs(False))]
+
+
+def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       mask: torch.Tensor, need_fp32: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Forward launcher.
+
+    hidden [B,S,D] and weight [V,D] of one dtype (bf16/fp16/fp32), bias [V] | None (any float dtype),
+    mask [B,S] bool. Returns y [B,V] (hidden's dtype), y32 [B,V] float32 (only if ``need_fp32``,
+    for the backward) and argmax [B,V] int32 (position of the max over unmasked s; 0 for a fully
+    masked row).
+    """
+    if triton is None:
+        raise RuntimeError("the Triton backend needs the `triton` package")
+    B, S, D = hidden.shape
+    V = weight.shape[0]
+    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
+        raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
+    if weight.shape[1] != D or mask.shape != (B, S) or mask.dtype != torch.bool:
+        raise ValueError("expected hidden [B,S,D], weight [V,D], bool mask [B,S]")
+    if bias is not None and (bias.shape != (V,) or not bias.is_floating_point()):
+        raise ValueError("bias must be a float [V]")
+    if any(t.device != hidden.device for t in (weight, mask) + ((bias,) if bias is not None else ())):
+        raise ValueError("all inputs must be on one device")
+    hidden, weight, mask = hidden.contiguous(), weight.contiguous(), mask.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    dev = hidden.device
+    # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
+    y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else hidden.dtype, device=dev)
+    arg = torch.empty(B, V, dtype=torch.int32, device=dev)
+    y32 = torch.empty(B, V, dtype=torch.float32, device=dev) if need_fp32 else None
+    if B == 0 or V == 0:
+        return y, y32, arg
+    pos = torch.arange(1, S + 1, dtype=torch.int32, device=dev)
+    lengths = torch.where(mask, pos, 0).amax(dim=1).to(torch.int32) if S > 0 else torch.zeros(B, dtype=torch.int32, device=dev)
+    args = (hidden, weight, bias if bias is not None else y, mask.view(torch.uint8), lengths, y,
+            y32 if need_fp32 else y, arg, B, S, V, D, min(triton.next_power_of_2(max(S, 1)), 256),
+            hidden.stride(0), hidden.stride(1), weight.stride(0), mask.stride(0), y.stride(0))
+    flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32,
+             "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32",
+             "DOT_FP32": _INTERPRET}
+    if _INTERPRET:  # no autotuning in the (slow) interpreter
+        blocks = {"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2, "FLATTEN": False}
+        _sparton_fwd_kernel[(B * triton.cdiv(V, 32),)](*args, **flags, **blocks)
+    elif B * S * V < 2**25:  # small problems: a fixed config, not an autotuning run per new V
+        blocks = {"BLOCK_V": 64, "BLOCK_S": min(max(args[12], 16), 64), "BLOCK_D": 64, "GROUP_B": 8, "FLATTEN": False}
+        _sparton_fwd_kernel[(B * triton.cdiv(V, 64),)](*args, **flags, **blocks, num_warps=4, num_stages=3)
+    else:
+        grid = lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
+        while True:
+            try:
+                _FWD_TUNERS[0][grid](*args, **flags)
+                break
+            except Exception as e:  # noqa: BLE001 - compiler failure of an optional config family
+                if len(_FWD_TUNERS) == 1:
+                    raise
+                warnings.warn(f"sparton: flattened-loop configs failed ({type(e).__name__}: {e}); using plain ones")
+                _FWD_TUNERS.pop(0)
+    return y.to(hidden.dtype), y32, arg
+
+
+class SpartonHeadFunction(torch.autograd.Function):
+    """Triton forward; backward from the saved (y32, argmax) only (see sparton_bwd.py)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, mask, deterministic):  # type: ignore[override]
+        hidden, weight = hidden.contiguous(), weight.contiguous()
+        y, y32, arg = triton_sparton_fwd(hidden, weight, bias, mask, need_fp32=True)
+        ctx.save_for_backward(hidden, weight, y32, arg)
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.deterministic = deterministic
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        from lsr.kernels.sparton_bwd import triton_sparton_bwd
+
+        hidden, weight, y32, arg = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        dh, dw, db = triton_sparton_bwd(dy, hidden, weight, y32, arg, need_dh=need_h, need_dw=need_w,
+                                        need_db=need_b and ctx.bias_dtype is not None,
+                                        deterministic=ctx.deterministic)
+        if db is not None:
+            db = db.to(ctx.bias_dtype)
+        return dh, dw, db, None, None
+
+
+def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None, backend: str = "auto",
+                 deterministic: bool = False) -> torch.Tensor:
+    """SPLADE max-pooled head without building [B, S, V]; differentiable w.r.t. hidden, weight, bias.
+
+    hidden [B,S,D] (bf16/fp16/fp32), weight [V,D], bias [V] | None, mask [B,S] (bool/int) -> [B,V]
+    in hidden's dtype (under autocast: the autocast dtype), computed with float32 accumulation.
+    ``backend``: "auto" (Triton on CUDA, torch twin elsewhere), "triton", "torch".
+    ``deterministic=True`` makes the Triton backward bit-identical run to run.
+    """
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):  # the head is a matmul: run it in the autocast dtype
+        dt = torch.get_autocast_dtype(dev)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+    if weight.dtype != hidden.dtype:
+        weight = weight.to(hidden.dtype)  # differentiable cast; the kernels want one input dtype
+    if not _use_triton(backend, hidden.device):
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch_sparton_head(hidden, weight, bias, mask)
+    mask = _prepare(hidden, weight, bias, mask)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if not needs_grad:  # inference: no fp32 copy of y, no autograd node
+        return triton_sparton_fwd(hidden, weight, bias, mask)[0]
+    return SpartonHeadFunction.apply(hidden, weight, bias, mask, deterministic)
+
+
+class SpartonHead(nn.Module):
+    """The MLM decoder (weight [V, D], bias [V]) applied as a Sparton head: forward(hidden, mask) -> [B, V]."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, bias: bool = True, *, backend: str = "auto",
+                 deterministic: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, **kw))
+        self.bias = nn.Parameter(torch.zeros(vocab_size, **kw)) if bias else None
+        self.backend, self.deterministic = backend, deterministic
+        nn.init.normal_(self.weight, std=0.02)
+
+    @classmethod
+    def from_linear(cls, decoder: nn.Linear, bias: torch.Tensor | None = None, **kw) -> SpartonHead:
+        """Share the parameters of an HF decoder Linear (``bias`` overrides, e.g. BERT's cls.predictions.bias)."""
+        head = cls.__new__(cls)
+        nn.Module.__init__(head)
+        head.weight = decoder.weight
+        head.bias = bias if bias is not None else decoder.bias
+        head.backend, head.deterministic = kw.get("backend", "auto"), kw.get("deterministic", False)
+        return head
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return sparton_head(hidden, self.weight, self.bias, mask, self.backend, self.deterministic)
+
+    def extra_repr(self) -> str:
+        V, D = self.weight.shape
+        return f"vocab_size={V}, hidden_size={D}, bias={self.bias is not None}, backend={self.backend!r}"

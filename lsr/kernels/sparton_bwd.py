@@ -1,0 +1,191 @@
+"""Sparton head backward, from the saved (y32, argmax) only — no [B, S, V] and no recomputed GEMM.
+
+    g[b, v]  = dY · exp(−Y) · [Y > 0]                 (d log1p(x)/dx = 1/(1+x) = exp(−Y); relu gate)
+    dE[v]    = Σ_b g[b, v] · H[b, argmax[b, v]]       (a gathered reduction over b, fixed order)
+    db[v]    = Σ_b g[b, v]
+    dH[b, s] = Σ_{v : argmax[b, v] = s} g[b, v] · E[v]
+
+dH is a sparse-times-dense product with B·V nonzeros (one per (b, v)): the nonzeros are bucketed by
+row r = b·S + s (a counting sort: histogram + cumsum + scatter), then one program per block of rows
+gathers E[v] for its rows' entries (a contiguous run) and writes each dH row exactly once (bf16 directly, no fp32
+[B, S, D] buffer, no float atomics). Entries with g = 0 (Y = 0: most of a real SPLADE vector) are
+dropped before the sort, so their E rows are never read.
+
+Modes: the default fills the buckets with integer atomics (fast; the order inside a bucket, hence
+the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by v
+with a stable torch.sort instead, so every gradient is bit-identical run to run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy_b,
+                     BLOCK: tl.constexpr):
+    """g = dY·exp(−Y)·[Y>0]; count[b·S + argmax] += 1 for every g != 0."""
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < V
+    row = b.to(tl.int64) * V
+    y = tl.load(y32_ptr + row + offs, mask=ok, other=0.0)
+    dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
+    g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
+    tl.store(g_ptr + row + offs, g, mask=ok)
+    a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
+    tl.atomic_add(count_ptr + b * S + a, 1, mask=ok & (g != 0.0))
+
+
+@triton.jit
+def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, BLOCK: tl.constexpr):
+    """Fast mode: i = cursor[b·S + argmax]++; (v_sorted, g_sorted)[i] = (v, g) for g != 0 (bucket order varies)."""
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < V
+    row = b.to(tl.int64) * V
+    g = tl.load(g_ptr + row + offs, mask=ok, other=0.0)
+    a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
+    live = ok & (g != 0.0)
+    pos = tl.atomic_add(cursor_ptr + b * S + a, 1, mask=live)
+    tl.store(vs_ptr + pos, offs, mask=live)
+    tl.store(gs_ptr + pos, g, mask=live)
+
+
+@triton.jit
+def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v,
+                   INPUT_PRECISION: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dH[r, d-tile] = Σ_{i in bucket r} g_i · E[v_i, d-tile] for ROWS consecutive rows r = b·S + s.
+
+    The rows' buckets are one contiguous run of sorted entries; each chunk of BLOCK_N entries is
+    gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot
+    (g folded into the one-hot, fp32 / 3xTF32), so short and long buckets both keep loads in flight.
+    """
+    r0 = tl.program_id(0) * ROWS
+    offs_r = r0 + tl.arange(0, ROWS)
+    r_ok = offs_r < N_ROWS
+    starts = tl.load(off_ptr + offs_r, mask=r_ok, other=2**31 - 1)
+    ends = tl.load(off_ptr + offs_r + 1, mask=r_ok, other=0)
+    first = tl.load(off_ptr + r0)
+    last = tl.load(off_ptr + tl.minimum(r0 + ROWS, N_ROWS))
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for n0 in range(first, last, BLOCK_N):
+        idx = n0 + offs_n
+        n_ok = idx < last
+        v = tl.load(vs_ptr + idx, mask=n_ok, other=0)
+        gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)
+        e = tl.load(e_ptr + v.to(tl.int64)[:, None] * stride_e_v + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        hit = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])
+        acc = tl.dot(tl.where(hit, gv[None, :], 0.0), e, acc, input_precision=INPUT_PRECISION)
+    tl.store(dh_ptr + offs_r.to(tl.int64)[:, None] * D + offs_d[None, :], acc.to(dh_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+                   HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v]."""
+    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = offs_v < V
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_V, BLOCK_D], tl.float32)
+    g_sum = tl.zeros([BLOCK_V], tl.float32)
+    h_b = h_ptr  # advanced by stride_h_b per b (pointer arithmetic is 64-bit)
+    for b in range(B):
+        row = b * V  # B·V < 2**31 (checked by the launcher)
+        gv = tl.load(g_ptr + row + offs_v, mask=v_ok, other=0.0)
+        g_sum += gv
+        if HAS_DE:
+            a = tl.load(arg_ptr + row + offs_v, mask=v_ok, other=0)
+            live = v_ok & (gv != 0.0)  # g = 0: the H row is not needed
+            h = tl.load(h_b + a.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                        mask=live[:, None] & d_ok[None, :], other=0.0)
+            acc += gv[:, None] * h.to(tl.float32)
+        h_b += stride_h_b
+    if HAS_DE:
+        tl.store(de_ptr + offs_v.to(tl.int64)[:, None] * stride_de_v + offs_d[None, :],
+                 acc.to(de_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
+    if HAS_DB:
+        if tl.program_id(1) == 0:
+            tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
+
+
+def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, y32: torch.Tensor,
+                       arg: torch.Tensor, *, need_dh: bool = True, need_dw: bool = True, need_db: bool = True,
+                       deterministic: bool = False
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Backward launcher.
+
+    dy [B,V] (any float dtype/strides), hidden [B,S,D] and weight [V,D] (contiguous, one dtype),
+    y32 [B,V] float32 and arg [B,V] int32 from ``triton_sparton_fwd``. Returns dH [B,S,D] (hidden's
+    dtype), dE [V,D] (weight's dtype) and db [V] float32; None where not needed.
+    """
+    B, S, D = hidden.shape
+    V = weight.shape[0]
+    if not (hidden.is_contiguous() and weight.is_contiguous() and y32.is_contiguous() and arg.is_contiguous()):
+        raise ValueError("hidden, weight, y32 and arg must be contiguous")
+    if dy.shape != (B, V) or y32.shape != (B, V) or arg.shape != (B, V) or weight.shape[1] != D:
+        raise ValueError("shape mismatch: dy/y32/arg must be [B,V], hidden [B,S,D], weight [V,D]")
+    if y32.dtype != torch.float32 or arg.dtype != torch.int32:
+        raise TypeError("y32 must be float32 and arg int32")
+    if B * V >= 2**31 or B * S >= 2**31:
+        raise ValueError("B·V and B·S must be < 2**31")
+    dev = hidden.device
+    dy = dy.contiguous() if dy.stride(-1) != 1 else dy
+    g = torch.empty(B, V, dtype=torch.float32, device=dev)
+    counts = torch.zeros(B * S + 1, dtype=torch.int32, device=dev)  # counts[1:] per row, shifted for the cumsum
+    blk = 1024
+    if B and V:
+        _bwd_prep_kernel[(B, triton.cdiv(V, blk))](dy, y32, arg, g, counts[1:], S, V, dy.stride(0), BLOCK=blk)
+
+    dh = dw = db = None
+    if need_dh:
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # [B·S + 1] bucket starts
+        if deterministic:  # buckets ordered by v: a stable sort on (row, v); dropped entries sort last
+            rows = torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
+            order = torch.sort(torch.where(g != 0, rows, B * S).view(-1), stable=True).indices
+            del rows
+            v_sorted = (order % V).to(torch.int32)
+            g_sorted = g.view(-1)[order]
+            del order
+        else:
+            v_sorted = torch.empty(B * V, dtype=torch.int32, device=dev)
+            g_sorted = torch.empty(B * V, dtype=torch.float32, device=dev)
+            if B and V:
+                cursor = offsets[:-1].clone()
+                _bwd_bucket_kernel[(B, triton.cdiv(V, blk))](g, arg, cursor, v_sorted, g_sorted, S, V, BLOCK=blk)
+        dh = torch.empty_like(hidden, dtype=torch.float32 if _INTERPRET else None)  # see _cast
+        rows_per, block_n, block_d = (16, 16, 16) if _INTERPRET else (16, 32, 128)
+        if B * S and D:
+            grid = (triton.cdiv(B * S, rows_per), triton.cdiv(D, block_d))
+            prec = "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32x3"
+            _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets, dh, D, B * S, weight.stride(0),
+                                 INPUT_PRECISION=prec, ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d,
+                                 num_warps=4)
+    if need_dw or need_db:
+        dw = torch.empty_like(weight, dtype=torch.float32 if _INTERPRET else None) if need_dw else None
+        db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
+        block_v, block_d = (16, 32) if _INTERPRET else (32, 256)
+        if V and D:
+            grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if need_dw else 1)
+            _bwd_de_kernel[grid](hidden, g, arg, dw if need_dw else g, db if need_db else g, B, V, D,
+                                 hidden.stride(0), hidden.stride(1), weight.stride(0),
+                                 HAS_DE=need_dw, HAS_DB=need_db, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=4)
+    # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
+    return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return t if t is None else t.to(dtype)

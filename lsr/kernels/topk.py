@@ -1,0 +1,214 @@
+"""Exact top-k selection without sorting [B, N]: packed keys, on-chip candidate emission, exact merge.
+
+A (score, doc) pair is packed into one int64 key, ``bits(score) << 31 | (2**31 - 1 - doc)``: for
+scores > 0 the float bits order like the floats, so "larger key" means "higher score, then lower doc
+index" -- exactly the contract's ranking with its tie rule, and keys are unique, so any exact top-k of
+keys (torch.topk included) is deterministic. Scores <= 0 get the key -1 (never returned; padding).
+
+Selection in two passes over score tiles that are already on chip (a kernel's accumulator, or a
+chunk of a dense score matrix):
+
+1. ``row maxima``: the best key of every run of ``ROW`` = 32 docs. They are scores of distinct docs, so
+   the k-th largest row maximum ``theta`` is a lower bound of the true k-th score (a sample of rows
+   gives a looser but still valid bound).
+2. ``emission``: every doc with score >= theta goes to a fixed slot list of ``CAP`` per (query, chunk),
+   in ascending doc order, with its count. A count above CAP flags an overflow, which the caller fixes
+   by rescoring that (query, chunk) -- so the result is exact whatever the data.
+
+``merge_topk`` takes the k largest keys of the candidates. ``torch_topk`` / ``torch_select`` are the
+torch twins (the reference: keys of all N docs, one ``torch.topk``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["ROW", "DOC_MASK", "pack_keys", "unpack_keys", "topk_keys", "merge_topk", "kth_threshold", "torch_topk",
+           "torch_emit", "torch_row_max", "torch_select", "triton_select", "triton_topk", "pack_key",
+           "emit_above", "row_max_keys"]
+
+ROW = 32                      # docs per row maximum (one warp's worth)
+DOC_MASK = (1 << 31) - 1      # doc ids are int32, so 31 bits hold them
+_DOC_MASK: tl.constexpr = tl.constexpr(DOC_MASK)
+_ROW: tl.constexpr = tl.constexpr(ROW)
+
+
+# ----------------------------------------------------------------------------------- keys (torch)
+def pack_keys(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """int64 keys of float32 ``scores`` and integer ``docs`` (broadcasting); -1 where score <= 0."""
+    bits = scores.contiguous().view(torch.int32).to(torch.int64)
+    keys = (bits << 31) | (DOC_MASK - docs.to(torch.int64))
+    return torch.where(scores > 0, keys, torch.full_like(keys, -1))
+
+
+def unpack_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores float32, doc_idx int64) of keys; -1 keys give (0.0, -1)."""
+    valid = keys >= 0
+    bits = (keys >> 31).clamp(0, DOC_MASK).to(torch.int32)
+    scores = torch.where(valid, bits.view(torch.float32), torch.zeros((), dtype=torch.float32, device=keys.device))
+    docs = torch.where(valid, DOC_MASK - (keys & DOC_MASK), torch.full_like(keys, -1))
+    return scores, docs
+
+
+def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k)."""
+    if keys.shape[1] < k:
+        pad = torch.full((keys.shape[0], k - keys.shape[1]), -1, dtype=torch.int64, device=keys.device)
+        keys = torch.cat([keys, pad], 1)
+    return torch.topk(keys, k, dim=1, largest=True, sorted=True).values
+
+
+def merge_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of candidate keys [B, C] (any order, -1 = none) -> (scores [B, k], doc_idx [B, k])."""
+    return unpack_keys(topk_keys(keys, k))
+
+
+def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """float32 [B]: the score of the k-th largest key of every row (0.0 when a row has fewer than k)."""
+    return unpack_keys(topk_keys(keys, k)[:, k - 1])[0]
+
+
+def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference exact top-k of a dense float32 [B, N] score matrix (ties: ascending doc)."""
+    docs = torch.arange(scores.shape[1], device=scores.device)
+    return merge_topk(pack_keys(scores, docs.unsqueeze(0)), k)
+
+
+def torch_emit(keys: torch.Tensor, ok: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of ``emit_above`` for whole rows: keys / ok [R, T] -> (slots int64 [R, cap] holding the
+    selected keys in column order, -1 after them; counts int32 [R], which may exceed cap)."""
+    counts = ok.sum(1, dtype=torch.int32)
+    pos = torch.cumsum(ok.to(torch.int32), 1) - 1
+    out = torch.full((keys.shape[0], cap), -1, dtype=torch.int64, device=keys.device)
+    r, j = torch.nonzero(ok & (pos < cap), as_tuple=True)
+    out[r, pos[r, j].long()] = keys[r, j]
+    return out, counts
+
+
+def torch_row_max(keys: torch.Tensor) -> torch.Tensor:
+    """Torch twin of ``row_max_keys``: [R, T] -> [R, T // 32]."""
+    return keys.view(keys.shape[0], -1, ROW).amax(2)
+
+
+def torch_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int,
+                 cap: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Torch twin of ``triton_select`` (same arguments and results)."""
+    B, N = scores.shape
+    n_chunks = max(1, -(-N // chunk))
+    s = torch.nn.functional.pad(scores, (0, n_chunks * chunk - N))
+    keys = pack_keys(s, torch.arange(n_chunks * chunk, device=scores.device).unsqueeze(0))
+    if theta is None:
+        return torch_row_max(keys), None
+    ok = (keys >= 0) & (s >= theta.unsqueeze(1))
+    out, counts = torch_emit(keys.view(B * n_chunks, chunk), ok.view(B * n_chunks, chunk), cap)
+    return out.view(B, n_chunks, cap), counts.view(B, n_chunks)
+
+
+# ----------------------------------------------------------------------------------- device helpers
+@triton.jit
+def pack_key(score, doc):
+    """int64 key of float32 ``score`` and integer ``doc`` (-1 where score <= 0)."""
+    bits = score.to(tl.int32, bitcast=True).to(tl.int64)
+    key = (bits << 31) | (_DOC_MASK - doc.to(tl.int64))
+    return tl.where(score > 0, key, -1)
+
+
+@triton.jit
+def emit_above(keys, ok, row_ptrs, base, CAP: tl.constexpr):
+    """Append ``keys[g, j]`` where ``ok[g, j]`` (column order) to slots ``base[g]...`` of row g.
+
+    keys int64 [G, T]; ok bool [G, T]; row_ptrs [G] pointers to slot 0 of each row; base int32 [G].
+    Slots >= CAP are dropped (the returned count still includes them). Returns base + count.
+    """
+    okc = ok.to(tl.int32)
+    cnt = tl.sum(okc, axis=1)
+    if tl.max(cnt, axis=0) > 0:  # most tiles hold no candidate: skip the scan
+        pos = base[:, None] + tl.cumsum(okc, axis=1) - 1
+        tl.store(row_ptrs[:, None] + pos, keys, mask=ok & (pos < CAP))
+    return base + cnt
+
+
+@triton.jit
+def row_max_keys(keys, G: tl.constexpr, T: tl.constexpr):
+    """[G, T] int64 keys -> [G, T // 32] best key of every run of 32 columns."""
+    return tl.max(tl.reshape(keys, (G, T // _ROW, _ROW)), axis=2)
+
+
+# ----------------------------------------------------------------------------------- dense selection
+@triton.jit
+def _select_kernel(scores_ptr, stride_s_b, theta_ptr, out_ptr, count_ptr, B, N, n_chunks,
+                   G: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr):
+    pid_b = tl.program_id(0)
+    chunk = tl.program_id(1)
+    rows = pid_b * G + tl.arange(0, G)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    rmask = rows < B
+    m = rmask[:, None] & (cols < N)[None, :]
+    s = tl.load(scores_ptr + rows[:, None].to(tl.int64) * stride_s_b + cols[None, :], mask=m, other=0.0)
+    keys = pack_key(s, cols[None, :])
+    if ROWMAX:
+        best = row_max_keys(keys, G, CHUNK)
+        rcols = chunk * (CHUNK // _ROW) + tl.arange(0, CHUNK // _ROW)
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * (n_chunks * (CHUNK // _ROW)) + rcols[None, :], best,
+                 mask=rmask[:, None])
+    else:
+        theta = tl.load(theta_ptr + rows, mask=rmask, other=0.0)
+        ok = (keys >= 0) & (s >= theta[:, None])
+        row_ptrs = out_ptr + (rows.to(tl.int64) * n_chunks + chunk) * CAP
+        cnt = emit_above(keys, ok, row_ptrs, tl.zeros([G], dtype=tl.int32), CAP)
+        tl.store(count_ptr + rows.to(tl.int64) * n_chunks + chunk, cnt, mask=rmask)
+
+
+def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int = 1024, cap: int = 64,
+                  group: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Candidate emission over a dense score matrix.
+
+    Args:
+        scores: float32 [B, N], rows contiguous (stride 1 along N).
+        theta: float32 [B] thresholds, or None for the row-maximum pass.
+        chunk: docs per chunk (power of two >= 32); cap: slots per (row, chunk).
+    Returns:
+        theta None: (row-maximum keys int64 [B, ceil(N/chunk) * chunk/32], None).
+        otherwise: (candidate keys int64 [B, n_chunks, cap] (-1 = empty), counts int32 [B, n_chunks]).
+    """
+    if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
+        raise ValueError("scores must be float32 [B, N] with contiguous rows")
+    if chunk < ROW or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= {ROW}")
+    B, N = scores.shape
+    n_chunks = max(1, triton.cdiv(N, chunk))
+    grid = (triton.cdiv(B, group), n_chunks)
+    if theta is None:
+        out = torch.empty((B, n_chunks * (chunk // ROW)), dtype=torch.int64, device=scores.device)
+        _select_kernel[grid](scores, scores.stride(0), scores, out, out, B, N, n_chunks,
+                             G=group, CHUNK=chunk, CAP=1, ROWMAX=True)
+        return out, None
+    if theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != scores.device:
+        raise ValueError("theta must be float32 [B] on the scores' device")
+    out = torch.full((B, n_chunks, cap), -1, dtype=torch.int64, device=scores.device)
+    counts = torch.empty((B, n_chunks), dtype=torch.int32, device=scores.device)
+    _select_kernel[grid](scores, scores.stride(0), theta.contiguous(), out, counts, B, N, n_chunks,
+                         G=group, CHUNK=chunk, CAP=cap, ROWMAX=False)
+    return out, counts
+
+
+def triton_topk(scores: torch.Tensor, k: int, chunk: int = 1024, cap: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of a dense float32 [B, N] score matrix without sorting it.
+
+    Row maxima give theta (the k-th best row maximum, a valid lower bound of the k-th score); every doc
+    >= theta is emitted per chunk; rows where a chunk overflowed its ``cap`` slots are redone with
+    ``torch_topk``. Returns (scores float32 [B, k], doc_idx int64 [B, k]) like ``merge_topk``.
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    maxima, _ = triton_select(scores, None, chunk)
+    theta = kth_threshold(maxima, k)
+    cand, counts = triton_select(scores, theta, chunk, cap)
+    top_s, top_d = merge_topk(cand.view(scores.shape[0], -1), k)
+    bad = torch.nonzero((counts > cap).any(1)).flatten()
+    if bad.numel():
+        fix_s, fix_d = torch_topk(scores[bad], k)
+        top_s[bad], top_d[bad] = fix_s, fix_d
+    return top_s, top_d

@@ -1,0 +1,248 @@
+"""Searcher: exact top-k retrieval over an InvertedIndex (contract: docs/architecture.md, "Search").
+
+Two backends share query batching, checks and docno mapping:
+
+* ``"torch"`` (any device, the reference): for each doc chunk, scores = docs CSR chunk @ dense query
+  block^T in float32, computed as a weighted ``embedding_bag`` sum (deterministic on CUDA, unlike
+  cuSPARSE SpMM), then the chunk's exact top-k is merged into the running top-k. Chunk sizes follow
+  ``max_memory_bytes``.
+* ``"triton"``: ``lsr.search_triton.triton_search`` over the term-major postings (CUDA, or CPU under
+  TRITON_INTERPRET=1). ``"auto"`` picks it on CUDA when it imports, the torch path otherwise.
+
+Results: scores float32 [B, k] descending, doc_idx int64 [B, k]; ties by ascending doc index; -1 / 0.0
+padding when fewer than k docs score > 0; identical on every run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from lsr.index.inverted import InvertedIndex
+from lsr.sparse import SparseVectors
+
+__all__ = ["Searcher", "exact_topk", "check_compatible", "ENCODER_IDENTITY_KEYS"]
+
+log = logging.getLogger(__name__)
+
+# Metadata keys that identify the encoder; query and document vectors must agree on those both carry.
+# (Lengths and batch sizes legitimately differ between queries and documents, so they are not compared.)
+ENCODER_IDENTITY_KEYS = ("kind", "model", "model_id", "name_or_path", "revision", "vocab_hash", "tokenizer_hash",
+                         "vocab_size", "lowercase", "stemmer", "pooling")
+_MAX_QUERY_BATCH = 256
+
+
+def check_compatible(query_meta: Mapping[str, Any] | None, index_meta: Mapping[str, Any] | None) -> None:
+    """Raise ValueError when query and index metadata describe different encoders.
+
+    Only keys of ``ENCODER_IDENTITY_KEYS`` present in both are compared; missing metadata passes.
+    """
+    if not query_meta or not index_meta:
+        return
+    diffs = [f"{k}: queries {query_meta[k]!r} vs index {index_meta[k]!r}" for k in ENCODER_IDENTITY_KEYS
+             if k in query_meta and k in index_meta and query_meta[k] != index_meta[k]]
+    if diffs:
+        raise ValueError("queries and index were encoded differently (" + "; ".join(diffs) + "); "
+                         "encode the queries with the index's encoder")
+
+
+def exact_topk(scores: torch.Tensor, k: int, ids: torch.Tensor | None = None,
+               offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k per row with a total order: score descending, then id ascending.
+
+    torch.topk's order among ties is unspecified, so it only supplies the k-th largest value; every
+    entry >= it is a candidate, and candidates are ordered with stable sorts. Entries with score <= 0
+    are never returned (documents that do not match).
+
+    Args:
+        scores: float32 [B, n] (any strides).
+        k: results per row (> 0); may exceed n.
+        ids: int64 [n] (shared by all rows) or [B, n] ids of the entries; default ``offset`` + the
+            column index. Entries with id -1 must have score <= 0 (padding).
+        offset: added to the column index when ``ids`` is None (a doc chunk's first doc).
+
+    Returns:
+        (scores float32 [B, k], ids int64 [B, k]), padded with 0.0 / -1.
+    """
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    B, n = scores.shape
+    dev = scores.device
+    out_s = torch.zeros(B, k, dtype=torch.float32, device=dev)
+    out_i = torch.full((B, k), -1, dtype=torch.int64, device=dev)
+    if B == 0 or n == 0:
+        return out_s, out_i
+    kth = torch.topk(scores, min(k, n), dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    keep = (scores >= kth) & (scores > 0)
+    rows, cols = torch.nonzero(keep, as_tuple=True)  # row-major: rows, then columns ascending
+    cand_s = scores[rows, cols].to(torch.float32)
+    if ids is None:
+        cand_i = cols + offset  # ascending within each row already
+    else:
+        cand_i = (ids[cols] if ids.dim() == 1 else ids[rows, cols]).to(torch.int64)
+        order = torch.sort(cand_i, stable=True).indices  # least significant key first
+        rows, cand_s, cand_i = rows[order], cand_s[order], cand_i[order]
+    order = torch.sort(cand_s, descending=True, stable=True).indices
+    order = order[torch.sort(rows[order], stable=True).indices]
+    rows, cand_s, cand_i = rows[order], cand_s[order], cand_i[order]
+    counts = torch.bincount(rows, minlength=B)
+    rank = torch.arange(rows.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[rows]
+    sel = rank < k
+    out_s[rows[sel], rank[sel]] = cand_s[sel]
+    out_i[rows[sel], rank[sel]] = cand_i[sel]
+    return out_s, out_i
+
+
+def _default_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(min(8 << 30, free // 4))
+    return 1 << 30
+
+
+class Searcher:
+    """Exact top-k search over an InvertedIndex.
+
+    Args:
+        index: the index (moved to ``device`` if it lives elsewhere).
+        device: where to search (default: the index's device).
+        backend: "auto" (Triton on CUDA when available, else torch), "torch" or "triton".
+        max_memory_bytes: bound on the torch path's working memory (dense query block, chunk scores,
+            top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
+    """
+
+    def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str = "auto",
+                 max_memory_bytes: int | None = None) -> None:
+        self.device = torch.device(device) if device is not None else index.device
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.index = index if index.device == self.device else index.to(self.device)
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+        self.max_memory_bytes = int(max_memory_bytes) if max_memory_bytes is not None else \
+            _default_budget(self.device)
+        if self.max_memory_bytes <= 0:
+            raise ValueError("max_memory_bytes must be positive")
+        self._triton: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        if backend == "triton" or (backend == "auto" and self.device.type == "cuda"):
+            try:
+                from lsr.search_triton import triton_search
+            except ImportError as e:
+                if backend == "triton":
+                    raise RuntimeError(f"backend='triton' needs lsr.search_triton and triton ({e}); "
+                                       "use backend='torch'") from e
+                log.info("Triton search unavailable (%s); using the torch backend", e)
+            else:
+                self._triton = triton_search
+        self.backend = "triton" if self._triton is not None else "torch"
+
+    # ------------------------------------------------------------------ public
+    def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+               query_metadata: Mapping[str, Any] | None = None,
+               show_progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k documents of every query.
+
+        Args:
+            queries: B sparse queries over the index vocabulary.
+            k: hits per query (> 0; may exceed n_docs, the rest is padding).
+            query_batch: queries per batch (default: bounded by ``max_memory_bytes``, at most 256).
+            query_metadata: encoder description of the queries, checked against the index's.
+            show_progress: tqdm bar over batches (default: when there are several batches and a tty).
+
+        Returns:
+            scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
+            -1 / 0.0 where fewer than k documents score > 0.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if queries.vocab_size != self.index.vocab_size:
+            raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index {self.index.vocab_size}: "
+                             "they must come from the same encoder vocabulary")
+        check_compatible(query_metadata, self.index.metadata)
+        n_q = len(queries)
+        qb = int(query_batch) if query_batch is not None else self._default_query_batch(n_q)
+        if qb <= 0:
+            raise ValueError(f"query_batch must be positive, got {query_batch}")
+        queries = queries.to(self.device)
+        out_s = torch.zeros(n_q, k, dtype=torch.float32, device=self.device)
+        out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=self.device)
+        starts = range(0, n_q, qb)
+        if show_progress is None:
+            disable = None if len(starts) >= 4 else True  # None: tqdm hides itself when not on a tty
+        else:
+            disable = not show_progress
+        for a in tqdm(starts, desc="search", unit="batch", disable=disable):
+            batch = queries[a:a + qb]
+            if batch.nnz == 0:
+                continue  # nothing matches: keep the padding
+            s, i = self._search_batch(batch, k)
+            out_s[a:a + len(batch)] = s
+            out_i[a:a + len(batch)] = i
+        return out_s, out_i
+
+    def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+                   query_metadata: Mapping[str, Any] | None = None,
+                   show_progress: bool | None = None) -> dict[str, dict[str, float]]:
+        """Search and return a run: {qid: {docno: score}} with hits ordered best first."""
+        from lsr.runs import from_topk
+
+        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress)
+        return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
+
+    # ------------------------------------------------------------------ internals
+    def _default_query_batch(self, n_queries: int) -> int:
+        # the dense [V, b] query block and its [b, V] source take at most a quarter of the budget
+        per_query = 8 * max(self.index.vocab_size, 1)
+        return max(1, min(n_queries, _MAX_QUERY_BATCH, self.max_memory_bytes // (4 * per_query)))
+
+    def _search_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._triton is not None:
+            return self._triton(self.index, queries, k)
+        return self._torch_batch(queries, k)
+
+    def _doc_chunks(self, n_queries: int) -> list[tuple[int, int, int, int]]:
+        """Doc ranges [(row_start, row_end, nnz_start, nnz_end)] whose scores fit the memory budget."""
+        n = self.index.n_docs
+        dense_bytes = 8 * self.index.vocab_size * n_queries
+        # chunk scores [c, b] + their transposed top-k input, mask and values: ~16 bytes per (doc, query)
+        per_doc = 16 * n_queries + 16
+        rows = max(1, (self.max_memory_bytes - dense_bytes) // per_doc)
+        bounds = torch.arange(0, n, rows, dtype=torch.int64)
+        bounds = torch.cat([bounds, torch.tensor([n])])
+        nnz = self.index.docs.indptr[bounds.to(self.device)].tolist()  # one host sync for all chunks
+        b = bounds.tolist()
+        return [(b[j], b[j + 1], nnz[j], nnz[j + 1]) for j in range(len(b) - 1)]
+
+    def _torch_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference scorer: float32 sparse-dense products per doc chunk, exact top-k merged across chunks.
+
+        queries: b sparse queries -> (scores float32 [b, k], doc_idx int64 [b, k]).
+        """
+        docs = self.index.docs
+        dense_q = queries.to_dense().t().contiguous()  # [V, b]
+        best: tuple[torch.Tensor, torch.Tensor] | None = None
+        for r0, r1, p0, p1 in self._doc_chunks(len(queries)):
+            if p1 == p0:
+                continue
+            # CSR chunk @ dense queries as a weighted embedding-bag sum: one fused kernel that sums each
+            # doc's products sequentially in float32, so it is deterministic (cuSPARSE SpMM through
+            # torch.sparse.mm is not: it differed between two identical calls on an H200). int32
+            # indices and offsets whenever they fit avoid an int64 copy of the chunk.
+            wide = p1 - p0 >= 2**31
+            terms = docs.indices[p0:p1].to(torch.int64) if wide else docs.indices[p0:p1]
+            bags = (docs.indptr[r0:r1 + 1] - p0).to(terms.dtype)
+            chunk_scores = F.embedding_bag(terms, dense_q, bags, mode="sum", per_sample_weights=docs.values[p0:p1],
+                                           include_last_offset=True).t()  # [b, c]
+            top = exact_topk(chunk_scores, k, offset=r0)
+            del chunk_scores
+            if best is not None:
+                top = exact_topk(torch.cat([best[0], top[0]], 1), k, torch.cat([best[1], top[1]], 1))
+            best = top
+        if best is None:
+            return exact_topk(dense_q.new_zeros(len(queries), 0), k)
+        return best

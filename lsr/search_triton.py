@@ -1,0 +1,290 @@
+"""Exact top-k search with the Triton kernels: ``triton_search(index, queries, k, path=...)``.
+
+Paths (all exact and deterministic: every score is the fixed-point sum of lsr.kernels.fixed, so the
+three give bit-identical results):
+
+* ``"block"`` (lsr.kernels.block): the fast path at scale. Pass 1 scores a sample of doc spans and
+  keeps the best doc of every 32 (row maxima); the k-th best of those is a valid lower bound ``theta``
+  of each query's k-th score. Pass 2 scores every span and emits the docs >= theta (a few per span) to
+  fixed slots; a (query, span) whose slots overflowed is rescored with all its docs >= theta. The
+  exact top-k of the candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes plus a
+  small scratch, never [B, N].
+* ``"scatter"`` (lsr.kernels.scatter, fixed-point atomics) + lsr.kernels.topk: dense [B, N] scores
+  in query chunks; the small-collection path.
+* ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
+  as an independent check (its cost grows with the doc lengths, not the postings touched).
+
+``"auto"`` takes "scatter" for small collections (N <= SMALL_N), else "block".
+Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (tests, tiny sizes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from lsr.kernels.block import default_programs, span_items, triton_block_candidates
+from lsr.kernels.csr import dense_queries, triton_csr_scores
+from lsr.kernels.fixed import query_scales
+from lsr.kernels.scatter import triton_scatter_scores
+from lsr.kernels.topk import ROW, topk_keys, triton_topk, unpack_keys
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.index.inverted import InvertedIndex
+    from lsr.sparse import SparseVectors
+
+__all__ = ["BlockConfig", "triton_search", "choose_path", "span_offsets", "PATHS", "SMALL_N"]
+
+PATHS = ("auto", "block", "scatter", "csr")
+SMALL_N = 1 << 16              # auto: dense scatter path up to this many docs
+DENSE_BUDGET = 1 << 30         # bytes of dense [B_chunk, N] buffers on the dense paths
+CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tuning of the block path (defaults: measured on an H200, docs/benchmarks-search.md)."""
+
+    span: int = 2048          # docs per work item (power of two; the index's block size or a divisor/multiple)
+    group: int = 4            # queries per work item
+    split: int = 1            # worker rows per query (> 1 needs atomic)
+    atomic: bool = False      # int64 atomics instead of load/add/store + barrier
+    chunk: int = 32           # postings per worker row and step
+    per_sm: int = 8           # resident programs per SM (persistent grid)
+    num_warps: int = 4
+    sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
+
+
+_SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def choose_path(n_docs: int, n_queries: int, k: int) -> str:
+    """The path "auto" takes: "scatter" for small collections, else "block"."""
+    return "scatter" if n_docs <= SMALL_N else "block"
+
+
+def span_offsets(index: InvertedIndex, span: int) -> torch.Tensor:
+    """int64 [V, ceil(N / span) + 1]: where term t's postings for docs [j * span, (j + 1) * span) start.
+
+    ``span`` a multiple of the index's block size reuses ``block_offsets`` columns; a divisor needs a
+    binary search inside every (term, block) segment (docs ascending, then -1 padding). The result is
+    cached per index (it is V * n_spans * 8 bytes: build the index with block_size = span to avoid it).
+    """
+    bs = index.block_size
+    cached = _SPAN_CACHE.setdefault(index, {})
+    if span in cached:
+        return cached[span]
+    bo = index.block_offsets
+    n_spans = max(1, -(-index.n_docs // span))
+    if span % bs == 0:
+        cols = torch.arange(0, index.n_blocks, span // bs, device=bo.device)
+        out = torch.cat([bo[:, cols], bo[:, -1:]], 1)
+    elif bs % span == 0:
+        out = _split_blocks(index.doc_ids, bo, bs, span, n_spans)
+    else:
+        raise ValueError(f"span {span} must divide or be a multiple of the block size {bs}")
+    out = out[:, :n_spans].contiguous() if out.shape[1] > n_spans + 1 else out.contiguous()
+    if out.shape[1] == n_spans:  # trimmed: close with the end of every list
+        out = torch.cat([out, bo[:, -1:]], 1).contiguous()
+    cached[span] = out
+    return out
+
+
+def _split_blocks(doc_ids: torch.Tensor, bo: torch.Tensor, bs: int, span: int, n_spans: int,
+                  terms_per_step: int = 2048) -> torch.Tensor:
+    """Sub-span starts by a vectorised binary search (torch; chunked over terms to bound memory)."""
+    V, nb = bo.shape[0], bo.shape[1] - 1
+    m = bs // span
+    out = torch.empty((V, nb * m + 1), dtype=torch.int64, device=bo.device)
+    out[:, -1] = bo[:, -1]
+    sub = torch.arange(m, device=bo.device)
+    for t0 in range(0, V, terms_per_step):
+        t1 = min(V, t0 + terms_per_step)
+        lo = bo[t0:t1, :-1].unsqueeze(2).expand(-1, -1, m).clone()          # [T, nb, m]
+        hi = bo[t0:t1, 1:].unsqueeze(2).expand(-1, -1, m).clone()
+        bound = (torch.arange(nb, device=bo.device).view(1, nb, 1) * bs + sub.view(1, 1, m) * span)
+        for _ in range(max(1, int(bs).bit_length() + 1)):                  # segments hold <= bs postings (+pad)
+            active = lo < hi
+            if not bool(active.any()):
+                break
+            mid = (lo + hi) // 2
+            d = doc_ids[mid.clamp(max=doc_ids.numel() - 1)]
+            right = (d >= bound) | (d < 0)                                # first doc >= bound, or padding
+            hi = torch.where(active & right, mid, hi)
+            lo = torch.where(active & ~right, mid + 1, lo)
+        out[t0:t1, :-1] = lo.view(t1 - t0, nb * m)
+    return out
+
+
+def _query_arrays(index: InvertedIndex, queries: SparseVectors):
+    """Query CSR on the index's device, restricted to the index vocabulary."""
+    dev = index.device
+    q = queries.to(dev) if queries.device != dev else queries
+    indptr, terms, weights = q.indptr, q.indices, q.values
+    if q.vocab_size > index.vocab_size:  # terms the index has never seen match nothing
+        keep = terms < index.vocab_size
+        if not bool(keep.all()):
+            row = torch.repeat_interleave(torch.arange(len(q), device=dev), q.lengths)
+            indptr = torch.zeros_like(indptr)
+            torch.cumsum(torch.bincount(row[keep], minlength=len(q)), 0, out=indptr[1:])
+            terms, weights = terms[keep], weights[keep]
+    return indptr.contiguous(), terms.contiguous(), weights.contiguous()
+
+
+def _check_device(dev: torch.device) -> None:
+    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton_search needs a CUDA index, or TRITON_INTERPRET=1 on the CPU "
+                           "(use the torch backend of lsr.Searcher otherwise)")
+
+
+def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path: str = "auto",
+                  config: BlockConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of every query by inner product with the index's documents.
+
+    Args:
+        index: an InvertedIndex on CUDA (or on the CPU under TRITON_INTERPRET=1).
+        queries: B query vectors (moved to the index's device if needed).
+        k: results per query (>= 1).
+        path: "auto" | "block" | "scatter" | "csr" (see the module docstring).
+        config: block-path tuning (default BlockConfig()).
+    Returns:
+        (scores float32 [B, k] descending, doc_idx int64 [B, k]); ties by ascending doc index;
+        0.0 / -1 padding where fewer than k docs score > 0. Bit-identical across runs and paths.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    dev = index.device
+    _check_device(dev)
+    B = len(queries)
+    if B == 0 or index.n_docs == 0:
+        return (torch.zeros((B, k), dtype=torch.float32, device=dev),
+                torch.full((B, k), -1, dtype=torch.int64, device=dev))
+    indptr, terms, weights = _query_arrays(index, queries)
+    if path == "auto":
+        path = choose_path(index.n_docs, B, k)
+    if path == "block":
+        return _block_search(index, indptr, terms, weights, k, config or BlockConfig())
+    return _dense_search(index, indptr, terms, weights, k, path)
+
+
+def _dense_search(index, indptr, terms, weights, k, path):
+    """scatter / csr paths: dense scores for query chunks that fit DENSE_BUDGET, then triton_topk."""
+    B, N = indptr.numel() - 1, index.n_docs
+    per_row = N * (12 if path == "scatter" else 4 + 4 * index.vocab_size / max(N, 1))
+    step = max(1, int(DENSE_BUDGET // per_row))
+    outs_s, outs_d = [], []
+    for b0 in range(0, B, step):
+        b1 = min(B, b0 + step)
+        ip = indptr[b0:b1 + 1] - indptr[b0]
+        t, w = terms[indptr[b0]:indptr[b1]], weights[indptr[b0]:indptr[b1]]
+        scale, inv = query_scales(ip, t, w, index.max_scores)
+        if path == "scatter":
+            dense = triton_scatter_scores(index.doc_ids, index.scores, index.offsets, index.padded_lengths,
+                                          ip, t, w, N, scale, inv)
+        else:
+            docs = index.docs
+            dense = triton_csr_scores(docs.indptr, docs.indices, docs.values,
+                                      dense_queries(ip, t, w, index.vocab_size), scale, inv)
+        s, d = triton_topk(dense, k)
+        outs_s.append(s)
+        outs_d.append(d)
+    return torch.cat(outs_s), torch.cat(outs_d)
+
+
+def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
+    """The block path over query chunks that keep the candidate slots within CAND_BUDGET."""
+    span = min(cfg.span, max(ROW, 1 << max(0, (index.n_docs - 1).bit_length())))  # tiny collections
+    span_off = span_offsets(index, span)
+    n_spans = span_off.shape[1] - 1
+    B = indptr.numel() - 1
+    cfg = replace(cfg, span=span, group=min(cfg.group, 1 << (B - 1).bit_length()))
+    # queries ordered by work (sum of df) so groups hold similar queries; terms by df, longest first,
+    # so round-robin worker rows get balanced shares
+    df = index.lengths.to(torch.int64)
+    row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())
+    tdf = df[terms.long()]
+    cost = torch.zeros(B, dtype=torch.int64, device=indptr.device).index_add_(0, row, tdf)
+    perm = torch.sort(cost, descending=True, stable=True).indices
+    order = torch.sort(row * (int(df.max()) + 1) + (int(df.max()) - tdf), stable=True).indices
+    terms, weights = terms[order], weights[order]
+    n_samp = _n_sample(n_spans, span, k, cfg.sample_every)
+    cap = _cap(k, n_samp)
+    step = max(cfg.group, int(CAND_BUDGET // (n_spans * cap * 8)) // cfg.group * cfg.group)
+    out_s = torch.empty((B, k), dtype=torch.float32, device=indptr.device)
+    out_d = torch.empty((B, k), dtype=torch.int64, device=indptr.device)
+    for c0 in range(0, B, step):
+        sel = perm[c0:c0 + step]
+        lens = indptr.diff()[sel]
+        ip = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=sel.device)
+        torch.cumsum(lens, 0, out=ip[1:])
+        src = torch.repeat_interleave(indptr[sel], lens) + torch.arange(int(ip[-1]), device=sel.device) \
+            - torch.repeat_interleave(ip[:-1], lens)
+        s, d = _block_chunk(index, span_off, ip, terms[src].contiguous(), weights[src].contiguous(), k,
+                            cfg, n_samp, cap)
+        out_s[sel], out_d[sel] = s, d
+    return out_s, out_d
+
+
+def _n_sample(n_spans: int, span: int, k: int, every: int) -> int:
+    """Spans of pass 1: ~1/every of them, but enough row maxima (4k) for a tight bound."""
+    return min(n_spans, max(math.ceil(4 * k / (span // ROW)), math.ceil(n_spans / every)))
+
+
+def _cap(k: int, n_samp: int) -> int:
+    """Slots per (query, span): theta keeps ~k docs of the n_samp sampled spans, so ~k / n_samp per span;
+    3x that + 8 makes overflow (rescored, still exact) rare."""
+    need = 3 * k / max(n_samp, 1) + 8
+    return 1 << max(3, math.ceil(math.log2(need)))
+
+
+def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int):
+    B = indptr.numel() - 1
+    dev = indptr.device
+    n_spans = span_off.shape[1] - 1
+    span = cfg.span
+    scale, inv = query_scales(indptr, terms, weights, index.max_scores)
+    kw = dict(group=cfg.group, split=cfg.split, atomic=cfg.atomic, chunk=cfg.chunk, num_warps=cfg.num_warps,
+              n_programs=default_programs(dev, cfg.per_sm))
+    args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
+    # pass 1: row maxima of sampled spans -> theta
+    sample = (torch.arange(n_samp, device=dev) * n_spans) // n_samp
+    width = span // ROW
+    items = span_items(B, sample, cfg.group, width)
+    maxima, _ = triton_block_candidates(*args, items, B * n_samp * width, **kw)
+    theta = unpack_keys(topk_keys(maxima.view(B, -1), k)[:, k - 1])[0]
+    # pass 2: every span, docs >= theta into cap slots
+    items = span_items(B, torch.arange(n_spans, device=dev), cfg.group, cap)
+    cand, counts = triton_block_candidates(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)
+    cand = cand.view(B, n_spans, cap)
+    over = torch.nonzero(counts.view(B, n_spans) > cap)
+    if over.numel():  # their slots hold only the first cap docs: drop them, rescore with room for all
+        cand[over[:, 0], over[:, 1]] = -1
+    best = topk_keys(cand.view(B, -1), k)
+    if over.numel():
+        best = _fix_overflow(args, over, theta, best, k, kw)
+    return unpack_keys(best)
+
+
+def _fix_overflow(args, over, theta, best, k, kw):
+    span = args[-1]
+    n_fix = over.shape[0]
+    items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
+             torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
+    kw = dict(kw, group=1, split=1 if not kw["atomic"] else kw["split"])
+    keys, _ = triton_block_candidates(*args, items, n_fix * span, theta=theta, cap=span, **kw)
+    keys = topk_keys(keys.view(n_fix, span), min(k, span))
+    # append every fixed pair's keys to its query's row, then take the top k again
+    q = over[:, 0]
+    rank = torch.arange(n_fix, device=q.device) - torch.searchsorted(q, q)   # pairs come sorted by query
+    extra = torch.full((best.shape[0], int(rank.max()) + 1, keys.shape[1]), -1, dtype=torch.int64,
+                       device=q.device)
+    extra[q, rank] = keys
+    return topk_keys(torch.cat([best, extra.view(best.shape[0], -1)], 1), k)
+

@@ -1,0 +1,320 @@
+"""Encoding throughput: Hugging Face masked LM + torch SPLADE head vs lsr's SpladeEncoder, same run (DESIGN §5).
+
+Model: BERT-base (BertForMaskedLM from BertConfig(), random weights, sdpa, bf16 on CUDA), its decoder
+bias shifted so a passage activates ~127 terms like a trained SPLADE model (tests/helpers_models.py
+``calibrate_sparsity``), saved once and loaded by both sides: identical weights.
+
+Data: ``synth`` = passages of whole-word vocabulary tokens whose token counts follow a lognormal
+like MS MARCO passages (mean ~75 wordpieces with [CLS]/[SEP], max 256); ``scifact`` = the real
+5,183 SciFact documents (title + abstract, truncated to 256). Every end-to-end case includes
+tokenization with the real bert-base-uncased tokenizer.
+
+Cases (passages/s):
+  hf      tokenizer(batch, padding=True) -> BertForMaskedLM logits -> max_s log1p(relu(logits))·mask,
+          batches in stream order, swept over batch sizes (the best one is the baseline). The
+          output stays a dense [B, V] tensor on the GPU (no sparse conversion: favours the baseline).
+  lsr     encode_corpus(SpladeEncoder): background tokenization, length bucketing, Sparton head,
+          sparse extraction, Parquet shards on disk; a few batch / token budgets.
+  fixed80 pre-tokenized [B, 80] random ids, no tokenization: HF MLM + torch head, the backbone alone
+          and lsr's encode_prepared (reference points: 14,700 and 29,100 p/s at B=1024 on an H200).
+Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS);
+median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-of-memory and other
+failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv to
+--out after every case; prints a table last.
+
+    PYTHONPATH=. python scripts/bench_encode.py --out results/encode            # H200, ~5 min
+    PYTHONPATH=. python scripts/bench_encode.py --out results/encode --quick    # < 3 min
+    PYTHONPATH=. python scripts/bench_encode.py --out /tmp/enc --device cpu --tiny   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from lsr.encode.corpus import encode_corpus  # noqa: E402
+from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch  # noqa: E402
+from tests.helpers_models import calibrate_sparsity, tiny_config  # noqa: E402
+
+TARGET_PPS, TARGET_RATIO = 22_000, 1.5
+MAX_LEN = 256
+
+
+# ---------------------------------------------------------------------------------------------- setup
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    commit = os.environ.get("LSR_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                    cwd=REPO).stdout.strip()
+        except Exception:  # noqa: BLE001
+            commit = "unknown"
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0], "cpus": os.cpu_count(), "commit": commit,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def build_model(out: Path, tiny: bool, device: torch.device, dtype: torch.dtype, tokenizer) -> dict:
+    """Random BERT-base (or tiny) masked LM, sparsity-calibrated, saved with the tokenizer to ``out``."""
+    from transformers import AutoModelForMaskedLM, BertConfig
+
+    torch.manual_seed(0)
+    cfg = tiny_config("bert") if tiny else BertConfig()
+    model = AutoModelForMaskedLM.from_config(cfg, attn_implementation="sdpa").to(device=device, dtype=dtype).eval()
+    sample = [f"{t} {t}" for t in synth_texts(16, tokenizer, np.random.default_rng(1))[0]]
+    shift = calibrate_sparsity(model, tokenizer, sample, target_nnz=127)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size, "bias_shift": shift}
+
+
+def synth_texts(n: int, tokenizer, rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
+    """n passages of whole-word vocabulary entries (each one wordpiece), token counts (with [CLS]/[SEP])
+    lognormal: median 68, sigma 0.45 -> mean ~75, clipped to [8, 256] like MS MARCO after truncation."""
+    words = np.array(sorted(t for t in tokenizer.get_vocab() if t.isascii() and t.isalpha() and len(t) > 1))
+    lengths = np.clip(np.rint(rng.lognormal(np.log(68), 0.45, n)), 8, MAX_LEN).astype(np.int64)
+    picks = rng.integers(0, len(words), int((lengths - 2).sum()))
+    ends = np.cumsum(lengths - 2)
+    return [" ".join(words[picks[e - k:e]]) for e, k in zip(ends, lengths - 2)], lengths
+
+
+def scifact_texts(path: Path, limit: int | None) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return [f"{r['title']} {r['text']}" for r in rows[:limit]]
+
+
+# ---------------------------------------------------------------------------------------------- cases
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: Callable[[], object]) -> float:
+    warmup()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def hf_head(model, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The usual SPLADE pooling over full MLM logits: [B, V]."""
+    logits = model(input_ids=input_ids, attention_mask=mask).logits
+    return torch.max(torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1), dim=1).values
+
+
+@torch.inference_mode()
+def hf_encode(model, tokenizer, texts: list[str], batch: int, device: torch.device) -> None:
+    for i in range(0, len(texts), batch):
+        enc = tokenizer(texts[i:i + batch], padding=True, truncation=True, max_length=MAX_LEN, return_tensors="pt")
+        hf_head(model, enc["input_ids"].to(device, non_blocking=True), enc["attention_mask"].to(device, non_blocking=True))
+
+
+def lsr_encode(enc: SpladeEncoder, texts: list[str], batch: int, max_tokens: int | None, stats: dict) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        encode_corpus(enc, ((str(i), t) for i, t in enumerate(texts)), Path(tmp) / "vec", batch_size=batch,
+                      max_tokens=max_tokens, shard_rows=100_000, progress=False, resume=False, stats=stats)
+
+
+def run_case(rows: list, out: Path, env: dict, device: torch.device, fields: dict, fn: Callable[[], dict]) -> None:
+    """Run one measurement; an OOM or any error is recorded and the benchmark goes on."""
+    row = dict(fields, status="ok")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        row.update(fn())
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "oom"
+    except Exception as e:  # noqa: BLE001 - a failed case must not end the run
+        row["status"] = f"error: {type(e).__name__}: {e}"[:300]
+        traceback.print_exc()
+    gc.collect()
+    if device.type == "cuda":
+        row["max_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        torch.cuda.empty_cache()
+    rows.append(row)
+    print(fmt(row), flush=True)
+    save(out, env, rows)
+
+
+def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder) -> None:
+    dev, n = args.device, len(texts)
+    warm = texts[: min(n, 4096)]
+    for b in args.hf_batches:
+        run_case(rows, args.out, env, dev, {"data": data, "method": "hf", "batch": b, "passages": n},
+                 lambda b=b: {"pps": n / median_seconds(lambda: hf_encode(hf_model, tokenizer, texts, b, dev), dev,
+                                                        args.repeats, lambda: hf_encode(hf_model, tokenizer, warm, b, dev))})
+    for b, tokens in args.lsr_configs:
+        def case(b=b, tokens=tokens) -> dict:
+            stats: dict = {}
+            lsr_encode(enc, warm, b, tokens, {})
+            seconds = median_seconds(lambda: lsr_encode(enc, texts, b, tokens, stats), dev, args.repeats, lambda: None)
+            return {"pps": n / seconds, "nnz_per_doc": round(stats["nnz"] / n, 1),
+                    "tokens_per_doc": round(stats["tokens"] / n, 1),
+                    "padding": round(stats["padded_tokens"] / stats["tokens"] - 1, 4)}
+        run_case(rows, args.out, env, dev, {"data": data, "method": "lsr", "batch": b, "max_tokens": tokens,
+                                            "passages": n}, case)
+
+
+def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int, length: int = 80) -> None:
+    dev = args.device
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 30000, (batch, length), generator=gen)
+    ids[:, 0], ids[:, -1] = 101, 102
+    ids_d, mask_d = ids.to(dev), torch.ones_like(ids).to(dev)
+    prepared = PreparedTexts("doc", [TokenBatch(ids_d, mask_d, torch.arange(batch))], batch, batch * length, batch * length)
+    impls = {"hf": lambda: hf_head(hf_model, ids_d, mask_d),
+             "hf_backbone": lambda: hf_model.base_model(input_ids=ids_d, attention_mask=mask_d).last_hidden_state,
+             "lsr": lambda: enc.encode_prepared(prepared)}
+    for name, fn in impls.items():
+        def case(fn=fn) -> dict:
+            with torch.inference_mode():
+                return {"pps": batch / median_seconds(fn, dev, max(3, args.repeats * 5), fn)}
+        run_case(rows, args.out, env, dev, {"data": f"fixed{length}", "method": name, "batch": batch,
+                                            "passages": batch}, case)
+
+
+# ---------------------------------------------------------------------------------------------- output
+FIELDS = ["data", "method", "batch", "max_tokens", "passages", "pps", "nnz_per_doc", "tokens_per_doc", "padding",
+          "max_mem_gb", "status"]
+
+
+def fmt(row: dict) -> str:
+    pps = f"{row['pps']:,.0f} p/s" if row.get("pps") else row["status"]
+    extra = "".join(f" {k}={row[k]}" for k in ("max_tokens", "padding", "nnz_per_doc", "max_mem_gb") if row.get(k) is not None)
+    return f"{row['data']:>8} {row['method']:<12} B={row['batch']:<5} {pps}{extra}"
+
+
+def summary(rows: list) -> dict:
+    out = {}
+    for data in dict.fromkeys(r["data"] for r in rows):
+        best = {}
+        for r in rows:
+            if r["data"] == data and r.get("pps") and r["pps"] > best.get(r["method"], {}).get("pps", 0):
+                best[r["method"]] = r
+        s = {m: {"pps": round(r["pps"]), "batch": r["batch"], "max_tokens": r.get("max_tokens")} for m, r in best.items()}
+        if "lsr" in best and "hf" in best:
+            s["lsr_over_hf"] = round(best["lsr"]["pps"] / best["hf"]["pps"], 2)
+            s["meets_targets"] = bool(best["lsr"]["pps"] >= TARGET_PPS and s["lsr_over_hf"] >= TARGET_RATIO)
+        out[data] = s
+    return out
+
+
+def save(out: Path, env: dict, rows: list) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_encode.json").write_text(json.dumps({"env": env, "targets": {"pps": TARGET_PPS, "ratio": TARGET_RATIO},
+                                                       "summary": summary(rows), "results": rows}, indent=1))
+    with open(out / "bench_encode.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        wr.writeheader()
+        wr.writerows(rows)
+
+
+def table(rows: list) -> str:
+    lines = ["| data | method | best config | passages/s | vs hf | padding | nnz/doc |", "|---|---|---|---|---|---|---|"]
+    for data, s in summary(rows).items():
+        for method in ("hf", "hf_backbone", "lsr"):
+            if method not in s:
+                continue
+            r = next(r for r in rows if r["data"] == data and r["method"] == method and r.get("pps")
+                     and round(r["pps"]) == s[method]["pps"])
+            ratio = f"{r['pps'] / s['hf']['pps']:.2f}×" if "hf" in s else ""
+            cfg = f"B={r['batch']}" + (f", {r['max_tokens']} tok" if r.get("max_tokens") else "")
+            lines.append(f"| {data} | {method} | {cfg} | {r['pps']:,.0f} | {ratio} | {r.get('padding', '')} | "
+                         f"{r.get('nnz_per_doc', '')} |")
+    lines.append(f"targets (synth, lsr): ≥ {TARGET_PPS:,} passages/s and ≥ {TARGET_RATIO}× hf")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/encode"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="fewer passages and configurations (< 3 min)")
+    ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT (CPU smoke test)")
+    ap.add_argument("--passages", type=int, help="synthetic passages (default 200k, quick 50k, tiny 256)")
+    ap.add_argument("--repeats", type=int, help="timed passes per end-to-end case (median)")
+    ap.add_argument("--compile", action="store_true", help="add an lsr case with torch.compile'd backbone")
+    ap.add_argument("--data", type=Path, default=REPO / "data")
+    args = ap.parse_args()
+    args.device = torch.device(args.device)
+    cuda = args.device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    small = args.tiny or not cuda
+    args.passages = args.passages or (256 if small else 50_000 if args.quick else 200_000)
+    args.repeats = args.repeats or (1 if args.quick or small else 2)
+    if small:
+        args.hf_batches, args.lsr_configs, fixed_batch = [32, 64], [(32, None), (64, 4096)], 32
+    elif args.quick:
+        args.hf_batches, args.lsr_configs, fixed_batch = [256, 1024], [(1024, 131072), (2048, 262144)], 1024
+    else:
+        args.hf_batches = [128, 256, 512, 1024, 2048]
+        args.lsr_configs, fixed_batch = [(512, 65536), (1024, 131072), (2048, 262144), (4096, 262144)], 1024
+    torch.backends.cuda.matmul.allow_tf32 = True
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    env = environment(args.device)
+    env.update(quick=args.quick, tiny=args.tiny, dtype=str(dtype), passages=args.passages, repeats=args.repeats)
+    print(json.dumps(env), flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.data / "bert-base-uncased")
+    rows: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        env["model"] = build_model(Path(tmp), args.tiny, args.device, dtype, tokenizer)
+        hf_model = AutoModelForMaskedLM.from_pretrained(tmp, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
+        enc = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN)
+        check = scifact_texts(args.data / "scifact" / "corpus.jsonl", 32)
+        with torch.inference_mode():  # exactness on real text: lsr vs the HF computation, same dtype
+            e = tokenizer(check, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="pt").to(args.device)
+            ref = hf_head(hf_model, e["input_ids"], e["attention_mask"]).float().cpu()
+        got = enc.encode_documents(check).to_dense()
+        env["check_max_abs_diff"] = float((got - ref).abs().max())
+        env["check_max_ref"] = float(ref.max())
+        fixed_length_cases(args, rows, env, hf_model, enc, fixed_batch)
+        synth, _ = synth_texts(args.passages, tokenizer, np.random.default_rng(0))
+        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc)
+        scifact = scifact_texts(args.data / "scifact" / "corpus.jsonl", 128 if small else None)
+        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc)
+        if args.compile:
+            compiled = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN,
+                                                     compile=True)
+            args.hf_batches, args.lsr_configs = [], args.lsr_configs[1:2]
+            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled)
+            rows[-1]["method"] = "lsr_compile"
+    save(args.out, env, rows)
+    print(json.dumps(summary(rows), indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

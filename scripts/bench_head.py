@@ -1,0 +1,296 @@
+"""Benchmark the Sparton head against its baselines, all measured in the same run (DESIGN §5).
+
+Cases (bf16, D=768, full masks): forward (inference, no grad) and forward+backward; baselines per case:
+torch eager head (the twin, bf16 logits like an HF head), torch.compile of it, a plain-torch
+vocab-tiled head (chunks of V; checkpointed per chunk for training), and the bare GEMM H·Eᵀ (the
+floor). Plus BERT-base (BertForMaskedLM from a config, random weights, sdpa) forward with the HF head
+vs the Sparton head. Time: median of CUDA-event timings after warm-up, L2 flushed per repeat. Memory:
+peak torch.cuda.max_memory_allocated during one call minus what was allocated before it (inputs), so
+outputs and gradients count. Results go to --out as bench_head.json + bench_head.csv, rewritten after
+every case so a killed run keeps what it measured.
+
+    PYTHONPATH=. python scripts/bench_head.py --out results/ [--only fwd,train,bert] [--skip compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lsr.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+
+D = 768
+FWD_CASES = [(320, 512, 30522), (128, 2048, 30522), (32, 512, 250002)]
+TRAIN_CASES = [(128, 512, 30522), (128, 8192, 30522), (64, 512, 250002)]
+TARGETS = {  # (mode, B, S, V) -> (ms, extra MB), from the issue
+    ("fwd", 320, 512, 30522): (13.0, 200),
+    ("train", 128, 8192, 30522): (80.0, 2048),
+    ("train", 64, 512, 250002): (30.0, 1024),
+    ("bert", 320, 512, 30522): (83.0, None),
+}
+
+
+def eager_head(h, w, b, m):
+    return torch_sparton_head(h, w, b, m, upcast=False)
+
+
+def vocab_tiled_head(h, w, b, m, chunk: int = 8192, checkpoint: bool = False):
+    """Plain torch, V in chunks: only [B, S, chunk] logits live at once (checkpointed when training)."""
+    def part(h, w_c, b_c):
+        logits = h @ w_c.t() + b_c
+        return logits.masked_fill(~m[:, :, None], float("-inf")).amax(1)
+
+    outs = []
+    for v0 in range(0, w.shape[0], chunk):
+        args = (h, w[v0:v0 + chunk], b[v0:v0 + chunk])
+        outs.append(torch.utils.checkpoint.checkpoint(part, *args, use_reentrant=False) if checkpoint else part(*args))
+    return torch.log1p(torch.relu(torch.cat(outs, 1)))
+
+
+def cleanup() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def time_ms(fn: Callable[[], object], rep_ms: float, min_reps: int = 5, max_reps: int = 100) -> float:
+    """Median of CUDA-event timings, L2 flushed before each repeat (like triton.testing.do_bench)."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(2):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = start.elapsed_time(end) / 2
+    times = []
+    for _ in range(int(min(max_reps, max(min_reps, rep_ms / max(est, 1e-3))))):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure(fn: Callable[[], object], rep_ms: float) -> tuple[float, float]:
+    """(median ms, peak extra MB) of fn; raises on OOM."""
+    out = fn()  # compile / autotune / first-touch outside the measurements
+    del out
+    cleanup()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+    del out
+    cleanup()
+    return time_ms(fn, rep_ms), peak_mb
+
+
+def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[[], object]], args, rows: list,
+              flops: float, deadline: float) -> None:
+    B, S, V = shape
+    for name, fn in impls.items():
+        row = {"mode": mode, "B": B, "S": S, "V": V, "D": D, "impl": name, "ms": None, "peak_extra_mb": None,
+               "tflops": None, "status": "ok"}
+        if time.time() > deadline:
+            row["status"] = "skipped (time budget)"
+        else:
+            try:
+                row["ms"], row["peak_extra_mb"] = measure(fn, args.rep)
+                row["tflops"] = flops / row["ms"] / 1e9 if flops else None
+            except torch.OutOfMemoryError:
+                row["status"] = "OOM"
+            except Exception as e:  # noqa: BLE001 - a baseline failing must not stop the run
+                row["status"] = "OOM" if "out of memory" in str(e).lower() else f"error: {type(e).__name__}: {str(e)[:200]}"
+        cleanup()
+        rows.append(row)
+        print(f"  {mode:5s} {B}x{S}x{V} {name:24s} {fmt(row)}", flush=True)
+
+
+def fmt(row: dict) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    tf = f" {row['tflops']:6.0f} TFLOP/s" if row.get("tflops") else ""
+    return f"{row['ms']:9.2f} ms  {row['peak_extra_mb']:9.0f} MB{tf}"
+
+
+def head_cases(mode: str, shape, args, rows, deadline) -> None:
+    B, S, V = shape
+    torch.manual_seed(0)
+    dev, dt16 = "cuda", torch.bfloat16
+    train = mode == "train"
+    h = torch.randn(B, S, D, device=dev, dtype=dt16, requires_grad=train)
+    w = (torch.randn(V, D, device=dev) * 0.05).to(dt16).requires_grad_(train)
+    b = (torch.randn(V, device=dev) * 0.1).to(dt16).requires_grad_(train)
+    m = torch.ones(B, S, dtype=torch.bool, device=dev)
+    dy = torch.randn(B, V, device=dev, dtype=dt16)
+    flops = 2.0 * B * S * V * D
+    compiled = torch.compile(eager_head, dynamic=False)
+
+    def fwd(f):
+        def go():
+            with torch.no_grad():
+                return f(h, w, b, m)
+        return go
+
+    def fwd_bwd(f):
+        return lambda: torch.autograd.grad(f(h, w, b, m), (h, w, b), dy)
+
+    wrap = fwd_bwd if train else fwd
+    impls = {
+        "sparton": wrap(lambda *a: sparton_head(*a, backend="triton")),
+        "gemm_floor": fwd(lambda h, w, b, m: h.view(-1, D) @ w.t()),
+    }
+    if train:
+        from lsr.kernels.sparton_bwd import triton_sparton_bwd
+
+        with torch.no_grad():
+            _, y32, arg = triton_sparton_fwd(h, w, b, m, need_fp32=True)
+        impls["sparton_deterministic"] = wrap(lambda *a: sparton_head(*a, backend="triton", deterministic=True))
+        impls["sparton_fwd_only"] = fwd(lambda *a: sparton_head(*a, backend="triton"))
+        impls["sparton_bwd_only"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg)
+        impls["sparton_bwd_only_det"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, deterministic=True)
+    impls["torch_eager"] = wrap(eager_head)
+    impls["torch_vocab_tiled"] = wrap(lambda *a: vocab_tiled_head(*a, checkpoint=train))
+    impls["torch_compile"] = wrap(compiled)
+    impls = {k: f for k, f in impls.items() if not any(s in k for s in args.skip)}
+    run_impls(mode, shape, impls, args, rows, flops, deadline)
+
+
+def bert_case(args, rows, deadline, B: int = 320, S: int = 512) -> None:
+    try:
+        from transformers import BertConfig, BertForMaskedLM
+    except ImportError:
+        rows.append({"mode": "bert", "B": B, "S": S, "V": 30522, "D": D, "impl": "all", "ms": None,
+                     "peak_extra_mb": None, "tflops": None, "status": "skipped (transformers not installed)"})
+        print("  bert: transformers not installed, skipped")
+        return
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(attn_implementation="sdpa")).cuda().to(torch.bfloat16).eval()
+    ids = torch.randint(1000, 30000, (B, S), device="cuda")
+    mask = torch.ones(B, S, dtype=torch.long, device="cuda")
+    pred = model.cls.predictions
+
+    @torch.no_grad()
+    def backbone():
+        return model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    @torch.no_grad()
+    def hf_head():  # the usual SPLADE pooling over full MLM logits
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        return torch.amax(torch.log1p(torch.relu(logits)) * mask[:, :, None], dim=1)
+
+    @torch.no_grad()
+    def sparton():
+        h = pred.transform(backbone())
+        return sparton_head(h, pred.decoder.weight, pred.bias, mask, backend="triton")
+
+    print(f"  bert attention: {getattr(model.config, '_attn_implementation', '?')}")
+    run_impls("bert", (B, S, 30522), {"backbone_only": backbone, "hf_mlm_head": hf_head, "sparton_head": sparton},
+              args, rows, 0.0, deadline)
+
+
+def environment() -> dict:
+    import triton
+
+    commit = os.environ.get("LSR_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                    cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        except Exception:  # noqa: BLE001
+            commit = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0], "commit": commit,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "dtype": "bfloat16", "D": D}
+
+
+def tuned_configs() -> dict:
+    from lsr.kernels import sparton
+
+    out = {}
+    for i, tuner in enumerate(getattr(sparton, "_FWD_TUNERS", [])):
+        for k, v in getattr(tuner, "cache", {}).items():
+            out[f"tuner{i} {k}"] = str(v)
+        timings = getattr(tuner, "configs_timings", None) or {}
+        out[f"tuner{i} last timings"] = {str(c): str(t) for c, t in timings.items()}
+    return out
+
+
+def save(out: Path, env: dict, rows: list) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        t = TARGETS.get((r["mode"], r["B"], r["S"], r["V"]))
+        r["target_ms"], r["target_mb"] = t if t else (None, None)
+    (out / "bench_head.json").write_text(json.dumps({"env": env, "fwd_configs": tuned_configs(), "results": rows},
+                                                    indent=1))
+    with open(out / "bench_head.csv", "w", newline="") as f:
+        fields = ["mode", "B", "S", "V", "D", "impl", "ms", "peak_extra_mb", "tflops", "status", "target_ms", "target_mb"]
+        wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        wr.writeheader()
+        wr.writerows(rows)
+
+
+def table(rows: list) -> str:
+    lines = ["| mode | B×S×V | impl | ms | peak extra MB | × floor | target |", "|---|---|---|---|---|---|---|"]
+    floors = {(r["mode"], r["B"], r["S"], r["V"]): r["ms"] for r in rows if r["impl"] == "gemm_floor" and r["ms"]}
+    for r in rows:
+        key = (r["mode"], r["B"], r["S"], r["V"])
+        ms = f"{r['ms']:.2f}" if r["ms"] else r["status"]
+        mb = f"{r['peak_extra_mb']:.0f}" if r["peak_extra_mb"] is not None else ""
+        ratio = f"{r['ms'] / floors[key]:.2f}" if r["ms"] and key in floors else ""
+        tgt = ""
+        if r["impl"] in ("sparton", "sparton_head") and TARGETS.get(key):
+            t_ms, t_mb = TARGETS[key]
+            ok = r["ms"] is not None and r["ms"] <= t_ms and (t_mb is None or r["peak_extra_mb"] <= t_mb)
+            tgt = f"≤{t_ms} ms" + (f", ≤{t_mb} MB" if t_mb else "") + (" ✓" if ok else " ✗")
+        lines.append(f"| {r['mode']} | {r['B']}×{r['S']}×{r['V']} | {r['impl']} | {ms} | {mb} | {ratio} | {tgt} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    ap.add_argument("--only", default="fwd,train,bert", help="comma list of fwd, train, bert")
+    ap.add_argument("--skip", default="", help="comma list of impl-name substrings to skip (e.g. compile,eager)")
+    ap.add_argument("--rep", type=float, default=150, help="timed repeats per impl: about this many ms (5..100 repeats)")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no new measurement after this many seconds")
+    args = ap.parse_args()
+    args.skip = [s for s in args.skip.split(",") if s]
+    if not torch.cuda.is_available():
+        sys.exit("bench_head.py needs a CUDA GPU")
+    torch._dynamo.config.cache_size_limit = 64
+    deadline = time.time() + args.budget_s
+    env, rows, only = environment(), [], set(args.only.split(","))
+    print(json.dumps(env))
+    for mode, cases in (("fwd", FWD_CASES), ("train", TRAIN_CASES)):
+        if mode in only:
+            for shape in cases:
+                head_cases(mode, shape, args, rows, deadline)
+                cleanup()  # the case's tensors are gone with its frame
+                save(args.out, env, rows)
+    if "bert" in only:
+        bert_case(args, rows, deadline)
+        save(args.out, env, rows)
+    print(json.dumps(tuned_configs(), indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Sparton head: Triton forward/backward vs the float64 torch twin.
+
+On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest), so the shapes stay tiny but awkward:
+odd B incl. 1, S not a multiple of the block, V not a multiple of the tile, fully masked rows,
+padding and holes, with/without bias, fp32 and bf16, both backward modes. Outputs the launchers
+allocate are poisoned (NaN / junk ints) so an unwritten element cannot pass.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lsr.kernels import sparton, sparton_bwd  # noqa: E402
+from lsr.kernels.sparton import SpartonHead, sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Make torch.empty / empty_like (as the launchers call them) return NaN- or junk-filled memory."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == torch.bool:
+            return t
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(torch.iinfo(t.dtype).max)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+def make_case(B: int, S: int, V: int, D: int, dtype: torch.dtype, bias: bool, mask_kind: str, seed: int,
+              noncontig: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, S, D, generator=g)
+    weight = torch.randn(V, D, generator=g) * D ** -0.5
+    b = torch.randn(V, generator=g) * 0.5 if bias else None
+    if mask_kind == "full":
+        mask = torch.ones(B, S, dtype=torch.bool)
+    else:  # right padding with random lengths (row 0 fully masked when B > 1) plus holes
+        lengths = torch.randint(1, S + 1, (B,), generator=g)
+        mask = torch.arange(S)[None, :] < lengths[:, None]
+        if B > 1:
+            mask[0] = False
+        if mask_kind == "holes":
+            mask &= torch.rand(B, S, generator=g) > 0.3
+            mask = mask.to(torch.int64)  # an HF-style attention mask
+    hidden, weight = hidden.to(dtype).to(DEV), weight.to(dtype).to(DEV)
+    if noncontig:  # same values, strided storage
+        hidden = hidden.transpose(0, 1).contiguous().transpose(0, 1)
+        weight = torch.cat([weight, weight[:, :3]], dim=1)[:, :D]
+        assert not hidden.is_contiguous() and not weight.is_contiguous()
+    return hidden, weight, (b.to(DEV) if b is not None else None), mask.to(DEV)
+
+
+def grads_of(fn, hidden, weight, bias, mask, dy, dtype=None):
+    """Run fn on leaf copies (optionally cast to dtype) and return (y, dH, dE, db)."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
+    y = fn(*leaves, mask)
+    y.backward(dy.to(y.dtype))
+    return [y.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+def errors(got, ref):
+    return [(g.double() - r).abs().max().item() if g is not None else 0.0 for g, r in zip(got, ref)]
+
+
+# (B, S, V, D, bias, mask kind, non-contiguous): awkward on purpose, tiny for the interpreter
+CASES = [
+    (1, 1, 17, 16, False, "full", False),
+    (3, 37, 300, 48, True, "padded", False),
+    (2, 21, 129, 40, True, "holes", True),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}S{}V{}D{}-{}{}".format(*c[:4], c[5], "-bias" if c[4] else ""))
+def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
+    B, S, V, D, bias, kind, noncontig = case
+    seed = zlib.crc32(repr((case, str(dtype), deterministic)).encode())
+    hidden, weight, b, mask = make_case(B, S, V, D, dtype, bias, kind, seed, noncontig)
+    dy = torch.randn(B, V, generator=torch.Generator().manual_seed(seed + 1)).to(DEV)
+    dy = dy.to(dtype).to(torch.float64)  # the same upstream values for every implementation
+
+    ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
+    got = grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=deterministic), hidden, weight, b, mask, dy)
+    assert got[0].dtype == dtype and got[0].shape == (B, V)
+    assert got[1].dtype == dtype and got[2].dtype == dtype
+    assert all(torch.isfinite(t).all() for t in got if t is not None)
+    if b is not None:
+        assert got[3].dtype == b.dtype and got[3].shape == (V,)
+    err = errors(got, ref)
+    if dtype == torch.float32:
+        scale = [1.0 + r.abs().max().item() if r is not None else 1.0 for r in ref]
+        assert all(e <= 2e-5 * s for e, s in zip(err, scale)), err
+    else:  # DESIGN §4: at most 2x the error of the same-precision torch head
+        same = grads_of(lambda *a: torch_sparton_head(*a, upcast=False), hidden, weight, b, mask, dy)
+        torch_err = errors(same, ref)
+        assert all(e <= 2 * te + 1e-6 for e, te in zip(err, torch_err)), (err, torch_err)
+    empty = ~mask.bool().any(1)  # fully masked rows: y = 0 and dH = 0 there
+    assert (got[0][empty] == 0).all() and (got[1][empty] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_argmax_is_a_valid_maximiser(dtype, poison):
+    B, S, V, D = 3, 33, 70, 32
+    hidden, weight, b, mask = make_case(B, S, V, D, dtype, True, "holes", seed=7 + (dtype == torch.bfloat16))
+    mask = mask.bool()
+    y, y32, arg = triton_sparton_fwd(hidden, weight, b, mask, need_fp32=True)
+    assert arg.dtype == torch.int32 and y32.dtype == torch.float32
+    logits = (hidden.double() @ weight.double().t()).masked_fill(~mask[:, :, None], float("-inf"))
+    rows = mask.any(1)
+    a = arg.long()
+    assert ((a >= 0) & (a < S)).all()
+    assert mask.gather(1, a)[rows].all()  # an unmasked position
+    at_arg = logits.gather(1, a[:, None, :]).squeeze(1)
+    best = logits.amax(1)
+    assert (best - at_arg)[rows].abs().max() <= 1e-5 * (1 + best[rows].abs().max())
+    assert torch.equal(y32.to(dtype), y)
+
+
+def test_ties_pick_the_first_position(poison):
+    B, S, V, D = 2, 40, 50, 16
+    hidden = torch.randn(B, S, D, device=DEV)
+    hidden[:, 25:] = hidden[:, :15]  # exact duplicates: every max is tied between s and s + 25 (or unique)
+    mask = torch.ones(B, S, dtype=torch.bool, device=DEV)
+    _, _, arg = triton_sparton_fwd(hidden, torch.randn(V, D, device=DEV), None, mask)
+    assert ((arg >= 0) & (arg < 25)).all()  # the max is unique in 15..24 or tied: never the later duplicate
+
+
+def test_negative_logits_route_no_gradient(poison):
+    """All logits < 0: y = 0 everywhere and every gradient is exactly 0 (relu gate), argmax still valid."""
+    B, S, V, D = 2, 9, 40, 16
+    hidden = torch.rand(B, S, D, device=DEV)
+    weight = -torch.rand(V, D, device=DEV)
+    y, _, arg = triton_sparton_fwd(hidden, weight, None, torch.ones(B, S, dtype=torch.bool, device=DEV), True)
+    assert (y == 0).all() and ((arg >= 0) & (arg < S)).all()
+    expect = (hidden.double() @ weight.double().t()).argmax(1)
+    assert torch.equal(arg.long(), expect)
+    got = grads_of(lambda *a: sparton_head(*a, backend="triton"), hidden, weight, None,
+                   torch.ones(B, S, dtype=torch.bool, device=DEV), torch.randn(B, V, device=DEV))
+    assert (got[1] == 0).all() and (got[2] == 0).all()
+
+
+def test_deterministic_mode_is_bit_identical(poison):
+    # few positions and many vocab entries: every dH row sums many terms, so order would show
+    B, S, V, D = 3, 5, 260, 32
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=11)
+    dy = torch.randn(B, V, device=DEV)
+    runs = [grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=True), hidden, weight, b, mask, dy)
+            for _ in range(2)]
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+
+
+def test_autocast_and_module():
+    B, S, V, D = 2, 19, 90, 32
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.float32, True, "padded", seed=5)
+    head = SpartonHead(V, D, backend="triton", device=DEV)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.copy_(b)
+    h = hidden.clone().requires_grad_()
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        y = head(h, mask)
+        y_ref = torch_sparton_head(hidden.bfloat16(), weight.bfloat16(), b, mask)
+    assert y.dtype == torch.bfloat16
+    assert (y.float() - y_ref.float()).abs().max() <= 0.05
+    y.float().sum().backward()
+    assert head.weight.grad.dtype == torch.float32 and h.grad.dtype == torch.float32
+    assert torch.isfinite(head.weight.grad).all() and head.bias.grad.abs().sum() > 0
+    linear = torch.nn.Linear(D, V, device=DEV)
+    shared = SpartonHead.from_linear(linear, backend="torch")
+    assert shared.weight is linear.weight and shared.bias is linear.bias
+
+
+def test_torch_twin_and_backend_choice():
+    h = torch.randn(2, 4, 8)
+    w = torch.randn(5, 8)
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
+    y = torch_sparton_head(h, w, None, mask)
+    assert (y[1] == 0).all()
+    expect = torch.log1p(torch.relu((h[0, :2] @ w.t()).amax(0)))
+    assert torch.allclose(y[0], expect)
+    assert torch.equal(sparton_head(h, w, None, mask, backend="torch"), y)
+    assert torch.equal(sparton_head(h, w, None, mask, backend="auto"), y)  # CPU: the twin
+    with pytest.raises(ValueError):
+        sparton_head(h, w, None, mask, backend="cuda")
+    with pytest.raises(ValueError):
+        sparton_head(h, w[:, :7], None, mask)
+    assert sparton_bwd.triton_sparton_bwd is not None and sparton.triton is not None
+
+
+# ---------------------------------------------------------------- GPU only: realistic bf16 shapes
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
+def test_gpu_bf16_realistic_within_2x_torch(deterministic):
+    B, S, V, D = 6, 200, 30522, 768
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=3)
+    hidden = hidden * 2  # spread the logits so many max positions compete
+    dy = torch.randn(B, V, device=DEV).bfloat16().double()
+    ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
+    got = grads_of(lambda *a: sparton_head(*a, deterministic=deterministic), hidden, weight, b, mask, dy)
+    same = grads_of(lambda *a: torch_sparton_head(*a, upcast=False), hidden, weight, b, mask, dy)
+
+    def rel(x, r):
+        return ((x.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+    assert errors(got[:1], ref[:1])[0] <= 2 * errors(same[:1], ref[:1])[0]
+    for i in range(1, 4):
+        assert rel(got[i], ref[i]) <= 2 * rel(same[i], ref[i]) + 1e-7, (i, rel(got[i], ref[i]), rel(same[i], ref[i]))
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_bitwise_and_fast_close():
+    B, S, V, D = 16, 64, 30522, 768  # few positions: long dH buckets, where atomic order would show
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=9)
+    dy = torch.randn(B, V, device=DEV)
+    det = [grads_of(lambda *a: sparton_head(*a, deterministic=True), hidden, weight, b, mask, dy) for _ in range(3)]
+    for run in det[1:]:
+        for x, y in zip(det[0], run):
+            assert torch.equal(x, y)
+    fast = grads_of(lambda *a: sparton_head(*a, deterministic=False), hidden, weight, b, mask, dy)
+    for x, y in zip(det[0], fast):
+        assert torch.allclose(x.float(), y.float(), rtol=2e-2, atol=1e-2)
