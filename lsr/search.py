@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
 
-__all__ = ["Searcher", "exact_topk", "check_compatible", "ENCODER_IDENTITY_KEYS"]
+__all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "exact_topk"]
 
 log = logging.getLogger(__name__)
 

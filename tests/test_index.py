@@ -185,7 +185,7 @@ def test_save_refuses_overwrite_and_replaces_atomically(saved, monkeypatch):
         idx.save(path)
     other = InvertedIndex.build(random_collection(30, 45, seed=99), block_size=8)
     # a write that fails half-way leaves the old index intact and no temporary directory behind
-    import lsr.index.inverted as inverted
+    from lsr.index import inverted
 
     calls = {"n": 0}
     real_save = np.save

@@ -73,7 +73,7 @@ def test_k_larger_than_matches_pads_and_never_returns_zero_scores():
     index = InvertedIndex.build(docs, block_size=16)
     k = 200  # > n_docs
     scores, idx = Searcher(index).search(queries, k=k)
-    ref_s, ref_i = reference_search(queries, docs, k)
+    _, ref_i = reference_search(queries, docs, k)
     np.testing.assert_array_equal(idx.numpy(), ref_i)
     n_hits = (ref_i >= 0).sum(1)
     for b, h in enumerate(n_hits.tolist()):

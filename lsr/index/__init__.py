@@ -15,7 +15,7 @@ _LAZY = {
     "PAD": "lsr.index.build",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["PAD", "InvertedIndex", "PostingArrays", "build_postings"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.build import PAD, PostingArrays, build_postings

@@ -34,7 +34,7 @@ from lsr.index.build import DEFAULT_BLOCK_SIZE, PAD, build_postings, check_block
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
-__all__ = ["InvertedIndex", "FORMAT", "VERSION"]
+__all__ = ["FORMAT", "VERSION", "InvertedIndex"]
 
 FORMAT = "lsr-index"
 VERSION = 1

@@ -1,0 +1,382 @@
+"""Benchmark exact top-k search on the GPU: lsr's Triton paths against the seed and torch baselines.
+
+    PYTHONPATH=. python scripts/bench_search.py --out OUT [--sizes 100k,1m,8.8m] [--batches 1,64,500]
+        [--ks 10,1000] [--queries synth,real] [--npz VECTORS.npz] [--sweep "group=4;group=1,split=8,atomic=1"]
+
+Documents: lsr.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
+doc_weights, q_indptr, q_terms, q_weights). Queries: synthetic ones and/or the 6,980 real SPLADE++ ED
+dev-small query vectors (Anserini format, weight = count / 1000). Per case: ms per batch (CUDA events,
+median of --repeats after a warm-up, a different query window each repeat), QPS, peak extra GPU memory,
+bit-identical repeat, exactness against a float64 brute force on a query subset; B=1 also gives p50
+single-query wall-clock latency. Baselines in the same run: the seed's term-parallel float32 atomic
+scatter + torch.topk, torch index_add_ per query term (SPARe-style), torch.sparse.mm + topk.
+Writes OUT/bench_search.json (meta + rows) and OUT/bench_search.csv; prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lsr.index.inverted import InvertedIndex  # noqa: E402
+from lsr.kernels.fixed import query_scales  # noqa: E402
+from lsr.kernels.scatter import triton_scatter_scores  # noqa: E402
+from lsr.search_triton import BlockConfig, triton_search  # noqa: E402
+from lsr.sparse import SparseVectors  # noqa: E402
+from lsr.synth import SynthSpec, describe, load_npz, synth_docs, synth_queries, synth_stats  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
+VOCAB = REPO / "data/bert-base-uncased/vocab.txt"
+GIB = 1 << 30
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    mult = {"k": 1_000, "m": 1_000_000}.get(s[-1], 1)
+    return int(float(s[:-1] if s[-1] in "km" else s) * mult)
+
+
+def read_real_queries() -> SparseVectors:
+    try:
+        from lsr.interop import read_anserini_queries
+        return read_anserini_queries(REAL_QUERIES, VOCAB)
+    except ImportError:  # older tree: parse "qid\ttok tok ..." inline (weight = count / 1000)
+        import gzip
+        from collections import Counter
+        vocab = {t: i for i, t in enumerate(VOCAB.read_text().splitlines())}
+        rows, ids = [], []
+        with gzip.open(REAL_QUERIES, "rt") as fh:
+            for line in fh:
+                qid, _, toks = line.rstrip("\n").partition("\t")
+                ids.append(qid)
+                rows.append({vocab[t]: c / 1000.0 for t, c in Counter(toks.split()).items()})
+        return SparseVectors.from_dicts(rows, ids=ids, vocab_size=len(vocab))
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def cuda_ms(fn, repeats: int) -> list[float]:
+    """Times (ms) of fn(i) for i in range(repeats) after one warm-up call: CUDA events on a GPU,
+    the wall clock otherwise (CPU dry runs under TRITON_INTERPRET=1)."""
+    fn(repeats)
+    sync()
+    out = []
+    for i in range(repeats):
+        if torch.cuda.is_available():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(i)
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn(i)
+            out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def peak_reset() -> int:
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def peak_extra(base: int) -> float:
+    return (torch.cuda.max_memory_allocated() - base) / GIB if torch.cuda.is_available() else float("nan")
+
+
+def median(x: list[float]) -> float:
+    return sorted(x)[len(x) // 2]
+
+
+def window(queries: SparseVectors, B: int, i: int) -> SparseVectors:
+    start = (i * B) % max(1, len(queries) - B + 1)
+    return queries[start:start + B]
+
+
+class Compact:
+    """Unpadded term-major postings (what a SPARe-style torch scorer would keep)."""
+
+    def __init__(self, index: InvertedIndex):
+        keep = index.doc_ids >= 0
+        self.doc = index.doc_ids[keep]
+        self.w = index.scores[keep]
+        self.len = index.lengths.long()
+        self.start = torch.cumsum(self.len, 0) - self.len
+        self.n = index.n_docs
+
+    def scores(self, q: SparseVectors, i: int, dtype: torch.dtype) -> torch.Tensor:
+        """[N] scores of query i, one index_add_ per query term (float32 or float64)."""
+        acc = torch.zeros(self.n, dtype=dtype, device=self.doc.device)
+        a, b = int(q.indptr[i]), int(q.indptr[i + 1])
+        for t, wq in zip(q.indices[a:b].tolist(), q.values[a:b].tolist()):
+            s0, n = int(self.start[t]), int(self.len[t])
+            acc.index_add_(0, self.doc[s0:s0 + n].long(), self.w[s0:s0 + n].to(dtype), alpha=wq)
+        return acc
+
+
+def float64_scores(compact: Compact, q: SparseVectors) -> torch.Tensor:
+    """float64 [b, N] brute-force scores of a few queries (for exactness checks)."""
+    return torch.stack([compact.scores(q, i, torch.float64) for i in range(len(q))])
+
+
+def check_exact(scores: torch.Tensor, docs: torch.Tensor, ref: torch.Tensor, k: int, rtol: float = 1e-6) -> int:
+    """Number of queries whose top-k differs from the float64 ranking beyond ties within rtol."""
+    bad = 0
+    for s, d, r in zip(scores.double(), docs, ref):
+        top = torch.topk(r, min(k, r.numel())).values
+        kth = float(top[-1]) if top.numel() else 0.0
+        n_pos = int((r > 0).sum())
+        valid = d >= 0
+        dv = d[valid]
+        ok = int(valid.sum()) == min(k, n_pos)
+        ok &= bool(torch.all((s[valid] - r[dv]).abs() <= rtol * r[dv].abs() + 1e-30))
+        ok &= bool(torch.all(r[dv] >= kth * (1 - rtol)))                     # nothing below the k-th
+        must = torch.nonzero(r > kth * (1 + rtol)).flatten()                 # everything clearly above
+        ok &= bool(torch.isin(must, dv).all())
+        ok &= bool(torch.all(s[valid][1:] <= s[valid][:-1]))
+        bad += not ok
+    return bad
+
+
+def lsr_method(path: str, cfg: BlockConfig | None = None):
+    def run(index, q, k):
+        return triton_search(index, q, k, path=path, config=cfg)
+    return run
+
+
+def seed_scatter(index, q, k, chunk=128):
+    """The seed design: float32 atomic scatter into [b, N] per query chunk, then torch.topk."""
+    outs = []
+    for b0 in range(0, len(q), chunk):
+        qq = q[b0:b0 + chunk]
+        dense = triton_scatter_scores(index.doc_ids, index.scores, index.offsets, index.padded_lengths,
+                                      qq.indptr, qq.indices, qq.values, index.n_docs)
+        outs.append(torch.topk(dense, k, dim=1))
+    return torch.cat([o.values for o in outs]), torch.cat([o.indices for o in outs])
+
+
+class Spare:
+    """SPARe-style torch baseline: per query, index_add_ of every term's postings, then topk."""
+
+    def __init__(self, compact: Compact):
+        self.compact = compact
+
+    def __call__(self, index, q, k):
+        tops = [torch.topk(self.compact.scores(q, i, torch.float32), k) for i in range(len(q))]
+        return torch.stack([t.values for t in tops]), torch.stack([t.indices for t in tops])
+
+
+class Spmm:
+    """torch.sparse.mm(docs [N, V] CSR, queries^T dense) -> [N, b] per chunk of queries, then topk."""
+
+    def __init__(self, index: InvertedIndex, chunk: int = 64):
+        self.dt = index.docs.to_torch_sparse()
+        self.chunk = chunk
+
+    def __call__(self, index, q, k):
+        outs_s, outs_d = [], []
+        for b0 in range(0, len(q), self.chunk):
+            qd = q[b0:b0 + self.chunk].to_dense()
+            top = torch.topk(torch.sparse.mm(self.dt, qd.T.contiguous()).T, k, dim=1)
+            outs_s.append(top.values)
+            outs_d.append(top.indices)
+        return torch.cat(outs_s), torch.cat(outs_d)
+
+
+def parse_sweep(s: str) -> list[BlockConfig]:
+    out = []
+    for item in filter(None, (x.strip() for x in s.split(";"))):
+        kw = {}
+        for kv in item.split(","):
+            key, val = kv.split("=")
+            kw[key.strip()] = bool(int(val)) if key.strip() == "atomic" else int(val)
+        out.append(BlockConfig(**kw))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sizes", default="100k,1m,8.8m")
+    ap.add_argument("--batches", default="1,64,500")
+    ap.add_argument("--ks", default="10,1000")
+    ap.add_argument("--queries", default="synth,real")
+    ap.add_argument("--npz", default=None)
+    ap.add_argument("--block-size", type=int, default=2048, help="index block size")
+    ap.add_argument("--methods", default="auto,block,scatter,seed,spare,spmm")
+    ap.add_argument("--sweep", default="", help="block configs for extra lsr-block rows, ';'-separated")
+    ap.add_argument("--sweep-cases", default="500:1000", help="B:k cases of the sweep")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--exact-queries", type=int, default=8)
+    ap.add_argument("--latency-queries", type=int, default=30)
+    ap.add_argument("--budget-s", type=float, default=330, help="stop starting cases after this many seconds")
+    ap.add_argument("--baseline-max-n", type=float, default=9e6)
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    t_start = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    import triton
+    commit = os.environ.get("LSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                            text=True, cwd=REPO).stdout.strip() or "unknown"
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET)"
+    meta = {"gpu": gpu, "torch": torch.__version__,
+            "triton": triton.__version__, "commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "args": vars(args), "synth": describe(SynthSpec()), "collections": {}}
+    rows: list[dict] = []
+
+    def save() -> None:
+        (out_dir / "bench_search.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        if rows:
+            keys = sorted({k for r in rows for k in r})
+            with open(out_dir / "bench_search.csv", "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+
+    def over_budget() -> bool:
+        return time.time() - t_start > args.budget_s
+
+    real = read_real_queries() if "real" in args.queries else None
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if not args.npz else [0]
+    for N in sizes:
+        if over_budget():
+            break
+        t0 = time.time()
+        if args.npz:
+            docs, nq = load_npz(args.npz, dev)
+            N = len(docs)
+            qsets = {"npz": nq}
+        else:
+            spec = SynthSpec() if dev.type == "cuda" else SynthSpec(block_rows=4096)
+            docs = synth_docs(N, spec, device=dev)
+            qsets = {"synth": synth_queries(7000, spec, device=dev)} if "synth" in args.queries else {}
+        sync()
+        gen_s = time.time() - t0
+        if real is not None:
+            qsets["real"] = real.to(dev)
+        t0 = time.time()
+        index = InvertedIndex.build(docs, device=dev, block_size=args.block_size)
+        sync()
+        build_s = time.time() - t0
+        coll = {"gen_s": gen_s, "build_s": build_s, "index_gib": index.memory_bytes() / GIB,
+                "padded_over_real": index.n_padded_postings / max(1, index.n_postings)}
+        for name, q in qsets.items():
+            coll[f"stats_{name}"] = synth_stats(docs, q)
+        meta["collections"][str(N)] = coll
+        print(f"[N={N}] gen {gen_s:.1f}s build {build_s:.1f}s index {coll['index_gib']:.2f} GiB "
+              f"padding x{coll['padded_over_real']:.2f}", flush=True)
+        save()
+        methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
+                   "lsr-scatter": lsr_method("scatter"), "seed-scatter": seed_scatter}
+        wanted = {"auto": "lsr-auto", "block": "lsr-block", "scatter": "lsr-scatter", "seed": "seed-scatter",
+                  "spare": "spare", "spmm": "torch-spmm"}
+        chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
+        compact = Compact(index)
+        methods["spare"] = Spare(compact)
+        if "torch-spmm" in chosen and N <= args.baseline_max_n:
+            methods["torch-spmm"] = Spmm(index)
+        cases = [(qn, int(B), int(k)) for qn in qsets for B in args.batches.split(",") for k in args.ks.split(",")]
+        sweep = parse_sweep(args.sweep)
+        for cfg in sweep:
+            for case in args.sweep_cases.split(","):
+                B, k = (int(x) for x in case.split(":"))
+                methods[f"sweep:{cfg}"] = lsr_method("block", cfg)
+                cases_cfg = [(qn, B, k) for qn in qsets]
+                for qn, B, k in cases_cfg:
+                    run_case(rows, f"sweep:{cfg}", methods[f"sweep:{cfg}"], index, qsets[qn], qn, N, B, k, args,
+                             over_budget, compact, exact=False)
+                save()
+        for qn, B, k in cases:
+            for m in chosen:
+                if m not in methods or (m in ("lsr-scatter",) and N > 2_000_000):
+                    continue
+                if m in ("spare", "torch-spmm", "seed-scatter") and (B == 1 or N > args.baseline_max_n):
+                    continue
+                run_case(rows, m, methods[m], index, qsets[qn], qn, N, B, k, args, over_budget, compact,
+                         exact=m.startswith("lsr"))
+                save()
+        del index, docs, methods, compact
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    meta["elapsed_s"] = time.time() - t_start
+    save()
+    print_table(rows)
+
+
+def run_case(rows, name, fn, index, queries, qname, N, B, k, args, over_budget, compact, exact=True) -> None:
+    if over_budget():
+        rows.append({"method": name, "n_docs": N, "queries": qname, "B": B, "k": k, "skipped": "budget"})
+        return
+    slow = name in ("spare", "torch-spmm")
+    repeats = 1 if slow else args.repeats
+    nb = min(B, 8) if name == "spare" else min(B, 64) if name == "torch-spmm" else B
+    row = {"method": name, "n_docs": N, "queries": qname, "B": B, "k": k, "timed_batch": nb}
+    try:
+        base = peak_reset()
+        ms = cuda_ms(lambda i: fn(index, window(queries, nb, i), k), repeats)
+        row["peak_extra_gib"] = peak_extra(base)
+        row["ms_batch"] = median(ms)
+        row["ms_spread"] = max(ms) - min(ms)
+        row["qps"] = nb / median(ms) * 1000
+        if name.startswith("lsr") or name.startswith("sweep"):
+            q = window(queries, nb, 0)
+            a, b = fn(index, q, k), fn(index, q, k)
+            row["bit_identical"] = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+            if exact and args.exact_queries:
+                sub = q[:args.exact_queries]
+                ref = float64_scores(compact, sub)
+                row["exact_fail"] = check_exact(a[0][:len(sub)], a[1][:len(sub)], ref, k)
+                del ref
+            if B == 1:
+                lat = []
+                for i in range(args.latency_queries):
+                    qi = window(queries, 1, i + 1)
+                    sync()
+                    t = time.perf_counter()
+                    fn(index, qi, k)
+                    sync()
+                    lat.append((time.perf_counter() - t) * 1000)
+                row["p50_latency_ms"] = median(lat)
+    except torch.cuda.OutOfMemoryError as e:
+        row["error"] = f"OOM: {str(e)[:120]}"
+        torch.cuda.empty_cache()  # only raised on CUDA
+    except Exception as e:  # keep benchmarking the other cases; the row records what broke
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'method':<44}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>7}{'GiB':>6}"
+          f"{'exact':>6}{'det':>4}")
+    for r in rows:
+        if "ms_batch" not in r:
+            print(f"{r['method'][:43]:<44}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
+                  f"{r.get('error', r.get('skipped', ''))[:60]}")
+            continue
+        print(f"{r['method'][:43]:<44}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
+              f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>7.2f}{r['peak_extra_gib']:>6.2f}"
+              f"{str(r.get('exact_fail', '-')):>6}{'y' if r.get('bit_identical') else '-':>4}")
+
+
+if __name__ == "__main__":
+    main()

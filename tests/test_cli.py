@@ -1,0 +1,61 @@
+"""The command line end to end on the shipped SciFact data (BM25, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lsr.cli import main
+from tests.conftest import DATA, REPO
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qs")
+    rc = main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"output={out}",
+               "--json", str(out / "m.json"), "--check"])
+    return rc, out
+
+
+def test_quickstart_reaches_pyserini_bm25(quickstart, capsys):
+    rc, out = quickstart
+    assert rc == 0
+    metrics = json.loads((out / "m.json").read_text())
+    assert set(metrics) == {"RR@10", "nDCG@10", "R@1000"}
+    assert metrics["nDCG@10"] >= 0.66  # Pyserini BM25 flat: 0.6789
+    lines = (out / "run.trec").read_text().splitlines()
+    assert len({ln.split()[0] for ln in lines}) == 300
+    assert all(len(ln.split()) == 6 for ln in lines[:50])
+
+
+def test_evaluate_command_matches_the_pipeline(quickstart, capsys):
+    rc, out = quickstart
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(out / "run.trec"), "--qrels", str(DATA / "scifact"),
+                 "--metrics", "nDCG@10", "R@1000"]) == 0
+    printed = dict(line.split("\t") for line in capsys.readouterr().out.strip().splitlines())
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert float(printed["nDCG@10"]) == pytest.approx(metrics["nDCG@10"], abs=1e-4)
+    # the MS MARCO run ranks the same documents
+    assert main(["evaluate", "--run", str(out / "run.msmarco.tsv"), "--qrels", str(DATA / "scifact"),
+                 "--metrics", "nDCG@10"]) == 0
+    assert float(capsys.readouterr().out.split("\t")[1]) == pytest.approx(metrics["nDCG@10"], abs=1e-4)
+
+
+def test_encode_index_search_commands(tmp_path, capsys):
+    vec, idx = tmp_path / "vec", tmp_path / "idx"
+    assert main(["encode", "--dataset", str(DATA / "scifact"), "--out", str(vec), "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", str(vec), "--out", str(idx), "--device", "cpu"]) == 0
+    assert main(["search", "--index", str(idx), "--queries", str(DATA / "scifact"), "--model", str(vec / "encoder"),
+                 "--out", str(tmp_path / "run.trec"), "--k", "100", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(tmp_path / "run.trec"), "--qrels", str(DATA / "scifact"),
+                 "--metrics", "nDCG@10"]) == 0
+    assert float(capsys.readouterr().out.split("\t")[1]) >= 0.66
+
+
+def test_bad_input_gives_one_line_error(tmp_path, capsys):
+    assert main(["index", "--vectors", str(tmp_path / "none"), "--out", str(tmp_path / "i"), "--device", "cpu"]) == 2
+    assert "error" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(tmp_path / "missing.trec"), "--qrels", str(DATA / "scifact")]) == 2
