@@ -51,6 +51,8 @@ def _grades(query_ids: Sequence[str], doc_idx: np.ndarray, docnos: Sequence[str]
     keep = doc_of_name >= 0
     keys = np.asarray(rows, dtype=np.int64)[keep] * (n_docs + 1) + doc_of_name[keep]
     vals = np.asarray(grades, dtype=np.int64)[keep]
+    if not keys.size:  # no judged document is in the collection
+        return out
     order = np.argsort(keys)
     keys, vals = keys[order], vals[order]
     run_keys = np.arange(doc_idx.shape[0], dtype=np.int64)[:, None] * (n_docs + 1) + doc_idx

@@ -17,7 +17,8 @@ Cases (passages/s):
           sparse extraction, Parquet shards on disk; a few batch / token budgets.
   fixed80 pre-tokenized [B, 80] random ids, no tokenization: HF MLM + torch head, the backbone alone
           and lsr's encode_prepared (reference points: 14,700 and 29,100 p/s at B=1024 on an H200).
-Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS);
+Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS; all texts
+for lsr, 4 batches for hf);
 median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-of-memory and other
 failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv to
 --out after every case; prints a table last.
@@ -49,9 +50,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from lsr.encode.corpus import encode_corpus  # noqa: E402
-from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch  # noqa: E402
-from tests.helpers_models import calibrate_sparsity, tiny_config  # noqa: E402
+from lsr.encode.corpus import encode_corpus
+from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch
+from tests.helpers_models import calibrate_sparsity, tiny_config
 
 TARGET_PPS, TARGET_RATIO = 22_000, 1.5
 MAX_LEN = 256
@@ -168,23 +169,29 @@ def run_case(rows: list, out: Path, env: dict, device: torch.device, fields: dic
     save(out, env, rows)
 
 
-def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder) -> None:
+def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder,
+                     hf_batches: list[int], lsr_configs: list[dict], method: str = "lsr") -> None:
     dev, n = args.device, len(texts)
-    warm = texts[: min(n, 4096, 4 * max(args.hf_batches + [b for b, _ in args.lsr_configs]))]
-    for b in args.hf_batches:
+    warm = texts[: min(n, 4096, 4 * max(hf_batches + [c["batch"] for c in lsr_configs]))]
+    for b in hf_batches:
         run_case(rows, args.out, env, dev, {"data": data, "method": "hf", "batch": b, "passages": n},
                  lambda b=b: {"pps": n / median_seconds(lambda: hf_encode(hf_model, tokenizer, texts, b, dev), dev,
                                                         args.repeats, lambda: hf_encode(hf_model, tokenizer, warm, b, dev))})
-    for b, tokens in args.lsr_configs:
-        def case(b=b, tokens=tokens) -> dict:
+    for cfg in lsr_configs:
+        def case(b=cfg["batch"], tokens=cfg["max_tokens"]) -> dict:
             stats: dict = {}
-            lsr_encode(enc, warm, b, tokens, {})
-            seconds = median_seconds(lambda: lsr_encode(enc, texts, b, tokens, stats), dev, args.repeats, lambda: None)
+            # warm-up on all texts: Triton autotunes once per sequence-length bucket, and the shortest
+            # buckets only show up at the end of each length-sorted window
+            seconds = median_seconds(lambda: lsr_encode(enc, texts, b, tokens, stats), dev, args.repeats,
+                                     lambda: lsr_encode(enc, texts, b, tokens, {}))
             return {"pps": n / seconds, "nnz_per_doc": round(stats["nnz"] / n, 1),
                     "tokens_per_doc": round(stats["tokens"] / n, 1),
                     "padding": round(stats["padded_tokens"] / stats["tokens"] - 1, 4)}
-        run_case(rows, args.out, env, dev, {"data": data, "method": "lsr", "batch": b, "max_tokens": tokens,
+        enc.pad_multiple = cfg.get("pad_multiple", 1)
+        run_case(rows, args.out, env, dev, {"data": data, "method": method, "batch": cfg["batch"],
+                                            "max_tokens": cfg["max_tokens"], "pad_multiple": enc.pad_multiple,
                                             "passages": n}, case)
+        enc.pad_multiple = 1
 
 
 def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int, length: int = 80) -> None:
@@ -206,7 +213,7 @@ def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int
 
 
 # ---------------------------------------------------------------------------------------------- output
-FIELDS = ["data", "method", "batch", "max_tokens", "passages", "pps", "nnz_per_doc", "tokens_per_doc", "padding",
+FIELDS = ["data", "method", "batch", "max_tokens", "pad_multiple", "passages", "pps", "nnz_per_doc", "tokens_per_doc", "padding",
           "max_mem_gb", "status"]
 
 
@@ -265,7 +272,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="fewer passages and configurations (< 3 min)")
     ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT (CPU smoke test)")
-    ap.add_argument("--passages", type=int, help="synthetic passages (default 200k, quick 50k, tiny 256)")
+    ap.add_argument("--passages", type=int, help="synthetic passages (default 200k, quick 100k, tiny 64)")
     ap.add_argument("--repeats", type=int, help="timed passes per end-to-end case (median)")
     ap.add_argument("--compile", action="store_true", help="add an lsr case with torch.compile'd backbone")
     ap.add_argument("--data", type=Path, default=REPO / "data")
@@ -274,15 +281,18 @@ def main() -> None:
     cuda = args.device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     small = args.tiny or not cuda
-    args.passages = args.passages or (64 if small else 50_000 if args.quick else 200_000)
+    args.passages = args.passages or (64 if small else 100_000 if args.quick else 200_000)
     args.repeats = args.repeats or (1 if args.quick or small else 2)
+    def cfgs(*triples: tuple[int, int | None, int]) -> list[dict]:
+        return [{"batch": b, "max_tokens": t, "pad_multiple": p} for b, t, p in triples]
+
     if small:  # the CPU runs the torch twin of the head ([B, S, 30522] logits): keep it tiny
-        args.hf_batches, args.lsr_configs, fixed_batch = [16], [(16, None), (32, 2048)], 8
+        hf_batches, lsr_configs, fixed_batch = [16], cfgs((16, None, 1), (32, 2048, 8)), 8
     elif args.quick:
-        args.hf_batches, args.lsr_configs, fixed_batch = [256, 1024], [(1024, 131072), (2048, 262144)], 1024
+        hf_batches, lsr_configs, fixed_batch = [256, 1024], cfgs((1024, 131072, 1), (2048, 262144, 1)), 1024
     else:
-        args.hf_batches = [128, 256, 512, 1024, 2048]
-        args.lsr_configs, fixed_batch = [(512, 65536), (1024, 131072), (2048, 262144), (4096, 262144)], 1024
+        hf_batches, fixed_batch = [128, 256, 512, 1024, 2048], 1024
+        lsr_configs = cfgs((512, 65536, 1), (1024, 131072, 1), (1024, 131072, 8), (2048, 262144, 1), (4096, 262144, 1))
     torch.backends.cuda.matmul.allow_tf32 = True
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -304,15 +314,14 @@ def main() -> None:
         env["check_max_ref"] = float(ref.max())
         fixed_length_cases(args, rows, env, hf_model, enc, fixed_batch)
         synth, _ = synth_texts(args.passages, tokenizer, np.random.default_rng(0))
-        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc)
+        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc, hf_batches, lsr_configs)
         scifact = scifact_texts(args.data / "scifact" / "corpus.jsonl", 32 if small else None)
-        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc)
+        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc, hf_batches, lsr_configs)
         if args.compile:
             compiled = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN,
                                                      compile=True)
-            args.hf_batches, args.lsr_configs = [], args.lsr_configs[1:2]
-            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled)
-            rows[-1]["method"] = "lsr_compile"
+            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled, [], lsr_configs[:1],
+                             method="lsr_compile")
     save(args.out, env, rows)
     print(json.dumps(summary(rows)))
     print(f"exactness on 32 SciFact docs: max |lsr - hf| = {env['check_max_abs_diff']:.3g} "

@@ -200,6 +200,12 @@ class Spmm:
         return torch.cat(outs_s), torch.cat(outs_d)
 
 
+def label(cfg: BlockConfig) -> str:
+    """Short name of a block config: span, group, split, a(tomic) or l(oad/store), chunk, programs/SM."""
+    return (f"blk s{cfg.span} g{cfg.group} x{cfg.split} {'a' if cfg.atomic else 'l'} c{cfg.chunk} "
+            f"p{cfg.per_sm} w{cfg.num_warps}")
+
+
 def parse_sweep(s: str) -> list[BlockConfig]:
     out = []
     for item in filter(None, (x.strip() for x in s.split(";"))):
@@ -299,10 +305,10 @@ def main() -> None:
         for cfg in sweep:
             for case in args.sweep_cases.split(","):
                 B, k = (int(x) for x in case.split(":"))
-                methods[f"sweep:{cfg}"] = lsr_method("block", cfg)
+                methods[label(cfg)] = lsr_method("block", cfg)
                 cases_cfg = [(qn, B, k) for qn in qsets]
                 for qn, B, k in cases_cfg:
-                    run_case(rows, f"sweep:{cfg}", methods[f"sweep:{cfg}"], index, qsets[qn], qn, N, B, k, args,
+                    run_case(rows, label(cfg), methods[label(cfg)], index, qsets[qn], qn, N, B, k, args,
                              over_budget, compact, exact=False)
                 save()
         for qn, B, k in cases:
@@ -337,7 +343,7 @@ def run_case(rows, name, fn, index, queries, qname, N, B, k, args, over_budget, 
         row["ms_batch"] = median(ms)
         row["ms_spread"] = max(ms) - min(ms)
         row["qps"] = nb / median(ms) * 1000
-        if name.startswith("lsr") or name.startswith("sweep"):
+        if name.startswith(("lsr", "blk")):
             q = window(queries, nb, 0)
             a, b = fn(index, q, k), fn(index, q, k)
             row["bit_identical"] = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
@@ -366,15 +372,15 @@ def run_case(rows, name, fn, index, queries, qname, N, B, k, args, over_budget, 
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'method':<44}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>7}{'GiB':>6}"
+    print(f"\n{'method':<34}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>8}{'GiB':>7}"
           f"{'exact':>6}{'det':>4}")
     for r in rows:
         if "ms_batch" not in r:
-            print(f"{r['method'][:43]:<44}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
+            print(f"{r['method'][:33]:<34}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
                   f"{r.get('error', r.get('skipped', ''))[:60]}")
             continue
-        print(f"{r['method'][:43]:<44}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
-              f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>7.2f}{r['peak_extra_gib']:>6.2f}"
+        print(f"{r['method'][:33]:<34}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
+              f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>8.2f}{r['peak_extra_gib']:>7.2f}"
               f"{str(r.get('exact_fail', '-')):>6}{'y' if r.get('bit_identical') else '-':>4}")
 
 

@@ -35,7 +35,14 @@ def _scifact_texts(data_dir: Path, n: int) -> list[str]:
 
 def _bpe_tokenizer(data_dir: Path):  # -> transformers tokenizer
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -53,7 +60,7 @@ def tiny_config(kind: str, vocab_size: int = 30522):
     """A 2-layer, 32-wide config of the given family."""
     import transformers as tf
 
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
     if kind == "bert":
         return tf.BertConfig(vocab_size=vocab_size, **small)
     if kind == "distilbert":

@@ -130,6 +130,41 @@ def test_argmax_is_a_valid_maximiser(dtype, poison):
     assert torch.equal(y32.to(dtype), y)
 
 
+@pytest.mark.parametrize("blocks", [
+    {"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2, "USE_TMA": True},
+    {"BLOCK_V": 64, "BLOCK_S": 32, "BLOCK_D": 32, "GROUP_B": 4, "FLATTEN": True},
+], ids=["tma", "flatten"])
+@pytest.mark.parametrize("need_argmax", [True, False], ids=["argmax", "max-only"])
+def test_forward_variants(blocks, need_argmax, poison):
+    """TMA loads (rows past a sequence's end come from the next one or zero fill) and flattened loops."""
+    B, S, V, D = 3, 37, 100, 48
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "holes", seed=17 + need_argmax)
+    mask = mask.bool()
+    y, y32, arg = triton_sparton_fwd(hidden, weight, b, mask, need_fp32=True, need_argmax=need_argmax, _blocks=blocks)
+    ref = torch_sparton_head(hidden.double(), weight.double(), b.double(), mask)
+    assert (y32.double() - ref).abs().max() <= 1e-5 * (1 + ref.abs().max())
+    if need_argmax:
+        logits = (hidden.double() @ weight.double().t()).masked_fill(~mask[:, :, None], float("-inf"))
+        rows = mask.any(1)
+        assert torch.equal(arg.long()[rows], logits.argmax(1)[rows])
+    else:
+        assert arg is None
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
+def test_vocab_chunked_dh(deterministic, poison):
+    """The large-vocabulary dH path (buckets keyed by (vocab chunk, row), fp32 partial across launches)."""
+    B, S, V, D = 3, 23, 150, 32
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.float32, True, "padded", seed=23 + deterministic)
+    dy = torch.randn(B, V, device=DEV, dtype=torch.float64)
+    ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
+    _, y32, arg = triton_sparton_fwd(hidden, weight, b, mask.bool(), need_fp32=True)
+    dh, dw, db = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, deterministic=deterministic,
+                                                _chunk_v=41)  # 4 chunks, the last one short
+    err = errors([dh, dw, db], ref[1:])
+    assert all(e <= 2e-5 * (1 + r.abs().max().item()) for e, r in zip(err, ref[1:])), err
+
+
 def test_ties_pick_the_first_position(poison):
     B, S, V, D = 2, 40, 50, 16
     hidden = torch.randn(B, S, D, device=DEV)
@@ -204,9 +239,10 @@ def test_torch_twin_and_backend_choice():
 
 # ---------------------------------------------------------------- GPU only: realistic bf16 shapes
 @pytest.mark.gpu
+@pytest.mark.parametrize("V", [30522, 120000])  # 120000 x 768 bf16 > L2: the vocab-chunked dH path
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
-def test_gpu_bf16_realistic_within_2x_torch(deterministic):
-    B, S, V, D = 6, 200, 30522, 768
+def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
+    B, S, D = 6, 200, 768
     hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=3)
     hidden = hidden * 2  # spread the logits so many max positions compete
     dy = torch.randn(B, V, device=DEV).bfloat16().double()

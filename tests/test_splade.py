@@ -14,11 +14,11 @@ from tests.helpers_models import KINDS, save_tiny_mlm
 
 transformers = pytest.importorskip("transformers")
 
-from lsr.encode.splade import SpladeEncoder  # noqa: E402
+from lsr.encode.splade import SpladeEncoder
 
 TEXTS = [
-    "Alterations of the architecture of cerebral white matter in the developing human brain can affect "
-    "cortical development and result in functional disabilities.",
+    ("Alterations of the architecture of cerebral white matter in the developing human brain can affect "
+     "cortical development and result in functional disabilities."),
     "what is the capital of france",
     "",
     "Cells!",
@@ -55,15 +55,15 @@ def test_matches_hf_masked_lm(models, kind):
     torch.testing.assert_close(vec.to_dense(), ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["roberta", "bert"])
-def test_triton_backend_matches_hf(models, kind):
+def test_triton_backend_matches_hf(models):
+    # the RoBERTa model (V=500, not a multiple of the vocab tile) keeps the interpreter fast; the kernel
+    # itself is tested at awkward shapes in test_sparton.py, this checks the encoder's wiring
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    texts = TEXTS if kind == "roberta" else ["white cells"]  # V=30522 is slow in the interpreter
-    enc = SpladeEncoder.from_pretrained(models[kind], device="cpu", backend="triton")
-    vec = enc.encode_queries(texts)
-    ref = hf_reference(models[kind], texts, enc.max_length_query)
+    enc = SpladeEncoder.from_pretrained(models["roberta"], device="cpu", backend="triton")
+    vec = enc.encode_queries(TEXTS)
+    ref = hf_reference(models["roberta"], TEXTS, enc.max_length_query)
     torch.testing.assert_close(vec.to_dense(), ref, atol=1e-5, rtol=1e-4)
 
 

@@ -35,3 +35,9 @@ def test_matches_ir_measures(seed):
     assert list(got) == METRICS
     for m in METRICS:
         assert got[m] == pytest.approx(float(ref[ir_measures.parse_measure(m)]), abs=1e-9), m
+
+
+def test_no_judged_document_in_the_collection():
+    got = evaluate_topk(["q1", "q2"], np.array([[0, 1], [1, -1]]), ["a", "b"], {"q1": {"zz": 1}, "q2": {"yy": 2}},
+                        ["RR@10", "nDCG@10", "R@1000"])
+    assert got == {"RR@10": 0.0, "nDCG@10": 0.0, "R@1000": 0.0}

@@ -149,7 +149,8 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
             one is returned as is); False refuses a non-empty directory.
         n_docs: total number of documents, for the progress bar's ETA only.
         progress: show a tqdm bar (docs/s, ETA, padding waste).
-        sort_window: documents sorted by length together (default min(shard_rows, 16384)).
+        sort_window: documents sorted by length together (default: shard_rows split into equal windows
+            of at most 65,536; larger windows pad less but delay the first batch).
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
@@ -157,7 +158,8 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
     """
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
-    sort_window = sort_window or min(shard_rows, 16384)
+    # ~2.7% padding on MS MARCO-like lengths with 65,536-document windows and 1,024-text batches (13% at 16,384)
+    sort_window = sort_window or -(-shard_rows // -(-shard_rows // 65536))
     metadata = dict(encoder.describe())
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k

@@ -38,7 +38,7 @@ from lsr.encode.lexical import vocab_hash
 from lsr.kernels.sparton import sparton_head
 from lsr.sparse import SparseVectors
 
-__all__ = ["SpladeEncoder", "TokenBatch", "PreparedTexts"]
+__all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
@@ -74,7 +74,7 @@ def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype
     names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     out = getattr(torch, names.get(dtype, dtype), None)
     if not isinstance(out, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r} (use bfloat16, float16 or float32)")
+        raise TypeError(f"unknown dtype {dtype!r} (use bfloat16, float16 or float32)")
     return out
 
 
@@ -192,13 +192,14 @@ class SpladeEncoder:
 
     Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
     ``max_length_doc``, ``doc_top_k`` (documents keep their k largest weights; None keeps all),
-    ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget).
+    ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget),
+    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text).
     """
 
     def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
                  max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
                  batch_size: int, max_tokens: int | None) -> None:
-        if query.weight.shape[0] != doc.weight.shape[0] or vocab_hash(query.vocab) != vocab_hash(doc.vocab):
+        if query.vocab != doc.vocab:
             raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
         if doc_top_k is not None and doc_top_k <= 0:
             raise ValueError("doc_top_k must be positive (or None)")
@@ -206,6 +207,7 @@ class SpladeEncoder:
         self.device, self.dtype, self.backend = device, dtype, backend
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
         self._tokenizers: dict[str, _Tokenize] = {}
         self._lock = threading.Lock()
 
@@ -281,7 +283,7 @@ class SpladeEncoder:
         flat, lengths = self._tokenizer(kind)(texts)
         batch_size = batch_size or self.batch_size
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
-        mult = 8 if self.device.type == "cuda" else 1  # tensor-core friendly L; fewer distinct shapes
+        mult = max(1, self.pad_multiple)
         pad_id, pin = self._towers[kind].pad_id, self.device.type == "cuda"
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         order = np.argsort(-lengths, kind="stable")
@@ -327,6 +329,8 @@ class SpladeEncoder:
         ids = [str(i) for i in range(prepared.n)] if ids is None else [str(i) for i in ids]
         if len(ids) != prepared.n:
             raise ValueError(f"got {len(ids)} ids for {prepared.n} texts")
+        if len(set(ids)) != len(ids):
+            raise ValueError("ids must be unique")
         lengths, indices, values, rows = [], [], [], []
         for batch in prepared.batches:
             input_ids = batch.input_ids.to(self.device, non_blocking=True)
@@ -347,8 +351,6 @@ class SpladeEncoder:
                                   self.vocab_size, validate=False)
         position = torch.empty_like(order)
         position[order] = torch.arange(prepared.n)
-        if len(set(ids)) != len(ids):
-            raise ValueError("ids must be unique")
         return by_length[position.to(counts.device)].to("cpu")
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None) -> SparseVectors:
@@ -369,7 +371,7 @@ class SpladeEncoder:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""
         ip, ix, val = (t.cpu().numpy() for t in (vectors.indptr, vectors.indices, vectors.values))
         out = []
-        for a, b in zip(ip[:-1], ip[1:]):
+        for a, b in itertools.pairwise(ip):
             order = np.argsort(-val[a:b], kind="stable")[:top_k]
             out.append([(self.vocab[t], float(w)) for t, w in zip(ix[a:b][order], val[a:b][order])])
         return out

@@ -85,12 +85,13 @@ if triton is not None:
 
     @triton.jit
     def _sparton_fwd_kernel(
-        h_ptr, e_ptr, bias_ptr, mask_ptr, len_ptr, y_ptr, y32_ptr, arg_ptr,
+        h_ptr, e_ptr, h_desc, e_desc, bias_ptr, mask_ptr, len_ptr, y_ptr, y32_ptr, arg_ptr,
         B, S, V, D, S_KEY,  # S_KEY (bucketed S) is only an autotune key
         stride_h_b, stride_h_s, stride_e_v, stride_m_b, stride_y_b,
-        HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+        HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, STORE_ARGMAX: tl.constexpr,
+        INPUT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
         BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_B: tl.constexpr,
-        FLATTEN: tl.constexpr,
+        FLATTEN: tl.constexpr, USE_TMA: tl.constexpr,
     ):
         # Grouped order: GROUP_B batch rows share each E tile while it is in L2, and each H[b] is
         # reused by the ~all vocab tiles running next to it.
@@ -114,20 +115,27 @@ if triton is not None:
             s_ok = s0 + offs_s < n_s
             acc = tl.zeros([BLOCK_V, BLOCK_S], tl.float32)
             for d0 in range(0, D, BLOCK_D):
-                d_ok = d0 + offs_d < D
-                e = tl.load(e_ptr + offs_v[:, None] * stride_e_v + (d0 + offs_d)[None, :],
-                            mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-                h = tl.load(h_base + (s0 + offs_s)[None, :] * stride_h_s + (d0 + offs_d)[:, None],
-                            mask=s_ok[None, :] & d_ok[:, None], other=0.0)
+                if USE_TMA:  # Hopper TMA; rows past this b's n_s (next b / zero fill) are masked below
+                    e = e_desc.load([vt * BLOCK_V, d0])
+                    h = tl.trans(h_desc.load([b * S + s0, d0]))
+                else:
+                    d_ok = d0 + offs_d < D
+                    e = tl.load(e_ptr + offs_v[:, None] * stride_e_v + (d0 + offs_d)[None, :],
+                                mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                    h = tl.load(h_base + (s0 + offs_s)[None, :] * stride_h_s + (d0 + offs_d)[:, None],
+                                mask=s_ok[None, :] & d_ok[:, None], other=0.0)
                 if DOT_FP32:  # interpreter: its bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact here
                     e, h = e.to(tl.float32), h.to(tl.float32)
                 acc = tl.dot(e, h, acc, input_precision=INPUT_PRECISION)
             keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
             acc = tl.where(keep[None, :], acc, float("-inf"))  # masked positions never win
-            t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
-            better = t_max > run_max  # strict: ties keep the earliest position
-            run_max = tl.where(better, t_max, run_max)
-            run_arg = tl.where(better, t_arg + s0, run_arg)
+            if STORE_ARGMAX:
+                t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
+                better = t_max > run_max  # strict: ties keep the earliest position
+                run_max = tl.where(better, t_max, run_max)
+                run_arg = tl.where(better, t_arg + s0, run_arg)
+            else:  # inference: the max alone is a cheaper epilogue
+                run_max = tl.maximum(run_max, tl.max(acc, axis=1))
         if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
             run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
         r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
@@ -135,40 +143,58 @@ if triton is not None:
         y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
         out = b.to(tl.int64) * stride_y_b + offs_v
         tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
-        tl.store(arg_ptr + out, run_arg, mask=v_ok)
+        if STORE_ARGMAX:
+            tl.store(arg_ptr + out, run_arg, mask=v_ok)
         if STORE_FP32:
             tl.store(y32_ptr + out, y, mask=v_ok)
 
     def _fwd_prune(configs, named_args, **kwargs):
         s_key = named_args["S_KEY"]
-        kept = [c for c in configs if c.kwargs["BLOCK_S"] <= max(s_key, 64)]  # no tiles of mostly padding
+        tma = named_args.get("h_desc") is not None
+        kept = [c for c in configs if c.kwargs["BLOCK_S"] <= max(s_key, 64)  # no tiles of mostly padding
+                and (tma or not c.kwargs["USE_TMA"])]
         return kept or configs
 
-    def _configs(flatten: bool) -> list:
-        shapes = [(128, 128, 8, 3), (128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 64, 4, 4)]
-        return [triton.Config({"BLOCK_V": bv, "BLOCK_S": bs, "BLOCK_D": 64, "GROUP_B": 8, "FLATTEN": f},
-                              num_warps=w, num_stages=st)
-                for bv, bs, w, st in shapes for f in ([False, True] if flatten else [False])
-                if not (f and (bv, bs, w) == (128, 64, 4))]
+    def _set_desc_blocks(nargs: dict) -> None:
+        if nargs.get("h_desc") is not None:
+            nargs["h_desc"].block_shape = [nargs["BLOCK_S"], nargs["BLOCK_D"]]
+            nargs["e_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_D"]]
+
+    def _configs(family: str) -> list:
+        # (BLOCK_V, BLOCK_S, BLOCK_D, warps, stages, flatten, tma); H200 bf16 D=768: 256x128 w8 led (26.0 ms
+        # on 32x512x250002 vs 27.0 for 128x256, 29.2 for 128x128), flattening gained ~1%
+        shapes = {
+            "tma": [(256, 128, 64, 8, 3, True, True), (256, 128, 64, 8, 4, True, True),
+                    (128, 256, 64, 8, 4, True, True), (256, 128, 128, 8, 2, True, True),
+                    (256, 128, 64, 8, 3, True, False), (256, 128, 64, 8, 4, True, False),
+                    (128, 256, 64, 8, 3, True, False)],
+            "flat": [(256, 128, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, False),
+                     (128, 128, 64, 8, 3, True, False), (128, 64, 64, 4, 4, False, False)],
+            "plain": [(256, 128, 64, 8, 3, False, False), (128, 256, 64, 8, 3, False, False),
+                      (128, 128, 64, 8, 3, False, False), (128, 64, 64, 4, 4, False, False)],
+        }[family]
+        return [triton.Config({"BLOCK_V": bv, "BLOCK_S": bs, "BLOCK_D": bd, "GROUP_B": 8, "FLATTEN": f, "USE_TMA": t},
+                              num_warps=w, num_stages=st, pre_hook=_set_desc_blocks)
+                for bv, bs, bd, w, st, f, t in shapes]
 
     def _tuner(configs: list):
         return triton.autotune(configs, key=["V", "D", "S_KEY"],
                                prune_configs_by={"early_config_prune": _fwd_prune})(_sparton_fwd_kernel)
 
-    # loop flattening (tl.range(flatten=True), triton >= 3.3) is tried first; if it fails to
-    # compile on this triton the launcher falls back to the plain configs for the session
-    _FWD_TUNERS = [_tuner(_configs(True)), _tuner(_configs(False))]
+    # TMA loads (triton >= 3.4 tensor descriptors) and loop flattening (tl.range(flatten=True), >= 3.3)
+    # are tried first; if a family fails to compile on this triton the launcher drops to the next
+    _FWD_TUNERS = [_tuner(_configs("tma")), _tuner(_configs("flat")), _tuner(_configs("plain"))]
 
 
 def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       mask: torch.Tensor, need_fp32: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                       mask: torch.Tensor, need_fp32: bool = False, need_argmax: bool = True,
+                       _blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Forward launcher.
 
     hidden [B,S,D] and weight [V,D] of one dtype (bf16/fp16/fp32), bias [V] | None (any float dtype),
-    mask [B,S] bool. Returns y [B,V] (hidden's dtype), y32 [B,V] float32 (only if ``need_fp32``,
-    for the backward) and argmax [B,V] int32 (position of the max over unmasked s; 0 for a fully
-    masked row).
+    mask [B,S] bool. Returns y [B,V] (hidden's dtype), y32 [B,V] float32 (only if ``need_fp32``, for
+    the backward) and argmax [B,V] int32 (only if ``need_argmax``: the first position of the max over
+    unmasked s; 0 for a fully masked row). ``_blocks`` pins a kernel config (tests).
     """
     if triton is None:
         raise RuntimeError("the Triton backend needs the `triton` package")
@@ -182,29 +208,45 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         raise ValueError("bias must be a float [V]")
     if any(t.device != hidden.device for t in (weight, mask) + ((bias,) if bias is not None else ())):
         raise ValueError("all inputs must be on one device")
+    if B * S >= 2**31 or V * D >= 2**31:
+        raise ValueError("B·S and V·D must be < 2**31")
     hidden, weight, mask = hidden.contiguous(), weight.contiguous(), mask.contiguous()
     bias = bias.contiguous() if bias is not None else None
     dev = hidden.device
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
     y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else hidden.dtype, device=dev)
-    arg = torch.empty(B, V, dtype=torch.int32, device=dev)
+    arg = torch.empty(B, V, dtype=torch.int32, device=dev) if need_argmax else None
     y32 = torch.empty(B, V, dtype=torch.float32, device=dev) if need_fp32 else None
     if B == 0 or V == 0:
-        return y, y32, arg
+        return y.to(hidden.dtype), y32, arg
     pos = torch.arange(1, S + 1, dtype=torch.int32, device=dev)
     lengths = torch.where(mask, pos, 0).amax(dim=1).to(torch.int32) if S > 0 else torch.zeros(B, dtype=torch.int32, device=dev)
-    args = (hidden, weight, bias if bias is not None else y, mask.view(torch.uint8), lengths, y,
-            y32 if need_fp32 else y, arg, B, S, V, D, min(triton.next_power_of_2(max(S, 1)), 256),
+    big = B * S * V >= 2**25  # small problems: a fixed config, not an autotuning run per new V
+    elem = hidden.element_size()
+    tma = (big and _blocks is None and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+           and (D * elem) % 16 == 0 and hidden.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0) \
+        or bool(_blocks and _blocks.get("USE_TMA"))
+    descs = (None, None)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        blk = [_blocks["BLOCK_S"], _blocks["BLOCK_D"]] if _blocks else [64, 64]  # set per config by a pre-hook
+        descs = (TensorDescriptor.from_tensor(hidden.view(B * S, D), blk),
+                 TensorDescriptor.from_tensor(weight, [_blocks["BLOCK_V"], blk[1]] if _blocks else [64, 64]))
+    s_key = min(triton.next_power_of_2(max(S, 1)), 256)
+    args = (hidden, weight, *descs, bias if bias is not None else y, mask.view(torch.uint8), lengths, y,
+            y32 if need_fp32 else y, arg if need_argmax else lengths, B, S, V, D, s_key,
             hidden.stride(0), hidden.stride(1), weight.stride(0), mask.stride(0), y.stride(0))
-    flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32,
+    flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32, "STORE_ARGMAX": need_argmax,
              "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32",
              "DOT_FP32": _INTERPRET}
-    if _INTERPRET:  # no autotuning in the (slow) interpreter
-        blocks = {"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2, "FLATTEN": False}
-        _sparton_fwd_kernel[(B * triton.cdiv(V, 32),)](*args, **flags, **blocks)
-    elif B * S * V < 2**25:  # small problems: a fixed config, not an autotuning run per new V
-        blocks = {"BLOCK_V": 64, "BLOCK_S": min(max(args[12], 16), 64), "BLOCK_D": 64, "GROUP_B": 8, "FLATTEN": False}
-        _sparton_fwd_kernel[(B * triton.cdiv(V, 64),)](*args, **flags, **blocks, num_warps=4, num_stages=3)
+    if _blocks is not None or _INTERPRET or not big:
+        blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2} if _INTERPRET else
+                                  {"BLOCK_V": 64, "BLOCK_S": min(max(s_key, 16), 64), "BLOCK_D": 64, "GROUP_B": 8}))
+        blocks.setdefault("FLATTEN", False)
+        blocks.setdefault("USE_TMA", False)
+        launch = {} if _INTERPRET else {"num_warps": 4, "num_stages": 3}
+        _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](*args, **flags, **blocks, **launch)
     else:
         grid = lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
         while True:
@@ -214,7 +256,8 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
             except Exception as e:  # noqa: BLE001 - compiler failure of an optional config family
                 if len(_FWD_TUNERS) == 1:
                     raise
-                warnings.warn(f"sparton: flattened-loop configs failed ({type(e).__name__}: {e}); using plain ones")
+                warnings.warn(f"sparton: a forward config family failed ({type(e).__name__}: {str(e)[:300]}); "
+                              "falling back", stacklevel=2)
                 _FWD_TUNERS.pop(0)
     return y.to(hidden.dtype), y32, arg
 
@@ -267,7 +310,7 @@ def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     mask = _prepare(hidden, weight, bias, mask)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:  # inference: no fp32 copy of y, no autograd node
-        return triton_sparton_fwd(hidden, weight, bias, mask)[0]
+        return triton_sparton_fwd(hidden, weight, bias, mask, need_argmax=False)[0]
     return SpartonHeadFunction.apply(hidden, weight, bias, mask, deterministic)
 
 

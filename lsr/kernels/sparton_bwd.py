@@ -11,6 +11,11 @@ gathers E[v] for its rows' entries (a contiguous run) and writes each dH row exa
 [B, S, D] buffer, no float atomics). Entries with g = 0 (Y = 0: most of a real SPLADE vector) are
 dropped before the sort, so their E rows are never read.
 
+When E does not fit in L2 (large vocabularies: 250k x 768 bf16 is 384 MB) and an fp32 copy of dH is
+affordable, the buckets are keyed by (vocab chunk, row) and dH is built chunk after chunk (one launch
+per ~24 MB slice of E, accumulating in fp32), so E is gathered from L2 instead of re-read from HBM
+once per batch row.
+
 Modes: the default fills the buckets with integer atomics (fast; the order inside a bucket, hence
 the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by v
 with a stable torch.sort instead, so every gradient is bit-identical run to run.
@@ -29,9 +34,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy_b,
+def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, N_ROWS, CHUNK_V, stride_dy_b,
                      BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; count[b·S + argmax] += 1 for every g != 0."""
+    """g = dY·exp(−Y)·[Y>0]; count[bucket] += 1 for every g != 0, bucket = (v // CHUNK_V)·N_ROWS + b·S + argmax."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -41,12 +46,12 @@ def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy
     g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
     tl.store(g_ptr + row + offs, g, mask=ok)
     a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
-    tl.atomic_add(count_ptr + b * S + a, 1, mask=ok & (g != 0.0))
+    tl.atomic_add(count_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=ok & (g != 0.0))
 
 
 @triton.jit
-def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, BLOCK: tl.constexpr):
-    """Fast mode: i = cursor[b·S + argmax]++; (v_sorted, g_sorted)[i] = (v, g) for g != 0 (bucket order varies)."""
+def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, N_ROWS, CHUNK_V, BLOCK: tl.constexpr):
+    """Fast mode: i = cursor[bucket]++; (v_sorted, g_sorted)[i] = (v, g) for g != 0 (order in a bucket varies)."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -54,19 +59,21 @@ def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, BLOCK: 
     g = tl.load(g_ptr + row + offs, mask=ok, other=0.0)
     a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
     live = ok & (g != 0.0)
-    pos = tl.atomic_add(cursor_ptr + b * S + a, 1, mask=live)
+    pos = tl.atomic_add(cursor_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=live)
     tl.store(vs_ptr + pos, offs, mask=live)
     tl.store(gs_ptr + pos, g, mask=live)
 
 
 @triton.jit
-def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v,
-                   INPUT_PRECISION: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dH[r, d-tile] = Σ_{i in bucket r} g_i · E[v_i, d-tile] for ROWS consecutive rows r = b·S + s.
+def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, stride_e_v,
+                   LOAD_ACC: tl.constexpr, STORE_FINAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dH[r, d-tile] (+)= Σ_{i in bucket r} g_i · E[v_i, d-tile] for ROWS consecutive rows r = b·S + s.
 
     The rows' buckets are one contiguous run of sorted entries; each chunk of BLOCK_N entries is
     gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot
     (g folded into the one-hot, fp32 / 3xTF32), so short and long buckets both keep loads in flight.
+    LOAD_ACC adds the fp32 partial of the previous vocab chunks; STORE_FINAL writes dH, else the partial.
     """
     r0 = tl.program_id(0) * ROWS
     offs_r = r0 + tl.arange(0, ROWS)
@@ -78,7 +85,12 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    out = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
+    out_ok = r_ok[:, None] & d_ok[None, :]
+    if LOAD_ACC:
+        acc = tl.load(acc_ptr + out, mask=out_ok, other=0.0)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     for n0 in range(first, last, BLOCK_N):
         idx = n0 + offs_n
         n_ok = idx < last
@@ -88,32 +100,43 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         hit = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])
         acc = tl.dot(tl.where(hit, gv[None, :], 0.0), e, acc, input_precision=INPUT_PRECISION)
-    tl.store(dh_ptr + offs_r.to(tl.int64)[:, None] * D + offs_d[None, :], acc.to(dh_ptr.dtype.element_ty),
-             mask=r_ok[:, None] & d_ok[None, :])
+    if STORE_FINAL:
+        tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        tl.store(acc_ptr + out, acc, mask=out_ok)
 
 
 @triton.jit
 def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
                    HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v]."""
+    """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v].
+
+    Two batch rows per iteration, both gathers issued before either is used (twice the loads in flight).
+    """
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     acc = tl.zeros([BLOCK_V, BLOCK_D], tl.float32)
     g_sum = tl.zeros([BLOCK_V], tl.float32)
-    h_b = h_ptr  # advanced by stride_h_b per b (pointer arithmetic is 64-bit)
-    for b in range(B):
-        row = b * V  # B·V < 2**31 (checked by the launcher)
-        gv = tl.load(g_ptr + row + offs_v, mask=v_ok, other=0.0)
-        g_sum += gv
+    h_b = h_ptr  # advanced by 2·stride_h_b per iteration (pointer arithmetic is 64-bit)
+    for b in range(0, B, 2):
+        ok1 = v_ok & (offs_v * 0 + b + 1 < B)  # (a tensor compare: the interpreter's b is a Python int)
+        g0 = tl.load(g_ptr + b * V + offs_v, mask=v_ok, other=0.0)  # B·V < 2**31 (checked by the launcher)
+        g1 = tl.load(g_ptr + (b + 1) * V + offs_v, mask=ok1, other=0.0)
+        g_sum += g0 + g1
         if HAS_DE:
-            a = tl.load(arg_ptr + row + offs_v, mask=v_ok, other=0)
-            live = v_ok & (gv != 0.0)  # g = 0: the H row is not needed
-            h = tl.load(h_b + a.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
-                        mask=live[:, None] & d_ok[None, :], other=0.0)
-            acc += gv[:, None] * h.to(tl.float32)
-        h_b += stride_h_b
+            a0 = tl.load(arg_ptr + b * V + offs_v, mask=v_ok, other=0)
+            a1 = tl.load(arg_ptr + (b + 1) * V + offs_v, mask=ok1, other=0)
+            live0 = v_ok & (g0 != 0.0)  # g = 0: the H row is not needed
+            live1 = ok1 & (g1 != 0.0)
+            h0 = tl.load(h_b + a0.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                         mask=live0[:, None] & d_ok[None, :], other=0.0)
+            h1 = tl.load(h_b + stride_h_b + a1.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                         mask=live1[:, None] & d_ok[None, :], other=0.0)
+            acc += g0[:, None] * h0.to(tl.float32)
+            acc += g1[:, None] * h1.to(tl.float32)
+        h_b += 2 * stride_h_b
     if HAS_DE:
         tl.store(de_ptr + offs_v.to(tl.int64)[:, None] * stride_de_v + offs_d[None, :],
                  acc.to(de_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
@@ -122,15 +145,20 @@ def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, s
             tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
 
 
+_L2_CHUNK_BYTES = 24 * 2**20  # slice of E gathered per dH launch when E is larger than twice this
+_FP32_DH_LIMIT = 512 * 2**20  # largest fp32 dH partial the chunked path may allocate
+
+
 def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, y32: torch.Tensor,
                        arg: torch.Tensor, *, need_dh: bool = True, need_dw: bool = True, need_db: bool = True,
-                       deterministic: bool = False
+                       deterministic: bool = False, _chunk_v: int | None = None
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Backward launcher.
 
     dy [B,V] (any float dtype/strides), hidden [B,S,D] and weight [V,D] (contiguous, one dtype),
     y32 [B,V] float32 and arg [B,V] int32 from ``triton_sparton_fwd``. Returns dH [B,S,D] (hidden's
-    dtype), dE [V,D] (weight's dtype) and db [V] float32; None where not needed.
+    dtype), dE [V,D] (weight's dtype) and db [V] float32; None where not needed. ``_chunk_v`` forces
+    the vocab-chunked dH path with that chunk size (tests).
     """
     B, S, D = hidden.shape
     V = weight.shape[0]
@@ -140,23 +168,32 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         raise ValueError("shape mismatch: dy/y32/arg must be [B,V], hidden [B,S,D], weight [V,D]")
     if y32.dtype != torch.float32 or arg.dtype != torch.int32:
         raise TypeError("y32 must be float32 and arg int32")
-    if B * V >= 2**31 or B * S >= 2**31:
-        raise ValueError("B·V and B·S must be < 2**31")
     dev = hidden.device
+    n_rows = B * S
+    chunk_v = V
+    if _chunk_v is not None:
+        chunk_v = _chunk_v
+    elif V * D * weight.element_size() > 2 * _L2_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
+        chunk_v = max(1, _L2_CHUNK_BYTES // (D * weight.element_size()))
+    n_chunks = triton.cdiv(V, chunk_v) if need_dh and V else 1
+    if B * V >= 2**31 or n_chunks * n_rows >= 2**31:
+        raise ValueError("B·V and B·S·(vocab chunks) must be < 2**31")
     dy = dy.contiguous() if dy.stride(-1) != 1 else dy
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
-    counts = torch.zeros(B * S + 1, dtype=torch.int32, device=dev)  # counts[1:] per row, shifted for the cumsum
+    counts = torch.zeros(n_chunks * n_rows + 1, dtype=torch.int32, device=dev)  # shifted by one for the cumsum
     blk = 1024
     if B and V:
-        _bwd_prep_kernel[(B, triton.cdiv(V, blk))](dy, y32, arg, g, counts[1:], S, V, dy.stride(0), BLOCK=blk)
+        _bwd_prep_kernel[(B, triton.cdiv(V, blk))](dy, y32, arg, g, counts[1:], S, V, n_rows, chunk_v,
+                                                   dy.stride(0), BLOCK=blk)
 
     dh = dw = db = None
     if need_dh:
-        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # [B·S + 1] bucket starts
-        if deterministic:  # buckets ordered by v: a stable sort on (row, v); dropped entries sort last
-            rows = torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
-            order = torch.sort(torch.where(g != 0, rows, B * S).view(-1), stable=True).indices
-            del rows
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bucket starts
+        if deterministic:  # buckets ordered by v: a stable sort on the bucket key; dropped entries sort last
+            key = (torch.arange(V, device=dev, dtype=torch.int32) // chunk_v) * n_rows \
+                + torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
+            order = torch.sort(torch.where(g != 0, key, n_chunks * n_rows).view(-1), stable=True).indices
+            del key
             v_sorted = (order % V).to(torch.int32)
             g_sorted = g.view(-1)[order]
             del order
@@ -165,19 +202,23 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
             g_sorted = torch.empty(B * V, dtype=torch.float32, device=dev)
             if B and V:
                 cursor = offsets[:-1].clone()
-                _bwd_bucket_kernel[(B, triton.cdiv(V, blk))](g, arg, cursor, v_sorted, g_sorted, S, V, BLOCK=blk)
+                _bwd_bucket_kernel[(B, triton.cdiv(V, blk))](g, arg, cursor, v_sorted, g_sorted, S, V, n_rows,
+                                                             chunk_v, BLOCK=blk)
         dh = torch.empty_like(hidden, dtype=torch.float32 if _INTERPRET else None)  # see _cast
-        rows_per, block_n, block_d = (16, 16, 16) if _INTERPRET else (16, 32, 128)
-        if B * S and D:
-            grid = (triton.cdiv(B * S, rows_per), triton.cdiv(D, block_d))
+        part = torch.empty(n_rows, D, dtype=torch.float32, device=dev) if n_chunks > 1 else dh
+        rows_per, block_n, block_d = (16, 16, 16) if _INTERPRET else (16, 64, 128)
+        if n_rows and D:
+            grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
             prec = "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32x3"
-            _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets, dh, D, B * S, weight.stride(0),
-                                 INPUT_PRECISION=prec, ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d,
-                                 num_warps=4)
+            for c in range(n_chunks):  # in order: the fp32 partial makes the sum order fixed
+                _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
+                                     weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
+                                     INPUT_PRECISION=prec, ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d,
+                                     num_warps=4)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if _INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
-        block_v, block_d = (16, 32) if _INTERPRET else (32, 256)
+        block_v, block_d = (16, 32) if _INTERPRET else (32, 128)
         if V and D:
             grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if need_dw else 1)
             _bwd_de_kernel[grid](hidden, g, arg, dw if need_dw else g, db if need_db else g, B, V, D,

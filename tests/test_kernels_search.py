@@ -1,0 +1,307 @@
+"""Search kernels (scatter, csr, topk, block) and triton_search: each kernel against its torch twin
+(bit-identical: all accumulate in the same fixed point) and against a float64 brute force.
+
+Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with tiny shapes; the ``gpu`` tests
+repeat the end-to-end checks at a larger size on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from lsr.index.inverted import InvertedIndex
+from lsr.kernels import block, csr, scatter, topk
+from lsr.kernels.fixed import FIXED_BITS, query_scales
+from lsr.search_triton import BlockConfig, span_offsets, triton_search
+from lsr.sparse import SparseVectors
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------- helpers
+def rand_vectors(n: int, vocab: int, density: float, gen: torch.Generator, quantized: bool = False,
+                 empty_rows: int = 0) -> SparseVectors:
+    """Random sparse rows (per-row density varies); quantized weights (multiples of 1/4) make ties."""
+    mask = torch.rand(n, vocab, generator=gen) < density * 2 * torch.rand(n, 1, generator=gen)
+    if quantized:
+        w = torch.randint(1, 9, (n, vocab), generator=gen).float() / 4
+    else:
+        w = torch.exp(torch.randn(n, vocab, generator=gen)).log1p() + 0.01
+    dense = torch.where(mask, w, torch.zeros(()))
+    if empty_rows:
+        dense[torch.randperm(n, generator=gen)[:empty_rows]] = 0
+    return SparseVectors.from_dense(dense).to(DEV)
+
+
+def f64_scores(queries: SparseVectors, docs: SparseVectors) -> torch.Tensor:
+    return queries.to_dense(torch.float64) @ docs.to_dense(torch.float64).T
+
+
+def assert_exact_topk(scores: torch.Tensor, idx: torch.Tensor, ref: torch.Tensor, k: int, rtol: float = 1e-6):
+    """The contract: scores = float64 within rtol, descending, ties by ascending doc, the right set
+    above the k-th score, -1 / 0.0 padding when fewer than k docs score > 0."""
+    assert scores.shape == idx.shape == (ref.shape[0], k)
+    assert scores.dtype == torch.float32 and idx.dtype == torch.int64
+    for s, d, r in zip(scores.double().cpu(), idx.cpu(), ref.cpu()):
+        n_pos = int((r > 0).sum())
+        m = min(k, n_pos)
+        assert bool((d[m:] == -1).all()) and bool((s[m:] == 0).all()), "padding"
+        d, s = d[:m], s[:m]
+        assert bool((d >= 0).all()) and d.unique().numel() == m
+        assert torch.allclose(s, r[d], rtol=rtol, atol=0), "scores equal the float64 inner products"
+        assert bool((s[1:] <= s[:-1]).all()), "descending"
+        same = s[1:] == s[:-1]
+        assert bool((d[1:][same] > d[:-1][same]).all()), "ties by ascending doc index"
+        if m:
+            kth = float(s[-1])
+            must = torch.nonzero(r > kth * (1 + rtol)).flatten()
+            assert bool(torch.isin(must, d).all()), "every doc clearly above the k-th is returned"
+            tied = torch.nonzero((r - kth).abs() <= rtol * kth).flatten()
+            n_tied_in = int(torch.isin(d, tied).sum())
+            assert bool(torch.equal(d[torch.isin(d, tied)], tied[:n_tied_in])), "lowest doc ids among ties"
+
+
+def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
+    return InvertedIndex.build(docs, device=DEV, block_size=block_size)
+
+
+def csr_of(q: SparseVectors):
+    return q.indptr, q.indices, q.values
+
+
+@contextlib.contextmanager
+def poisoned_empty():
+    """torch.empty returns NaN / -7777 filled tensors, so unwritten output elements show."""
+    real = torch.empty
+
+    def fake(*a, **kw):
+        t = real(*a, **kw)
+        return t.fill_(float("nan") if t.is_floating_point() else -7777)
+
+    torch.empty = fake
+    try:
+        yield
+    finally:
+        torch.empty = real
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())  # fresh data every run
+
+
+# --------------------------------------------------------------------------------------- fixed point
+def test_query_scales_bound_every_partial_sum(gen):
+    docs = rand_vectors(40, 30, 0.3, gen)
+    q = rand_vectors(7, 30, 0.4, gen, empty_rows=1)
+    index = build_index(docs, 8)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    assert torch.equal(scale * inv, torch.ones_like(scale))
+    assert torch.equal(torch.frexp(scale)[0], torch.full_like(scale, 0.5)), "powers of two"
+    bound = (q.to_dense(torch.float64) * index.max_scores.double()).sum(1)
+    assert bool((bound * scale < 2.0 ** FIXED_BITS).all())
+    assert bool((bound * scale >= 2.0 ** (FIXED_BITS - 1) * (bound > 0)).all()), "no wasted bits"
+
+
+# --------------------------------------------------------------------------------------- scatter
+@pytest.mark.parametrize("n_docs,block_size", [(37, 8), (150, 64)])
+def test_scatter_matches_twin_and_float64(gen, n_docs, block_size):
+    docs = rand_vectors(n_docs, 24, 0.3, gen)
+    q = rand_vectors(5, 24, 0.4, gen, empty_rows=1)
+    index = build_index(docs, block_size)
+    args = (index.doc_ids, index.scores, index.offsets, index.padded_lengths, *csr_of(q), index.n_docs)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    with poisoned_empty():
+        out = scatter.triton_scatter_scores(*args, scale, inv, chunk=16, max_split=3)
+    assert torch.equal(out, scatter.torch_scatter_scores(*args, scale, inv))
+    ref = f64_scores(q, docs)
+    assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-12)
+    seed = scatter.triton_scatter_scores(*args)  # float32 atomics: close, not bit-identical in general
+    assert torch.allclose(seed.double(), ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(scatter.torch_scatter_scores(*args).double(), ref, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------- csr
+@pytest.mark.parametrize("B", [1, 5])
+def test_csr_matches_twin_scatter_and_float64(gen, B):
+    docs = rand_vectors(45, 20, 0.3, gen, empty_rows=2)
+    q = rand_vectors(B, 20, 0.4, gen)
+    index = build_index(docs, 16)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    qd = csr.dense_queries(*csr_of(q), docs.vocab_size)
+    dcsr = (docs.indptr, docs.indices, docs.values)
+    with poisoned_empty():
+        full = csr.triton_csr_scores(*dcsr, qd, scale, inv, block_q=2, block_c=16)
+    assert torch.equal(full, csr.torch_csr_scores(*dcsr, qd, scale, inv))
+    assert torch.allclose(full.double(), f64_scores(q, docs), rtol=1e-6, atol=1e-12)
+    dense = scatter.triton_scatter_scores(index.doc_ids, index.scores, index.offsets, index.padded_lengths,
+                                          *csr_of(q), index.n_docs, scale, inv)
+    assert torch.equal(full, dense), "doc-parallel and term-parallel sums are bit-identical"
+    cand = torch.randint(-1, 45, (B, 13), generator=gen).to(DEV)  # re-scoring lists with -1 holes
+    with poisoned_empty():
+        part = csr.triton_csr_scores(*dcsr, qd, scale, inv, cand, block_q=2, block_c=8)
+    want = torch.where(cand >= 0, full.gather(1, cand.clamp_min(0)), torch.zeros((), device=DEV))
+    assert torch.equal(part, want)
+    assert torch.equal(part, csr.torch_csr_scores(*dcsr, qd, scale, inv, cand))
+
+
+# --------------------------------------------------------------------------------------- top-k
+def test_keys_roundtrip_and_order(gen):
+    s = torch.tensor([[0.5, 0.5, 2.0, 0.0, 1e-30, 3.5e38]])
+    d = torch.tensor([[7, 3, 0, 1, 2**31 - 1, 5]])
+    keys = topk.pack_keys(s, d)
+    assert keys[0, 3] == -1
+    s2, d2 = topk.unpack_keys(keys)
+    assert torch.equal(s2, s) and torch.equal(d2[0], torch.tensor([7, 3, 0, -1, 2**31 - 1, 5]))
+    order = torch.argsort(keys[0], descending=True)
+    assert order.tolist()[:4] == [5, 2, 1, 0], "score descending, then doc ascending"
+
+
+@pytest.mark.parametrize("N,k,cap", [(300, 7, 64), (70, 100, 64), (500, 40, 2)])
+def test_topk_dense_matches_twin(gen, N, k, cap):
+    B = 5
+    scores = (torch.randint(0, 6, (B, N), generator=gen).float() / 4).to(DEV)  # many ties and zeros
+    scores[1] = 0                                                                  # nothing matches
+    for theta in (None, topk.kth_threshold(topk.torch_select(scores, None, 64)[0], k)):
+        with poisoned_empty():
+            got = topk.triton_select(scores, theta, chunk=64, cap=cap, group=2)
+        want = topk.torch_select(scores, theta, chunk=64, cap=cap)
+        assert torch.equal(got[0], want[0])
+        assert (got[1] is None) == (want[1] is None) and (got[1] is None or torch.equal(got[1], want[1]))
+    s, d = topk.triton_topk(scores, k, chunk=64, cap=cap)  # cap=2 forces the overflow fallback
+    ts, td = topk.torch_topk(scores, k)
+    assert torch.equal(s, ts) and torch.equal(d, td)
+    assert_exact_topk(s, d, scores.double(), k)
+
+
+# --------------------------------------------------------------------------------------- block kernel
+BLOCK_CASES = [  # (index block size, span, group, split, atomic, chunk)
+    (32, 32, 2, 1, False, 32),
+    (32, 64, 1, 4, True, 32),      # span = 2 index blocks
+    (64, 32, 4, 1, False, 64),     # span = half a block: derived offsets, chunk wider than a run
+    (32, 32, 2, 2, True, 32),
+]
+
+
+@pytest.mark.parametrize("bs,span,group,split,atomic,chunk", BLOCK_CASES)
+def test_block_kernel_matches_twin(gen, bs, span, group, split, atomic, chunk):
+    docs = rand_vectors(150, 28, 0.3, gen, quantized=True)
+    q = rand_vectors(5, 28, 0.35, gen, quantized=True, empty_rows=1)
+    index = build_index(docs, bs)
+    off = span_offsets(index, span)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)
+    kw = dict(group=group, split=split, atomic=atomic, chunk=chunk, n_programs=3)
+    spans = torch.arange(off.shape[1] - 1, device=DEV)
+    width = span // topk.ROW
+    items = block.span_items(5, spans, group, width)
+    got, _ = block.triton_block_candidates(*args, items, 5 * spans.numel() * width, **kw)
+    want, _ = block.torch_block_candidates(*args, items, 5 * spans.numel() * width, **kw)
+    assert torch.equal(got, want)
+    theta = topk.kth_threshold(got.view(5, -1), 6)
+    items = block.span_items(5, spans, group, 4)
+    got = block.triton_block_candidates(*args, items, 5 * spans.numel() * 4, theta=theta, cap=4, **kw)
+    want = block.torch_block_candidates(*args, items, 5 * spans.numel() * 4, theta=theta, cap=4, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert bool((got[1] > 0).any()), "the case emits something"
+
+
+def test_span_offsets_cover_each_span(gen):
+    docs = rand_vectors(200, 16, 0.4, gen)
+    index = build_index(docs, 64)
+    for span in (32, 64, 128):
+        off = span_offsets(index, span)
+        assert off.shape == (16, -(-200 // span) + 1)
+        term = torch.repeat_interleave(torch.arange(16, device=DEV), index.padded_lengths.long())
+        pos = torch.arange(index.doc_ids.numel(), device=DEV)
+        real = index.doc_ids >= 0
+        j = index.doc_ids.long() // span
+        assert bool((off[term, j][real] <= pos[real]).all()) and bool((pos[real] < off[term, j + 1][real]).all())
+        assert torch.equal(off[:, 0], index.offsets) and torch.equal(off[:, -1], index.block_offsets[:, -1])
+
+
+# --------------------------------------------------------------------------------------- triton_search
+SEARCH_CONFIGS = [BlockConfig(span=32, group=2), BlockConfig(span=64, group=1, split=2, atomic=True),
+                  BlockConfig(span=32, group=4, sample_every=2)]
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_search_all_paths_exact_and_identical(gen, quantized):
+    docs = rand_vectors(230, 40, 0.2, gen, quantized=quantized, empty_rows=3)
+    q = rand_vectors(7, 40, 0.25, gen, quantized=quantized, empty_rows=1)  # odd B, one empty query
+    index = build_index(docs, 32)
+    ref = f64_scores(q, docs)
+    k = 25
+    results = []
+    for path, cfg in [("scatter", None), ("csr", None)] + [("block", c) for c in SEARCH_CONFIGS]:
+        s, d = triton_search(index, q, k, path=path, config=cfg)
+        assert_exact_topk(s, d, ref, k)
+        results.append((s, d))
+    for s, d in results[1:]:
+        assert torch.equal(s, results[0][0]) and torch.equal(d, results[0][1]), "bit-identical paths"
+    again = triton_search(index, q, k, path="block", config=SEARCH_CONFIGS[0])
+    assert torch.equal(again[0], results[2][0]) and torch.equal(again[1], results[2][1])
+
+
+def test_search_k_beyond_matches_and_single_query(gen):
+    docs = rand_vectors(90, 30, 0.05, gen)
+    q = rand_vectors(1, 30, 0.1, gen)
+    index = build_index(docs, 32)
+    k = 120  # more than docs, far more than matching docs
+    for path in ("block", "scatter", "auto"):
+        s, d = triton_search(index, q, k, path=path, config=BlockConfig(span=32))
+        assert_exact_topk(s, d, f64_scores(q, docs), k)
+    empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
+    s, d = triton_search(index, empty, 5, path="block", config=BlockConfig(span=32))
+    assert bool((d == -1).all()) and bool((s == 0).all())
+
+
+def test_search_overflow_is_rescored(gen, monkeypatch):
+    import lsr.search_triton as st
+    docs = rand_vectors(256, 12, 0.5, gen, quantized=True)  # few distinct scores: huge tie groups
+    q = rand_vectors(3, 12, 0.5, gen, quantized=True)
+    index = build_index(docs, 64)
+    monkeypatch.setattr(st, "_cap", lambda k, n: 2)      # every busy span overflows its 2 slots
+    s, d = triton_search(index, q, 40, path="block", config=BlockConfig(span=64, sample_every=4))
+    assert_exact_topk(s, d, f64_scores(q, docs), 40)
+
+
+def test_search_query_terms_outside_index_vocab(gen):
+    docs = rand_vectors(60, 20, 0.3, gen)
+    index = build_index(docs, 32)
+    q = SparseVectors([0, 2, 3], [3, 25, 29], [1.0, 2.0, 0.5], vocab_size=30, device=DEV)
+    s, d = triton_search(index, q, 5, path="block", config=BlockConfig(span=32))
+    ref = torch.cat([f64_scores(SparseVectors([0, 1], [3], [1.0], vocab_size=20, device=DEV), docs),
+                     torch.zeros(1, 60, dtype=torch.float64, device=DEV)])
+    assert_exact_topk(s, d, ref, 5)
+
+
+def test_search_rejects_bad_arguments(gen):
+    index = build_index(rand_vectors(20, 10, 0.3, gen), 32)
+    q = rand_vectors(2, 10, 0.3, gen)
+    with pytest.raises(ValueError):
+        triton_search(index, q, 0)
+    with pytest.raises(ValueError):
+        triton_search(index, q, 3, path="nope")
+
+
+# --------------------------------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=1, split=8, atomic=True),
+                                 BlockConfig(span=4096, group=2)])
+def test_gpu_block_search_synthetic(cfg):
+    from lsr.synth import synth_docs, synth_queries
+    docs = synth_docs(60_000, device="cuda")
+    q = synth_queries(37, device="cuda")
+    index = build_index(docs, 2048)
+    k = 100
+    s, d = triton_search(index, q, k, path="block", config=cfg)
+    ref = torch.stack([f64_scores(q[i], docs)[0] for i in range(len(q))])
+    assert_exact_topk(s, d, ref, k)
+    s2, d2 = triton_search(index, q, k, path="scatter")
+    assert torch.equal(s, s2) and torch.equal(d, d2)
+    s3, d3 = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(s, s3) and torch.equal(d, d3)
