@@ -91,6 +91,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     index = InvertedIndex.load(args.index, device=device)
     qpath = Path(args.queries)
+    query_meta = None
     if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
         queries = load_query_vectors(args.queries, args.vocab, args.query_scale)
     else:
@@ -100,12 +101,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         ds = load_dataset(args.queries, args.split)
         qids = list(ds.queries)
         queries = enc.encode_queries([ds.queries[q] for q in qids], ids=qids)
-    scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(queries.to(device), k=args.k)
-    run = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)
-    if args.format == "msmarco":
-        runs.write_msmarco(run, args.out)
-    else:
-        runs.write_trec(run, args.out, tag=args.tag)
+        query_meta = enc.describe()
+    scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
+        queries.to(device), k=args.k, query_metadata=query_meta)
+    runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag)
     print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
     return 0
 
@@ -139,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25")
     p.add_argument("--model", help="SPLADE: HF id or local path; bm25: folder of a fitted encoder")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--max-length-query", type=int, default=64)
     p.add_argument("--max-length-doc", type=int, default=256)
     p.add_argument("--split", default=None)

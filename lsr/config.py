@@ -26,7 +26,7 @@ class EncoderConfig:
     query_model: str | None = None      # optional separate query encoder (splade)
     max_length_query: int = 64
     max_length_doc: int = 256
-    batch_size: int = 128
+    batch_size: int | None = None       # None: the encoder's own default (token-budgeted batches)
     dtype: str | None = None            # "bfloat16" | "float16" | "float32"; default: bf16 on CUDA, fp32 on CPU
     doc_top_k: int | None = None        # keep the k largest weights per document vector
     k1: float = 0.9                     # bm25

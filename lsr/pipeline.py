@@ -95,7 +95,7 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
     from lsr.data import load_dataset
     from lsr.index.inverted import InvertedIndex
     from lsr.search import Searcher
-    from lsr.shards import read_vectors
+    from lsr.shards import read_manifest, read_vectors
     from lsr.topk_metrics import evaluate_topk
 
     device = resolve_device(cfg.device)
@@ -108,15 +108,18 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
     encoder = None
 
     with _step("encode documents", timings):
+        doc_meta = None
         if cfg.search.doc_vectors:
             docs = _read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
         else:
             encoder = build_encoder(cfg.encoder, device)
             if cfg.encoder.kind == "bm25":
                 encoder = _fit_lexical(encoder, dataset, out / "encoder")
-            docs = read_vectors(_encode_docs(cfg, dataset, encoder, out / "doc_vectors", device))
+            vec_dir = _encode_docs(cfg, dataset, encoder, out / "doc_vectors", device)
+            docs = read_vectors(vec_dir)
+            doc_meta = read_manifest(vec_dir).get("metadata")
     with _step("build index", timings):
-        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size)
+        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
         index.save(out / "index", overwrite=True)
         del docs
     with _step("encode queries", timings):
@@ -132,7 +135,8 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
             queries = encoder.encode_queries([dataset.queries[q] for q in qids], ids=qids)
     with _step("search", timings):
         searcher = Searcher(index, device=device, backend=cfg.search.backend)
-        scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch)
+        scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch,
+                                          query_metadata=None if cfg.search.query_vectors else encoder.describe())
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     with _step("write runs", timings):

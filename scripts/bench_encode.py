@@ -13,8 +13,11 @@ Cases (passages/s):
   hf      tokenizer(batch, padding=True) -> BertForMaskedLM logits -> max_s log1p(relu(logits))·mask,
           batches in stream order, swept over batch sizes (the best one is the baseline). The
           output stays a dense [B, V] tensor on the GPU (no sparse conversion: favours the baseline).
+  hf_sorted  the same on texts sorted by token length beforehand (sort not timed), B=1024: separates what length bucketing buys from what the Sparton head buys.
   lsr     encode_corpus(SpladeEncoder): background tokenization, length bucketing, Sparton head,
           sparse extraction, Parquet shards on disk; a few batch / token budgets.
+  lsr_tokenize_only  SpladeEncoder.prepare on the main thread (tokenize, sort, pad, pin): the CPU side's
+          ceiling, for diagnosis.
   fixed80 pre-tokenized [B, 80] random ids, no tokenization: HF MLM + torch head, the backbone alone
           and lsr's encode_prepared (reference points: 14,700 and 29,100 p/s at B=1024 on an H200).
 Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS; all texts
@@ -23,7 +26,7 @@ median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-
 failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv to
 --out after every case; prints a table last.
 
-    PYTHONPATH=. python scripts/bench_encode.py --out results/encode            # H200, ~5 min
+    PYTHONPATH=. python scripts/bench_encode.py --out results/encode            # H200, ~5-6 min
     PYTHONPATH=. python scripts/bench_encode.py --out results/encode --quick    # < 3 min
     PYTHONPATH=. python scripts/bench_encode.py --out /tmp/enc --device cpu --tiny   # CPU smoke test
 """
@@ -170,13 +173,24 @@ def run_case(rows: list, out: Path, env: dict, device: torch.device, fields: dic
 
 
 def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder,
-                     hf_batches: list[int], lsr_configs: list[dict], method: str = "lsr") -> None:
+                     hf_batches: list[int], hf_sorted_batch: int | None, lsr_configs: list[dict],
+                     method: str = "lsr") -> None:
     dev, n = args.device, len(texts)
     warm = texts[: min(n, 4096, 4 * max(hf_batches + [c["batch"] for c in lsr_configs]))]
-    for b in hf_batches:
-        run_case(rows, args.out, env, dev, {"data": data, "method": "hf", "batch": b, "passages": n},
-                 lambda b=b: {"pps": n / median_seconds(lambda: hf_encode(hf_model, tokenizer, texts, b, dev), dev,
-                                                        args.repeats, lambda: hf_encode(hf_model, tokenizer, warm, b, dev))})
+    cases = [("hf", b, texts) for b in hf_batches]
+    if hf_sorted_batch:  # HF on globally length-sorted texts (sorting not timed): what bucketing alone buys
+        lengths = [len(x) for x in tokenizer(texts, truncation=True, max_length=MAX_LEN)["input_ids"]]
+        cases.append(("hf_sorted", hf_sorted_batch, [texts[i] for i in np.argsort(lengths, kind="stable")[::-1]]))
+    for name, b, stream in cases:
+        run_case(rows, args.out, env, dev, {"data": data, "method": name, "batch": b, "passages": n},
+                 lambda b=b, stream=stream: {"pps": n / median_seconds(
+                     lambda: hf_encode(hf_model, tokenizer, stream, b, dev), dev, args.repeats,
+                     lambda: hf_encode(hf_model, tokenizer, warm, b, dev))})
+    if lsr_configs and method == "lsr":  # the CPU side alone: can tokenization + batching keep up with the GPU?
+        run_case(rows, args.out, env, dev, {"data": data, "method": "lsr_tokenize_only", "batch": lsr_configs[0]["batch"],
+                                            "passages": n},
+                 lambda: {"pps": n / median_seconds(lambda: enc.prepare(texts, "doc", lsr_configs[0]["batch"]), dev,
+                                                    args.repeats, lambda: enc.prepare(warm, "doc"))})
     for cfg in lsr_configs:
         def case(b=cfg["batch"], tokens=cfg["max_tokens"]) -> dict:
             stats: dict = {}
@@ -258,7 +272,7 @@ def table(rows: list) -> str:
     lines = ["| data | method | best config | passages/s | vs hf | padding | nnz/doc |", "|---|---|---|---|---|---|---|"]
     for data, best in best_rows(rows).items():
         for method, r in best.items():
-            ratio = f"{r['pps'] / best['hf']['pps']:.2f}×" if "hf" in best else ""
+            ratio = f"{r['pps'] / best['hf']['pps']:.2f}×" if "hf" in best and "tokenize" not in method else ""
             cfg = f"B={r['batch']}" + (f", {r['max_tokens']} tok" if r.get("max_tokens") else "")
             lines.append(f"| {data} | {method} | {cfg} | {r['pps']:,.0f} | {ratio} | {r.get('padding', '')} | "
                          f"{r.get('nnz_per_doc', '')} |")
@@ -282,16 +296,18 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     small = args.tiny or not cuda
     args.passages = args.passages or (64 if small else 100_000 if args.quick else 200_000)
-    args.repeats = args.repeats or (1 if args.quick or small else 2)
+    args.repeats = args.repeats or 1  # end-to-end passes are long (>= 100k passages) and stable
     def cfgs(*triples: tuple[int, int | None, int]) -> list[dict]:
         return [{"batch": b, "max_tokens": t, "pad_multiple": p} for b, t, p in triples]
 
     if small:  # the CPU runs the torch twin of the head ([B, S, 30522] logits): keep it tiny
-        hf_batches, lsr_configs, fixed_batch = [16], cfgs((16, None, 1), (32, 2048, 8)), 8
+        hf_batches, hf_sorted_batch, fixed_batch = [16], 16, 8
+        lsr_configs = cfgs((16, None, 1), (32, 2048, 8))
     elif args.quick:
-        hf_batches, lsr_configs, fixed_batch = [256, 1024], cfgs((1024, 131072, 1), (2048, 262144, 1)), 1024
+        hf_batches, hf_sorted_batch, fixed_batch = [256, 1024], 1024, 1024
+        lsr_configs = cfgs((1024, 131072, 1), (2048, 262144, 1))
     else:
-        hf_batches, fixed_batch = [128, 256, 512, 1024, 2048], 1024
+        hf_batches, hf_sorted_batch, fixed_batch = [256, 512, 1024, 2048], 1024, 1024
         lsr_configs = cfgs((512, 65536, 1), (1024, 131072, 1), (1024, 131072, 8), (2048, 262144, 1), (4096, 262144, 1))
     torch.backends.cuda.matmul.allow_tf32 = True
     from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -314,13 +330,15 @@ def main() -> None:
         env["check_max_ref"] = float(ref.max())
         fixed_length_cases(args, rows, env, hf_model, enc, fixed_batch)
         synth, _ = synth_texts(args.passages, tokenizer, np.random.default_rng(0))
-        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc, hf_batches, lsr_configs)
+        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
+                         lsr_configs)
         scifact = scifact_texts(args.data / "scifact" / "corpus.jsonl", 32 if small else None)
-        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc, hf_batches, lsr_configs)
+        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
+                         lsr_configs)
         if args.compile:
             compiled = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN,
                                                      compile=True)
-            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled, [], lsr_configs[:1],
+            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled, [], None, lsr_configs[:1],
                              method="lsr_compile")
     save(args.out, env, rows)
     print(json.dumps(summary(rows)))

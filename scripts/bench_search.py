@@ -27,6 +27,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import pyarrow  # noqa: F401
+except ImportError:  # a bare GPU image: building an index in memory never touches Arrow/Parquet
+    import types
+    for _name in ("pyarrow", "pyarrow.parquet"):
+        sys.modules[_name] = types.ModuleType(_name)
 from lsr.index.inverted import InvertedIndex  # noqa: E402
 from lsr.kernels.fixed import query_scales  # noqa: E402
 from lsr.kernels.scatter import triton_scatter_scores  # noqa: E402
@@ -225,7 +231,8 @@ def main() -> None:
     ap.add_argument("--ks", default="10,1000")
     ap.add_argument("--queries", default="synth,real")
     ap.add_argument("--npz", default=None)
-    ap.add_argument("--block-size", type=int, default=2048, help="index block size")
+    ap.add_argument("--block-sizes", default="65536", help="index block sizes: the methods run on the first, "
+                    "the sweep on all")
     ap.add_argument("--methods", default="auto,block,scatter,seed,spare,spmm")
     ap.add_argument("--sweep", default="", help="block configs for extra lsr-block rows, ';'-separated")
     ap.add_argument("--sweep-cases", default="500:1000", help="B:k cases of the sweep")
@@ -279,48 +286,34 @@ def main() -> None:
         gen_s = time.time() - t0
         if real is not None:
             qsets["real"] = real.to(dev)
-        t0 = time.time()
-        index = InvertedIndex.build(docs, device=dev, block_size=args.block_size)
-        sync()
-        build_s = time.time() - t0
-        coll = {"gen_s": gen_s, "build_s": build_s, "index_gib": index.memory_bytes() / GIB,
-                "padded_over_real": index.n_padded_postings / max(1, index.n_postings)}
-        for name, q in qsets.items():
-            coll[f"stats_{name}"] = synth_stats(docs, q)
-        meta["collections"][str(N)] = coll
-        print(f"[N={N}] gen {gen_s:.1f}s build {build_s:.1f}s index {coll['index_gib']:.2f} GiB "
-              f"padding x{coll['padded_over_real']:.2f}", flush=True)
-        save()
-        methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
-                   "lsr-scatter": lsr_method("scatter"), "seed-scatter": seed_scatter}
-        wanted = {"auto": "lsr-auto", "block": "lsr-block", "scatter": "lsr-scatter", "seed": "seed-scatter",
-                  "spare": "spare", "spmm": "torch-spmm"}
-        chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
-        compact = Compact(index)
-        methods["spare"] = Spare(compact)
-        if "torch-spmm" in chosen and N <= args.baseline_max_n:
-            methods["torch-spmm"] = Spmm(index)
-        cases = [(qn, int(B), int(k)) for qn in qsets for B in args.batches.split(",") for k in args.ks.split(",")]
-        sweep = parse_sweep(args.sweep)
-        for cfg in sweep:
-            for case in args.sweep_cases.split(","):
-                B, k = (int(x) for x in case.split(":"))
-                methods[label(cfg)] = lsr_method("block", cfg)
-                cases_cfg = [(qn, B, k) for qn in qsets]
-                for qn, B, k in cases_cfg:
-                    run_case(rows, label(cfg), methods[label(cfg)], index, qsets[qn], qn, N, B, k, args,
-                             over_budget, compact, exact=False)
-                save()
-        for qn, B, k in cases:
-            for m in chosen:
-                if m not in methods or (m in ("lsr-scatter",) and N > 2_000_000):
-                    continue
-                if m in ("spare", "torch-spmm", "seed-scatter") and (B == 1 or N > args.baseline_max_n):
-                    continue
-                run_case(rows, m, methods[m], index, qsets[qn], qn, N, B, k, args, over_budget, compact,
-                         exact=m.startswith("lsr"))
-                save()
-        del index, docs, methods, compact
+        compact = None
+        for i_bs, bs in enumerate(int(x) for x in args.block_sizes.split(",")):
+            t0 = time.time()
+            index = InvertedIndex.build(docs, device=dev, block_size=bs)
+            sync()
+            build_s = time.time() - t0
+            coll = {"gen_s": gen_s, "build_s": build_s, "index_gib": index.memory_bytes() / GIB,
+                    "padded_over_real": index.n_padded_postings / max(1, index.n_postings)}
+            if i_bs == 0:
+                for name, q in qsets.items():
+                    coll[f"stats_{name}"] = synth_stats(docs, q)
+                compact = Compact(index)  # the same postings whatever the block size
+            meta["collections"][f"{N}/{bs}"] = coll
+            print(f"[N={N} block {bs}] gen {gen_s:.1f}s build {build_s:.1f}s index {coll['index_gib']:.2f} GiB "
+                  f"padding x{coll['padded_over_real']:.2f}", flush=True)
+            save()
+            ctx = dict(N=N, block_size=bs, args=args, over_budget=over_budget, compact=compact)
+            for cfg in parse_sweep(args.sweep):
+                for case in args.sweep_cases.split(","):
+                    B, k = (int(x) for x in case.split(":"))
+                    qn = next(iter(qsets))
+                    run_case(rows, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx,
+                             exact=False)
+                    save()
+            if i_bs == 0:
+                run_methods(rows, index, qsets, ctx, save)
+            del index
+        del docs, compact
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     meta["elapsed_s"] = time.time() - t_start
@@ -328,14 +321,38 @@ def main() -> None:
     print_table(rows)
 
 
-def run_case(rows, name, fn, index, queries, qname, N, B, k, args, over_budget, compact, exact=True) -> None:
-    if over_budget():
-        rows.append({"method": name, "n_docs": N, "queries": qname, "B": B, "k": k, "skipped": "budget"})
+def run_methods(rows, index, qsets, ctx, save) -> None:
+    """The lsr paths and the baselines over every (query set, B, k) case."""
+    args, N = ctx["args"], ctx["N"]
+    methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
+               "lsr-scatter": lsr_method("scatter"), "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
+    wanted = {"auto": "lsr-auto", "block": "lsr-block", "scatter": "lsr-scatter", "seed": "seed-scatter",
+              "spare": "spare", "spmm": "torch-spmm"}
+    chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
+    if "torch-spmm" in chosen and N <= args.baseline_max_n:
+        methods["torch-spmm"] = Spmm(index)
+    for qn in qsets:
+        for B in (int(b) for b in args.batches.split(",")):
+            for k in (int(x) for x in args.ks.split(",")):
+                for m in chosen:
+                    if m not in methods or (m == "lsr-scatter" and N > 2_000_000):
+                        continue
+                    if m in ("spare", "torch-spmm", "seed-scatter") and (B == 1 or N > args.baseline_max_n):
+                        continue
+                    run_case(rows, m, methods[m], index, qsets[qn], qn, B, k, ctx, exact=m.startswith("lsr"))
+                    save()
+
+
+def run_case(rows, name, fn, index, queries, qname, B, k, ctx, exact=True) -> None:
+    args, N, compact = ctx["args"], ctx["N"], ctx["compact"]
+    base_row = {"method": name, "n_docs": N, "block_size": ctx["block_size"], "queries": qname, "B": B, "k": k}
+    if ctx["over_budget"]():
+        rows.append({**base_row, "skipped": "budget"})
         return
     slow = name in ("spare", "torch-spmm")
     repeats = 1 if slow else args.repeats
     nb = min(B, 8) if name == "spare" else min(B, 64) if name == "torch-spmm" else B
-    row = {"method": name, "n_docs": N, "queries": qname, "B": B, "k": k, "timed_batch": nb}
+    row = {**base_row, "timed_batch": nb}
     try:
         base = peak_reset()
         ms = cuda_ms(lambda i: fn(index, window(queries, nb, i), k), repeats)
@@ -372,14 +389,14 @@ def run_case(rows, name, fn, index, queries, qname, N, B, k, args, over_budget, 
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'method':<34}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>8}{'GiB':>7}"
+    print(f"\n{'method':<34}{'bs':>6}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>8}{'GiB':>7}"
           f"{'exact':>6}{'det':>4}")
     for r in rows:
         if "ms_batch" not in r:
-            print(f"{r['method'][:33]:<34}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
+            print(f"{r['method'][:33]:<34}{r['block_size']:>6}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
                   f"{r.get('error', r.get('skipped', ''))[:60]}")
             continue
-        print(f"{r['method'][:33]:<34}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
+        print(f"{r['method'][:33]:<34}{r['block_size']:>6}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
               f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>8.2f}{r['peak_extra_gib']:>7.2f}"
               f"{str(r.get('exact_fail', '-')):>6}{'y' if r.get('bit_identical') else '-':>4}")
 

@@ -32,6 +32,8 @@ import triton.language as tl
 from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 from lsr.kernels.topk import ROW, emit_above, pack_key, pack_keys, row_max_keys, torch_emit, torch_row_max
 
+_ROW = tl.constexpr(ROW)
+
 __all__ = ["span_items", "triton_block_candidates", "torch_block_candidates", "default_programs"]
 
 
@@ -74,7 +76,7 @@ def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
         qstart = tl.load(q_indptr_ptr + q, mask=qok, other=0)
         qlen = tl.where(qok, tl.load(q_indptr_ptr + q + 1, mask=qok, other=0) - qstart, 0)
         scale = tl.load(scale_ptr + q, mask=qok, other=1.0)
-        everyone = qok | True
+        everyone = r >= 0
         i_cur = (r % SPLIT).to(tl.int64)
         pos, end, wq = _term_run(q_terms_ptr, q_w_ptr, span_off_ptr, stride_so_t, span, qstart, qlen,
                                  i_cur, everyone)
@@ -133,7 +135,7 @@ def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
             keys = pack_key(s, doc0 + cols[None, :])                # untouched cells: 0 -> key -1
             if ROWMAX:
                 best = row_max_keys(keys, G, RB)
-                rcols = c0 // ROW + tl.arange(0, RB // ROW)
+                rcols = c0 // _ROW + tl.arange(0, RB // _ROW)
                 tl.store(rows_out[:, None] + rcols[None, :], best, mask=rok[:, None])
             else:
                 ok_c = (keys >= 0) & (s >= theta[:, None]) & rok[:, None]
@@ -169,7 +171,7 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
                             scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                             items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                             theta: torch.Tensor | None = None, cap: int = 32, group: int = 4, split: int = 1,
-                            atomic: bool = False, chunk: int = 32, readout: int = 512,
+                            atomic: bool = False, chunk: int = 32, readout: int = 1024,
                             n_programs: int | None = None, num_warps: int = 4
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the block scorer over work items and emit candidate keys.
@@ -220,7 +222,7 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
         return out, counts
     n_prog = min(n_items, n_programs or default_programs(dev))
     scratch = torch.zeros(n_prog * group * span, dtype=torch.int64, device=dev)
-    rb = min(span, readout)
+    rb = min(span, max(ROW, readout // group))  # read-out tile of `readout` cells: bounds registers
     _block_kernel[(n_prog,)](post_doc, post_w, span_off, span_off.stride(0),
                              q_indptr, q_terms, q_weights, scale, inv_scale,
                              scale if rowmax else theta,

@@ -67,12 +67,15 @@ def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, N_ROWS,
 @triton.jit
 def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, stride_e_v,
                    LOAD_ACC: tl.constexpr, STORE_FINAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   SPLIT_BF16: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """dH[r, d-tile] (+)= Σ_{i in bucket r} g_i · E[v_i, d-tile] for ROWS consecutive rows r = b·S + s.
 
     The rows' buckets are one contiguous run of sorted entries; each chunk of BLOCK_N entries is
     gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot
-    (g folded into the one-hot, fp32 / 3xTF32), so short and long buckets both keep loads in flight.
+    (g folded into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E):
+    the weights go in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA
+    straight from the pipelined load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
     LOAD_ACC adds the fp32 partial of the previous vocab chunks; STORE_FINAL writes dH, else the partial.
     """
     r0 = tl.program_id(0) * ROWS
@@ -91,15 +94,24 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, s
         acc = tl.load(acc_ptr + out, mask=out_ok, other=0.0)
     else:
         acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for n0 in range(first, last, BLOCK_N):
+    for n0 in tl.range(first, last, BLOCK_N, num_stages=NUM_STAGES):
         idx = n0 + offs_n
         n_ok = idx < last
         v = tl.load(vs_ptr + idx, mask=n_ok, other=0)
         gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)
         e = tl.load(e_ptr + v.to(tl.int64)[:, None] * stride_e_v + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         hit = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])
-        acc = tl.dot(tl.where(hit, gv[None, :], 0.0), e, acc, input_precision=INPUT_PRECISION)
+        w = tl.where(hit, gv[None, :], 0.0)
+        if SPLIT_BF16:
+            w_hi = w.to(tl.bfloat16)
+            w_lo = (w - w_hi.to(tl.float32)).to(tl.bfloat16)
+            if DOT_FP32:  # interpreter: its bf16 tl.dot is wrong (triton 3.9); fp32 of bf16 values is exact
+                w_hi, w_lo, e = w_hi.to(tl.float32), w_lo.to(tl.float32), e.to(tl.float32)
+            acc = tl.dot(w_hi, e, acc)
+            acc = tl.dot(w_lo, e, acc)
+        else:
+            acc = tl.dot(w, e.to(tl.float32), acc, input_precision=INPUT_PRECISION)
     if STORE_FINAL:
         tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=out_ok)
     else:
@@ -210,11 +222,12 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         if n_rows and D:
             grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
             prec = "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32x3"
+            split = weight.dtype == torch.bfloat16
             for c in range(n_chunks):  # in order: the fp32 partial makes the sum order fixed
                 _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
                                      weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
-                                     INPUT_PRECISION=prec, ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d,
-                                     num_warps=4)
+                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=_INTERPRET, NUM_STAGES=1 if _INTERPRET else 3,
+                                     ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if _INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None

@@ -31,8 +31,8 @@ __all__ = ["ROW", "DOC_MASK", "pack_keys", "unpack_keys", "topk_keys", "merge_to
 
 ROW = 32                      # docs per row maximum (one warp's worth)
 DOC_MASK = (1 << 31) - 1      # doc ids are int32, so 31 bits hold them
-_DOC_MASK: tl.constexpr = tl.constexpr(DOC_MASK)
-_ROW: tl.constexpr = tl.constexpr(ROW)
+_DOC_MASK = tl.constexpr(DOC_MASK)
+_ROW = tl.constexpr(ROW)
 
 
 # ----------------------------------------------------------------------------------- keys (torch)
