@@ -140,10 +140,14 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     with _step("write runs", timings):
-        runs.write_topk(out / "run.trec", queries.ids, index.docnos, scores, doc_idx, fmt="trec", tag=cfg.name)
-        runs.write_topk(out / "run.msmarco.tsv", queries.ids, index.docnos, scores, doc_idx, fmt="msmarco")
+        import pyarrow as pa
+
+        docnos = pa.array(index.docnos, pa.string())  # one conversion serves both writers and the metrics
+        scores, doc_idx = scores.cpu(), doc_idx.cpu()
+        runs.write_topk(out / "run.trec", queries.ids, docnos, scores, doc_idx, fmt="trec", tag=cfg.name)
+        runs.write_topk(out / "run.msmarco.tsv", queries.ids, docnos, scores, doc_idx, fmt="msmarco")
     with _step("evaluate", timings):
-        metrics = evaluate_topk(queries.ids, doc_idx, index.docnos, dataset.qrels, cfg.metrics)
+        metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
               "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
               "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),

@@ -118,9 +118,13 @@ def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[
                 row["status"] = "OOM"
             except Exception as e:  # noqa: BLE001 - a baseline failing must not stop the run
                 row["status"] = "OOM" if "out of memory" in str(e).lower() else f"error: {type(e).__name__}: {str(e)[:200]}"
-        cleanup()
         rows.append(row)
         print(f"  {mode:5s} {B}x{S}x{V} {name:24s} {fmt(row)}", flush=True)
+        try:
+            cleanup()
+        finally:  # a sticky CUDA error ends the process: keep what was measured
+            if getattr(args, "case_out", None):
+                Path(args.case_out).write_text(json.dumps({"rows": rows, "configs": tuned_configs()}))
 
 
 def fmt(row: dict) -> str:
@@ -240,12 +244,12 @@ def tuned_configs() -> dict:
     return out
 
 
-def save(out: Path, env: dict, rows: list) -> None:
+def save(out: Path, env: dict, rows: list, configs: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for r in rows:
         t = TARGETS.get((r["mode"], r["B"], r["S"], r["V"]))
         r["target_ms"], r["target_mb"] = t if t else (None, None)
-    (out / "bench_head.json").write_text(json.dumps({"env": env, "fwd_configs": tuned_configs(), "results": rows},
+    (out / "bench_head.json").write_text(json.dumps({"env": env, "fwd_configs": configs, "results": rows},
                                                     indent=1))
     with open(out / "bench_head.csv", "w", newline="") as f:
         fields = ["mode", "B", "S", "V", "D", "impl", "ms", "peak_extra_mb", "tflops", "status", "target_ms", "target_mb"]
@@ -271,6 +275,18 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def run_case(mode: str, idx: int, args) -> None:
+    """Child process: one case, its rows (and tuned configs) to --case-out as JSON."""
+    torch._dynamo.config.cache_size_limit = 64
+    rows: list = []
+    deadline = float(args.deadline)
+    if mode == "bert":
+        bert_case(args, rows, deadline)
+    else:
+        head_cases(mode, {"fwd": FWD_CASES, "train": TRAIN_CASES}[mode][idx], args, rows, deadline)
+    Path(args.case_out).write_text(json.dumps({"rows": rows, "configs": tuned_configs()}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
@@ -278,25 +294,54 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of impl-name substrings to skip (e.g. compile,eager)")
     ap.add_argument("--rep", type=float, default=150, help="timed repeats per impl: about this many ms (5..100 repeats)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new measurement after this many seconds")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: MODE:INDEX, run in a child process
+    ap.add_argument("--case-out", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    skip_arg = args.skip
     args.skip = [s for s in args.skip.split(",") if s]
     if not torch.cuda.is_available():
         sys.exit("bench_head.py needs a CUDA GPU")
-    torch._dynamo.config.cache_size_limit = 64
+    if args.case:
+        mode, idx = args.case.split(":")
+        return run_case(mode, int(idx), args)
+    # each case runs in its own process: a crash (e.g. a sticky CUDA error) costs one case, not the run
     deadline = time.time() + args.budget_s
-    env, rows, only = environment(), [], set(args.only.split(","))
-    print(json.dumps(env))
+    env, rows, configs, only = environment(), [], {}, set(args.only.split(","))
+    print(json.dumps(env), flush=True)
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
     for mode in ("fwd", "bert", "train"):
         if mode not in only:
             continue
-        for shape in {"fwd": FWD_CASES, "train": TRAIN_CASES, "bert": [None]}[mode]:
-            if mode == "bert":
-                bert_case(args, rows, deadline)
-            else:
-                head_cases(mode, shape, args, rows, deadline)
-            cleanup()  # the case's tensors are gone with its frame
-            save(args.out, env, rows)
-    print(json.dumps(tuned_configs(), indent=1))
+        for idx, shape in enumerate({"fwd": FWD_CASES, "train": TRAIN_CASES, "bert": [(320, 512, 30522)]}[mode]):
+            case_out = logs / f"{mode}{idx}.json"
+            cmd = [sys.executable, __file__, "--case", f"{mode}:{idx}", "--case-out", str(case_out),
+                   "--deadline", str(deadline), "--skip", skip_arg, "--rep", str(args.rep), "--out", str(args.out)]
+            with open(logs / f"{mode}{idx}.log", "w") as log:
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+            print((logs / f"{mode}{idx}.log").read_text()[-3000:] if proc.returncode else "", end="", flush=True)
+            if case_out.exists():
+                data = json.loads(case_out.read_text())
+                rows += data["rows"]
+                configs.update(data["configs"])
+            if proc.returncode:
+                tail = (logs / f"{mode}{idx}.log").read_text().strip().splitlines()[-1:] or ["?"]
+                rows.append({"mode": mode, "B": shape[0], "S": shape[1], "V": shape[2], "D": D, "impl": "case",
+                             "ms": None, "peak_extra_mb": None, "tflops": None,
+                             "status": f"crashed (rc {proc.returncode}): {tail[0][:300]}"})
+                # diagnosis only (synchronous launches point at the failing kernel); not recorded as timings
+                diag = list(cmd)
+                diag[diag.index("--skip") + 1] = skip_arg + ",eager,tiled,compile,gemm"
+                diag[diag.index("--case-out") + 1] = str(logs / f"{mode}{idx}_diag.json")
+                with open(logs / f"{mode}{idx}_diag.log", "w") as log:
+                    subprocess.run(diag, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+                print("DIAG:", (logs / f"{mode}{idx}_diag.log").read_text()[-2500:], flush=True)
+            for r in rows:
+                if (r["mode"], r["B"], r["S"], r["V"]) == (mode, *shape):
+                    print(f"  {mode:5s} {r['B']}x{r['S']}x{r['V']} {r['impl']:30s} {fmt(r)}", flush=True)
+            save(args.out, env, rows, configs)
+    print(json.dumps(configs, indent=1))
     print(table(rows))
 
 

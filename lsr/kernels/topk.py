@@ -27,7 +27,7 @@ import triton.language as tl
 
 __all__ = ["ROW", "DOC_MASK", "pack_keys", "unpack_keys", "topk_keys", "merge_topk", "kth_threshold", "torch_topk",
            "torch_emit", "torch_row_max", "torch_select", "triton_select", "triton_topk", "pack_key",
-           "emit_above", "row_max_keys"]
+           "emit_tile", "row_max_keys"]
 
 ROW = 32                      # docs per row maximum (one warp's worth)
 DOC_MASK = (1 << 31) - 1      # doc ids are int32, so 31 bits hold them
@@ -77,7 +77,7 @@ def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def torch_emit(keys: torch.Tensor, ok: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch twin of ``emit_above`` for whole rows: keys / ok [R, T] -> (slots int64 [R, cap] holding the
+    """Torch twin of ``emit_tile`` for whole rows: keys / ok [R, T] -> (slots int64 [R, cap] holding the
     selected keys in column order, -1 after them; counts int32 [R], which may exceed cap)."""
     counts = ok.sum(1, dtype=torch.int32)
     pos = torch.cumsum(ok.to(torch.int32), 1) - 1
@@ -116,53 +116,50 @@ def pack_key(score, doc):
 
 
 @triton.jit
-def emit_above(keys, ok, row_ptrs, base, CAP: tl.constexpr):
-    """Append ``keys[g, j]`` where ``ok[g, j]`` (column order) to slots ``base[g]...`` of row g.
+def emit_tile(keys, ok, out_ptr, base, CAP: tl.constexpr):
+    """Append ``keys`` where ``ok`` (row-major order) to the slots ``out_ptr[base...]``.
 
-    keys int64 [G, T]; ok bool [G, T]; row_ptrs [G] pointers to slot 0 of each row; base int32 [G].
-    Slots >= CAP are dropped (the returned count still includes them). Returns base + count.
+    keys int64 / ok bool [A, 32] (a run of 32 * A consecutive docs: row-major = ascending doc);
+    out_ptr: scalar pointer to slot 0; base: int32 scalar. Slots >= CAP are dropped (the returned
+    count still includes them). Returns base + count.
     """
     okc = ok.to(tl.int32)
-    cnt = tl.sum(okc, axis=1)
-    if tl.max(cnt, axis=0) > 0:  # most tiles hold no candidate: skip the scan
-        pos = base[:, None] + tl.cumsum(okc, axis=1) - 1
-        tl.store(row_ptrs[:, None] + pos, keys, mask=ok & (pos < CAP))
-    return base + cnt
+    per_row = tl.sum(okc, axis=1)
+    total = tl.sum(per_row, axis=0)
+    if total > 0:  # most tiles hold no candidate: skip the scans
+        pos = base + (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(okc, axis=1) - 1
+        tl.store(out_ptr + pos, keys, mask=ok & (pos < CAP))
+    return base + total
 
 
 @triton.jit
-def row_max_keys(keys, G: tl.constexpr, T: tl.constexpr):
-    """[G, T] int64 keys -> [G, T // 32] best key of every run of 32 columns."""
-    return tl.max(tl.reshape(keys, (G, T // _ROW, _ROW)), axis=2)
+def row_max_keys(keys):
+    """[A, 32] int64 keys -> [A]: the best key of every run of 32 docs."""
+    return tl.max(keys, axis=1)
 
 
 # ----------------------------------------------------------------------------------- dense selection
 @triton.jit
-def _select_kernel(scores_ptr, stride_s_b, theta_ptr, out_ptr, count_ptr, B, N, n_chunks,
-                   G: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr):
-    pid_b = tl.program_id(0)
+def _select_kernel(scores_ptr, stride_s_b, theta_ptr, out_ptr, count_ptr, N, n_chunks,
+                   CHUNK: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    rows = pid_b * G + tl.arange(0, G)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    rmask = rows < B
-    m = rmask[:, None] & (cols < N)[None, :]
-    s = tl.load(scores_ptr + rows[:, None].to(tl.int64) * stride_s_b + cols[None, :], mask=m, other=0.0)
-    keys = pack_key(s, cols[None, :])
+    A: tl.constexpr = CHUNK // _ROW
+    a = tl.arange(0, A)
+    cols = chunk * CHUNK + a[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
+    s = tl.load(scores_ptr + row * stride_s_b + cols, mask=cols < N, other=0.0)
+    keys = pack_key(s, cols)
     if ROWMAX:
-        best = row_max_keys(keys, G, CHUNK)
-        rcols = chunk * (CHUNK // _ROW) + tl.arange(0, CHUNK // _ROW)
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * (n_chunks * (CHUNK // _ROW)) + rcols[None, :], best,
-                 mask=rmask[:, None])
+        tl.store(out_ptr + row * (n_chunks * A) + chunk * A + a, row_max_keys(keys))
     else:
-        theta = tl.load(theta_ptr + rows, mask=rmask, other=0.0)
-        ok = (keys >= 0) & (s >= theta[:, None])
-        row_ptrs = out_ptr + (rows.to(tl.int64) * n_chunks + chunk) * CAP
-        cnt = emit_above(keys, ok, row_ptrs, tl.zeros([G], dtype=tl.int32), CAP)
-        tl.store(count_ptr + rows.to(tl.int64) * n_chunks + chunk, cnt, mask=rmask)
+        theta = tl.load(theta_ptr + row)
+        slot = row * n_chunks + chunk
+        cnt = emit_tile(keys, (keys >= 0) & (s >= theta), out_ptr + slot * CAP, 0, CAP)
+        tl.store(count_ptr + slot, cnt)
 
 
-def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int = 1024, cap: int = 64,
-                  group: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int = 1024,
+                  cap: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Candidate emission over a dense score matrix.
 
     Args:
@@ -179,18 +176,20 @@ def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int =
         raise ValueError(f"chunk must be a power of two >= {ROW}")
     B, N = scores.shape
     n_chunks = max(1, triton.cdiv(N, chunk))
-    grid = (triton.cdiv(B, group), n_chunks)
+    grid = (B, n_chunks)
     if theta is None:
         out = torch.empty((B, n_chunks * (chunk // ROW)), dtype=torch.int64, device=scores.device)
-        _select_kernel[grid](scores, scores.stride(0), scores, out, out, B, N, n_chunks,
-                             G=group, CHUNK=chunk, CAP=1, ROWMAX=True)
+        if B:
+            _select_kernel[grid](scores, scores.stride(0), scores, out, out, N, n_chunks,
+                                 CHUNK=chunk, CAP=1, ROWMAX=True)
         return out, None
     if theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != scores.device:
         raise ValueError("theta must be float32 [B] on the scores' device")
     out = torch.full((B, n_chunks, cap), -1, dtype=torch.int64, device=scores.device)
     counts = torch.empty((B, n_chunks), dtype=torch.int32, device=scores.device)
-    _select_kernel[grid](scores, scores.stride(0), theta.contiguous(), out, counts, B, N, n_chunks,
-                         G=group, CHUNK=chunk, CAP=cap, ROWMAX=False)
+    if B:
+        _select_kernel[grid](scores, scores.stride(0), theta.contiguous(), out, counts, N, n_chunks,
+                             CHUNK=chunk, CAP=cap, ROWMAX=False)
     return out, counts
 
 
