@@ -144,8 +144,8 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
 
         docnos = pa.array(index.docnos, pa.string())  # one conversion serves both writers and the metrics
         scores, doc_idx = scores.cpu(), doc_idx.cpu()
-        runs.write_topk(out / "run.trec", queries.ids, docnos, scores, doc_idx, fmt="trec", tag=cfg.name)
-        runs.write_topk(out / "run.msmarco.tsv", queries.ids, docnos, scores, doc_idx, fmt="msmarco")
+        runs.write_topk({"trec": out / "run.trec", "msmarco": out / "run.msmarco.tsv"}, queries.ids, docnos,
+                        scores, doc_idx, tag=cfg.name)
     with _step("evaluate", timings):
         metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,

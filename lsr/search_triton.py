@@ -50,11 +50,11 @@ CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query c
 class BlockConfig:
     """Tuning of the block path (defaults: measured on an H200, docs/benchmarks-search.md)."""
 
-    span: int = 2048          # docs per work item (power of two; the index's block size or a divisor/multiple)
-    group: int = 4            # queries per work item
-    split: int = 1            # worker rows per query (> 1 needs atomic)
-    atomic: bool = False      # int64 atomics instead of load/add/store + barrier
-    chunk: int = 32           # postings per worker row and step
+    span: int = 2048          # docs per work item (power of two dividing or multiple of the index block)
+    group: int = 1            # queries per work item
+    rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
+    chunk: int = 32           # postings per chunk
+    readout: int = 1024       # cells per read-out tile
     per_sm: int = 8           # resident programs per SM (persistent grid)
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
@@ -205,18 +205,18 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
     n_spans = span_off.shape[1] - 1
     B = indptr.numel() - 1
     cfg = replace(cfg, span=span, group=min(cfg.group, 1 << (B - 1).bit_length()))
-    # queries ordered by work (sum of df) so groups hold similar queries; terms by df, longest first,
-    # so round-robin worker rows get balanced shares
-    df = index.lengths.to(torch.int64)
-    row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())
-    tdf = df[terms.long()]
-    cost = torch.zeros(B, dtype=torch.int64, device=indptr.device).index_add_(0, row, tdf)
-    perm = torch.sort(cost, descending=True, stable=True).indices
-    order = torch.sort(row * (int(df.max()) + 1) + (int(df.max()) - tdf), stable=True).indices
-    terms, weights = terms[order], weights[order]
+    if cfg.group > 1:  # queries ordered by work (sum of df) so that a group's queries end together
+        row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())
+        cost = torch.zeros(B, dtype=torch.int64, device=indptr.device)
+        cost.index_add_(0, row, index.lengths.to(torch.int64)[terms.long()])
+        perm = torch.sort(cost, descending=True, stable=True).indices
+    else:
+        perm = torch.arange(B, device=indptr.device)
     n_samp = _n_sample(n_spans, span, k, cfg.sample_every)
     cap = _cap(k, n_samp)
     step = max(cfg.group, int(CAND_BUDGET // (n_spans * cap * 8)) // cfg.group * cfg.group)
+    if cfg.group == 1 and B <= step:  # the common case: one chunk, queries in their own order
+        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap)
     out_s = torch.empty((B, k), dtype=torch.float32, device=indptr.device)
     out_d = torch.empty((B, k), dtype=torch.int64, device=indptr.device)
     for c0 in range(0, B, step):
@@ -250,8 +250,8 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     n_spans = span_off.shape[1] - 1
     span = cfg.span
     scale, inv = query_scales(indptr, terms, weights, index.max_scores)
-    kw = dict(group=cfg.group, split=cfg.split, atomic=cfg.atomic, chunk=cfg.chunk, num_warps=cfg.num_warps,
-              n_programs=default_programs(dev, cfg.per_sm))
+    kw = dict(group=cfg.group, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout, num_warps=cfg.num_warps,
+              n_programs=default_programs(dev, cfg.per_sm), max_terms=int(indptr.diff().max()))
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
     sample = (torch.arange(n_samp, device=dev) * n_spans) // n_samp
@@ -277,7 +277,7 @@ def _fix_overflow(args, over, theta, best, k, kw):
     n_fix = over.shape[0]
     items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
              torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
-    kw = dict(kw, group=1, split=1 if not kw["atomic"] else kw["split"])
+    kw = dict(kw, group=1)
     keys, _ = triton_block_candidates(*args, items, n_fix * span, theta=theta, cap=span, **kw)
     keys = topk_keys(keys.view(n_fix, span), min(k, span))
     # append every fixed pair's keys to its query's row, then take the top k again

@@ -92,9 +92,8 @@ def main() -> None:
     (scores, doc_idx), t["search"] = timed(lambda: searcher.search(qdev, k=args.k))
     peak = (torch.cuda.max_memory_allocated() - base_mem) if dev.startswith("cuda") else 0
     (s_cpu, i_cpu), t["to_host"] = timed(lambda: (scores.cpu(), doc_idx.cpu()))
-    _, t["write_runs"] = timed(lambda: (
-        runs.write_topk(tmp / "run.trec", queries.ids, docnos, s_cpu, i_cpu, fmt="trec"),
-        runs.write_topk(tmp / "run.msmarco.tsv", queries.ids, docnos, s_cpu, i_cpu, fmt="msmarco")), sync=False)
+    _, t["write_runs"] = timed(lambda: runs.write_topk({"trec": tmp / "run.trec", "msmarco": tmp / "run.msmarco.tsv"},
+                                                       queries.ids, docnos, s_cpu, i_cpu), sync=False)
     metrics, t["evaluate"] = timed(lambda: evaluate_topk(queries.ids, i_cpu, docnos, qrels, METRICS), sync=False)
     total = sum(t.values())
     (scores2, doc_idx2), _ = timed(lambda: searcher.search(qdev, k=args.k))

@@ -117,7 +117,8 @@ def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[
             except torch.OutOfMemoryError:
                 row["status"] = "OOM"
             except Exception as e:  # noqa: BLE001 - a baseline failing must not stop the run
-                row["status"] = "OOM" if "out of memory" in str(e).lower() else f"error: {type(e).__name__}: {str(e)[:200]}"
+                oom = "out of memory" in str(e).lower()
+                row["status"] = "OOM" if oom else f"error: {type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print(f"  {mode:5s} {B}x{S}x{V} {name:24s} {fmt(row)}", flush=True)
         try:
@@ -252,7 +253,8 @@ def save(out: Path, env: dict, rows: list, configs: dict) -> None:
     (out / "bench_head.json").write_text(json.dumps({"env": env, "fwd_configs": configs, "results": rows},
                                                     indent=1))
     with open(out / "bench_head.csv", "w", newline="") as f:
-        fields = ["mode", "B", "S", "V", "D", "impl", "ms", "peak_extra_mb", "tflops", "status", "target_ms", "target_mb"]
+        fields = ["mode", "B", "S", "V", "D", "impl", "ms", "peak_extra_mb", "tflops", "status",
+                  "target_ms", "target_mb"]
         wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         wr.writeheader()
         wr.writerows(rows)
@@ -292,7 +294,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     ap.add_argument("--only", default="fwd,train,bert", help="comma list of fwd, train, bert")
     ap.add_argument("--skip", default="", help="comma list of impl-name substrings to skip (e.g. compile,eager)")
-    ap.add_argument("--rep", type=float, default=150, help="timed repeats per impl: about this many ms (5..100 repeats)")
+    ap.add_argument("--rep", type=float, default=150,
+                    help="timed repeats per impl: about this many ms (5..100 repeats)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new measurement after this many seconds")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: MODE:INDEX, run in a child process
     ap.add_argument("--case-out", help=argparse.SUPPRESS)
@@ -335,7 +338,8 @@ def main() -> None:
                 diag[diag.index("--skip") + 1] = skip_arg + ",eager,tiled,compile,gemm"
                 diag[diag.index("--case-out") + 1] = str(logs / f"{mode}{idx}_diag.json")
                 with open(logs / f"{mode}{idx}_diag.log", "w") as log:
-                    subprocess.run(diag, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+                    subprocess.run(diag, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
                 print("DIAG:", (logs / f"{mode}{idx}_diag.log").read_text()[-2500:], flush=True)
             for r in rows:
                 if (r["mode"], r["B"], r["S"], r["V"]) == (mode, *shape):

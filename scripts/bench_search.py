@@ -207,9 +207,9 @@ class Spmm:
 
 
 def label(cfg: BlockConfig) -> str:
-    """Short name of a block config: span, group, split, a(tomic) or l(oad/store), chunk, programs/SM."""
-    return (f"blk s{cfg.span} g{cfg.group} x{cfg.split} {'a' if cfg.atomic else 'l'} c{cfg.chunk} "
-            f"p{cfg.per_sm} w{cfg.num_warps}")
+    """Short name of a block config: span, group, rows x chunk, read-out cells, programs/SM, warps."""
+    return (f"blk s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} o{cfg.readout} p{cfg.per_sm} "
+            f"w{cfg.num_warps}")
 
 
 def parse_sweep(s: str) -> list[BlockConfig]:
@@ -218,7 +218,7 @@ def parse_sweep(s: str) -> list[BlockConfig]:
         kw = {}
         for kv in item.split(","):
             key, val = kv.split("=")
-            kw[key.strip()] = bool(int(val)) if key.strip() == "atomic" else int(val)
+            kw[key.strip()] = int(val)
         out.append(BlockConfig(**kw))
     return out
 
@@ -307,8 +307,7 @@ def main() -> None:
                 for case in args.sweep_cases.split(","):
                     B, k = (int(x) for x in case.split(":"))
                     qn = next(iter(qsets))
-                    run_case(rows, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx,
-                             exact=False)
+                    run_case(rows, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
                     save()
             if i_bs == 0:
                 run_methods(rows, index, qsets, ctx, save)

@@ -159,3 +159,19 @@ def test_write_topk_equals_the_dict_writer(tmp_path, fmt, suffix):
                    for a, b in zip(got[q].values(), slow_run[q].values()))
     with pytest.raises(ValueError, match="out of range"):
         runs.write_topk(tmp_path / "bad", qids, docnos[:3], scores, doc_idx)
+
+
+def test_write_topk_both_formats_in_one_pass(tmp_path):
+    rng = np.random.default_rng(12)
+    docnos = [f"D{i}" for i in range(20)]
+    doc_idx = np.stack([rng.permutation(20)[:6] for _ in range(4)])
+    scores = -np.sort(-rng.random((4, 6)).astype(np.float32), axis=1)
+    qids = ["a", "b", "c", "d"]
+    both = {"trec": tmp_path / "x.trec", "msmarco": tmp_path / "x.tsv"}
+    assert runs.write_topk(both, qids, docnos, scores, doc_idx) == 24
+    runs.write_topk(tmp_path / "y.trec", qids, docnos, scores, doc_idx)
+    runs.write_topk(tmp_path / "y.tsv", qids, docnos, scores, doc_idx, fmt="msmarco")
+    assert (tmp_path / "x.trec").read_bytes() == (tmp_path / "y.trec").read_bytes()
+    assert (tmp_path / "x.tsv").read_bytes() == (tmp_path / "y.tsv").read_bytes()
+    with pytest.raises(ValueError, match="formats"):
+        runs.write_topk({"json": tmp_path / "z"}, qids, docnos, scores, doc_idx)

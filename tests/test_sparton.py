@@ -65,14 +65,15 @@ def make_case(B: int, S: int, V: int, D: int, dtype: torch.dtype, bias: bool, ma
 
 def grads_of(fn, hidden, weight, bias, mask, dy, dtype=None):
     """Run fn on leaf copies (optionally cast to dtype) and return (y, dH, dE, db)."""
-    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() if t is not None else None
+              for t in (hidden, weight, bias)]
     y = fn(*leaves, mask)
     y.backward(dy.to(y.dtype))
     return [y.detach()] + [t.grad if t is not None else None for t in leaves]
 
 
 def errors(got, ref):
-    return [(g.double() - r).abs().max().item() if g is not None else 0.0 for g, r in zip(got, ref)]
+    return [(g.double() - r).abs().max().item() if g is not None else 0.0 for g, r in zip(got, ref, strict=False)]
 
 
 # (B, S, V, D, bias, mask kind, non-contiguous): awkward on purpose, tiny for the interpreter
@@ -94,7 +95,8 @@ def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
     dy = dy.to(dtype).to(torch.float64)  # the same upstream values for every implementation
 
     ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
-    got = grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=deterministic), hidden, weight, b, mask, dy)
+    got = grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=deterministic),
+                   hidden, weight, b, mask, dy)
     assert got[0].dtype == dtype and got[0].shape == (B, V)
     assert got[1].dtype == dtype and got[2].dtype == dtype
     assert all(torch.isfinite(t).all() for t in got if t is not None)
@@ -103,11 +105,11 @@ def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
     err = errors(got, ref)
     if dtype == torch.float32:
         scale = [1.0 + r.abs().max().item() if r is not None else 1.0 for r in ref]
-        assert all(e <= 2e-5 * s for e, s in zip(err, scale)), err
+        assert all(e <= 2e-5 * s for e, s in zip(err, scale, strict=False)), err
     else:  # DESIGN §4: at most 2x the error of the same-precision torch head
         same = grads_of(lambda *a: torch_sparton_head(*a, upcast=False), hidden, weight, b, mask, dy)
         torch_err = errors(same, ref)
-        assert all(e <= 2 * te + 1e-6 for e, te in zip(err, torch_err)), (err, torch_err)
+        assert all(e <= 2 * te + 1e-6 for e, te in zip(err, torch_err, strict=False)), (err, torch_err)
     empty = ~mask.bool().any(1)  # fully masked rows: y = 0 and dH = 0 there
     assert (got[0][empty] == 0).all() and (got[1][empty] == 0).all()
 
@@ -162,7 +164,7 @@ def test_vocab_chunked_dh(deterministic, poison):
     dh, dw, db = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, deterministic=deterministic,
                                                 _chunk_v=41)  # 4 chunks, the last one short
     err = errors([dh, dw, db], ref[1:])
-    assert all(e <= 2e-5 * (1 + r.abs().max().item()) for e, r in zip(err, ref[1:])), err
+    assert all(e <= 2e-5 * (1 + r.abs().max().item()) for e, r in zip(err, ref[1:], strict=False)), err
 
 
 def test_ties_pick_the_first_position(poison):
@@ -195,7 +197,7 @@ def test_deterministic_mode_is_bit_identical(poison):
     dy = torch.randn(B, V, device=DEV)
     runs = [grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=True), hidden, weight, b, mask, dy)
             for _ in range(2)]
-    for x, y in zip(*runs):
+    for x, y in zip(*runs, strict=False):
         assert torch.equal(x, y)
 
 
@@ -265,8 +267,8 @@ def test_gpu_deterministic_bitwise_and_fast_close():
     dy = torch.randn(B, V, device=DEV)
     det = [grads_of(lambda *a: sparton_head(*a, deterministic=True), hidden, weight, b, mask, dy) for _ in range(3)]
     for run in det[1:]:
-        for x, y in zip(det[0], run):
+        for x, y in zip(det[0], run, strict=False):
             assert torch.equal(x, y)
     fast = grads_of(lambda *a: sparton_head(*a, deterministic=False), hidden, weight, b, mask, dy)
-    for x, y in zip(det[0], fast):
+    for x, y in zip(det[0], fast, strict=False):
         assert torch.allclose(x.float(), y.float(), rtol=2e-2, atol=1e-2)

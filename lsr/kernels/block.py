@@ -1,26 +1,27 @@
-"""Block-accumulating scorer: per (doc span, query group) scores built on chip, top candidates emitted.
+"""Block-accumulating scorer: per (query, doc span) scores accumulated in a private scratch tile,
+then only the top candidates go to HBM.
 
 Why: term-parallel scatter (lsr.kernels.scatter) does one random read-modify-write in a [B, N] HBM
-buffer per touched posting (~2.2 N per SPLADE query). Here a program owns the scores of G queries on a
-span of SPAN docs ([span * SPAN, (span + 1) * SPAN), the block-aligned index makes every term's
-postings for it one contiguous run) in a private scratch tile of G * SPAN int64 -- small enough to stay
-in L1/L2 -- so the HBM traffic is the postings, read once per span and shared through L2 by all
-queries that touch the span at the same time (work items are ordered span-major).
+buffer per touched posting (~2.2 N per SPLADE query). Here a program owns the scores of G queries on
+a span of SPAN docs ([span * SPAN, (span + 1) * SPAN); the block-aligned index makes every term's
+postings for it one contiguous run) in a private int64 scratch tile of G * SPAN cells, which stays in
+L2, so HBM traffic is the postings, read about once per span and shared through L2 by all queries
+working on that span at the same time (work items are ordered span-major).
 
-Work item = (query group q0..q0+G-1, span). ``SPLIT`` worker rows per query walk that query's terms
-round-robin (terms pre-sorted by document frequency, longest first, which balances the rows); every
-row consumes one ``CHUNK`` of its current term's run per step, with the next chunk and the next term's
-run bounds prefetched one step ahead (software pipelining by hand: the loop is a data-dependent while).
+Work item = (queries q0..q0+G-1, span). The item's runs (one per query term) are cut into CHUNK-wide
+chunks and numbered consecutively; every step handles R chunks at once (an [R, CHUNK] tile), so a
+step does R * CHUNK postings whatever the run lengths (short runs of rare terms and long runs of
+frequent ones mix freely). A chunk finds its run by a binary search over the item's cumulative chunk
+counts, kept with the run bounds in a small per-program table (L1). The next step's chunks are
+located and loaded before the current one is accumulated (a hand-made two-stage pipeline).
 
-Accumulation (exact, deterministic, lsr.kernels.fixed):
-* ``ATOMIC``: int64 atomics into the scratch (any row split; integer adds commute).
-* otherwise: plain load / add / store and a CTA barrier per step (SPLIT must be 1: one row per query
-  walks one term at a time, whose docs are distinct, so no two lanes touch one cell in a step).
+Accumulation is exact and deterministic: int64 fixed point (lsr.kernels.fixed) with atomics; chunks
+of different terms may hit one cell in a step and integer adds commute.
 
-Then the tile is read back (and zeroed for the next item) and turned into candidates
-(lsr.kernels.topk): ``ROWMAX`` writes the best key of every 32 docs (the sample pass that bounds the
-k-th score), otherwise every doc with score >= theta[q] goes to CAP slots (+ a count, which flags
-overflow). The grid is persistent: program p owns scratch slot p and items p, p + P, ...
+Then the tile is read back as [RB, 32] rows of docs (and zeroed for the next item) and turned into
+candidates (lsr.kernels.topk): ``ROWMAX`` writes the best key of every 32 docs (the sample pass that
+bounds the k-th score), otherwise every doc with score >= theta[q] goes to CAP slots (+ a count,
+which flags overflow). The grid is persistent: program p owns scratch slot p and items p, p + P, ...
 """
 
 from __future__ import annotations
@@ -29,120 +30,125 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
-from lsr.kernels.topk import ROW, emit_above, pack_key, pack_keys, row_max_keys, torch_emit, torch_row_max
-
-_ROW = tl.constexpr(ROW)
+from lsr.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
+from lsr.kernels.topk import ROW, emit_tile, pack_key, pack_keys, row_max_keys, torch_emit, torch_row_max
 
 __all__ = ["span_items", "triton_block_candidates", "torch_block_candidates", "default_programs"]
 
+_ROW = tl.constexpr(ROW)
+
 
 @triton.jit
-def _term_run(q_terms_ptr, q_w_ptr, span_off_ptr, stride_so_t, span, qstart, qlen, i, need):
-    """(start, end, weight) of query term i's postings in ``span``; empty where not ``need``."""
-    ok = need & (i < qlen)
-    t = tl.load(q_terms_ptr + qstart + i, mask=ok, other=0).to(tl.int64)
-    w = tl.load(q_w_ptr + qstart + i, mask=ok, other=0.0)
-    p = span_off_ptr + t * stride_so_t + span
-    s = tl.load(p, mask=ok, other=0)
-    e = tl.load(p + 1, mask=ok, other=0)
-    return s, e, w
+def _locate(c, total, tab_ptr, NT: tl.constexpr, LOG_NT: tl.constexpr, CHUNK: tl.constexpr):
+    """Run of flat chunk numbers c [R]: (start position, end position, scaled weight, query row, valid).
+
+    tab_ptr rows (NT entries each): 0 cumulative chunk count (inclusive), 1 run start, 2 run end,
+    3 float64 bits of w_query * scale, 4 query row g.
+    """
+    valid = c < total
+    lo = tl.zeros_like(c)
+    hi = tl.zeros_like(c) + NT
+    for _ in tl.static_range(LOG_NT + 1):   # first j with cum[j] > c (cum ascending)
+        mid = (lo + hi) // 2
+        go = tl.load(tab_ptr + mid, mask=valid & (lo < hi), other=0) <= c
+        lo = tl.where((lo < hi) & go, mid + 1, lo)
+        hi = tl.where((lo < hi) & ~go, mid, hi)
+    j = tl.minimum(lo, NT - 1)
+    cum = tl.load(tab_ptr + j, mask=valid, other=0)
+    start = tl.load(tab_ptr + NT + j, mask=valid, other=0)
+    end = tl.load(tab_ptr + 2 * NT + j, mask=valid, other=0)
+    wqs = tl.load(tab_ptr + 3 * NT + j, mask=valid, other=0).to(tl.float64, bitcast=True)
+    g = tl.load(tab_ptr + 4 * NT + j, mask=valid, other=0)
+    n = (end - start + CHUNK - 1) // CHUNK
+    pos = start + (c - (cum - n)) * CHUNK
+    return pos, end, wqs, g, valid
 
 
 @triton.jit
 def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
                   q_indptr_ptr, q_terms_ptr, q_w_ptr, scale_ptr, inv_ptr, theta_ptr,
                   item_q_ptr, item_span_ptr, item_out_ptr, n_items, out_stride_g,
-                  scratch_ptr, out_ptr, count_ptr, B,
-                  G: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr,
-                  RB: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr, ATOMIC: tl.constexpr):
+                  scratch_ptr, table_ptr, out_ptr, count_ptr, B,
+                  G: tl.constexpr, MAXQ: tl.constexpr, LOG_NT: tl.constexpr, R: tl.constexpr,
+                  CHUNK: tl.constexpr, SPAN: tl.constexpr, RB: tl.constexpr, CAP: tl.constexpr,
+                  ROWMAX: tl.constexpr):
     pid = tl.program_id(0)
-    R: tl.constexpr = G * SPLIT
-    r = tl.arange(0, R)
-    rg = r // SPLIT
-    lane = tl.arange(0, CHUNK)
-    gq = tl.arange(0, G)
+    NT: tl.constexpr = G * MAXQ
     slot = scratch_ptr + pid.to(tl.int64) * (G * SPAN)
-    row_slot = slot + rg.to(tl.int64)[:, None] * SPAN            # [R, 1]
+    tab = table_ptr + pid.to(tl.int64) * (5 * NT)
+    jj = tl.arange(0, NT)
+    lane = tl.arange(0, CHUNK)
+    rows = tl.arange(0, RB)
     for item in range(pid, n_items, tl.num_programs(0)):
         q0 = tl.load(item_q_ptr + item)
         span = tl.load(item_span_ptr + item)
         out0 = tl.load(item_out_ptr + item)
         doc0 = span.to(tl.int64) * SPAN
 
-        # ---- accumulate: every worker row walks its query's terms i = r % SPLIT, + SPLIT, ...
-        q = q0 + rg
+        # ---- the item's runs: one per (query g, term i), flattened as jj = g * MAXQ + i
+        g = jj // MAXQ
+        q = q0 + g
         qok = q < B
-        qstart = tl.load(q_indptr_ptr + q, mask=qok, other=0)
-        qlen = tl.where(qok, tl.load(q_indptr_ptr + q + 1, mask=qok, other=0) - qstart, 0)
+        qs = tl.load(q_indptr_ptr + q, mask=qok, other=0)
+        ql = tl.where(qok, tl.load(q_indptr_ptr + q + 1, mask=qok, other=0) - qs, 0)
+        tok = (jj % MAXQ) < ql
+        t = tl.load(q_terms_ptr + qs + jj % MAXQ, mask=tok, other=0).to(tl.int64)
+        wq = tl.load(q_w_ptr + qs + jj % MAXQ, mask=tok, other=0.0)
         scale = tl.load(scale_ptr + q, mask=qok, other=1.0)
-        everyone = r >= 0
-        i_cur = (r % SPLIT).to(tl.int64)
-        pos, end, wq = _term_run(q_terms_ptr, q_w_ptr, span_off_ptr, stride_so_t, span, qstart, qlen,
-                                 i_cur, everyone)
-        i_nxt = i_cur + SPLIT
-        n_s, n_e, n_w = _term_run(q_terms_ptr, q_w_ptr, span_off_ptr, stride_so_t, span, qstart, qlen,
-                                  i_nxt, everyone)
-        alive = i_cur < qlen
+        rs = tl.load(span_off_ptr + t * stride_so_t + span, mask=tok, other=0)
+        re = tl.load(span_off_ptr + t * stride_so_t + span + 1, mask=tok, other=0)
+        cum = tl.cumsum(tl.where(tok, (re - rs + CHUNK - 1) // CHUNK, 0), axis=0)
+        total = tl.max(cum, axis=0)
+        tl.store(tab + jj, cum)
+        tl.store(tab + NT + jj, rs)
+        tl.store(tab + 2 * NT + jj, re)
+        tl.store(tab + 3 * NT + jj, (wq.to(tl.float64) * scale).to(tl.int64, bitcast=True))
+        tl.store(tab + 4 * NT + jj, g.to(tl.int64))
+        tl.debug_barrier()                                       # the table is read by every thread
+
+        # ---- accumulate R chunks per step; the next step's chunks are loaded one step ahead
+        c = tl.arange(0, R).to(tl.int64)
+        pos, end, wqs, gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
         p = pos[:, None] + lane[None, :]
-        m = alive[:, None] & (p < end[:, None])
+        m = valid[:, None] & (p < end[:, None])
         doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
         w = tl.load(post_w_ptr + p, mask=m, other=0.0)
-        while tl.max(alive.to(tl.int32), axis=0) > 0:
-            ok = doc >= 0                                           # -1: padding or masked
-            cell = row_slot + (doc.to(tl.int64) - doc0)
-            v = to_fixed(wq[:, None], w, scale[:, None])
-            if ATOMIC:
-                tl.atomic_add(cell, v, mask=ok, sem="relaxed")
-            else:
-                old = tl.load(cell, mask=ok, other=0)
-                tl.store(cell, old + v, mask=ok)
-                tl.debug_barrier()                                  # next step may hit these cells
-            # advance: next chunk of the run, or the prefetched next term
-            pos = pos + CHUNK
-            done = pos >= end
-            pos = tl.where(done, n_s, pos)
-            end = tl.where(done, n_e, end)
-            wq = tl.where(done, n_w, wq)
-            i_cur = tl.where(done, i_nxt, i_cur)
-            i_nxt = tl.where(done, i_nxt + SPLIT, i_nxt)
-            f_s, f_e, f_w = _term_run(q_terms_ptr, q_w_ptr, span_off_ptr, stride_so_t, span, qstart, qlen,
-                                      i_nxt, done)
-            n_s = tl.where(done, f_s, n_s)
-            n_e = tl.where(done, f_e, n_e)
-            n_w = tl.where(done, f_w, n_w)
-            alive = i_cur < qlen
+        for _ in range(0, tl.cdiv(total, R)):
+            c += R
+            pos, end, n_wqs, n_gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
             p = pos[:, None] + lane[None, :]
-            m = alive[:, None] & (p < end[:, None])
-            doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
-            w = tl.load(post_w_ptr + p, mask=m, other=0.0)
-        tl.debug_barrier()                                          # all adds land before the read-out
+            m = valid[:, None] & (p < end[:, None])
+            n_doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
+            n_w = tl.load(post_w_ptr + p, mask=m, other=0.0)
+            v = (w.to(tl.float64) * wqs[:, None]).to(tl.int64)   # = trunc(w_q * w_d * 2^e), exact
+            cell = slot + gr[:, None] * SPAN + (doc.to(tl.int64) - doc0)
+            tl.atomic_add(cell, v, mask=doc >= 0, sem="relaxed")  # -1: padding / masked
+            doc, w, wqs, gr = n_doc, n_w, n_wqs, n_gr
+        tl.debug_barrier()                                       # all adds land before the read-out
 
-        # ---- read out (and zero) the tile, emit candidates
-        rq = q0 + gq
-        rok = rq < B
-        inv = tl.load(inv_ptr + rq, mask=rok, other=1.0)
-        rows_out = out_ptr + out0 + gq.to(tl.int64) * out_stride_g
-        if not ROWMAX:
-            theta = tl.load(theta_ptr + rq, mask=rok, other=0.0)
-        base = tl.zeros([G], dtype=tl.int32)
-        for c0 in tl.static_range(0, SPAN, RB):
-            cols = c0 + tl.arange(0, RB)
-            a_ptr = slot + gq.to(tl.int64)[:, None] * SPAN + cols[None, :]
-            acc = tl.load(a_ptr, cache_modifier=".cg")              # L2: atomics bypass L1
-            tl.store(a_ptr, tl.zeros([G, RB], dtype=tl.int64))
-            s = from_fixed(acc, inv[:, None])
-            keys = pack_key(s, doc0 + cols[None, :])                # untouched cells: 0 -> key -1
-            if ROWMAX:
-                best = row_max_keys(keys, G, RB)
-                rcols = c0 // _ROW + tl.arange(0, RB // _ROW)
-                tl.store(rows_out[:, None] + rcols[None, :], best, mask=rok[:, None])
-            else:
-                ok_c = (keys >= 0) & (s >= theta[:, None]) & rok[:, None]
-                base = emit_above(keys, ok_c, rows_out, base, CAP)
-        if not ROWMAX:
-            tl.store(count_ptr + out0 // CAP + gq.to(tl.int64) * (out_stride_g // CAP), base, mask=rok)
-        tl.debug_barrier()                                          # zeros land before the next item
+        # ---- read out (and zero) each query's tile as [RB, 32] rows of docs; emit candidates
+        for gg in tl.static_range(G):
+            rq = q0 + gg
+            if rq < B:                                           # rows past B never accumulated
+                inv = tl.load(inv_ptr + rq)
+                row_out = out_ptr + out0 + gg * out_stride_g
+                if not ROWMAX:
+                    theta = tl.load(theta_ptr + rq)
+                base = 0
+                for c0 in tl.static_range(0, SPAN, RB * _ROW):
+                    off = c0 + rows[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
+                    a_ptr = slot + gg * SPAN + off
+                    acc = tl.load(a_ptr, cache_modifier=".cg")  # L2: the atomics bypass L1
+                    tl.store(a_ptr, tl.zeros([RB, _ROW], dtype=tl.int64))
+                    s = from_fixed(acc, inv)
+                    keys = pack_key(s, doc0 + off)              # untouched cells: 0 -> key -1
+                    if ROWMAX:
+                        tl.store(row_out + c0 // _ROW + rows, row_max_keys(keys))
+                    else:
+                        base = emit_tile(keys, (keys >= 0) & (s >= theta), row_out, base, CAP)
+                if not ROWMAX:
+                    tl.store(count_ptr + (out0 + gg * out_stride_g) // CAP, base)
+        tl.debug_barrier()                                       # zeros and table reads finish first
 
 
 def span_items(n_queries: int, spans: torch.Tensor, group: int, width: int) -> tuple[torch.Tensor, ...]:
@@ -170,8 +176,8 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
                             q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
                             scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                             items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
-                            theta: torch.Tensor | None = None, cap: int = 32, group: int = 4, split: int = 1,
-                            atomic: bool = False, chunk: int = 32, readout: int = 1024,
+                            theta: torch.Tensor | None = None, cap: int = 32, group: int = 1, rows: int = 16,
+                            chunk: int = 32, readout: int = 1024, max_terms: int | None = None,
                             n_programs: int | None = None, num_warps: int = 4
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the block scorer over work items and emit candidate keys.
@@ -188,7 +194,8 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
             writes ``width`` keys at out[item_out[i] + g * out_stride_g].
         out_size: length of the flat output.
         theta: float32 [B] thresholds (emission, width = cap), or None (row maxima, width = span / 32).
-        group / split / atomic / chunk: see the module docstring (split > 1 needs atomic).
+        group: queries per item; rows x chunk: the [rows, chunk] posting tile of a step; readout:
+            cells per read-out tile; max_terms: longest query (default: measured, one host sync).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -198,10 +205,8 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
         raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
     if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
         raise ValueError("span_off must be int64 [V, n_spans + 1] with contiguous rows")
-    if span < ROW or span & (span - 1) or chunk & (chunk - 1) or group & (group - 1) or split & (split - 1):
-        raise ValueError("span, chunk, group and split must be powers of two (span >= 32)")
-    if split > 1 and not atomic:
-        raise ValueError("split > 1 needs atomic accumulation")
+    if any(x < 1 or x & (x - 1) for x in (span, chunk, group, rows)) or span < ROW:
+        raise ValueError("span, chunk, group and rows must be powers of two (span >= 32)")
     for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
                         ("q_weights", q_weights, torch.float32), ("scale", scale, torch.float64),
                         ("inv_scale", inv_scale, torch.float64), ("item_q", item_q, torch.int32),
@@ -218,18 +223,22 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
     n_items = item_q.numel()
-    if n_items == 0:
+    if n_items == 0 or B == 0:
         return out, counts
+    if max_terms is None:
+        max_terms = int(q_indptr.diff().max())
+    maxq = max(16, triton.next_power_of_2(max_terms))
     n_prog = min(n_items, n_programs or default_programs(dev))
     scratch = torch.zeros(n_prog * group * span, dtype=torch.int64, device=dev)
-    rb = min(span, max(ROW, readout // group))  # read-out tile of `readout` cells: bounds registers
+    table = torch.empty(n_prog * 5 * group * maxq, dtype=torch.int64, device=dev)
+    rb = min(span, max(ROW, readout)) // ROW   # rows of 32 docs per read-out tile: bounds registers
     _block_kernel[(n_prog,)](post_doc, post_w, span_off, span_off.stride(0),
                              q_indptr, q_terms, q_weights, scale, inv_scale,
                              scale if rowmax else theta,
                              item_q, item_span, item_out, n_items, out_stride_g,
-                             scratch, out, out if rowmax else counts, B,
-                             G=group, SPLIT=split, SPAN=span, CHUNK=chunk, RB=rb, CAP=width, ROWMAX=rowmax,
-                             ATOMIC=atomic, num_warps=num_warps, num_stages=1)
+                             scratch, table, out, out if rowmax else counts, B,
+                             G=group, MAXQ=maxq, LOG_NT=(group * maxq).bit_length() - 1, R=rows, CHUNK=chunk,
+                             SPAN=span, RB=rb, CAP=width, ROWMAX=rowmax, num_warps=num_warps, num_stages=1)
     return out, counts
 
 
@@ -237,7 +246,7 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
                            q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
                            scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                            items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
-                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 4,
+                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
                            **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Torch twin of ``triton_block_candidates`` (same arguments and bit-identical results; the
     kernel-only tuning arguments are accepted and ignored)."""

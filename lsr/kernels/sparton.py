@@ -31,7 +31,7 @@ def _prepare(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
              mask: torch.Tensor | None) -> torch.Tensor:
     """Validate shapes/devices; return the mask as bool [B, S] (all-true when None)."""
     if hidden.dim() != 3 or weight.dim() != 2:
-        raise ValueError(f"hidden must be [B,S,D] and weight [V,D], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(f"hidden must be [B,S,D] and weight [V,D], got {tuple(hidden.shape)}, {tuple(weight.shape)}")
     B, S, D = hidden.shape
     if weight.shape[1] != D:
         raise ValueError(f"hidden dim {D} != weight dim {weight.shape[1]}")
@@ -220,7 +220,8 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     if B == 0 or V == 0:
         return y.to(hidden.dtype), y32, arg
     pos = torch.arange(1, S + 1, dtype=torch.int32, device=dev)
-    lengths = torch.where(mask, pos, 0).amax(dim=1).to(torch.int32) if S > 0 else torch.zeros(B, dtype=torch.int32, device=dev)
+    lengths = (torch.where(mask, pos, 0).amax(dim=1).to(torch.int32) if S > 0
+               else torch.zeros(B, dtype=torch.int32, device=dev))
     big = B * S * V >= 2**25  # small problems: a fixed config, not an autotuning run per new V
     elem = hidden.element_size()
     tma = (big and _blocks is None and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9

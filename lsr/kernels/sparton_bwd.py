@@ -226,7 +226,8 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
             for c in range(n_chunks):  # in order: the fp32 partial makes the sum order fixed
                 _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
                                      weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
-                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=_INTERPRET, NUM_STAGES=1 if _INTERPRET else 3,
+                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=_INTERPRET,
+                                     NUM_STAGES=1 if _INTERPRET else 3,
                                      ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if _INTERPRET else None) if need_dw else None
