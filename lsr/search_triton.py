@@ -51,8 +51,9 @@ class BlockConfig:
     """Tuning of the block path (defaults: measured on an H200, docs/benchmarks-search.md)."""
 
     span: int = 2048          # docs per work item (power of two dividing or multiple of the index block)
+    atomic: bool = True       # accumulation mode of lsr.kernels.block (False: conflict-free rows)
     group: int = 1            # queries per work item
-    rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
+    rows: int = 8             # atomic mode: chunks per step (the step's tile is [rows, chunk])
     chunk: int = 32           # postings per chunk
     readout: int = 1024       # cells per read-out tile
     per_sm: int = 8           # resident programs per SM (persistent grid)
@@ -250,7 +251,8 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     n_spans = span_off.shape[1] - 1
     span = cfg.span
     scale, inv = query_scales(indptr, terms, weights, index.max_scores)
-    kw = dict(group=cfg.group, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout, num_warps=cfg.num_warps,
+    kw = dict(group=cfg.group, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout, atomic=cfg.atomic,
+              num_warps=cfg.num_warps,
               n_programs=default_programs(dev, cfg.per_sm), max_terms=int(indptr.diff().max()))
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta

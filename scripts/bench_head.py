@@ -297,6 +297,7 @@ def main() -> None:
     ap.add_argument("--rep", type=float, default=150,
                     help="timed repeats per impl: about this many ms (5..100 repeats)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new measurement after this many seconds")
+    ap.add_argument("--shapes", default="", help="comma list of BxSxV to keep (default: all cases)")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: MODE:INDEX, run in a child process
     ap.add_argument("--case-out", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", help=argparse.SUPPRESS)
@@ -318,6 +319,8 @@ def main() -> None:
         if mode not in only:
             continue
         for idx, shape in enumerate({"fwd": FWD_CASES, "train": TRAIN_CASES, "bert": [(320, 512, 30522)]}[mode]):
+            if args.shapes and "x".join(map(str, shape)) not in args.shapes.split(","):
+                continue
             case_out = logs / f"{mode}{idx}.json"
             cmd = [sys.executable, __file__, "--case", f"{mode}:{idx}", "--case-out", str(case_out),
                    "--deadline", str(deadline), "--skip", skip_arg, "--rep", str(args.rep), "--out", str(args.out)]

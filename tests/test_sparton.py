@@ -165,6 +165,10 @@ def test_vocab_chunked_dh(deterministic, poison):
                                                 _chunk_v=41)  # 4 chunks, the last one short
     err = errors([dh, dw, db], ref[1:])
     assert all(e <= 2e-5 * (1 + r.abs().max().item()) for e, r in zip(err, ref[1:], strict=False)), err
+    # without dH (hidden needs no grad) there are no buckets: dE/db only, whatever the chunking
+    none, dw2, db2 = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, need_dh=False,
+                                                    deterministic=deterministic, _chunk_v=41)
+    assert none is None and torch.equal(dw2, dw) and torch.equal(db2, db)
 
 
 def test_ties_pick_the_first_position(poison):
@@ -258,6 +262,19 @@ def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
     assert errors(got[:1], ref[:1])[0] <= 2 * errors(same[:1], ref[:1])[0]
     for i in range(1, 4):
         assert rel(got[i], ref[i]) <= 2 * rel(same[i], ref[i]) + 1e-7, (i, rel(got[i], ref[i]), rel(same[i], ref[i]))
+
+
+@pytest.mark.gpu
+def test_gpu_large_vocab_weight_grad_only():
+    """Frozen hidden states (no dH) with a vocabulary big enough for the chunked dH layout."""
+    B, S, V, D = 2, 16, 120000, 256
+    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=4)
+    w = weight.clone().requires_grad_()
+    dy = torch.randn(B, V, device=DEV)
+    sparton_head(hidden, w, b, mask).backward(dy.bfloat16())
+    wd = weight.double().requires_grad_()
+    torch_sparton_head(hidden.double(), wd, b.double(), mask).backward(dy.bfloat16().double())
+    assert ((w.grad.double() - wd.grad).norm() / wd.grad.norm()) < 1e-2
 
 
 @pytest.mark.gpu

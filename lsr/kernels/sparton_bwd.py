@@ -35,8 +35,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, N_ROWS, CHUNK_V, stride_dy_b,
-                     BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; count[bucket] += 1 for every g != 0, bucket = (v // CHUNK_V)·N_ROWS + b·S + argmax."""
+                     COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """g = dY·exp(−Y)·[Y>0]; if COUNT: count[(v // CHUNK_V)·N_ROWS + b·S + argmax] += 1 for every g != 0."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -45,8 +45,9 @@ def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, N_ROWS, C
     dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
     g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
     tl.store(g_ptr + row + offs, g, mask=ok)
-    a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
-    tl.atomic_add(count_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=ok & (g != 0.0))
+    if COUNT:
+        a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
+        tl.atomic_add(count_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=ok & (g != 0.0))
 
 
 @triton.jit
@@ -182,21 +183,24 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         raise TypeError("y32 must be float32 and arg int32")
     dev = hidden.device
     n_rows = B * S
-    chunk_v = V
-    if _chunk_v is not None:
+    chunk_v = max(V, 1)  # buckets (and vocab chunks) exist only for dH
+    if not need_dh:
+        pass
+    elif _chunk_v is not None:
         chunk_v = _chunk_v
     elif V * D * weight.element_size() > 2 * _L2_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
         chunk_v = max(1, _L2_CHUNK_BYTES // (D * weight.element_size()))
-    n_chunks = triton.cdiv(V, chunk_v) if need_dh and V else 1
+    n_chunks = triton.cdiv(V, chunk_v) if V else 1
     if B * V >= 2**31 or n_chunks * n_rows >= 2**31:
         raise ValueError("B·V and B·S·(vocab chunks) must be < 2**31")
     dy = dy.contiguous() if dy.stride(-1) != 1 else dy
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
-    counts = torch.zeros(n_chunks * n_rows + 1, dtype=torch.int32, device=dev)  # shifted by one for the cumsum
+    # bucket sizes, shifted by one for the cumsum
+    counts = torch.zeros(n_chunks * n_rows + 1 if need_dh else 1, dtype=torch.int32, device=dev)
     blk = 1024
     if B and V:
         _bwd_prep_kernel[(B, triton.cdiv(V, blk))](dy, y32, arg, g, counts[1:], S, V, n_rows, chunk_v,
-                                                   dy.stride(0), BLOCK=blk)
+                                                   dy.stride(0), COUNT=need_dh, BLOCK=blk)
 
     dh = dw = db = None
     if need_dh:
