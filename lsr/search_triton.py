@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["BlockConfig", "triton_search", "choose_path", "span_offsets", "PATHS", "SMALL_N"]
+__all__ = ["BlockConfig", "default_config", "triton_search", "choose_path", "span_offsets", "PATHS", "SMALL_N"]
 
 PATHS = ("auto", "block", "scatter", "csr")
 SMALL_N = 1 << 16              # auto: dense scatter path up to this many docs
@@ -62,6 +62,14 @@ class BlockConfig:
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def default_config(n_queries: int) -> BlockConfig:
+    """Block-path tuning by batch size: conflict-free rows (8 queries per item) once a batch fills them,
+    atomics for small batches (a rows tile would be mostly empty)."""
+    if n_queries >= 16:
+        return BlockConfig(atomic=False, group=8, span=1024, per_sm=4)
+    return BlockConfig()
 
 
 def choose_path(n_docs: int, n_queries: int, k: int) -> str:
@@ -152,7 +160,7 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
         queries: B query vectors (moved to the index's device if needed).
         k: results per query (>= 1).
         path: "auto" | "block" | "scatter" | "csr" (see the module docstring).
-        config: block-path tuning (default BlockConfig()).
+        config: block-path tuning (default ``default_config(B)``).
     Returns:
         (scores float32 [B, k] descending, doc_idx int64 [B, k]); ties by ascending doc index;
         0.0 / -1 padding where fewer than k docs score > 0. Bit-identical across runs and paths.
@@ -171,7 +179,7 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     if path == "auto":
         path = choose_path(index.n_docs, B, k)
     if path == "block":
-        return _block_search(index, indptr, terms, weights, k, config or BlockConfig())
+        return _block_search(index, indptr, terms, weights, k, config or default_config(B))
     return _dense_search(index, indptr, terms, weights, k, path)
 
 

@@ -207,9 +207,9 @@ class Spmm:
 
 
 def label(cfg: BlockConfig) -> str:
-    """Short name of a block config: span, group, rows x chunk, read-out cells, programs/SM, warps."""
-    return (f"blk s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} o{cfg.readout} p{cfg.per_sm} "
-            f"w{cfg.num_warps}")
+    """Short name of a block config: mode, span, group, rows x chunk, programs/SM, warps."""
+    mode = f"atomic r{cfg.rows}x{cfg.chunk}" if cfg.atomic else f"rows g{cfg.group}x{cfg.chunk}"
+    return f"blk {mode} s{cfg.span} p{cfg.per_sm} w{cfg.num_warps}" + (f" g{cfg.group}" if cfg.atomic else "")
 
 
 def parse_sweep(s: str) -> list[BlockConfig]:
@@ -218,7 +218,7 @@ def parse_sweep(s: str) -> list[BlockConfig]:
         kw = {}
         for kv in item.split(","):
             key, val = kv.split("=")
-            kw[key.strip()] = int(val)
+            kw[key.strip()] = bool(int(val)) if key.strip() == "atomic" else int(val)
         out.append(BlockConfig(**kw))
     return out
 
@@ -324,19 +324,25 @@ def run_methods(rows, index, qsets, ctx, save) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
     methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
-               "lsr-scatter": lsr_method("scatter"), "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
-    wanted = {"auto": "lsr-auto", "block": "lsr-block", "scatter": "lsr-scatter", "seed": "seed-scatter",
-              "spare": "spare", "spmm": "torch-spmm"}
+               "lsr-atomic": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
+               "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
+    wanted = {"auto": "lsr-auto", "block": "lsr-block", "atomic": "lsr-atomic", "scatter": "lsr-scatter",
+              "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}
     chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
     if "torch-spmm" in chosen and N <= args.baseline_max_n:
         methods["torch-spmm"] = Spmm(index)
+    batches = [int(b) for b in args.batches.split(",")]
+    ks = [int(x) for x in args.ks.split(",")]
     for qn in qsets:
-        for B in (int(b) for b in args.batches.split(",")):
-            for k in (int(x) for x in args.ks.split(",")):
+        for B in batches:
+            for k in ks:
                 for m in chosen:
                     if m not in methods or (m == "lsr-scatter" and N > 2_000_000):
                         continue
                     if m in ("spare", "torch-spmm", "seed-scatter") and (B == 1 or N > args.baseline_max_n):
+                        continue
+                    # the slow torch baselines time a few queries: one case per query set is enough
+                    if m in ("spare", "torch-spmm") and (B != max(batches) or k != max(ks)):
                         continue
                     run_case(rows, m, methods[m], index, qsets[qn], qn, B, k, ctx, exact=m.startswith("lsr"))
                     save()
