@@ -3,12 +3,14 @@
 Paths (all exact and deterministic: every score is the fixed-point sum of lsr.kernels.fixed, so the
 three give bit-identical results):
 
-* ``"block"`` (lsr.kernels.block): the fast path at scale. Pass 1 scores a sample of doc spans and
+* ``"block"`` (lsr.kernels.block): the path at scale. Pass 1 scores a sample of doc spans and
   keeps the best doc of every 32 (row maxima); the k-th best of those is a valid lower bound ``theta``
   of each query's k-th score. Pass 2 scores every span and emits the docs >= theta (a few per span) to
   fixed slots; a (query, span) whose slots overflowed is rescored with all its docs >= theta. The
   exact top-k of the candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes plus a
-  small scratch, never [B, N].
+  small scratch, never [B, N]; spans finer than the index blocks add a cached table of run starts
+  (``span_offsets``). On an H200 at 8.8M docs it matches the seed's throughput with 1/13 of its
+  memory, bounded by L2 atomic throughput (docs/notes-search.md).
 * ``"scatter"`` (lsr.kernels.scatter, fixed-point atomics) + lsr.kernels.topk: dense [B, N] scores
   in query chunks; the small-collection path.
 * ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
@@ -38,10 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["BlockConfig", "default_config", "triton_search", "choose_path", "span_offsets", "PATHS", "SMALL_N"]
+__all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "triton_search"]
 
 PATHS = ("auto", "block", "scatter", "csr")
-SMALL_N = 1 << 16              # auto: dense scatter path up to this many docs
+SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs (faster at 100K on an H200)
 DENSE_BUDGET = 1 << 30         # bytes of dense [B_chunk, N] buffers on the dense paths
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 
@@ -51,9 +53,8 @@ class BlockConfig:
     """Tuning of the block path (defaults: measured on an H200, docs/benchmarks-search.md)."""
 
     span: int = 2048          # docs per work item (power of two dividing or multiple of the index block)
-    atomic: bool = True       # accumulation mode of lsr.kernels.block (False: conflict-free rows)
     group: int = 1            # queries per work item
-    rows: int = 8             # atomic mode: chunks per step (the step's tile is [rows, chunk])
+    rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
     chunk: int = 32           # postings per chunk
     readout: int = 1024       # cells per read-out tile
     per_sm: int = 8           # resident programs per SM (persistent grid)
@@ -65,10 +66,10 @@ _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def default_config(n_queries: int) -> BlockConfig:
-    """Block-path tuning by batch size: conflict-free rows (8 queries per item) once a batch fills them,
-    atomics for small batches (a rows tile would be mostly empty)."""
+    """Block-path tuning by batch size (H200 sweep, docs/notes-search.md): wide [32, 32] steps with 8
+    warps for batches, more and smaller programs for a few queries (more items in flight)."""
     if n_queries >= 16:
-        return BlockConfig(atomic=False, group=8, span=1024, per_sm=4)
+        return BlockConfig(rows=32, num_warps=8, per_sm=2)
     return BlockConfig()
 
 
@@ -258,10 +259,10 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     dev = indptr.device
     n_spans = span_off.shape[1] - 1
     span = cfg.span
-    scale, inv = query_scales(indptr, terms, weights, index.max_scores)
-    kw = dict(group=cfg.group, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout, atomic=cfg.atomic,
-              num_warps=cfg.num_warps,
-              n_programs=default_programs(dev, cfg.per_sm), max_terms=int(indptr.diff().max()))
+    max_terms = int(indptr.diff().max())  # the one host sync before the kernels
+    scale, inv = query_scales(indptr, terms, weights, index.max_scores, max_terms)
+    kw = {"group": cfg.group, "rows": cfg.rows, "chunk": cfg.chunk, "readout": cfg.readout,
+          "num_warps": cfg.num_warps, "n_programs": default_programs(dev, cfg.per_sm), "max_terms": max_terms}
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
     sample = (torch.arange(n_samp, device=dev) * n_spans) // n_samp
@@ -287,7 +288,7 @@ def _fix_overflow(args, over, theta, best, k, kw):
     n_fix = over.shape[0]
     items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
              torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
-    kw = dict(kw, group=1)
+    kw = {**kw, "group": 1}
     keys, _ = triton_block_candidates(*args, items, n_fix * span, theta=theta, cap=span, **kw)
     keys = topk_keys(keys.view(n_fix, span), min(k, span))
     # append every fixed pair's keys to its query's row, then take the top k again

@@ -32,7 +32,7 @@ import torch
 
 from lsr.sparse import SparseVectors
 
-__all__ = ["SynthSpec", "synth_docs", "synth_queries", "synth_stats", "save_npz", "load_npz"]
+__all__ = ["SynthSpec", "load_npz", "save_npz", "synth_docs", "synth_queries", "synth_stats"]
 
 
 @dataclass(frozen=True)

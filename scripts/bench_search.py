@@ -1,7 +1,7 @@
 """Benchmark exact top-k search on the GPU: lsr's Triton paths against the seed and torch baselines.
 
     PYTHONPATH=. python scripts/bench_search.py --out OUT [--sizes 100k,1m,8.8m] [--batches 1,64,500]
-        [--ks 10,1000] [--queries synth,real] [--npz VECTORS.npz] [--sweep "group=4;group=1,split=8,atomic=1"]
+        [--ks 10,1000] [--queries synth,real] [--npz VECTORS.npz] [--sweep "span=2048,rows=32;rows=8,per_sm=4"]
 
 Documents: lsr.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
 doc_weights, q_indptr, q_terms, q_weights). Queries: synthetic ones and/or the 6,980 real SPLADE++ ED
@@ -33,12 +33,18 @@ except ImportError:  # a bare GPU image: building an index in memory never touch
     import types
     for _name in ("pyarrow", "pyarrow.parquet"):
         sys.modules[_name] = types.ModuleType(_name)
-from lsr.index.inverted import InvertedIndex  # noqa: E402
-from lsr.kernels.fixed import query_scales  # noqa: E402
-from lsr.kernels.scatter import triton_scatter_scores  # noqa: E402
-from lsr.search_triton import BlockConfig, triton_search  # noqa: E402
-from lsr.sparse import SparseVectors  # noqa: E402
-from lsr.synth import SynthSpec, describe, load_npz, synth_docs, synth_queries, synth_stats  # noqa: E402
+from lsr.index.inverted import InvertedIndex
+from lsr.kernels.scatter import triton_scatter_scores
+from lsr.search_triton import BlockConfig, triton_search
+from lsr.sparse import SparseVectors
+from lsr.synth import (
+    SynthSpec,
+    describe,
+    load_npz,
+    synth_docs,
+    synth_queries,
+    synth_stats,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
@@ -207,9 +213,8 @@ class Spmm:
 
 
 def label(cfg: BlockConfig) -> str:
-    """Short name of a block config: mode, span, group, rows x chunk, programs/SM, warps."""
-    mode = f"atomic r{cfg.rows}x{cfg.chunk}" if cfg.atomic else f"rows g{cfg.group}x{cfg.chunk}"
-    return f"blk {mode} s{cfg.span} p{cfg.per_sm} w{cfg.num_warps}" + (f" g{cfg.group}" if cfg.atomic else "")
+    """Short name of a block config: span, group, rows x chunk, programs/SM, warps."""
+    return f"blk s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 
 
 def parse_sweep(s: str) -> list[BlockConfig]:
@@ -218,7 +223,7 @@ def parse_sweep(s: str) -> list[BlockConfig]:
         kw = {}
         for kv in item.split(","):
             key, val = kv.split("=")
-            kw[key.strip()] = bool(int(val)) if key.strip() == "atomic" else int(val)
+            kw[key.strip()] = int(val)
         out.append(BlockConfig(**kw))
     return out
 
@@ -242,13 +247,15 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330, help="stop starting cases after this many seconds")
     ap.add_argument("--baseline-max-n", type=float, default=9e6)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script under TRITON_INTERPRET=1")
+    ap.add_argument("--profile", action="store_true", help="cProfile 20 single-query lsr-auto calls at the "
+                    "largest N (OUT/profile_b1.txt): where the host time of a search goes")
     args = ap.parse_args()
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
     import triton
-    commit = os.environ.get("LSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+    commit = os.environ.get("LSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, check=False,
                                                             text=True, cwd=REPO).stdout.strip() or "unknown"
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET)"
     meta = {"gpu": gpu, "torch": torch.__version__,
@@ -302,14 +309,16 @@ def main() -> None:
             print(f"[N={N} block {bs}] gen {gen_s:.1f}s build {build_s:.1f}s index {coll['index_gib']:.2f} GiB "
                   f"padding x{coll['padded_over_real']:.2f}", flush=True)
             save()
-            ctx = dict(N=N, block_size=bs, args=args, over_budget=over_budget, compact=compact)
-            for cfg in parse_sweep(args.sweep):
+            ctx = {"N": N, "block_size": bs, "args": args, "over_budget": over_budget, "compact": compact}
+            for cfg in parse_sweep(args.sweep) if N == max(sizes) else []:  # the sweep at the largest N
                 for case in args.sweep_cases.split(","):
                     B, k = (int(x) for x in case.split(":"))
                     qn = next(iter(qsets))
                     run_case(rows, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
                     save()
             if i_bs == 0:
+                if args.profile and N == max(sizes):
+                    profile_single(index, next(iter(qsets.values())), out_dir / "profile_b1.txt")
                 run_methods(rows, index, qsets, ctx, save)
             del index
         del docs, compact
@@ -320,13 +329,33 @@ def main() -> None:
     print_table(rows)
 
 
+def profile_single(index, queries, path: Path, n: int = 20) -> None:
+    """cProfile of n single-query searches (after a warm-up), sorted by own and cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    for i in range(3):
+        triton_search(index, window(queries, 1, i), 1000)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        triton_search(index, window(queries, 1, i), 1000)
+        sync()
+    prof.disable()
+    buf = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
+    path.write_text(buf.getvalue())
+
+
 def run_methods(rows, index, qsets, ctx, save) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
     methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
-               "lsr-atomic": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
+               "lsr-block-small": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
                "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
-    wanted = {"auto": "lsr-auto", "block": "lsr-block", "atomic": "lsr-atomic", "scatter": "lsr-scatter",
+    wanted = {"auto": "lsr-auto", "block": "lsr-block", "small": "lsr-block-small", "scatter": "lsr-scatter",
               "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}
     chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
     if "torch-spmm" in chosen and N <= args.baseline_max_n:
@@ -387,7 +416,7 @@ def run_case(rows, name, fn, index, queries, qname, B, k, ctx, exact=True) -> No
     except torch.cuda.OutOfMemoryError as e:
         row["error"] = f"OOM: {str(e)[:120]}"
         torch.cuda.empty_cache()  # only raised on CUDA
-    except Exception as e:  # keep benchmarking the other cases; the row records what broke
+    except Exception as e:  # noqa: BLE001 - keep benchmarking the other cases; the row records what broke
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     rows.append(row)
     print(json.dumps(row), flush=True)
@@ -403,7 +432,7 @@ def print_table(rows: list[dict]) -> None:
             continue
         print(f"{r['method'][:33]:<34}{r['block_size']:>6}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
               f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>8.2f}{r['peak_extra_gib']:>7.2f}"
-              f"{str(r.get('exact_fail', '-')):>6}{'y' if r.get('bit_identical') else '-':>4}")
+              f"{r.get('exact_fail', '-')!s:>6}{'y' if r.get('bit_identical') else '-':>4}")
 
 
 if __name__ == "__main__":

@@ -180,25 +180,23 @@ def test_topk_dense_matches_twin(gen, N, k, cap):
 
 
 # --------------------------------------------------------------------------------------- block kernel
-BLOCK_CASES = [  # (index block size, span, group, rows, chunk, atomic)
-    (32, 32, 1, 4, 32, True),
-    (32, 64, 2, 2, 32, True),      # span = 2 index blocks, 2 queries per item
-    (64, 32, 4, 8, 64, True),      # span = half a block: derived offsets; chunks wider than most runs
-    (32, 32, 1, 1, 32, True),
-    (32, 64, 4, 1, 32, False),     # rows mode: one query per tile row, plain load/add/store
-    (64, 32, 2, 1, 64, False),
+BLOCK_CASES = [  # (index block size, span, group, rows, chunk)
+    (32, 32, 1, 4, 32),
+    (32, 64, 2, 2, 32),      # span = 2 index blocks, 2 queries per item
+    (64, 32, 4, 8, 64),      # span = half a block: derived offsets; chunks wider than most runs
+    (32, 32, 1, 1, 32),
 ]
 
 
-@pytest.mark.parametrize("bs,span,group,rows,chunk,atomic", BLOCK_CASES)
-def test_block_kernel_matches_twin(gen, bs, span, group, rows, chunk, atomic):
+@pytest.mark.parametrize("bs,span,group,rows,chunk", BLOCK_CASES)
+def test_block_kernel_matches_twin(gen, bs, span, group, rows, chunk):
     docs = rand_vectors(150, 28, 0.3, gen, quantized=True)
     q = rand_vectors(5, 28, 0.35, gen, quantized=True, empty_rows=1)
     index = build_index(docs, bs)
     off = span_offsets(index, span)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
     args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)
-    kw = dict(group=group, rows=rows, chunk=chunk, readout=32, atomic=atomic, n_programs=3)
+    kw = {"group": group, "rows": rows, "chunk": chunk, "readout": 32, "n_programs": 3}
     spans = torch.arange(off.shape[1] - 1, device=DEV)
     width = span // topk.ROW
     items = block.span_items(5, spans, group, width)
@@ -229,7 +227,7 @@ def test_span_offsets_cover_each_span(gen):
 
 # --------------------------------------------------------------------------------------- triton_search
 SEARCH_CONFIGS = [BlockConfig(span=32, group=2, rows=4), BlockConfig(span=64, rows=2, readout=32),
-                  BlockConfig(span=32, atomic=False, group=4, chunk=64, sample_every=2)]
+                  BlockConfig(span=32, group=4, rows=8, chunk=64, sample_every=2)]
 
 
 @pytest.mark.parametrize("quantized", [False, True])
@@ -295,7 +293,7 @@ def test_search_rejects_bad_arguments(gen):
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32),
-                                 BlockConfig(span=4096, chunk=64), BlockConfig(atomic=False, group=8, span=1024)])
+                                 BlockConfig(span=4096, chunk=64), BlockConfig(rows=32, num_warps=8, per_sm=2)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
-__all__ = ["dense_queries", "triton_csr_scores", "torch_csr_scores"]
+__all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
 
 
 def dense_queries(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
@@ -49,7 +49,7 @@ def _csr_kernel(doc_indptr_ptr, doc_terms_ptr, doc_w_ptr, qd_ptr, stride_qd_b, s
     length = tl.load(doc_indptr_ptr + doc + 1, mask=valid, other=0) - start
     scale = tl.load(scale_ptr + rows, mask=rows < B, other=1.0)
     acc = tl.zeros([BLOCK_Q, BLOCK_C], dtype=tl.int64)
-    for r in range(0, tl.max(tl.max(length, axis=1), axis=0)):
+    for r in range(tl.max(tl.max(length, axis=1), axis=0)):
         m = r < length
         term = tl.load(doc_terms_ptr + start + r, mask=m, other=0)
         w = tl.load(doc_w_ptr + start + r, mask=m, other=0.0)

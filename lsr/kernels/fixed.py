@@ -20,14 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FIXED_BITS", "query_scales", "torch_to_fixed", "torch_from_fixed", "to_fixed", "from_fixed"]
+__all__ = ["FIXED_BITS", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed", "torch_to_fixed"]
 
 FIXED_BITS = 61  # partial sums stay below 2**61: 4x headroom under int64's 2**63
 _MAX_EXP = 1000  # keep 2**e finite in float64 for degenerate bounds (empty or tiny queries)
 
 
 def query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
-                 max_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 max_scores: torch.Tensor, max_terms: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-query fixed-point scale ``2**e`` and its inverse, both float64 [B].
 
     Args:
@@ -35,16 +35,18 @@ def query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch
         q_terms: int32/int64 [nnz] term ids (< len(max_scores)).
         q_weights: float32 [nnz] query weights (> 0).
         max_scores: float32 [V] largest document weight of every term (0 for empty lists).
+        max_terms: the longest query, if the caller knows it (saves a device sync).
     """
     bound = q_weights.to(torch.float64) * max_scores.to(torch.float64)[q_terms.long()]
     n = q_indptr.numel() - 1
     lengths = q_indptr[1:] - q_indptr[:-1]
-    width = int(lengths.max()) if n and bound.numel() else 0
+    if max_terms is None:
+        max_terms = int(lengths.max()) if n and bound.numel() else 0
     # a padded row sum is deterministic on every device (index_add_ of floats is not on CUDA) and,
     # unlike prefix-sum differences, exact to a few ulps for small rows next to large ones
     rows = torch.repeat_interleave(torch.arange(n, device=bound.device), lengths)
     cols = torch.arange(bound.numel(), device=bound.device) - q_indptr[:-1][rows]
-    dense = torch.zeros(n, max(width, 1), dtype=torch.float64, device=bound.device)
+    dense = torch.zeros(n, max(max_terms, 1), dtype=torch.float64, device=bound.device)
     dense[rows, cols] = bound
     upper = dense.sum(1)
     # upper = m * 2**E with m in [0.5, 1): every partial sum < 2**E (plus a few ulps of summation error)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
-__all__ = ["triton_scatter_scores", "torch_scatter_scores"]
+__all__ = ["torch_scatter_scores", "triton_scatter_scores"]
 
 
 @triton.jit

@@ -25,9 +25,24 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ROW", "DOC_MASK", "pack_keys", "unpack_keys", "topk_keys", "merge_topk", "kth_threshold", "torch_topk",
-           "torch_emit", "torch_row_max", "torch_select", "triton_select", "triton_topk", "pack_key",
-           "emit_tile", "row_max_keys"]
+__all__ = [
+    "DOC_MASK",
+    "ROW",
+    "emit_tile",
+    "kth_threshold",
+    "merge_topk",
+    "pack_key",
+    "pack_keys",
+    "row_max_keys",
+    "topk_keys",
+    "torch_emit",
+    "torch_row_max",
+    "torch_select",
+    "torch_topk",
+    "triton_select",
+    "triton_topk",
+    "unpack_keys",
+]
 
 ROW = 32                      # docs per row maximum (one warp's worth)
 DOC_MASK = (1 << 31) - 1      # doc ids are int32, so 31 bits hold them

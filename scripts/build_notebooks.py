@@ -1,0 +1,123 @@
+"""Write and execute the notebooks in notebooks/ (outputs and plots saved in the .ipynb files and as PNG).
+
+    python scripts/build_notebooks.py            # needs matplotlib, nbformat, nbconvert, ipykernel
+
+The benchmark notebook only reads the committed results in docs/bench/ (no GPU needed); the
+quickstart notebook runs the offline SciFact BM25 pipeline through the Python API (~10 s on a CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbconvert.preprocessors import ExecutePreprocessor
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+NB = REPO / "notebooks"
+
+QUICKSTART = [
+    new_markdown_cell("# lsr quickstart: BM25 on SciFact, offline\n\nEncode the shipped SciFact corpus with the "
+                      "BM25 lexical encoder, build the inverted index, search the 300 test queries and evaluate "
+                      "with ir-measures. The same job is `lsr run configs/quickstart.yaml`; for SPLADE swap the "
+                      "encoder for `lsr.SpladeEncoder.from_pretrained(...)`."),
+    new_code_cell("import os, time\nos.chdir('..')  # repository root: data/ lives there\n"
+                  "import lsr\nfrom lsr.data import load_dataset\nfrom lsr.encode.lexical import LexicalEncoder\n"
+                  "ds = load_dataset('data/scifact', 'test')\n"
+                  "ids, texts = zip(*ds.docs_iter())\nlen(ids), len(ds.queries), sum(map(len, ds.qrels.values()))"),
+    new_code_cell("t0 = time.time()\nenc = LexicalEncoder(k1=0.9, b=0.4)\n"
+                  "docs = enc.fit_encode_documents(texts, ids=list(ids))\n"
+                  "index = lsr.InvertedIndex.build(docs, device='cpu')\n"
+                  "qids = list(ds.queries)\nqueries = enc.encode_queries([ds.queries[q] for q in qids], ids=qids)\n"
+                  "scores, doc_idx = lsr.Searcher(index).search(queries, k=1000)\n"
+                  "print(f'{len(docs)} docs, {docs.nnz} postings, searched in {time.time() - t0:.1f}s')"),
+    new_code_cell("from lsr import runs\nrun = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)\n"
+                  "lsr.evaluate(run, ds.qrels, metrics=('RR@10', 'nDCG@10', 'R@1000'))"),
+    new_code_cell("# what a query looks like to the index, and its best hit\n"
+                  "q = 0\nprint(ds.queries[qids[q]])\nprint(enc.decode(queries[q])[0][:10])\n"
+                  "best = int(doc_idx[q, 0])\nprint(index.docnos[best], float(scores[q, 0]), texts[best][:200])"),
+]
+
+BENCH_SETUP = """import json, glob
+from pathlib import Path
+import pandas as pd
+import matplotlib.pyplot as plt
+BENCH = Path('../docs/bench'); FIG = Path('figures'); FIG.mkdir(exist_ok=True)
+def csvs(pattern):
+    frames = [pd.read_csv(p) for p in sorted(BENCH.glob(pattern))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()"""
+
+HEAD = """head = csvs('bench_head*.csv')
+MAIN = ['sparton', 'sparton_head', 'gemm_floor', 'torch_compile', 'torch_eager', 'torch_vocab_tiled',
+        'hf_mlm_head', 'backbone_only']  # the diagnostic split rows stay in the table below
+head = head[(head.status == 'ok') & head.impl.isin(MAIN)].drop_duplicates(['mode', 'B', 'S', 'V', 'impl'], keep='last')
+head['case'] = head['mode'] + ' ' + head.B.astype(str) + 'x' + head.S.astype(str) + 'x' + head.V.astype(str)
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+for ax, col, label in [(axes[0], 'ms', 'time (ms, log)'), (axes[1], 'peak_extra_mb', 'peak extra memory (MB, log)')]:
+    pivot = head.pivot_table(index='case', columns='impl', values=col)
+    pivot[[c for c in MAIN if c in pivot]].plot.bar(ax=ax, logy=True, rot=30, legend=ax is axes[1])
+    ax.set_ylabel(label); ax.set_xlabel('')
+axes[1].legend(loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=8)
+axes[0].set_title('Sparton head vs baselines (H200, bf16, D=768)')
+plt.tight_layout(); plt.savefig(FIG / 'head.png', dpi=110); plt.show()
+head.pivot_table(index='case', columns='impl', values='ms').round(2)"""
+
+SEARCH = """search = csvs('bench_search*.csv')
+if len(search):
+    s = search[(search.k == 1000) & search.qps.notna() & ~search.method.str.startswith('blk ')]  # no sweep rows
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    for ax, qset in zip(axes, ['synth', 'real']):
+        part = s[(s.queries == qset) & (s.n_docs == s.n_docs.max())]
+        part.pivot_table(index='B', columns='method', values='qps', aggfunc='max').plot(ax=ax, marker='o', logy=True, logx=True)
+        ax.set_title(f'QPS at {s.n_docs.max():,} docs, k=1000, {qset} queries'); ax.set_ylabel('queries / s')
+    plt.tight_layout(); plt.savefig(FIG / 'search_batch.png', dpi=110); plt.show()
+    if s.n_docs.nunique() > 1:
+        part = s[(s.B == s.B.max())]
+        ax = part.pivot_table(index='n_docs', columns='method', values='qps', aggfunc='max').plot(marker='o', logx=True, logy=True, figsize=(7, 4.5))
+        ax.set_title(f'QPS vs collection size (B={s.B.max()}, k=1000)'); plt.savefig(FIG / 'search_size.png', dpi=110); plt.show()
+search.pivot_table(index=['n_docs', 'queries', 'B', 'k'], columns='method', values='qps', aggfunc='max').round(0) if len(search) else 'no search results'"""
+
+ENCODE = """enc = csvs('bench_encode*.csv')
+enc = enc[enc.status == 'ok']
+best = enc.groupby(['data', 'method']).pps.max().unstack()
+ax = best.plot.bar(figsize=(9, 4.5), rot=0, logy=True)
+ax.axhline(22000, color='k', ls='--', lw=1, label='target 22k p/s'); ax.legend()
+ax.set_ylabel('passages / s (best batch size)'); ax.set_title('Encoding throughput, BERT-base SPLADE, H200 bf16')
+plt.tight_layout(); plt.savefig(FIG / 'encode.png', dpi=110); plt.show()
+best.round(0)"""
+
+E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
+steps = dict(e2e['timed_s'])
+ax = pd.Series(steps).plot.barh(figsize=(7, 3))
+ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_queries']} queries x {e2e['meta']['n_docs']:,} docs (total {e2e['total_s']:.2f}s)")
+plt.tight_layout(); plt.savefig(FIG / 'e2e.png', dpi=110); plt.show()
+{'total_s': round(e2e['total_s'], 2), 'baseline_runs_eval_s': round(sum(e2e['baseline_s'].values()), 2), **e2e['meta']}"""
+
+BENCHMARKS = [
+    new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200; see "
+                      "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
+    new_code_cell(BENCH_SETUP),
+    new_markdown_cell("## Sparton head: time and peak extra memory per case"),
+    new_code_cell(HEAD),
+    new_markdown_cell("## Exact search: QPS vs batch size and collection size"),
+    new_code_cell(SEARCH),
+    new_markdown_cell("## Corpus encoding throughput"),
+    new_code_cell(ENCODE),
+    new_markdown_cell("## Dev-small end to end (search + runs + evaluation, vectors given)"),
+    new_code_cell(E2E),
+]
+
+
+def build(name: str, cells: list) -> None:
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                            "language": "python"}})
+    ExecutePreprocessor(timeout=600, kernel_name="python3").preprocess(nb, {"metadata": {"path": str(NB)}})
+    nbformat.write(nb, NB / name)
+    print(f"wrote {NB / name}")
+
+
+if __name__ == "__main__":
+    NB.mkdir(exist_ok=True)
+    build("benchmarks.ipynb", BENCHMARKS)
+    build("quickstart.ipynb", QUICKSTART)
