@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # (Lengths and batch sizes legitimately differ between queries and documents, so they are not compared.)
 ENCODER_IDENTITY_KEYS = ("kind", "model", "model_id", "name_or_path", "revision", "vocab_hash", "tokenizer_hash",
                          "vocab_size", "lowercase", "stemmer", "pooling")
+_TRITON_QUERY_BATCH = 512
 _MAX_QUERY_BATCH = 256
 
 
@@ -196,6 +197,10 @@ class Searcher:
 
     # ------------------------------------------------------------------ internals
     def _default_query_batch(self, n_queries: int) -> int:
+        if self._triton is not None:
+            # the Triton path's working set is ~0.64 GiB at 500 queries (docs/benchmarks-search.md) and
+            # its throughput grows with the batch up to there
+            return max(1, min(n_queries, _TRITON_QUERY_BATCH))
         # the dense [V, b] query block and its [b, V] source take at most a quarter of the budget
         per_query = 8 * max(self.index.vocab_size, 1)
         return max(1, min(n_queries, _MAX_QUERY_BATCH, self.max_memory_bytes // (4 * per_query)))

@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--n-docs", type=int, default=8_841_823)
     ap.add_argument("--k", type=int, default=1000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--query-batch", type=int, default=None, help="Searcher query_batch (default: its own)")
     ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
@@ -89,14 +90,14 @@ def main() -> None:
     t = {}
     torch.cuda.reset_peak_memory_stats() if dev.startswith("cuda") else None
     base_mem = torch.cuda.memory_allocated() if dev.startswith("cuda") else 0
-    (scores, doc_idx), t["search"] = timed(lambda: searcher.search(qdev, k=args.k))
+    (scores, doc_idx), t["search"] = timed(lambda: searcher.search(qdev, k=args.k, query_batch=args.query_batch))
     peak = (torch.cuda.max_memory_allocated() - base_mem) if dev.startswith("cuda") else 0
     (s_cpu, i_cpu), t["to_host"] = timed(lambda: (scores.cpu(), doc_idx.cpu()))
     _, t["write_runs"] = timed(lambda: runs.write_topk({"trec": tmp / "run.trec", "msmarco": tmp / "run.msmarco.tsv"},
                                                        queries.ids, docnos, s_cpu, i_cpu), sync=False)
     metrics, t["evaluate"] = timed(lambda: evaluate_topk(queries.ids, i_cpu, docnos, qrels, METRICS), sync=False)
     total = sum(t.values())
-    (scores2, doc_idx2), _ = timed(lambda: searcher.search(qdev, k=args.k))
+    (scores2, doc_idx2), _ = timed(lambda: searcher.search(qdev, k=args.k, query_batch=args.query_batch))
     identical = bool(torch.equal(scores, scores2) and torch.equal(doc_idx, doc_idx2))
 
     base = {}
