@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 Run = dict[str, dict[str, float]]
+_ROWS_PER_SLICE = 100_000  # run lines formatted per thread by write_topk
 
 
 def _to_numpy(x: Any) -> Any:
@@ -136,45 +137,68 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     if flat.size and int(flat.max()) >= len(doc_arr):
         raise ValueError(f"doc index {int(flat.max())} is out of range for {len(doc_arr)} docnos")
     n = len(flat)
+    qid_arr = pa.array([str(q) for q in qids], pa.string())
+    counts = valid.sum(1)
+    row_start = np.concatenate([[0], np.cumsum(counts)])
+    # Slices of whole queries are formatted in parallel threads (Arrow's take / cast / CSV writer
+    # release the GIL), then concatenated in order: the file is the same for any number of slices.
+    n_parts = max(1, min(len(qids), os.cpu_count() or 1, 16, -(-n // _ROWS_PER_SLICE)))
+    bounds = np.linspace(0, len(qids), n_parts + 1).astype(np.int64)
 
-    def const(text: str) -> pa.Array:  # a constant column costs one dictionary entry
-        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([text]))
+    def render(part: int) -> dict[str, bytes]:
+        qa, qb = int(bounds[part]), int(bounds[part + 1])
+        pa_, pb = int(row_start[qa]), int(row_start[qb])
+        m = pb - pa_
+        v = valid[qa:qb]
+        cols = {"q": qid_arr.take(pa.array(np.repeat(np.arange(qa, qb), counts[qa:qb]))),
+                "d": doc_arr.take(pa.array(flat[pa_:pb])), "r": pa.array((np.nonzero(v)[1] + 1).astype(np.int32))}
+        out = {}
+        for f in targets:
+            if f == "trec":
+                zeros = pa.array(np.zeros(m, np.int32))  # constant columns: one dictionary entry each
+                table = pa.table({"q": cols["q"], "q0": pa.DictionaryArray.from_arrays(zeros, pa.array(["Q0"])),
+                                  "d": cols["d"], "r": cols["r"], "s": pa.array(s[qa:qb][v]).cast(pa.string()),
+                                  "t": pa.DictionaryArray.from_arrays(zeros, pa.array([tag]))})
+            else:
+                table = pa.table(cols)
+            out[f] = _csv_bytes(table, " " if f == "trec" else "\t")
+        return out
 
-    rows = np.repeat(np.arange(len(qids)), valid.sum(1))
-    q_col = pa.array([str(q) for q in qids], pa.string()).take(pa.array(rows))
-    d_col = doc_arr.take(pa.array(flat))
-    r_col = pa.array((np.nonzero(valid)[1] + 1).astype(np.int32))
-    tables = {}
-    if "trec" in targets:
-        tables["trec"] = pa.table({"q": q_col, "q0": const("Q0"), "d": d_col, "r": r_col,
-                                   "s": pa.array(s[valid]).cast(pa.string()), "t": const(tag)})
-    if "msmarco" in targets:
-        tables["msmarco"] = pa.table({"q": q_col, "d": d_col, "r": r_col})
-    if len(tables) == 1:
-        (f, t), = tables.items()
-        _write_table(t, Path(targets[f]), " " if f == "trec" else "\t")
-    else:  # Arrow's writer releases the GIL: the files are written at the same time
+    if n_parts == 1:
+        parts = [render(0)]
+    else:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(tables)) as pool:
-            for job in [pool.submit(_write_table, t, Path(targets[f]), " " if f == "trec" else "\t")
-                        for f, t in tables.items()]:
-                job.result()
+        with ThreadPoolExecutor(n_parts) as pool:
+            parts = list(pool.map(render, range(n_parts)))
+    for f, target in targets.items():
+        _write_bytes([p[f] for p in parts], Path(target))
     return n
 
 
-def _write_table(table: Any, path: Path, delimiter: str) -> None:
-    """Arrow table -> headerless, unquoted text file (gzip for .gz), atomically."""
+def _csv_bytes(table: Any, delimiter: str) -> Any:
+    """Arrow table -> headerless, unquoted delimited text (an Arrow buffer)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    opts = pacsv.WriteOptions(include_header=False, delimiter=delimiter, quoting_style="none")
+    sink = pa.BufferOutputStream()
+    if table.num_rows:
+        pacsv.write_csv(table, sink, pacsv.WriteOptions(include_header=False, delimiter=delimiter,
+                                                        quoting_style="none"))
+    return sink.getvalue()
+
+
+def _write_bytes(chunks: Sequence[Any], path: Path) -> None:
+    """Write buffers in order to ``path`` (gzip for .gz), atomically."""
+    import pyarrow as pa
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pa.OSFile(str(tmp), "wb") as raw:
             sink = pa.CompressedOutputStream(raw, "gzip") if path.suffix == ".gz" else raw
-            pacsv.write_csv(table, sink, opts)
+            for chunk in chunks:
+                sink.write(chunk)
             if sink is not raw:
                 sink.close()
         os.replace(tmp, path)
