@@ -76,7 +76,6 @@ def main() -> None:
 
     docs, t_gen = timed(lambda: synth_docs(args.n_docs, SynthSpec(), device=dev))
     index, t_build = timed(lambda: InvertedIndex.build(docs, device=dev))
-    del docs
     queries, t_read = timed(lambda: read_anserini_queries(QUERIES, VOCAB), sync=False)
     qrels = load_dataset("msmarco-passage/dev/small").qrels
     import pyarrow as pa
