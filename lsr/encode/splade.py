@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from lsr.encode.lexical import vocab_hash
-from lsr.encode.tokenize_pool import TokenizerPool, encode_ids
 from lsr.kernels.sparton import sparton_head
 from lsr.sparse import SparseVectors
 
@@ -44,7 +43,6 @@ __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
 _KEEP = object()  # "use the encoder's doc_top_k"
-POOL_MIN_TEXTS = 8192  # smaller calls tokenize in-process: a worker round trip would cost more
 
 
 @dataclass
@@ -129,28 +127,25 @@ class _Tokenize:
     Uses a private copy of the Rust tokenizer configured once (truncation on, padding off), so
     calls from a worker thread never race with the HF wrapper mutating its settings."""
 
-    def __init__(self, tokenizer: Any, max_length: int, workers: int = 0) -> None:
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = None
-        self._pool: TokenizerPool | None = None
         if backend is not None:
             from tokenizers import Tokenizer
 
             self._fast = Tokenizer.from_str(backend.to_str())
             self._fast.no_padding()
             self._fast.enable_truncation(max_length)
-            if workers > 0:
-                self._pool = TokenizerPool(self._fast.to_str(), max_length, workers)
+            self._encode = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)  # no offsets
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat int64 [sum lengths] token ids, lengths int64 [n])."""
         texts = texts if isinstance(texts, list) else list(texts)
-        if self._pool is not None and len(texts) >= POOL_MIN_TEXTS:
-            return self._pool(texts)
         if self._fast is not None:
-            return encode_ids(self._fast, texts)  # Rust, parallel; the id lists are built under the GIL
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+            ids = [e.ids for e in self._encode(texts)]  # Rust, parallel, releases the GIL
+        else:
+            ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum())), lengths
 
@@ -203,7 +198,7 @@ class SpladeEncoder:
 
     def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
                  max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
-                 batch_size: int, max_tokens: int | None, tokenize_workers: int = 0) -> None:
+                 batch_size: int, max_tokens: int | None) -> None:
         if query.vocab != doc.vocab:
             raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
         if doc_top_k is not None and doc_top_k <= 0:
@@ -214,7 +209,6 @@ class SpladeEncoder:
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
         self._tokenizers: dict[str, _Tokenize] = {}
-        self.tokenize_workers = tokenize_workers
         self._lock = threading.Lock()
 
     @classmethod
@@ -223,8 +217,7 @@ class SpladeEncoder:
                         max_length_query: int = 64, max_length_doc: int = 256, doc_top_k: int | None = None,
                         backend: str = "auto", local_files_only: bool | None = None, *, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
-                        attn_implementation: str | None = "sdpa", compile: bool = False,
-                        tokenize_workers: int | None = None) -> SpladeEncoder:
+                        attn_implementation: str | None = "sdpa", compile: bool = False) -> SpladeEncoder:
         """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
 
         ``device``: default CUDA when available. ``dtype``: default bf16 on CUDA, fp32 on CPU.
@@ -233,8 +226,6 @@ class SpladeEncoder:
         ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes) — pays off only for long runs.
-        ``tokenize_workers``: processes that tokenize large text lists (default: on CUDA with >= 4 CPU
-        cores, min(8, cores // 2); else 0 = tokenize in-process).
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = _dtype(dtype, dev)
@@ -248,13 +239,9 @@ class SpladeEncoder:
             for tower in {id(doc): doc, id(query): query}.values():
                 tower.body = torch.compile(tower.body, dynamic=True)
         cuda = dev.type == "cuda"
-        if tokenize_workers is None:
-            cores = os.cpu_count() or 1
-            tokenize_workers = min(8, cores // 2) if cuda and cores >= 4 else 0
         return cls(doc, query, device=dev, dtype=dt, max_length_query=max_length_query, max_length_doc=max_length_doc,
                    doc_top_k=doc_top_k, backend=backend, batch_size=batch_size or (1024 if cuda else 32),
-                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None),
-                   tokenize_workers=tokenize_workers)
+                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None))
 
     # ------------------------------------------------------------------ facts
     @property
@@ -286,7 +273,7 @@ class SpladeEncoder:
                 if kind not in self._towers:
                     raise ValueError(f"kind must be 'query' or 'doc', got {kind!r}")
                 length = self.max_length_doc if kind == "doc" else self.max_length_query
-                self._tokenizers[kind] = _Tokenize(self._towers[kind].tokenizer, length, self.tokenize_workers)
+                self._tokenizers[kind] = _Tokenize(self._towers[kind].tokenizer, length)
             return self._tokenizers[kind]
 
     def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
