@@ -13,9 +13,12 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["PathLike", "atomic_write", "count_lines", "iter_lines", "open_binary", "open_text"]
+import numpy as np
+
+__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines", "open_binary",
+           "open_text", "to_numpy"]
 
 PathLike = str | os.PathLike
 
@@ -46,8 +49,8 @@ def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
 
 
 @contextlib.contextmanager
-def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
-    """Write a text file atomically: into a temporary file next to ``path``, renamed on success.
+def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
+    """Write a binary file atomically: into a temporary file next to ``path``, renamed on success.
 
     A ``.gz`` path is gzip-compressed. On an exception the temporary file is removed and ``path``
     is left as it was, so readers never see a half-written run or vector file.
@@ -57,12 +60,37 @@ def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            # mtime=0 keeps gzip output byte-identical across runs (reproducible files)
-            binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.suffix == ".gz" else raw
-            with io.TextIOWrapper(binary, encoding=encoding, newline="\n") as text:
-                yield text
+            if path.suffix == ".gz":
+                # mtime=0 keeps gzip output byte-identical across runs (reproducible files)
+                with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped:
+                    yield zipped
+            else:
+                yield raw
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
+    """Write a text file atomically (see ``atomic_write_bytes``; ``.gz`` paths are gzip-compressed)."""
+    with atomic_write_bytes(path) as binary, io.TextIOWrapper(binary, encoding=encoding, newline="\n") as text:
+        yield text
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A torch tensor (any device) or array-like as a numpy array, without importing torch here."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def arrow_strings(values: Any) -> Any:
+    """A pyarrow string array of ``values`` (returned as is when it already is an Arrow array)."""
+    import pyarrow as pa
+
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values
+    return pa.array(values if isinstance(values, list) else list(values), pa.string())

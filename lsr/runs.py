@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from lsr.io import PathLike, atomic_write, iter_lines
+from lsr.io import PathLike, arrow_strings, atomic_write, atomic_write_bytes, iter_lines, to_numpy
 
 __all__ = [
     "Run",
@@ -37,14 +37,6 @@ Run = dict[str, dict[str, float]]
 _ROWS_PER_SLICE = 100_000  # run lines formatted per thread by write_topk
 
 
-def _to_numpy(x: Any) -> Any:
-    import numpy as np
-
-    if hasattr(x, "detach"):  # torch tensor, without importing torch here
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
 def from_topk(qids: Sequence[str], docnos: Sequence[str], scores: Any, doc_idx: Any) -> Run:
     """Turn search output into a run.
 
@@ -54,7 +46,7 @@ def from_topk(qids: Sequence[str], docnos: Sequence[str], scores: Any, doc_idx: 
         scores: float [B, k] (torch tensor or ndarray), sorted descending per row.
         doc_idx: int64 [B, k]; -1 marks padding (fewer than k hits) and is skipped.
     """
-    s, d = _to_numpy(scores), _to_numpy(doc_idx)
+    s, d = to_numpy(scores), to_numpy(doc_idx)
     if s.ndim != 2 or s.shape != d.shape:
         raise ValueError(f"scores {s.shape} and doc_idx {d.shape} must both be [B, k]")
     if len(qids) != s.shape[0]:
@@ -121,7 +113,7 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     targets = dict(path) if isinstance(path, Mapping) else {fmt: path}
     if not targets or set(targets) - {"trec", "msmarco"}:
         raise ValueError(f"formats must be 'trec' or 'msmarco', not {sorted(targets)}")
-    s, d = _to_numpy(scores).astype(np.float32), _to_numpy(doc_idx).astype(np.int64)
+    s, d = to_numpy(scores).astype(np.float32), to_numpy(doc_idx).astype(np.int64)
     if s.ndim != 2 or s.shape != d.shape or len(qids) != s.shape[0]:
         raise ValueError(f"scores {s.shape} / doc_idx {d.shape} must be [B, k] with B = {len(qids)} qids")
     _check_token(tag, "run tag")
@@ -132,7 +124,7 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     valid = d >= 0
     if not np.isfinite(s[valid]).all():
         raise ValueError("run files need finite scores")
-    doc_arr = docnos if isinstance(docnos, (pa.Array, pa.ChunkedArray)) else pa.array(list(docnos), pa.string())
+    doc_arr = arrow_strings(docnos)
     flat = d[valid]
     if flat.size and int(flat.max()) >= len(doc_arr):
         raise ValueError(f"doc index {int(flat.max())} is out of range for {len(doc_arr)} docnos")
@@ -190,20 +182,9 @@ def _csv_bytes(table: Any, delimiter: str) -> Any:
 
 def _write_bytes(chunks: Sequence[Any], path: Path) -> None:
     """Write buffers in order to ``path`` (gzip for .gz), atomically."""
-    import pyarrow as pa
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with pa.OSFile(str(tmp), "wb") as raw:
-            sink = pa.CompressedOutputStream(raw, "gzip") if path.suffix == ".gz" else raw
-            for chunk in chunks:
-                sink.write(chunk)
-            if sink is not raw:
-                sink.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write_bytes(path) as f:
+        for chunk in chunks:
+            f.write(memoryview(chunk))
 
 
 def write_msmarco(run: Mapping[str, Mapping[str, float]], path: PathLike) -> None:

@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["evaluate_topk", "FAST_MEASURES"]
+from lsr.io import arrow_strings, to_numpy
+
+__all__ = ["FAST_MEASURES", "evaluate_topk"]
 
 FAST_MEASURES = {"RR": {"cutoff", "rel"}, "nDCG": {"cutoff"}, "R": {"cutoff", "rel"}, "P": {"cutoff", "rel"},
                  "AP": {"cutoff", "rel"}}
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
 def _grades(query_ids: Sequence[str], doc_idx: np.ndarray, docnos: Sequence[str],
@@ -42,7 +40,7 @@ def _grades(query_ids: Sequence[str], doc_idx: np.ndarray, docnos: Sequence[str]
         return out
     # docno -> index for the judged documents only (hash the few judged names, scan the docnos once)
     judged = pa.array(sorted(set(names)), type=pa.string())
-    doc_arr = docnos if isinstance(docnos, (pa.Array, pa.ChunkedArray)) else pa.array(docnos, type=pa.string())
+    doc_arr = arrow_strings(docnos)
     hit = pc.index_in(doc_arr, value_set=judged)
     where = np.nonzero(~np.asarray(hit.is_null()))[0]
     idx_of = dict(zip(np.asarray(hit.drop_null()).tolist(), where.tolist()))
@@ -109,7 +107,7 @@ def evaluate_topk(query_ids: Sequence[str], doc_idx: Any, docnos: Sequence[str],
     """
     import ir_measures
 
-    idx = _to_numpy(doc_idx).astype(np.int64)
+    idx = to_numpy(doc_idx).astype(np.int64)
     n_ret = (idx >= 0).sum(1)
     keep = np.array([q in qrels for q in query_ids], dtype=bool) & (n_ret > 0)
     qids = [q for q, m in zip(query_ids, keep) if m]
