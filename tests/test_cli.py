@@ -59,3 +59,32 @@ def test_bad_input_gives_one_line_error(tmp_path, capsys):
     assert main(["index", "--vectors", str(tmp_path / "none"), "--out", str(tmp_path / "i"), "--device", "cpu"]) == 2
     assert "error" in capsys.readouterr().err
     assert main(["evaluate", "--run", str(tmp_path / "missing.trec"), "--qrels", str(DATA / "scifact")]) == 2
+
+
+def test_run_with_pre_encoded_anserini_queries_and_pyserini_documents(tmp_path):
+    """The shipped SPLADE++ ED dev-small queries (Anserini TSV) against the 20 seismic-toy passages (JSON vectors)."""
+    out = tmp_path / "pre"
+    docs_json = DATA / "splade-samples" / "seismic-toy" / "documents.jsonl"
+    assert main(["run", str(REPO / "configs" / "msmarco-passage-dev-anserini-queries.yaml"), "--set", f"output={out}",
+                 "--set", "device=cpu", "--set", f"search.doc_vectors={docs_json}", "--set", "search.k=5"]) == 0
+    run: dict[str, list[tuple[str, float]]] = {}
+    for line in (out / "run.trec").read_text().splitlines():
+        qid, _, docno, _, score, _ = line.split()
+        run.setdefault(qid, []).append((docno, float(score)))
+    # scores are the inner products of the stored weights: recompute two queries from the float JSON documents
+    # and the Anserini query counts (weight = count / 1000)
+    from collections import Counter
+    import gzip
+
+    docs = {str(d["id"]): d["vector"] for d in map(json.loads, docs_json.read_text().splitlines())}
+    qfile = DATA / "msmarco-passage" / "splade-encoded-queries" / "topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
+    with gzip.open(qfile, "rt", encoding="utf-8") as f:
+        queries = {qid: Counter(toks.split()) for qid, toks in (ln.rstrip("\n").split("\t") for ln in f)}
+    doc_terms = {t for vec in docs.values() for t, w in vec.items() if w > 0}
+    assert set(run) == {q for q, c in queries.items() if doc_terms & set(c)}  # queries with any match
+    for qid in ("2", "1048585"):
+        expect = sorted(((sum(c / 1000 * vec.get(t, 0.0) for t, c in queries[qid].items()), d)
+                         for d, vec in docs.items()), key=lambda x: (-x[0], int(x[1])))
+        expect = [(d, s) for s, d in expect if s > 0][:5]
+        assert [d for d, _ in run[qid]] == [d for d, _ in expect]
+        assert [s for _, s in run[qid]] == pytest.approx([s for _, s in expect], rel=1e-5)
