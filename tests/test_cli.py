@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections import Counter
 
 import pytest
 
@@ -30,7 +32,7 @@ def test_quickstart_reaches_pyserini_bm25(quickstart, capsys):
 
 
 def test_evaluate_command_matches_the_pipeline(quickstart, capsys):
-    rc, out = quickstart
+    _, out = quickstart
     capsys.readouterr()
     assert main(["evaluate", "--run", str(out / "run.trec"), "--qrels", str(DATA / "scifact"),
                  "--metrics", "nDCG@10", "R@1000"]) == 0
@@ -73,9 +75,6 @@ def test_run_with_pre_encoded_anserini_queries_and_pyserini_documents(tmp_path):
         run.setdefault(qid, []).append((docno, float(score)))
     # scores are the inner products of the stored weights: recompute two queries from the float JSON documents
     # and the Anserini query counts (weight = count / 1000)
-    from collections import Counter
-    import gzip
-
     docs = {str(d["id"]): d["vector"] for d in map(json.loads, docs_json.read_text().splitlines())}
     qfile = DATA / "msmarco-passage" / "splade-encoded-queries" / "topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
     with gzip.open(qfile, "rt", encoding="utf-8") as f:
