@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lsr.io import PathLike, count_lines, iter_lines
+from lsr.io import PathLike, count_lines, iter_lines, iter_tsv_pairs
 
 __all__ = [
     "BUILTIN",
@@ -92,14 +92,9 @@ def _check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
 def read_topics_tsv(path: PathLike) -> dict[str, str]:
     """``qid<TAB>text`` lines -> {qid: text}."""
     out: dict[str, str] = {}
-    for n, line in iter_lines(path):
-        if not line.strip():
-            continue
-        qid, tab, text = line.partition("\t")
-        if not tab:
-            raise ValueError(f"{path}:{n}: expected 'qid<TAB>text', got {line!r}")
-        _check_new(out, qid.strip(), "query id", f"{path}:{n}")
-        out[qid.strip()] = text.strip()
+    for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
+        _check_new(out, qid, "query id", f"{path}:{n}")
+        out[qid] = text
     return out
 
 
@@ -186,13 +181,8 @@ def _beir_corpus(path: Path) -> DocsIter:
 
 
 def _tsv_collection(path: Path) -> DocsIter:
-    for n, line in iter_lines(path):
-        if not line.strip():
-            continue
-        docno, tab, text = line.partition("\t")
-        if not tab:
-            raise ValueError(f"{path}:{n}: expected 'docno<TAB>text', got {line[:80]!r}")
-        yield docno.strip(), text.strip()
+    for _, docno, text in iter_tsv_pairs(path, "docno<TAB>text"):
+        yield docno, text
 
 
 def _local_docs(path: Path, reader: Callable[[Path], DocsIter]) -> Callable[[], DocsIter]:

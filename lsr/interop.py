@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.io import PathLike, atomic_write, iter_lines
+from lsr.io import PathLike, atomic_write, iter_lines, iter_tsv_pairs
 from lsr.sparse import SparseVectors
 
 __all__ = [
@@ -179,13 +179,8 @@ def read_anserini_queries(path: PathLike, vocab: VocabLike, scale: float | None 
     unless ``unknown="drop"``. Row order and ids follow the file.
     """
     builder = _Builder(vocab, unknown, scale)
-    for n, line in iter_lines(path):
-        if not line.strip():
-            continue
-        qid, tab, tokens = line.partition("\t")
-        if not tab:
-            raise ValueError(f"{path}:{n}: expected 'qid<TAB>tokens', got {line[:80]!r}")
-        builder.add(qid.strip(), _count_tokens(tokens), f"{path}:{n}")
+    for n, qid, tokens in iter_tsv_pairs(path, "qid<TAB>tokens"):
+        builder.add(qid, _count_tokens(tokens), f"{path}:{n}")
     return builder.build()
 
 

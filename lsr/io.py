@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines", "open_binary",
+__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines", "iter_tsv_pairs", "open_binary",
            "open_text", "to_numpy"]
 
 PathLike = str | os.PathLike
@@ -46,6 +46,18 @@ def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     with open_text(path) as f:
         for n, line in enumerate(f, 1):
             yield n, line.rstrip("\r\n")
+
+
+def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:
+    """Yield ``(line_number, key, value)`` of ``key<TAB>value`` lines (blank lines skipped, both sides
+    stripped); ``what`` names the layout in the error for a line without a tab, e.g. "qid<TAB>text"."""
+    for n, line in iter_lines(path):
+        if not line.strip():
+            continue
+        key, tab, value = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{path}:{n}: expected '{what}', got {line[:80]!r}")
+        yield n, key.strip(), value.strip()
 
 
 @contextlib.contextmanager
