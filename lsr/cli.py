@@ -63,7 +63,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         enc.save(out / "encoder")
         print(f"fitted BM25 statistics saved to {out / 'encoder'} (pass it as --model to encode queries)")
     encode_corpus(enc, ds.docs_iter(), out, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                  resume=True, n_docs=ds.n_docs)
+                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k)
     print(f"document vectors in {out}")
     return 0
 
@@ -71,12 +71,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
     from lsr.pipeline import resolve_device
-    from lsr.shards import read_manifest, read_vectors
 
     device = resolve_device(args.device)
-    vectors = read_vectors(args.vectors, device=device)
-    meta = read_manifest(args.vectors).get("metadata", {})
-    index = InvertedIndex.build(vectors, device=device, block_size=args.block_size, metadata=meta)
+    index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size)  # metadata from the manifest
     index.save(args.out, overwrite=args.overwrite)
     print(f"indexed {index.n_docs} documents, {index.n_postings} postings -> {args.out}")
     return 0

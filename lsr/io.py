@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines", "iter_tsv_pairs", "open_binary",
-           "open_text", "to_numpy"]
+__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines",
+           "iter_tsv_pairs", "open_binary", "open_text", "to_numpy"]
 
 PathLike = str | os.PathLike
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from lsr.config import EncoderConfig, RunConfig
 
-__all__ = ["run_pipeline", "resolve_device", "build_encoder", "load_query_vectors"]
+__all__ = ["build_encoder", "load_query_vectors", "resolve_device", "run_pipeline"]
 
 log = logging.getLogger("lsr")
 
@@ -50,12 +50,9 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
     if cfg.kind == "splade":
         if not cfg.model:
             raise ValueError("encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
-        import torch
-
         from lsr.encode.splade import SpladeEncoder
 
-        dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
-        return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=dtype, query_model=cfg.query_model,
+        return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
                                              max_length_query=cfg.max_length_query,
                                              max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k)
     raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
@@ -73,18 +70,14 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 
-def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, device: str) -> Path:
-    """Write document vectors to ``out`` (resumable) and return the directory."""
-    from lsr.shards import read_manifest
-
-    if (out / "manifest.json").exists() and read_manifest(out).get("complete"):
-        log.info("document vectors already complete in %s", out)
-        return out
+def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path) -> dict[str, Any]:
+    """Write document vectors to ``out`` and return the manifest. A complete directory is reused only
+    when it was written with the same encoder settings (encode_corpus / ShardWriter check them)."""
     from lsr.encode.corpus import encode_corpus
 
-    encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
-                  shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs)
-    return out
+    return encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
+                         shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs,
+                         doc_top_k=cfg.encoder.doc_top_k)
 
 
 def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
@@ -95,7 +88,7 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
     from lsr.data import load_dataset
     from lsr.index.inverted import InvertedIndex
     from lsr.search import Searcher
-    from lsr.shards import read_manifest, read_vectors
+    from lsr.shards import read_vectors
     from lsr.topk_metrics import evaluate_topk
 
     device = resolve_device(cfg.device)
@@ -115,9 +108,9 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
             encoder = build_encoder(cfg.encoder, device)
             if cfg.encoder.kind == "bm25":
                 encoder = _fit_lexical(encoder, dataset, out / "encoder")
-            vec_dir = _encode_docs(cfg, dataset, encoder, out / "doc_vectors", device)
-            docs = read_vectors(vec_dir)
-            doc_meta = read_manifest(vec_dir).get("metadata")
+            manifest = _encode_docs(cfg, dataset, encoder, out / "doc_vectors")
+            docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
+            doc_meta = manifest.get("metadata")
     with _step("build index", timings):
         index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
         index.save(out / "index", overwrite=True)
@@ -162,7 +155,9 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path) -> Any:
     from lsr.encode.lexical import LexicalEncoder
 
     if (path / "lexical.json").exists():
-        return LexicalEncoder.load(path)
+        saved = LexicalEncoder.load(path)
+        if (saved.k1, saved.b) == (encoder.k1, encoder.b):
+            return saved  # the corpus statistics of an earlier run of this job
     encoder.fit(text for _, text in dataset.docs_iter())
     encoder.save(path)
     return encoder

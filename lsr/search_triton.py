@@ -34,7 +34,7 @@ from lsr.kernels.block import default_programs, span_items, triton_block_candida
 from lsr.kernels.csr import dense_queries, triton_csr_scores
 from lsr.kernels.fixed import query_scales
 from lsr.kernels.scatter import triton_scatter_scores
-from lsr.kernels.topk import ROW, topk_keys, triton_topk, unpack_keys
+from lsr.kernels.topk import ROW, kth_threshold, topk_keys, triton_topk, unpack_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -73,7 +73,7 @@ def default_config(n_queries: int) -> BlockConfig:
     return BlockConfig()
 
 
-def choose_path(n_docs: int, n_queries: int, k: int) -> str:
+def choose_path(n_docs: int) -> str:
     """The path "auto" takes: "scatter" for small collections, else "block"."""
     return "scatter" if n_docs <= SMALL_N else "block"
 
@@ -139,7 +139,7 @@ def _query_arrays(index: InvertedIndex, queries: SparseVectors):
     if q.vocab_size > index.vocab_size:  # terms the index has never seen match nothing
         keep = terms < index.vocab_size
         if not bool(keep.all()):
-            row = torch.repeat_interleave(torch.arange(len(q), device=dev), q.lengths)
+            row = q.row_ids()
             indptr = torch.zeros_like(indptr)
             torch.cumsum(torch.bincount(row[keep], minlength=len(q)), 0, out=indptr[1:])
             terms, weights = terms[keep], weights[keep]
@@ -178,7 +178,7 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
     indptr, terms, weights = _query_arrays(index, queries)
     if path == "auto":
-        path = choose_path(index.n_docs, B, k)
+        path = choose_path(index.n_docs)
     if path == "block":
         return _block_search(index, indptr, terms, weights, k, config or default_config(B))
     return _dense_search(index, indptr, terms, weights, k, path)
@@ -269,7 +269,7 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     width = span // ROW
     items = span_items(B, sample, cfg.group, width)
     maxima, _ = triton_block_candidates(*args, items, B * n_samp * width, **kw)
-    theta = unpack_keys(topk_keys(maxima.view(B, -1), k)[:, k - 1])[0]
+    theta = kth_threshold(maxima.view(B, -1), k)
     # pass 2: every span, docs >= theta into cap slots
     items = span_items(B, torch.arange(n_spans, device=dev), cfg.group, cap)
     cand, counts = triton_block_candidates(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)

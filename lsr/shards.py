@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lsr.io import atomic_write, atomic_write_bytes
 from lsr.sparse import SparseVectors
 
 __all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "sha256_file"]
@@ -44,9 +45,8 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 def vectors_to_table(vectors: SparseVectors) -> pa.Table:
@@ -158,9 +158,8 @@ class ShardWriter:
     def _write(self, vectors: SparseVectors) -> None:
         k = len(self.manifest["shards"])
         name = f"part-{k:05d}.parquet"
-        tmp = self.path / (name + ".tmp")
-        pq.write_table(vectors_to_table(vectors), tmp, compression="zstd")
-        os.replace(tmp, self.path / name)
+        with atomic_write_bytes(self.path / name) as f:
+            pq.write_table(vectors_to_table(vectors), f, compression="zstd")
         self.manifest["shards"].append({"file": name, "rows": len(vectors), "nnz": vectors.nnz,
                                         "sha256": sha256_file(self.path / name)})
         self.manifest["n_rows"] += len(vectors)

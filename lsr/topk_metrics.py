@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lsr.evaluate import parse_metrics
 from lsr.io import arrow_strings, to_numpy
 
 __all__ = ["FAST_MEASURES", "evaluate_topk"]
@@ -60,9 +61,8 @@ def _grades(query_ids: Sequence[str], doc_idx: np.ndarray, docnos: Sequence[str]
     return out
 
 
-def _measure(name: str, params: Mapping[str, Any], grades: np.ndarray, n_ret: np.ndarray,
-             qrel_grades: list[np.ndarray]) -> np.ndarray:
-    """Per-query values of one measure. grades: [B, k]; n_ret: [B] retrieved counts."""
+def _measure(name: str, params: Mapping[str, Any], grades: np.ndarray, qrel_grades: list[np.ndarray]) -> np.ndarray:
+    """Per-query values of one measure. grades: [B, k] judged grade of each retrieved document."""
     k_all = grades.shape[1]
     cutoff = int(params.get("cutoff", k_all))
     g = grades[:, :cutoff]
@@ -112,14 +112,14 @@ def evaluate_topk(query_ids: Sequence[str], doc_idx: Any, docnos: Sequence[str],
     keep = np.array([q in qrels for q in query_ids], dtype=bool) & (n_ret > 0)
     qids = [q for q, m in zip(query_ids, keep) if m]
     idx, n_ret = idx[keep], n_ret[keep]
-    parsed = {m: ir_measures.parse_measure(m) for m in metrics}
+    parsed = parse_metrics(metrics)
     fast = {m: p for m, p in parsed.items() if p.NAME in FAST_MEASURES and set(p.params) <= FAST_MEASURES[p.NAME]}
     out: dict[str, float] = {}
     if fast and qids:
         grades = _grades(qids, idx, docnos, qrels)
         qg = [np.fromiter(qrels[q].values(), dtype=np.int64) for q in qids]
         for m, p in fast.items():
-            out[m] = float(_measure(p.NAME, p.params, grades, n_ret, qg).sum() / len(qrels))
+            out[m] = float(_measure(p.NAME, p.params, grades, qg).sum() / len(qrels))
     elif fast:
         out.update({m: 0.0 for m in fast})
     slow = [m for m in metrics if m not in fast]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lsr.encode.lexical import vocab_hash
+from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.kernels.sparton import sparton_head
 from lsr.sparse import SparseVectors
 
@@ -369,12 +369,7 @@ class SpladeEncoder:
 
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""
-        ip, ix, val = (t.cpu().numpy() for t in (vectors.indptr, vectors.indices, vectors.values))
-        out = []
-        for a, b in itertools.pairwise(ip):
-            order = np.argsort(-val[a:b], kind="stable")[:top_k]
-            out.append([(self.vocab[t], float(w)) for t, w in zip(ix[a:b][order], val[a:b][order])])
-        return out
+        return decode_rows(vectors, self.vocab, top_k)
 
 
 def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
