@@ -22,6 +22,7 @@ Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (tests, tiny sizes).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import weakref
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lsr.kernels import block_cuda
 from lsr.kernels.block import default_programs, span_items, triton_block_candidates
 from lsr.kernels.csr import dense_queries, triton_csr_scores
 from lsr.kernels.fixed import query_scales
@@ -60,6 +62,9 @@ class BlockConfig:
     per_sm: int = 8           # resident programs per SM (persistent grid)
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
+    kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.kernels.block_cuda) | "triton" | "auto"
+    cuda_warps: int = 2       # CUDA kernel: warps per CTA (one tile each)
+    cuda_step: int = 4        # CUDA kernel: 32-posting chunks loaded per step
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -261,35 +266,49 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     span = cfg.span
     max_terms = int(indptr.diff().max())  # the one host sync before the kernels
     scale, inv = query_scales(indptr, terms, weights, index.max_scores, max_terms)
-    kw = {"group": cfg.group, "rows": cfg.rows, "chunk": cfg.chunk, "readout": cfg.readout,
-          "num_warps": cfg.num_warps, "n_programs": default_programs(dev, cfg.per_sm), "max_terms": max_terms}
+    score = _block_kernel(cfg, dev, span, max_terms)
+    kw = {"group": cfg.group}
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
     sample = (torch.arange(n_samp, device=dev) * n_spans) // n_samp
     width = span // ROW
     items = span_items(B, sample, cfg.group, width)
-    maxima, _ = triton_block_candidates(*args, items, B * n_samp * width, **kw)
+    maxima, _ = score(*args, items, B * n_samp * width, **kw)
     theta = kth_threshold(maxima.view(B, -1), k)
     # pass 2: every span, docs >= theta into cap slots
     items = span_items(B, torch.arange(n_spans, device=dev), cfg.group, cap)
-    cand, counts = triton_block_candidates(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)
+    cand, counts = score(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)
     cand = cand.view(B, n_spans, cap)
     over = torch.nonzero(counts.view(B, n_spans) > cap)
     if over.numel():  # their slots hold only the first cap docs: drop them, rescore with room for all
         cand[over[:, 0], over[:, 1]] = -1
     best = topk_keys(cand.view(B, -1), k)
     if over.numel():
-        best = _fix_overflow(args, over, theta, best, k, kw)
+        best = _fix_overflow(score, args, over, theta, best, k)
     return unpack_keys(best)
 
 
-def _fix_overflow(args, over, theta, best, k, kw):
+def _block_kernel(cfg: BlockConfig, dev: torch.device, span: int, max_terms: int):
+    """The block scorer of ``cfg.kernel`` with its tuning bound: "auto" takes the CUDA one where it
+    compiles (CUDA device, group 1, span <= 4096), else the Triton one."""
+    if cfg.kernel not in ("auto", "cuda", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
+    fits = dev.type == "cuda" and cfg.group == 1 and span <= 4096
+    if cfg.kernel == "cuda" and not (fits and block_cuda.available(dev.index or 0)):
+        raise RuntimeError("kernel='cuda' needs a CUDA device, NVRTC, group=1 and span <= 4096")
+    if cfg.kernel == "cuda" or (cfg.kernel == "auto" and fits and block_cuda.available(dev.index or 0)):
+        return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps, step=cfg.cuda_step)
+    return functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
+                             num_warps=cfg.num_warps, n_programs=default_programs(dev, cfg.per_sm),
+                             max_terms=max_terms)
+
+
+def _fix_overflow(score, args, over, theta, best, k):
     span = args[-1]
     n_fix = over.shape[0]
     items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
              torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
-    kw = {**kw, "group": 1}
-    keys, _ = triton_block_candidates(*args, items, n_fix * span, theta=theta, cap=span, **kw)
+    keys, _ = score(*args, items, n_fix * span, theta=theta, cap=span, group=1)
     keys = topk_keys(keys.view(n_fix, span), min(k, span))
     # append every fixed pair's keys to its query's row, then take the top k again
     q = over[:, 0]

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ except ImportError:  # a bare GPU image: building an index in memory never touch
         sys.modules[_name] = types.ModuleType(_name)
 from lsr.index.inverted import InvertedIndex
 from lsr.kernels.scatter import triton_scatter_scores
-from lsr.search_triton import BlockConfig, triton_search
+from lsr.search_triton import BlockConfig, default_config, triton_search
 from lsr.sparse import SparseVectors
 from lsr.synth import (
     SynthSpec,
@@ -173,6 +174,11 @@ def lsr_method(path: str, cfg: BlockConfig | None = None):
     return run
 
 
+def triton_block(index, q, k):
+    """The block path on the Triton kernel (L2 atomics) with its default tuning: the previous default."""
+    return triton_search(index, q, k, path="block", config=replace(default_config(len(q)), kernel="triton"))
+
+
 def seed_scatter(index, q, k, chunk=128):
     """The seed design: float32 atomic scatter into [b, N] per query chunk, then torch.topk."""
     outs = []
@@ -213,8 +219,11 @@ class Spmm:
 
 
 def label(cfg: BlockConfig) -> str:
-    """Short name of a block config: span, group, rows x chunk, programs/SM, warps."""
-    return f"blk s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
+    """Short name of a block config: the CUDA kernel's span, warps/CTA, chunks/step; the Triton kernel's
+    span, group, rows x chunk, programs/SM, warps."""
+    if cfg.kernel == "cuda":
+        return f"blk-cuda s{cfg.span} w{cfg.cuda_warps} u{cfg.cuda_step}"
+    return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 
 
 def parse_sweep(s: str) -> list[BlockConfig]:
@@ -223,7 +232,7 @@ def parse_sweep(s: str) -> list[BlockConfig]:
         kw = {}
         for kv in item.split(","):
             key, val = kv.split("=")
-            kw[key.strip()] = int(val)
+            kw[key.strip()] = int(val) if val.strip().lstrip("-").isdigit() else val.strip()
         out.append(BlockConfig(**kw))
     return out
 
@@ -352,10 +361,10 @@ def profile_single(index, queries, path: Path, n: int = 20) -> None:
 def run_methods(rows, index, qsets, ctx, save) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
-    methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"),
+    methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"), "lsr-block-triton": triton_block,
                "lsr-block-small": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
                "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
-    wanted = {"auto": "lsr-auto", "block": "lsr-block", "small": "lsr-block-small", "scatter": "lsr-scatter",
+    wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "small": "lsr-block-small", "scatter": "lsr-scatter",
               "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}
     chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
     if "torch-spmm" in chosen and N <= args.baseline_max_n:

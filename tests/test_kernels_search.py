@@ -292,8 +292,10 @@ def test_search_rejects_bad_arguments(gen):
 
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32),
-                                 BlockConfig(span=4096, chunk=64), BlockConfig(rows=32, num_warps=8, per_sm=2)])
+@pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
+                                 BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(span=1024, cuda_step=2),
+                                 BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
+                                 BlockConfig(span=4096, cuda_warps=1, cuda_step=8)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")
@@ -307,3 +309,31 @@ def test_gpu_block_search_synthetic(cfg):
     assert torch.equal(s, s2) and torch.equal(d, d2)
     s3, d3 = triton_search(index, q, k, path="block", config=cfg)
     assert torch.equal(s, s3) and torch.equal(d, d3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,span,warps,step", [(32, 32, 2, 4), (64, 32, 1, 1), (2048, 2048, 2, 4), (4096, 1024, 4, 8)])
+def test_gpu_cuda_block_kernel_matches_twin(gen, bs, span, warps, step):
+    from lsr.kernels import block_cuda
+    assert block_cuda.available()
+    g = torch.Generator(device="cpu").manual_seed(7)
+    docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs
+    q = rand_vectors(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")  # ~90 terms: 3 warps' worth
+    index = build_index(docs, bs)
+    off = span_offsets(index, span)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)
+    spans = torch.arange(off.shape[1] - 1, device="cuda")
+    width = span // topk.ROW
+    items = block.span_items(9, spans, 1, width)
+    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps, step=step)
+    want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width)
+    assert torch.equal(got, want)
+    theta = topk.kth_threshold(got.view(9, -1), 40)
+    for cap in (8, span):     # 8 overflows in places (the count says so); span never does
+        items = block.span_items(9, spans, 1, cap)
+        got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap,
+                                               warps=warps, step=step)
+        want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert bool((got[1] > 0).any())
