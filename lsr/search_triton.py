@@ -266,7 +266,7 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     span = cfg.span
     max_terms = int(indptr.diff().max())  # the one host sync before the kernels
     scale, inv = query_scales(indptr, terms, weights, index.max_scores, max_terms)
-    score = _block_kernel(cfg, dev, span, max_terms)
+    score = _block_kernel(cfg, dev, span, max_terms, index.doc_ids, index.scores)
     kw = {"group": cfg.group}
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
@@ -288,14 +288,17 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     return unpack_keys(best)
 
 
-def _block_kernel(cfg: BlockConfig, dev: torch.device, span: int, max_terms: int):
+def _block_kernel(cfg: BlockConfig, dev: torch.device, span: int, max_terms: int, post_doc: torch.Tensor,
+                  post_w: torch.Tensor):
     """The block scorer of ``cfg.kernel`` with its tuning bound: "auto" takes the CUDA one where it
-    compiles (CUDA device, group 1, span <= 4096), else the Triton one."""
+    compiles (CUDA device, group 1, 64 <= span <= 4096, postings in 16-byte vectors), else the Triton one."""
     if cfg.kernel not in ("auto", "cuda", "triton"):
         raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
-    fits = dev.type == "cuda" and cfg.group == 1 and span <= 4096
+    fits = (dev.type == "cuda" and cfg.group == 1 and 64 <= span <= 4096 and post_doc.numel() % 4 == 0
+            and post_doc.data_ptr() % 16 == 0 and post_w.data_ptr() % 16 == 0)
     if cfg.kernel == "cuda" and not (fits and block_cuda.available(dev.index or 0)):
-        raise RuntimeError("kernel='cuda' needs a CUDA device, NVRTC, group=1 and span <= 4096")
+        raise RuntimeError("kernel='cuda' needs a CUDA device, NVRTC, group=1, 64 <= span <= 4096 and "
+                           "16-byte aligned postings")
     if cfg.kernel == "cuda" or (cfg.kernel == "auto" and fits and block_cuda.available(dev.index or 0)):
         return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps, step=cfg.cuda_step)
     return functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,

@@ -295,7 +295,7 @@ def test_search_rejects_bad_arguments(gen):
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
                                  BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(span=1024, cuda_step=2),
                                  BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 BlockConfig(span=4096, cuda_warps=1, cuda_step=8)])
+                                 BlockConfig(span=4096, cuda_warps=1, cuda_step=4)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")
@@ -312,7 +312,7 @@ def test_gpu_block_search_synthetic(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,span,warps,step", [(32, 32, 2, 4), (64, 32, 1, 1), (2048, 2048, 2, 4), (4096, 1024, 4, 8)])
+@pytest.mark.parametrize("bs,span,warps,step", [(32, 64, 2, 2), (64, 64, 1, 1), (2048, 2048, 2, 4), (4096, 1024, 4, 2)])
 def test_gpu_cuda_block_kernel_matches_twin(gen, bs, span, warps, step):
     from lsr.kernels import block_cuda
     assert block_cuda.available()

@@ -42,12 +42,6 @@ __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
 }
 
-__device__ __forceinline__ i64 warp_max(i64 v) {
-    #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v = max(v, __shfl_xor_sync(FULL, v, d));
-    return v;
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
@@ -58,7 +52,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                  const i64* __restrict__ item_out, int n_items,
                  i64* __restrict__ out, int* __restrict__ counts)
 {
-    extern __shared__ i64 smem[];
+    extern __shared__ __align__(16) i64 smem[];
     const int lane = threadIdx.x & 31;
     i64* tile = smem + (threadIdx.x >> 5) * SPAN;
     for (int i = lane; i < SPAN; i += 32) tile[i] = 0;
@@ -72,7 +66,8 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         const i64 qs = q_indptr[q], qe = q_indptr[q + 1];
         const double sc = scale[q];
         for (i64 g = qs; g < qe; g += 32) {
-            // lane i: run of term g + i in this span, its chunk count and inclusive prefix sum
+            // lane i: the run [rs, re) of term g + i in this span, read from a 16-byte aligned a0 in
+            // steps of 128 postings (4 per lane); n steps, inclusive prefix sum cum over the lanes
             i64 rs = 0, re = 0;
             double wqs = 0.0;
             if (g + lane < qe) {
@@ -81,61 +76,86 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                 re = so[1];
                 wqs = (double)q_w[g + lane] * sc;
             }
-            const int n = (int)((re - rs + 31) >> 5);
+            const i64 a0 = rs & ~3LL;
+            const int n = re > rs ? (int)((re - a0 + 127) >> 7) : 0;
             int cum = n;
             #pragma unroll
             for (int d = 1; d < 32; d <<= 1) {
                 const int y = __shfl_up_sync(FULL, cum, d);
                 if (lane >= d) cum += y;
             }
-            const int first = cum - n;
+            const i64 lane_base = a0 - (i64)(cum - n) * 128;   // step c of run r reads from lane_base + 128 c
             const int total = __shfl_sync(FULL, cum, 31);
             for (int c0 = 0; c0 < total; c0 += U) {
-                int doc[U];
-                float w[U];
+                int4 doc[U];
+                float4 w[U];
                 double wq[U];
+                i64 p0[U], lo[U], hi[U];
                 #pragma unroll
-                for (int u = 0; u < U; ++u) {        // issue all U chunks' loads first
+                for (int u = 0; u < U; ++u) {        // issue all U steps' loads first
                     const int c = c0 + u;
-                    const int r = min(__popc(__ballot_sync(FULL, cum <= c)), 31);   // run of chunk c
-                    const i64 p = __shfl_sync(FULL, rs, r) + (i64)(c - __shfl_sync(FULL, first, r)) * 32 + lane;
-                    const bool ok = c < total && p < __shfl_sync(FULL, re, r);
+                    const int r = min(__popc(__ballot_sync(FULL, cum <= c)), 31);   // run of step c
+                    p0[u] = __shfl_sync(FULL, lane_base, r) + (i64)c * 128 + 4 * lane;
+                    lo[u] = __shfl_sync(FULL, rs, r);
+                    hi[u] = c < total ? __shfl_sync(FULL, re, r) : 0;
                     wq[u] = __shfl_sync(FULL, wqs, r);
-                    doc[u] = ok ? __ldg(post_doc + p) : -1;
-                    w[u] = ok ? __ldg(post_w + p) : 0.f;
+                    if (p0[u] < hi[u]) {
+                        doc[u] = __ldg(reinterpret_cast<const int4*>(post_doc + p0[u]));
+                        w[u] = __ldg(reinterpret_cast<const float4*>(post_w + p0[u]));
+                    } else {
+                        doc[u] = make_int4(-1, -1, -1, -1);
+                        w[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
                 }
                 #pragma unroll
-                for (int u = 0; u < U; ++u) {        // then add them chunk by chunk (docs distinct within one)
-                    if (doc[u] >= 0) tile[doc[u] - doc0] += (i64)((double)w[u] * wq[u]);
+                for (int u = 0; u < U; ++u) {        // then add them step by step (one run: distinct docs)
+                    const int dd[4] = {doc[u].x, doc[u].y, doc[u].z, doc[u].w};
+                    const float ww[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const i64 p = p0[u] + e;
+                        if (dd[e] >= 0 && p >= lo[u] && p < hi[u])
+                            tile[dd[e] - doc0] += (i64)((double)ww[e] * wq[u]);
+                    }
                     __syncwarp();
                 }
             }
         }
-        // read out (and zero) the tile in rows of 32 docs
+        // read out (and zero) the tile, 64 docs per pass: lane l holds docs 2l and 2l + 1
         const double inv = inv_scale[q];
+        longlong2* tile2 = reinterpret_cast<longlong2*>(tile);
 #if ROWMAX
         #pragma unroll 4
-        for (int r = 0; r < SPAN / 32; ++r) {
-            const int cell = r * 32 + lane;
-            const i64 acc = tile[cell];
-            tile[cell] = 0;
-            const i64 best = warp_max(pack_key((float)((double)acc * inv), doc0 + cell));
-            if (lane == 0) out[out0 + r] = best;
+        for (int r = 0; r < SPAN / 64; ++r) {
+            const longlong2 a = tile2[r * 32 + lane];
+            tile2[r * 32 + lane] = make_longlong2(0, 0);
+            const i64 d = doc0 + r * 64 + 2 * lane;
+            i64 best = max(pack_key((float)((double)a.x * inv), d), pack_key((float)((double)a.y * inv), d + 1));
+            #pragma unroll
+            for (int m = 8; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));  // 16 lanes = 32 docs
+            if ((lane & 15) == 0) out[out0 + 2 * r + (lane >> 4)] = best;
         }
 #else
+        // acc < alo implies score < theta (scores are monotone in acc): most passes skip the conversion
         const float th = theta[q];
+        const double lim = (double)nextafterf(th, 0.f) * sc * (1.0 - 0x1p-50);
+        const i64 alo = th > 0.f ? (lim >= 0x1p62 ? 0x7fffffffffffffffLL : max((i64)lim, 1LL)) : 1LL;
         int base = 0;
         #pragma unroll 4
-        for (int r = 0; r < SPAN / 32; ++r) {
-            const int cell = r * 32 + lane;
-            const i64 acc = tile[cell];
-            tile[cell] = 0;
-            const float s = (float)((double)acc * inv);
-            const bool hit = s > 0.f && s >= th;
-            const unsigned m = __ballot_sync(FULL, hit);
-            const int slot = base + __popc(m & ((1u << lane) - 1u));
-            if (hit && slot < CAP) out[out0 + slot] = pack_key(s, doc0 + cell);
-            base += __popc(m);
+        for (int r = 0; r < SPAN / 64; ++r) {
+            const longlong2 a = tile2[r * 32 + lane];
+            tile2[r * 32 + lane] = make_longlong2(0, 0);
+            if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
+                const bool h0 = s0 > 0.f && s0 >= th, h1 = s1 > 0.f && s1 >= th;
+                const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
+                const unsigned below = (1u << lane) - 1u;
+                const int slot = base + __popc(m0 & below) + __popc(m1 & below);
+                const i64 d = doc0 + r * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = pack_key(s0, d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = pack_key(s1, d + 1);
+                base += __popc(m0) + __popc(m1);
+            }
         }
         if (lane == 0) counts[out0 / CAP] = base;
 #endif
@@ -145,7 +165,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
 """
 
 WARPS = 2          # warps per CTA (each with its own tile)
-STEP_CHUNKS = 4    # chunks loaded per step (U): loads in flight per warp
+STEP = 2           # steps of 128 postings whose loads are issued together (U): loads in flight per warp
 
 
 @functools.cache
@@ -168,7 +188,7 @@ def available(device_index: int = 0) -> bool:
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(64, 8, False, WARPS, STEP_CHUNKS)
+            _kernel(64, 8, False, WARPS, STEP)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
@@ -187,14 +207,14 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                           scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                           items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
-                          warps: int = WARPS, step: int = STEP_CHUNKS, **_: object
+                          warps: int = WARPS, step: int = STEP, **_: object
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shared-memory block scorer over work items; emits candidate keys.
 
     Args: as ``lsr.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored), plus
-        warps: warps per CTA; step: chunks of 32 postings loaded per step.
-        span: docs per span, a power of two in [32, 4096] (int64 tile of span * 8 bytes per warp).
+        warps: warps per CTA; step: steps of 128 postings loaded together.
+        span: docs per span, a power of two in [64, 4096] (int64 tile of span * 8 bytes per warp).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -204,8 +224,10 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("the CUDA block kernel takes one query per work item (group=1)")
     if dev.type != "cuda":
         raise RuntimeError("the CUDA block kernel needs CUDA tensors")
-    if span < ROW or span > 4096 or span & (span - 1):
-        raise ValueError(f"span must be a power of two in [32, 4096], got {span}")
+    if span < 2 * ROW or span > 4096 or span & (span - 1):
+        raise ValueError(f"span must be a power of two in [64, 4096], got {span}")
+    if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
+        raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
     if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
         raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
     if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
