@@ -54,7 +54,7 @@ CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query c
 class BlockConfig:
     """Tuning of the block path (defaults: measured on an H200, docs/benchmarks-search.md)."""
 
-    span: int = 2048          # docs per work item (power of two dividing or multiple of the index block)
+    span: int = 2048          # Triton kernel: docs per work item (power of two dividing or multiple of the index block)
     group: int = 1            # queries per work item
     rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
     chunk: int = 32           # postings per chunk
@@ -63,8 +63,9 @@ class BlockConfig:
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
     kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.kernels.block_cuda) | "triton" | "auto"
-    cuda_warps: int = 2       # CUDA kernel: warps per CTA (one tile each)
-    cuda_step: int = 4        # CUDA kernel: 32-posting chunks loaded per step
+    cuda_span: int = 8192     # CUDA kernel: docs per work item (one shared-memory tile per CTA)
+    cuda_warps: int = 8       # CUDA kernel: warps per CTA
+    cuda_step: int = 2        # CUDA kernel: 128-posting steps whose loads are issued together
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -215,11 +216,12 @@ def _dense_search(index, indptr, terms, weights, k, path):
 
 def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
     """The block path over query chunks that keep the candidate slots within CAND_BUDGET."""
-    span = min(cfg.span, max(ROW, 1 << max(0, (index.n_docs - 1).bit_length())))  # tiny collections
+    B = indptr.numel() - 1
+    cfg = replace(cfg, group=min(cfg.group, 1 << (B - 1).bit_length()))
+    score, span = _block_kernel(cfg, index)
+    cfg = replace(cfg, span=span)
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
-    B = indptr.numel() - 1
-    cfg = replace(cfg, span=span, group=min(cfg.group, 1 << (B - 1).bit_length()))
     if cfg.group > 1:  # queries ordered by work (sum of df) so that a group's queries end together
         row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())
         cost = torch.zeros(B, dtype=torch.int64, device=indptr.device)
@@ -231,7 +233,7 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
     cap = _cap(k, n_samp)
     step = max(cfg.group, int(CAND_BUDGET // (n_spans * cap * 8)) // cfg.group * cfg.group)
     if cfg.group == 1 and B <= step:  # the common case: one chunk, queries in their own order
-        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap)
+        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap, score)
     out_s = torch.empty((B, k), dtype=torch.float32, device=indptr.device)
     out_d = torch.empty((B, k), dtype=torch.int64, device=indptr.device)
     for c0 in range(0, B, step):
@@ -242,7 +244,7 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
         src = torch.repeat_interleave(indptr[sel], lens) + torch.arange(int(ip[-1]), device=sel.device) \
             - torch.repeat_interleave(ip[:-1], lens)
         s, d = _block_chunk(index, span_off, ip, terms[src].contiguous(), weights[src].contiguous(), k,
-                            cfg, n_samp, cap)
+                            cfg, n_samp, cap, score)
         out_s[sel], out_d[sel] = s, d
     return out_s, out_d
 
@@ -259,15 +261,14 @@ def _cap(k: int, n_samp: int) -> int:
     return 1 << max(3, math.ceil(math.log2(need)))
 
 
-def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int):
+def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int, score):
     B = indptr.numel() - 1
     dev = indptr.device
     n_spans = span_off.shape[1] - 1
     span = cfg.span
     max_terms = int(indptr.diff().max())  # the one host sync before the kernels
     scale, inv = query_scales(indptr, terms, weights, index.max_scores, max_terms)
-    score = _block_kernel(cfg, dev, span, max_terms, index.doc_ids, index.scores)
-    kw = {"group": cfg.group}
+    kw = {"group": cfg.group, "max_terms": max_terms}
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
     sample = (torch.arange(n_samp, device=dev) * n_spans) // n_samp
@@ -288,22 +289,25 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     return unpack_keys(best)
 
 
-def _block_kernel(cfg: BlockConfig, dev: torch.device, span: int, max_terms: int, post_doc: torch.Tensor,
-                  post_w: torch.Tensor):
-    """The block scorer of ``cfg.kernel`` with its tuning bound: "auto" takes the CUDA one where it
-    compiles (CUDA device, group 1, 64 <= span <= 4096, postings in 16-byte vectors), else the Triton one."""
+def _block_kernel(cfg: BlockConfig, index: InvertedIndex):
+    """(scorer with its tuning bound, span) for ``cfg.kernel``: "auto" takes the CUDA kernel where it
+    serves (CUDA device with NVRTC, group 1, aligned postings, a collection of at least one CUDA span),
+    else the Triton one. Spans never exceed the collection rounded up to a power of two."""
     if cfg.kernel not in ("auto", "cuda", "triton"):
         raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
-    fits = (dev.type == "cuda" and cfg.group == 1 and 64 <= span <= 4096 and post_doc.numel() % 4 == 0
-            and post_doc.data_ptr() % 16 == 0 and post_w.data_ptr() % 16 == 0)
-    if cfg.kernel == "cuda" and not (fits and block_cuda.available(dev.index or 0)):
-        raise RuntimeError("kernel='cuda' needs a CUDA device, NVRTC, group=1, 64 <= span <= 4096 and "
-                           "16-byte aligned postings")
-    if cfg.kernel == "cuda" or (cfg.kernel == "auto" and fits and block_cuda.available(dev.index or 0)):
-        return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps, step=cfg.cuda_step)
+    limit = max(ROW, 1 << max(0, (index.n_docs - 1).bit_length()))
+    span = min(cfg.cuda_span, limit)
+    ok = cfg.kernel != "triton" and cfg.group == 1 and span == cfg.cuda_span \
+        and block_cuda.usable(index.doc_ids, index.scores, span, cfg.cuda_warps)
+    if cfg.kernel == "cuda" and not ok:
+        raise RuntimeError("kernel='cuda' needs a CUDA device with NVRTC, group=1, 16-byte aligned postings "
+                           "and at least cuda_span docs")
+    if ok:
+        return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps, step=cfg.cuda_step), span
+    dev = index.device
     return functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
-                             num_warps=cfg.num_warps, n_programs=default_programs(dev, cfg.per_sm),
-                             max_terms=max_terms)
+                             num_warps=cfg.num_warps, n_programs=default_programs(dev, cfg.per_sm)), \
+        min(cfg.span, limit)
 
 
 def _fix_overflow(score, args, over, theta, best, k):

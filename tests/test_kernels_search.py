@@ -293,9 +293,9 @@ def test_search_rejects_bad_arguments(gen):
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
-                                 BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(span=1024, cuda_step=2),
+                                 BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(cuda_span=1024, cuda_warps=4),
                                  BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 BlockConfig(span=4096, cuda_warps=1, cuda_step=4)])
+                                 BlockConfig(cuda_span=16384, cuda_step=1)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")
@@ -312,10 +312,13 @@ def test_gpu_block_search_synthetic(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,span,warps,step", [(32, 64, 2, 2), (64, 64, 1, 1), (2048, 2048, 2, 4), (4096, 1024, 4, 2)])
-def test_gpu_cuda_block_kernel_matches_twin(gen, bs, span, warps, step):
+@pytest.mark.parametrize("bs,span,warps,step,terms", [(32, 64, 1, 2, 256), (64, 128, 2, 1, 32), (2048, 2048, 8, 2, 256),
+                                                      (4096, 1024, 4, 4, 64), (2048, 8192, 8, 2, 32)])
+def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, step, terms):
     from lsr.kernels import block_cuda
     assert block_cuda.available()
+    monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
+    block_cuda._kernel.cache_clear()
     g = torch.Generator(device="cpu").manual_seed(7)
     docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs
     q = rand_vectors(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")  # ~90 terms: 3 warps' worth

@@ -31,18 +31,20 @@ import torch
 
 from lsr.kernels.topk import ROW
 
-__all__ = ["available", "cuda_block_candidates", "programs_per_sm"]
+__all__ = ["MAX_SPAN", "SPAN", "available", "cuda_block_candidates", "programs_per_sm", "usable"]
 
 _SOURCE = r"""
 typedef long long i64;
+typedef unsigned long long u64;
 #define FULL 0xffffffffu
+#define NT (WARPS * 32)
 
 __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     // lsr.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
     return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(NT)
 lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
                  const i64* __restrict__ q_indptr, const int* __restrict__ q_terms,
@@ -53,52 +55,85 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                  i64* __restrict__ out, int* __restrict__ counts)
 {
     extern __shared__ __align__(16) i64 smem[];
-    const int lane = threadIdx.x & 31;
-    i64* tile = smem + (threadIdx.x >> 5) * SPAN;
-    for (int i = lane; i < SPAN; i += 32) tile[i] = 0;
-    __syncwarp();
-    const int n_warps = gridDim.x * WARPS;
-    for (int item = blockIdx.x * WARPS + (threadIdx.x >> 5); item < n_items; item += n_warps) {
+    i64* tile = smem;                          // SPAN int64 accumulators
+    i64* t_base = tile + SPAN;                 // per run: where its step c reads (base + 128 c)
+    i64* t_lo = t_base + TG;                   // run [lo, hi) in the postings
+    i64* t_hi = t_lo + TG;
+    double* t_wq = (double*)(t_hi + TG);       // query weight * scale
+    int* t_cum = (int*)(t_wq + TG);            // inclusive prefix sum of steps per run
+    int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < SPAN; i += NT) tile[i] = 0;
+    __syncthreads();
+    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
         const int q = item_q[item];
         const int span = item_span[item];
         const i64 out0 = item_out[item];
         const i64 doc0 = (i64)span * SPAN;
         const i64 qs = q_indptr[q], qe = q_indptr[q + 1];
         const double sc = scale[q];
-        for (i64 g = qs; g < qe; g += 32) {
-            // lane i: the run [rs, re) of term g + i in this span, read from a 16-byte aligned a0 in
-            // steps of 128 postings (4 per lane); n steps, inclusive prefix sum cum over the lanes
-            i64 rs = 0, re = 0;
-            double wqs = 0.0;
-            if (g + lane < qe) {
-                const i64* so = span_off + (i64)q_terms[g + lane] * stride_so + span;
-                rs = so[0];
-                re = so[1];
-                wqs = (double)q_w[g + lane] * sc;
+        for (i64 g = qs; g < qe; g += TG) {
+            // ---- the runs of terms g.. in this span, read in 16-byte aligned steps of 128 postings
+            for (int i = tid; i < TG; i += NT) {
+                i64 rs = 0, re = 0;
+                double wqs = 0.0;
+                if (g + i < qe) {
+                    const i64* so = span_off + (i64)q_terms[g + i] * stride_so + span;
+                    rs = so[0];
+                    re = so[1];
+                    wqs = (double)q_w[g + i] * sc;
+                }
+                t_base[i] = rs & ~3LL;
+                t_lo[i] = rs;
+                t_hi[i] = re;
+                t_wq[i] = wqs;
+                t_cum[i] = re > rs ? (int)((re - (rs & ~3LL) + 127) >> 7) : 0;
             }
-            const i64 a0 = rs & ~3LL;
-            const int n = re > rs ? (int)((re - a0 + 127) >> 7) : 0;
-            int cum = n;
-            #pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int y = __shfl_up_sync(FULL, cum, d);
-                if (lane >= d) cum += y;
+            __syncthreads();
+            if (warp == 0) {                   // inclusive scan of t_cum: TG / 32 entries per lane
+                int run = 0;
+                #pragma unroll
+                for (int j = 0; j < TG / 32; ++j) run += t_cum[lane * (TG / 32) + j];
+                int inc = run;
+                #pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int y = __shfl_up_sync(FULL, inc, d);
+                    if (lane >= d) inc += y;
+                }
+                int acc = inc - run;
+                #pragma unroll
+                for (int j = 0; j < TG / 32; ++j) {
+                    const int n = t_cum[lane * (TG / 32) + j];
+                    t_base[lane * (TG / 32) + j] -= (i64)acc * 128;   // step c of the run reads base + 128 c
+                    acc += n;
+                    t_cum[lane * (TG / 32) + j] = acc;
+                }
             }
-            const i64 lane_base = a0 - (i64)(cum - n) * 128;   // step c of run r reads from lane_base + 128 c
-            const int total = __shfl_sync(FULL, cum, 31);
-            for (int c0 = 0; c0 < total; c0 += U) {
+            __syncthreads();
+            // ---- warp w takes a contiguous range of the steps; shared atomics: runs of different terms
+            // may hit one doc at the same time (integer adds commute: the sums are exact and deterministic)
+            const int total = t_cum[TG - 1];
+            const int c_end = (int)((i64)total * (warp + 1) / WARPS);
+            int c = (int)((i64)total * warp / WARPS);
+            int r = 0;
+            {
+                int lo = 0, hi = TG - 1;       // first run with t_cum > c
+                while (lo < hi) { const int mid = (lo + hi) >> 1; if (t_cum[mid] > c) hi = mid; else lo = mid + 1; }
+                r = lo;
+            }
+            for (; c < c_end; c += U) {
                 int4 doc[U];
                 float4 w[U];
                 double wq[U];
                 i64 p0[U], lo[U], hi[U];
                 #pragma unroll
                 for (int u = 0; u < U; ++u) {        // issue all U steps' loads first
-                    const int c = c0 + u;
-                    const int r = min(__popc(__ballot_sync(FULL, cum <= c)), 31);   // run of step c
-                    p0[u] = __shfl_sync(FULL, lane_base, r) + (i64)c * 128 + 4 * lane;
-                    lo[u] = __shfl_sync(FULL, rs, r);
-                    hi[u] = c < total ? __shfl_sync(FULL, re, r) : 0;
-                    wq[u] = __shfl_sync(FULL, wqs, r);
+                    const bool ok = c + u < c_end;
+                    while (ok && t_cum[r] <= c + u) ++r;
+                    p0[u] = t_base[r] + (i64)(c + u) * 128 + 4 * lane;
+                    lo[u] = t_lo[r];
+                    hi[u] = ok ? t_hi[r] : 0;
+                    wq[u] = t_wq[r];
                     if (p0[u] < hi[u]) {
                         doc[u] = __ldg(reinterpret_cast<const int4*>(post_doc + p0[u]));
                         w[u] = __ldg(reinterpret_cast<const float4*>(post_w + p0[u]));
@@ -108,77 +143,92 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     }
                 }
                 #pragma unroll
-                for (int u = 0; u < U; ++u) {        // then add them step by step (one run: distinct docs)
+                for (int u = 0; u < U; ++u) {
                     const int dd[4] = {doc[u].x, doc[u].y, doc[u].z, doc[u].w};
                     const float ww[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const i64 p = p0[u] + e;
                         if (dd[e] >= 0 && p >= lo[u] && p < hi[u])
-                            tile[dd[e] - doc0] += (i64)((double)ww[e] * wq[u]);
+                            atomicAdd((u64*)(tile + (dd[e] - doc0)), (u64)(i64)((double)ww[e] * wq[u]));
                     }
-                    __syncwarp();
                 }
             }
+            __syncthreads();                   // all adds land; the run table may be refilled
         }
-        // read out (and zero) the tile, 64 docs per pass: lane l holds docs 2l and 2l + 1
+        // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
         const double inv = inv_scale[q];
         longlong2* tile2 = reinterpret_cast<longlong2*>(tile);
+        const int R = SPAN / 64 / WARPS;
 #if ROWMAX
-        #pragma unroll 4
-        for (int r = 0; r < SPAN / 64; ++r) {
-            const longlong2 a = tile2[r * 32 + lane];
-            tile2[r * 32 + lane] = make_longlong2(0, 0);
-            const i64 d = doc0 + r * 64 + 2 * lane;
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = tile2[j * 32 + lane];
+            tile2[j * 32 + lane] = make_longlong2(0, 0);
+            const i64 d = doc0 + j * 64 + 2 * lane;
             i64 best = max(pack_key((float)((double)a.x * inv), d), pack_key((float)((double)a.y * inv), d + 1));
             #pragma unroll
             for (int m = 8; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));  // 16 lanes = 32 docs
-            if ((lane & 15) == 0) out[out0 + 2 * r + (lane >> 4)] = best;
+            if ((lane & 15) == 0) out[out0 + 2 * j + (lane >> 4)] = best;
         }
 #else
-        // acc < alo implies score < theta (scores are monotone in acc): most passes skip the conversion
+        // acc < alo implies score < theta (scores are monotone in acc): most rows skip the conversion.
+        // Pass 1 counts each warp's hits, pass 2 writes them after the hits of the warps before it, so
+        // the slots hold the first CAP hits in ascending doc order whatever the warp timing.
         const float th = theta[q];
         const double lim = (double)nextafterf(th, 0.f) * sc * (1.0 - 0x1p-50);
         const i64 alo = th > 0.f ? (lim >= 0x1p62 ? 0x7fffffffffffffffLL : max((i64)lim, 1LL)) : 1LL;
-        int base = 0;
-        #pragma unroll 4
-        for (int r = 0; r < SPAN / 64; ++r) {
-            const longlong2 a = tile2[r * 32 + lane];
-            tile2[r * 32 + lane] = make_longlong2(0, 0);
+        const unsigned below = (1u << lane) - 1u;
+        int n_hit = 0;
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = tile2[j * 32 + lane];
             if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
+                n_hit += __popc(__ballot_sync(FULL, s0 > 0.f && s0 >= th)) + __popc(__ballot_sync(FULL, s1 > 0.f && s1 >= th));
+            }
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = tile2[j * 32 + lane];
+            tile2[j * 32 + lane] = make_longlong2(0, 0);
+            if (base < CAP && __any_sync(FULL, a.x >= alo || a.y >= alo)) {
                 const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
                 const bool h0 = s0 > 0.f && s0 >= th, h1 = s1 > 0.f && s1 >= th;
                 const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
-                const unsigned below = (1u << lane) - 1u;
                 const int slot = base + __popc(m0 & below) + __popc(m1 & below);
-                const i64 d = doc0 + r * 64 + 2 * lane;
+                const i64 d = doc0 + j * 64 + 2 * lane;
                 if (h0 && slot < CAP) out[out0 + slot] = pack_key(s0, d);
                 if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = pack_key(s1, d + 1);
                 base += __popc(m0) + __popc(m1);
             }
         }
-        if (lane == 0) counts[out0 / CAP] = base;
+        if (tid == 0) counts[out0 / CAP] = all;
 #endif
-        __syncwarp();
+        __syncthreads();                       // zeros and w_count reads finish before the next item
     }
 }
 """
 
-WARPS = 2          # warps per CTA (each with its own tile)
+WARPS = 8          # warps per CTA, sharing one tile
 STEP = 2           # steps of 128 postings whose loads are issued together (U): loads in flight per warp
+TERMS = 256        # query terms per run table fill (longer queries take several)
+SPAN = 8192        # docs per work item: the tile is 64 KB, 3 CTAs per H200 SM
+MAX_SPAN = 16384   # a 128 KB tile
 
 
 @functools.cache
 def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int):
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n" \
-              f"#define WARPS {warps}\n#define U {step}\n"
+              f"#define WARPS {warps}\n#define U {step}\n#define TG {TERMS}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps))
     return kern
 
 
 def _smem(span: int, warps: int) -> int:
-    return warps * span * 8
+    return span * 8 + TERMS * 36 + warps * 4   # tile, run table, per-warp counts
 
 
 @functools.cache
@@ -188,10 +238,17 @@ def available(device_index: int = 0) -> bool:
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(64, 8, False, WARPS, STEP)
+            _kernel(512, 8, False, WARPS, STEP)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
+
+
+def usable(post_doc: torch.Tensor, post_w: torch.Tensor, span: int, warps: int = WARPS) -> bool:
+    """Whether this kernel can serve these postings and span (else use the Triton kernel)."""
+    return (post_doc.is_cuda and 64 * warps <= span <= MAX_SPAN and post_doc.numel() % 4 == 0
+            and post_doc.data_ptr() % 16 == 0 and post_w.data_ptr() % 16 == 0
+            and available(post_doc.device.index or 0))
 
 
 @functools.cache
@@ -214,7 +271,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     Args: as ``lsr.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored), plus
         warps: warps per CTA; step: steps of 128 postings loaded together.
-        span: docs per span, a power of two in [64, 4096] (int64 tile of span * 8 bytes per warp).
+        span: docs per span, a power of two in [64 * warps, 16384] (an int64 tile of span * 8 bytes
+            in shared memory per CTA).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -224,8 +282,9 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("the CUDA block kernel takes one query per work item (group=1)")
     if dev.type != "cuda":
         raise RuntimeError("the CUDA block kernel needs CUDA tensors")
-    if span < 2 * ROW or span > 4096 or span & (span - 1):
-        raise ValueError(f"span must be a power of two in [64, 4096], got {span}")
+    if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1):
+        raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two), "
+                         f"got span {span}, warps {warps}")
     if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
     if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
