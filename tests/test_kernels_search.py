@@ -318,7 +318,6 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, s
     from lsr.kernels import block_cuda
     assert block_cuda.available()
     monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
-    block_cuda._kernel.cache_clear()
     g = torch.Generator(device="cpu").manual_seed(7)
     docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs
     q = rand_vectors(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")  # ~90 terms: 3 warps' worth

@@ -219,16 +219,16 @@ MAX_SPAN = 16384   # a 128 KB tile
 
 
 @functools.cache
-def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int):
+def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int):
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n" \
-              f"#define WARPS {warps}\n#define U {step}\n#define TG {TERMS}\n"
+              f"#define WARPS {warps}\n#define U {step}\n#define TG {terms}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
-    kern.set_shared_memory_config(_smem(span, warps))
+    kern.set_shared_memory_config(_smem(span, warps, terms))
     return kern
 
 
-def _smem(span: int, warps: int) -> int:
-    return span * 8 + TERMS * 36 + warps * 4   # tile, run table, per-warp counts
+def _smem(span: int, warps: int, terms: int) -> int:
+    return span * 8 + terms * 36 + warps * 4   # tile, run table, per-warp counts
 
 
 @functools.cache
@@ -238,7 +238,7 @@ def available(device_index: int = 0) -> bool:
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(512, 8, False, WARPS, STEP)
+            _kernel(512, 8, False, WARPS, STEP, TERMS)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
@@ -256,7 +256,7 @@ def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0) -> int
     """CTAs that fit on one SM by shared memory (the persistent grid is SMs x this)."""
     props = torch.cuda.get_device_properties(device_index)
     per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    return max(1, per_sm // (_smem(span, warps) + 1024))   # 1 KB per CTA is reserved by the driver
+    return max(1, per_sm // (_smem(span, warps, TERMS) + 1024))   # 1 KB per CTA is reserved by the driver
 
 
 def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
@@ -311,9 +311,9 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     width = span // ROW if rowmax else cap
     n_cta = min(-(-n_items // warps), torch.cuda.get_device_properties(dev).multi_processor_count
                 * programs_per_sm(span, warps, dev.index or 0))
-    kern = _kernel(span, width, rowmax, warps, step)
+    kern = _kernel(span, width, rowmax, warps, step, TERMS)
     with torch.cuda.device(dev):
-        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps),
+        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
                    inv_scale, scale if rowmax else theta, item_q, item_span, item_out, n_items, out,
                    out if rowmax else counts])
