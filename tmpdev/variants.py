@@ -21,20 +21,19 @@ ORIG = block_cuda._SOURCE
 ADD = "tile[dd[e] - doc0] += (i64)((double)ww[e] * wq[u]);"
 VARIANTS = {
     "base": [],
-    "no_smem_add": [(ADD, "sink += dd[e] + (i64)((double)ww[e] * wq[u]);")],
-    "no_convert": [(ADD, "sink += dd[e] ^ __float_as_int(ww[e]);")],
+    "no_adds": [("prev[i] = atomicCAS(cell[i], seen[i], seen[i] + v[i]);", "prev[i] = seen[i]; sink += v[i];")],
     "no_loads": [("if (p0[u] < hi[u]) {", "if (p0[u] < hi[u] && sink == 7777777) {")],
-    "no_steps": [("for (int c0 = 0; c0 < total; c0 += U) {", "for (int c0 = 0; c0 < total * (sink == 7777777); c0 += U) {")],
-    "no_readout": [("if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {", "if (false) {")],
+    "no_steps": [("for (; c < c_end; c += U) {", "for (; c < c_end * (sink == 7777777); c += U) {")],
 }
 def patch(src, reps):
     src = src.replace("const double sc = scale[q];", "const double sc = scale[q]; i64 sink = 0;")
-    src = src.replace("        __syncwarp();\n    }\n}", "        if (sink == 1234567) out[0] = sink;\n        __syncwarp();\n    }\n}")
+    src = src.replace("        __syncthreads();                       // zeros and w_count", "        if (sink == 1234567) out[0] = sink;\n        __syncthreads();                       // zeros and w_count")
+    src = src.replace("i64 sink = 0;", "u64 sink = 0;")
     for a, b in reps:
         assert a in src, a
         src = src.replace(a, b)
     return src
-span, warps, step = (int(x) for x in os.environ.get("CFG", "1024,2,2").split(","))
+span, warps, step = (int(x) for x in os.environ.get("CFG", "8192,8,2").split(","))
 off = span_offsets(index, span)
 n_spans = off.shape[1] - 1
 n_samp = _n_sample(n_spans, span, k, 16); cap = _cap(k, n_samp)
