@@ -55,15 +55,15 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                  i64* __restrict__ out, int* __restrict__ counts)
 {
     extern __shared__ __align__(16) i64 smem[];
-    i64* tile = smem;                          // SPAN int64 accumulators, then 32 that stay 0 (masked lanes)
-    i64* t_base = tile + SPAN + 32;            // per run: where its step c reads (base + 128 c)
+    i64* tile = smem;                          // SPAN int64 accumulators
+    i64* t_base = tile + SPAN;                 // per run: where its step c reads (base + 128 c)
     i64* t_lo = t_base + TG;                   // run [lo, hi) in the postings
     i64* t_hi = t_lo + TG;
     double* t_wq = (double*)(t_hi + TG);       // query weight * scale
     int* t_cum = (int*)(t_wq + TG);            // inclusive prefix sum of steps per run
     int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < SPAN + 32; i += NT) tile[i] = 0;
+    for (int i = tid; i < SPAN; i += NT) tile[i] = 0;
     __syncthreads();
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
         const int q = item_q[item];
@@ -142,10 +142,6 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                         w[u] = make_float4(0.f, 0.f, 0.f, 0.f);
                     }
                 }
-                // shared atomics by hand: all 4 U reads, then all 4 U compare-and-swaps, then retries (rare),
-                // so the round trips overlap (atomicAdd on 64 bits is a CAS loop per add, one after another)
-                u64* cell[4 * U];
-                u64 v[4 * U], seen[4 * U], prev[4 * U];
                 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int dd[4] = {doc[u].x, doc[u].y, doc[u].z, doc[u].w};
@@ -153,20 +149,8 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const i64 p = p0[u] + e;
-                        const bool ok = dd[e] >= 0 && p >= lo[u] && p < hi[u];
-                        cell[4 * u + e] = (u64*)tile + (ok ? dd[e] - doc0 : SPAN + lane);
-                        v[4 * u + e] = ok ? (u64)(i64)((double)ww[e] * wq[u]) : 0ull;
-                    }
-                }
-                #pragma unroll
-                for (int i = 0; i < 4 * U; ++i) seen[i] = *cell[i];
-                #pragma unroll
-                for (int i = 0; i < 4 * U; ++i) prev[i] = atomicCAS(cell[i], seen[i], seen[i] + v[i]);
-                #pragma unroll
-                for (int i = 0; i < 4 * U; ++i) {
-                    while (prev[i] != seen[i]) {
-                        seen[i] = prev[i];
-                        prev[i] = atomicCAS(cell[i], seen[i], seen[i] + v[i]);
+                        if (dd[e] >= 0 && p >= lo[u] && p < hi[u])
+                            atomicAdd((u64*)(tile + (dd[e] - doc0)), (u64)(i64)((double)ww[e] * wq[u]));
                     }
                 }
             }
@@ -244,7 +228,7 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int
 
 
 def _smem(span: int, warps: int, terms: int) -> int:
-    return span * 8 + 256 + terms * 36 + warps * 4   # tile, 32 dummy cells, run table, per-warp counts
+    return span * 8 + terms * 36 + warps * 4   # tile, run table, per-warp counts
 
 
 @functools.cache
