@@ -25,7 +25,7 @@ ORIG = block_cuda._SOURCE
 ADD = "tile[dd[e] - doc0] += (i64)((double)ww[e] * wq[u]);"
 VARIANTS = {
     "base": [],
-    "no_adds": [("atomicAdd((u64*)(tile + (dd[e] - doc0)), (u64)(i64)((double)ww[e] * wq[u]));", "sink += (u64)(i64)((double)ww[e] * wq[u]);")],
+    "no_adds": [("const int cell = dd[e] - (int)doc0;", "sink += v; continue; const int cell = dd[e] - (int)doc0;")],
     "no_loads": [("if (p0[u] < hi[u]) {", "if (p0[u] < hi[u] && sink == 7777777) {")],
     "no_steps": [("for (; c < c_end; c += U) {", "for (; c < c_end * (sink == 7777777); c += U) {")],
 }

@@ -44,6 +44,21 @@ __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
 }
 
+// the int64 sums of cells 2i and 2i + 1 from their limbs (limb sums may exceed 24 bits: shifts add them)
+__device__ __forceinline__ longlong2 peek(const unsigned* h, const unsigned* m, const unsigned* l, int i) {
+    const uint2 a = reinterpret_cast<const uint2*>(h)[i], b = reinterpret_cast<const uint2*>(m)[i],
+                c = reinterpret_cast<const uint2*>(l)[i];
+    return make_longlong2(((i64)a.x << 48) + ((i64)b.x << 24) + (i64)c.x, ((i64)a.y << 48) + ((i64)b.y << 24) + (i64)c.y);
+}
+
+__device__ __forceinline__ longlong2 take(unsigned* h, unsigned* m, unsigned* l, int i) {   // read and zero
+    const longlong2 v = peek(h, m, l, i);
+    reinterpret_cast<uint2*>(h)[i] = make_uint2(0u, 0u);
+    reinterpret_cast<uint2*>(m)[i] = make_uint2(0u, 0u);
+    reinterpret_cast<uint2*>(l)[i] = make_uint2(0u, 0u);
+    return v;
+}
+
 extern "C" __global__ void __launch_bounds__(NT)
 lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
@@ -54,16 +69,21 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                  const i64* __restrict__ item_out, int n_items,
                  i64* __restrict__ out, int* __restrict__ counts)
 {
+    // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
+    // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
+    // term, so TG <= 256 adds of < 2^24 never overflow a limb between normalisations
     extern __shared__ __align__(16) i64 smem[];
-    i64* tile = smem;                          // SPAN int64 accumulators
-    i64* t_base = tile + SPAN;                 // per run: where its step c reads (base + 128 c)
+    unsigned* t_hi24 = (unsigned*)smem;
+    unsigned* t_mid = t_hi24 + SPAN;
+    unsigned* t_low = t_mid + SPAN;
+    i64* t_base = (i64*)(t_low + SPAN);        // per run: where its step c reads (base + 128 c)
     i64* t_lo = t_base + TG;                   // run [lo, hi) in the postings
     i64* t_hi = t_lo + TG;
     double* t_wq = (double*)(t_hi + TG);       // query weight * scale
     int* t_cum = (int*)(t_wq + TG);            // inclusive prefix sum of steps per run
     int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < SPAN; i += NT) tile[i] = 0;
+    for (int i = tid; i < 3 * SPAN; i += NT) t_hi24[i] = 0u;
     __syncthreads();
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
         const int q = item_q[item];
@@ -149,21 +169,33 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const i64 p = p0[u] + e;
-                        if (dd[e] >= 0 && p >= lo[u] && p < hi[u])
-                            atomicAdd((u64*)(tile + (dd[e] - doc0)), (u64)(i64)((double)ww[e] * wq[u]));
+                        if (dd[e] >= 0 && p >= lo[u] && p < hi[u]) {
+                            const u64 v = (u64)(i64)((double)ww[e] * wq[u]);
+                            const int cell = dd[e] - (int)doc0;
+                            atomicAdd(t_low + cell, (unsigned)(v & 0xffffffu));
+                            atomicAdd(t_mid + cell, (unsigned)((v >> 24) & 0xffffffu));
+                            if (v >> 48) atomicAdd(t_hi24 + cell, (unsigned)(v >> 48));
+                        }
                     }
                 }
             }
             __syncthreads();                   // all adds land; the run table may be refilled
+            if (g + TG < qe) {                 // more terms follow: carry the limbs (keeps them < 2^25)
+                for (int i = tid; i < SPAN; i += NT) {
+                    const unsigned l = t_low[i], m = t_mid[i] + (l >> 24);
+                    t_low[i] = l & 0xffffffu;
+                    t_mid[i] = m & 0xffffffu;
+                    t_hi24[i] += m >> 24;
+                }
+                __syncthreads();
+            }
         }
         // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
         const double inv = inv_scale[q];
-        longlong2* tile2 = reinterpret_cast<longlong2*>(tile);
         const int R = SPAN / 64 / WARPS;
 #if ROWMAX
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
-            const longlong2 a = tile2[j * 32 + lane];
-            tile2[j * 32 + lane] = make_longlong2(0, 0);
+            const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
             const i64 d = doc0 + j * 64 + 2 * lane;
             i64 best = max(pack_key((float)((double)a.x * inv), d), pack_key((float)((double)a.y * inv), d + 1));
             #pragma unroll
@@ -180,7 +212,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         const unsigned below = (1u << lane) - 1u;
         int n_hit = 0;
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
-            const longlong2 a = tile2[j * 32 + lane];
+            const longlong2 a = peek(t_hi24, t_mid, t_low, j * 32 + lane);
             if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
                 const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
                 n_hit += __popc(__ballot_sync(FULL, s0 > 0.f && s0 >= th)) + __popc(__ballot_sync(FULL, s1 > 0.f && s1 >= th));
@@ -191,8 +223,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         int base = 0, all = 0;
         for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
-            const longlong2 a = tile2[j * 32 + lane];
-            tile2[j * 32 + lane] = make_longlong2(0, 0);
+            const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
             if (base < CAP && __any_sync(FULL, a.x >= alo || a.y >= alo)) {
                 const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
                 const bool h0 = s0 > 0.f && s0 >= th, h1 = s1 > 0.f && s1 >= th;
@@ -214,8 +245,8 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
 WARPS = 8          # warps per CTA, sharing one tile
 STEP = 2           # steps of 128 postings whose loads are issued together (U): loads in flight per warp
 TERMS = 256        # query terms per run table fill (longer queries take several)
-SPAN = 8192        # docs per work item: the tile is 64 KB, 3 CTAs per H200 SM
-MAX_SPAN = 16384   # a 128 KB tile
+SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
+MAX_SPAN = 16384   # 192 KB of tiles
 
 
 @functools.cache
@@ -228,7 +259,7 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int
 
 
 def _smem(span: int, warps: int, terms: int) -> int:
-    return span * 8 + terms * 36 + warps * 4   # tile, run table, per-warp counts
+    return span * 12 + terms * 36 + warps * 4   # limb tiles, run table, per-warp counts
 
 
 @functools.cache
