@@ -45,7 +45,7 @@ def stage_times(span, warps, step, reps=3):
         out["total"] = sum(ms); out["cap"] = cap; out["n_over"] = n_over; out["n_samp"] = n_samp
         out["emitted_per_q"] = float(counts.sum()) / B
     return out
-CFGS = [(8192, 8, 2), (8192, 16, 2), (4096, 8, 2), (2048, 8, 2), (16384, 16, 2), (8192, 16, 1), (4096, 16, 2)]
+CFGS = [(8192, 16, 2), (8192, 8, 2), (16384, 16, 2), (16384, 32, 1), (4096, 8, 2), (8192, 16, 1)]
 if os.environ.get("CFG"):
     CFGS = [tuple(int(x) for x in os.environ["CFG"].split(","))]
 REPS = int(os.environ.get("REPS", "3"))

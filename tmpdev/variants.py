@@ -37,7 +37,7 @@ def patch(src, reps):
         assert a in src, a
         src = src.replace(a, b)
     return src
-span, warps, step = (int(x) for x in os.environ.get("CFG", "8192,8,2").split(","))
+span, warps, step = (int(x) for x in os.environ.get("CFG", "8192,16,2").split(","))
 off = span_offsets(index, span)
 n_spans = off.shape[1] - 1
 n_samp = _n_sample(n_spans, span, k, 16); cap = _cap(k, n_samp)

@@ -67,7 +67,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                  const double* __restrict__ inv_scale, const float* __restrict__ theta,
                  const int* __restrict__ item_q, const int* __restrict__ item_span,
                  const i64* __restrict__ item_out, int n_items,
-                 i64* __restrict__ out, int* __restrict__ counts)
+                 i64* __restrict__ out, int* __restrict__ counts, int* __restrict__ next_item)
 {
     // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
     // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
@@ -82,10 +82,18 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
     double* t_wq = (double*)(t_hi + TG);       // query weight * scale
     int* t_cum = (int*)(t_wq + TG);            // inclusive prefix sum of steps per run
     int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
+    int* s_item = w_count + WARPS;             // the item this CTA works on
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int i = tid; i < 3 * SPAN; i += NT) t_hi24[i] = 0u;
     __syncthreads();
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+    // items are taken in order from a global counter, so the CTAs work on neighbouring items (one or two
+    // spans) at any time and the span's postings stay in L2 for all the queries that read them (a fixed
+    // stride lets slow CTAs fall behind by many spans)
+    for (;;) {
+        if (tid == 0) *s_item = atomicAdd(next_item, 1);
+        __syncthreads();
+        const int item = *s_item;
+        if (item >= n_items) break;
         const int q = item_q[item];
         const int span = item_span[item];
         const i64 out0 = item_out[item];
@@ -259,7 +267,7 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int
 
 
 def _smem(span: int, warps: int, terms: int) -> int:
-    return span * 12 + terms * 36 + warps * 4   # limb tiles, run table, per-warp counts
+    return span * 12 + terms * 36 + warps * 4 + 16   # limb tiles, run table, per-warp counts, item
 
 
 @functools.cache
@@ -347,5 +355,5 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
                    inv_scale, scale if rowmax else theta, item_q, item_span, item_out, n_items, out,
-                   out if rowmax else counts])
+                   out if rowmax else counts, torch.zeros(1, dtype=torch.int32, device=dev)])
     return out, counts
