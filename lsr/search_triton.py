@@ -64,7 +64,7 @@ class BlockConfig:
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
     kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.kernels.block_cuda) | "triton" | "auto"
     cuda_span: int = 8192     # CUDA kernel: docs per work item (one shared-memory tile per CTA)
-    cuda_warps: int = 8       # CUDA kernel: warps per CTA
+    cuda_warps: int = 16      # CUDA kernel: warps per CTA
     cuda_step: int = 2        # CUDA kernel: 128-posting steps whose loads are issued together
 
 

@@ -250,7 +250,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
 }
 """
 
-WARPS = 8          # warps per CTA, sharing one tile
+WARPS = 16         # warps per CTA, sharing one tile
 STEP = 2           # steps of 128 postings whose loads are issued together (U): loads in flight per warp
 TERMS = 256        # query terms per run table fill (longer queries take several)
 SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
