@@ -3,14 +3,16 @@
 Paths (all exact and deterministic: every score is the fixed-point sum of lsr.kernels.fixed, so the
 three give bit-identical results):
 
-* ``"block"`` (lsr.kernels.block): the path at scale. Pass 1 scores a sample of doc spans and
-  keeps the best doc of every 32 (row maxima); the k-th best of those is a valid lower bound ``theta``
-  of each query's k-th score. Pass 2 scores every span and emits the docs >= theta (a few per span) to
-  fixed slots; a (query, span) whose slots overflowed is rescored with all its docs >= theta. The
-  exact top-k of the candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes plus a
-  small scratch, never [B, N]; spans finer than the index blocks add a cached table of run starts
-  (``span_offsets``). On an H200 at 8.8M docs it matches the seed's throughput with 1/13 of its
-  memory, bounded by L2 atomic throughput (docs/notes-search.md).
+* ``"block"``: the path at scale. Pass 1 scores a sample of doc spans and keeps the best doc of
+  every 32 (row maxima); the k-th best of those is a valid lower bound ``theta`` of each query's k-th
+  score. Pass 2 scores every span and emits the docs >= theta (a few per span) to fixed slots; a
+  (query, span) whose slots overflowed is rescored with all its docs >= theta. The exact top-k of the
+  candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes, never [B, N]; spans finer
+  than the index blocks add a cached table of run starts (``span_offsets``). The scorer is the CUDA
+  kernel lsr.kernels.block_cuda (shared-memory accumulation, NVRTC-compiled; on an H200 at 8.8M docs
+  13.7K QPS at B=500, 6.3x the Triton kernel) where it can run, else the Triton kernel
+  lsr.kernels.block (L2 atomics: 2.2K QPS there); ``BlockConfig.kernel`` forces one. Both give the
+  same bits.
 * ``"scatter"`` (lsr.kernels.scatter, fixed-point atomics) + lsr.kernels.topk: dense [B, N] scores
   in query chunks; the small-collection path.
 * ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
@@ -63,9 +65,9 @@ class BlockConfig:
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
     kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.kernels.block_cuda) | "triton" | "auto"
-    cuda_span: int = 8192     # CUDA kernel: docs per work item (one shared-memory tile per CTA)
-    cuda_warps: int = 16      # CUDA kernel: warps per CTA
-    cuda_step: int = 2        # CUDA kernel: 128-posting steps whose loads are issued together
+    cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
+    cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
+    cuda_step: int = block_cuda.STEP    # CUDA kernel: 128-posting steps whose loads are issued together
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -222,7 +222,7 @@ def label(cfg: BlockConfig) -> str:
     """Short name of a block config: the CUDA kernel's span, warps/CTA, chunks/step; the Triton kernel's
     span, group, rows x chunk, programs/SM, warps."""
     if cfg.kernel == "cuda":
-        return f"blk-cuda s{cfg.span} w{cfg.cuda_warps} u{cfg.cuda_step}"
+        return f"blk-cuda s{cfg.cuda_span} w{cfg.cuda_warps} u{cfg.cuda_step}"
     return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 
 

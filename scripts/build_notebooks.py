@@ -65,7 +65,7 @@ head.pivot_table(index='case', columns='impl', values='ms').round(2)"""
 
 SEARCH = """search = csvs('bench_search*.csv')
 if len(search):
-    s = search[(search.k == 1000) & search.qps.notna() & ~search.method.str.startswith('blk ')]  # no sweep rows
+    s = search[(search.k == 1000) & search.qps.notna() & ~search.method.str.startswith('blk')]  # no sweep rows
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
     for ax, qset in zip(axes, ['synth', 'real']):
         part = s[(s.queries == qset) & (s.n_docs == s.n_docs.max())]

@@ -290,6 +290,22 @@ def test_search_rejects_bad_arguments(gen):
         triton_search(index, q, 3, path="nope")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
+    from lsr.kernels import block_cuda
+    from lsr.search_triton import _block_kernel
+    docs = rand_vectors(150, 28, 0.3, gen)
+    index = build_index(docs, 32)
+    assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
+    score, span = _block_kernel(BlockConfig(), index)
+    assert score.func is block.triton_block_candidates and span == 256   # the collection, rounded up
+    q = rand_vectors(3, 28, 0.3, gen)
+    with pytest.raises(RuntimeError, match="kernel='cuda'"):
+        triton_search(index, q, 5, path="block", config=BlockConfig(kernel="cuda"))
+    with pytest.raises(ValueError, match="kernel must be"):
+        triton_search(index, q, 5, path="block", config=BlockConfig(kernel="nope"))
+
+
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),

@@ -3,24 +3,30 @@
 Same contract as ``lsr.kernels.block.triton_block_candidates`` (group = 1) and the same torch twin,
 ``torch_block_candidates``; the outputs are bit-identical. Why a CUDA kernel next to the Triton one:
 Triton cannot address shared memory, so its scratch tile lives in L2 and every add is an L2 atomic
-(~42 G adds/s on an H200: 2.2K QPS at 8.8M docs). Here each warp owns a private SPAN-cell int64 tile
-in shared memory and adds without atomics:
+(~42 G adds/s on an H200: 2.2K QPS at 8.8M docs). Here a CTA accumulates one (query, span of SPAN
+docs) item in shared memory (docs/notes-search.md has the measurements behind each choice):
 
-* a work item is (query, span of SPAN docs); the warp loads the query's terms 32 at a time (one per
-  lane) with their run [start, end) in the span table, and numbers the runs' 32-posting chunks by a
-  warp prefix sum;
-* a step loads U chunks (lane = posting; a ballot over the prefix sums finds each chunk's run), then
-  adds them to the tile one chunk after the other: one chunk holds one term's postings, so its 32 docs
-  are distinct, and ``__syncwarp`` orders the chunks -- plain load/add/store, no atomics, no CTA
-  barrier. Contributions are lsr.kernels.fixed's int64 fixed point (exact, order-independent);
-* the read-out walks the tile in rows of 32 docs, zeroes it, and writes either every row's best key
-  (``theta is None``) or the docs >= theta into CAP slots + a count (lsr.kernels.topk's contract).
+* the item's run table (per query term: its postings for the span, query weight x scale, and a
+  prefix sum of its 128-posting steps) is filled in shared memory; the warps split the steps into
+  contiguous ranges, so a CTA stays balanced whatever the run lengths;
+* a step reads 128 postings as 16-byte vectors (4 per lane, from a 16-byte aligned start; out-of-run
+  positions are masked), U steps' loads in flight per warp;
+* sums are lsr.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
+  in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
+  compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
+  between normalisations cannot overflow a limb;
+* the read-out converts a row of 64 docs only if one of them can reach theta (an integer bound on the
+  fixed-point sum), and writes either every 32-doc row's best key (``theta is None``) or the docs >=
+  theta into CAP slots in ascending doc order + a count (lsr.kernels.topk's contract);
+* CTAs take items in order from a global counter. Items are span-major, so the CTAs work on one or
+  two spans at a time and the span's postings are read from HBM once and from L2 by every query of
+  the batch (a fixed item stride let slow CTAs drift many spans apart: 50 GB of HBM reads per
+  500-query batch instead of 7.5 GB).
 
-Work items are span-major, so the queries working on one span at a time share its postings in L2
-and HBM reads the index about once per batch. Compiled at first use with NVRTC
-(``torch.cuda._compile_kernel``); ``available()`` says whether that works here, and
-lsr.search_triton falls back to the Triton kernel when it does not. Not runnable under
-TRITON_INTERPRET (CPU CI tests the twin and the Triton kernel; the GPU tests compare this one).
+Compiled at first use with NVRTC (``torch.cuda._compile_kernel``, no nvcc or build step needed);
+``usable()`` says whether it serves a given index here, and lsr.search_triton falls back to the Triton
+kernel when it does not. Not runnable under TRITON_INTERPRET: CPU CI tests the twin and the Triton
+kernel, the ``gpu`` tests compare this one with the twin bit for bit.
 """
 
 from __future__ import annotations
@@ -259,6 +265,8 @@ MAX_SPAN = 16384   # 192 KB of tiles
 
 @functools.cache
 def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int):
+    if terms > 256 or terms % 32:
+        raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n" \
               f"#define WARPS {warps}\n#define U {step}\n#define TG {terms}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
@@ -310,8 +318,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     Args: as ``lsr.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored), plus
         warps: warps per CTA; step: steps of 128 postings loaded together.
-        span: docs per span, a power of two in [64 * warps, 16384] (an int64 tile of span * 8 bytes
-            in shared memory per CTA).
+        span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
+            shared memory per CTA).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -321,8 +329,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("the CUDA block kernel takes one query per work item (group=1)")
     if dev.type != "cuda":
         raise RuntimeError("the CUDA block kernel needs CUDA tensors")
-    if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1):
-        raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two), "
+    if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1) or warps > 32:
+        raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two <= 32), "
                          f"got span {span}, warps {warps}")
     if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
