@@ -24,13 +24,13 @@ so the CPU and CUDA builds are identical bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from lsr.sparse import SparseVectors
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "PAD", "PostingArrays", "build_postings", "check_block_size",
+__all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "PAD", "POSTING_TENSORS", "PostingArrays", "build_postings", "check_block_size",
            "default_memory_budget", "n_blocks_for"]
 
 PAD = 32                      # segment padding: one warp
@@ -44,9 +44,10 @@ _MAX_CHUNK_POSTINGS = (1 << 31) - 1  # keep chunk-local positions and sort sizes
 _INT32_MAX = (1 << 31) - 1
 
 
-@dataclass
+@dataclass(eq=False)
 class PostingArrays:
-    """The posting-side fields of an InvertedIndex (shapes: P padded postings, V terms, NB blocks).
+    """The posting-side fields of an InvertedIndex, which extends this class (shapes: P padded postings,
+    V terms, NB blocks).
 
     doc_ids int32 [P], scores float32 [P], offsets int64 [V], lengths int32 [V], padded_lengths int32 [V],
     max_scores float32 [V], block_offsets int64 [V, NB + 1].
@@ -61,6 +62,9 @@ class PostingArrays:
     block_offsets: torch.Tensor
     block_size: int
     n_blocks: int
+
+
+POSTING_TENSORS = tuple(f.name for f in fields(PostingArrays) if f.type == "torch.Tensor")
 
 
 def check_block_size(block_size: int) -> int:

@@ -30,7 +30,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lsr.index.build import DEFAULT_BLOCK_SIZE, PAD, build_postings, check_block_size, n_blocks_for
+from lsr.index.build import (
+    DEFAULT_BLOCK_SIZE,
+    PAD,
+    POSTING_TENSORS,
+    PostingArrays,
+    build_postings,
+    check_block_size,
+    n_blocks_for,
+)
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -40,7 +48,6 @@ FORMAT = "lsr-index"
 VERSION = 1
 META = "meta.json"
 DOCNOS = "docnos.arrow"
-_POSTING_FIELDS = ("doc_ids", "scores", "offsets", "lengths", "padded_lengths", "max_scores", "block_offsets")
 _DOC_FIELDS = {"doc_indptr": "indptr", "doc_indices": "indices", "doc_values": "values"}  # file -> CSR member
 
 
@@ -82,8 +89,9 @@ def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int,
 
 
 @dataclass(eq=False)
-class InvertedIndex:
-    """Term-major, warp-padded, block-aligned postings plus the doc-major CSR, on one device.
+class InvertedIndex(PostingArrays):
+    """Term-major, warp-padded, block-aligned postings (the PostingArrays fields) plus the doc-major
+    CSR, on one device.
 
     Shapes: P padded postings, V = vocab_size terms, NB = n_blocks doc blocks of block_size docs.
     doc_ids int32 [P] (-1 = padding), scores float32 [P] (0 in padding), offsets int64 [V],
@@ -91,18 +99,9 @@ class InvertedIndex:
     ``docs`` is the doc-major SparseVectors whose ids are the docnos.
     """
 
-    doc_ids: torch.Tensor
-    scores: torch.Tensor
-    offsets: torch.Tensor
-    lengths: torch.Tensor
-    padded_lengths: torch.Tensor
-    max_scores: torch.Tensor
-    block_offsets: torch.Tensor
     docs: SparseVectors
     vocab_size: int
     n_docs: int
-    block_size: int
-    n_blocks: int
     metadata: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ build
@@ -128,9 +127,8 @@ class InvertedIndex:
             vectors = vectors.to(device)
         metadata = json.loads(json.dumps(metadata or {}))  # fail now, not at save time
         arrays = build_postings(vectors, block_size, max_memory_bytes)
-        return cls(**{f: getattr(arrays, f) for f in _POSTING_FIELDS}, docs=vectors,
-                   vocab_size=vectors.vocab_size, n_docs=len(vectors), block_size=arrays.block_size,
-                   n_blocks=arrays.n_blocks, metadata=metadata)
+        return cls(**vars(arrays), docs=vectors, vocab_size=vectors.vocab_size, n_docs=len(vectors),
+                   metadata=metadata)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -153,7 +151,7 @@ class InvertedIndex:
         return self.doc_ids.numel()
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        out = {f: getattr(self, f) for f in _POSTING_FIELDS}
+        out = {f: getattr(self, f) for f in POSTING_TENSORS}
         out.update({name: getattr(self.docs, member) for name, member in _DOC_FIELDS.items()})
         return out
 
@@ -163,7 +161,7 @@ class InvertedIndex:
 
     def to(self, device: str | torch.device) -> InvertedIndex:
         """A copy of the index on ``device`` (the same object's tensors if already there)."""
-        moved = {f: getattr(self, f).to(device) for f in _POSTING_FIELDS}
+        moved = {f: getattr(self, f).to(device) for f in POSTING_TENSORS}
         return InvertedIndex(**moved, docs=self.docs.to(device), vocab_size=self.vocab_size, n_docs=self.n_docs,
                              block_size=self.block_size, n_blocks=self.n_blocks, metadata=dict(self.metadata))
 

@@ -47,7 +47,7 @@ from lsr.kernels.topk import (
     torch_row_max,
 )
 
-__all__ = ["default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
+__all__ = ["check_block_args", "default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
 
 _ROW = tl.constexpr(ROW)
 
@@ -192,6 +192,29 @@ def default_programs(device: torch.device, per_sm: int = 8) -> int:
     return _sm_count(device) * per_sm if device.type == "cuda" else 2
 
 
+def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
+                     q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor,
+                     inv_scale: torch.Tensor, items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
+                     theta: torch.Tensor | None) -> int:
+    """Dtype / shape / device checks shared by the block scorers (Triton and CUDA); returns B."""
+    dev = post_doc.device
+    item_q, item_span, item_out, _ = items
+    if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
+        raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
+    if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
+        raise ValueError("span_off must be int64 [V, n_spans + 1] with contiguous rows")
+    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
+                        ("q_weights", q_weights, torch.float32), ("scale", scale, torch.float64),
+                        ("inv_scale", inv_scale, torch.float64), ("item_q", item_q, torch.int32),
+                        ("item_span", item_span, torch.int32), ("item_out", item_out, torch.int64)):
+        if t.dtype != dt or t.dim() != 1 or not t.is_contiguous() or t.device != dev:
+            raise ValueError(f"{name} must be a contiguous 1-D {dt} tensor on {dev}")
+    B = q_indptr.numel() - 1
+    if theta is not None and (theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != dev):
+        raise ValueError("theta must be float32 [B] on the postings' device")
+    return B
+
+
 def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
                             q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
                             scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
@@ -222,25 +245,13 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     """
     dev = post_doc.device
     item_q, item_span, item_out, out_stride_g = items
-    if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
-        raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
-    if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
-        raise ValueError("span_off must be int64 [V, n_spans + 1] with contiguous rows")
     if any(x < 1 or x & (x - 1) for x in (span, chunk, group, rows)) or span < ROW:
         raise ValueError("span, chunk, group and rows must be powers of two (span >= 32)")
-    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
-                        ("q_weights", q_weights, torch.float32), ("scale", scale, torch.float64),
-                        ("inv_scale", inv_scale, torch.float64), ("item_q", item_q, torch.int32),
-                        ("item_span", item_span, torch.int32), ("item_out", item_out, torch.int64)):
-        if t.dtype != dt or t.dim() != 1 or not t.is_contiguous() or t.device != dev:
-            raise ValueError(f"{name} must be a contiguous 1-D {dt} tensor on {dev}")
-    B = q_indptr.numel() - 1
+    B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     rowmax = theta is None
     width = span // ROW if rowmax else cap
     if out_stride_g % width:
         raise ValueError("out_stride_g must be a multiple of the row width")
-    if not rowmax and (theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != dev):
-        raise ValueError("theta must be float32 [B] on the postings' device")
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
     n_items = item_q.numel()

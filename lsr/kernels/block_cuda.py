@@ -35,6 +35,7 @@ import functools
 
 import torch
 
+from lsr.kernels.block import check_block_args
 from lsr.kernels.topk import ROW
 
 __all__ = ["MAX_SPAN", "SPAN", "available", "cuda_block_candidates", "programs_per_sm", "usable"]
@@ -334,20 +335,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                          f"got span {span}, warps {warps}")
     if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
-    if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
-        raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
-    if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
-        raise ValueError("span_off must be int64 [V, n_spans + 1] with contiguous rows")
-    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
-                        ("q_weights", q_weights, torch.float32), ("scale", scale, torch.float64),
-                        ("inv_scale", inv_scale, torch.float64), ("item_q", item_q, torch.int32),
-                        ("item_span", item_span, torch.int32), ("item_out", item_out, torch.int64)):
-        if t.dtype != dt or t.dim() != 1 or not t.is_contiguous() or t.device != dev:
-            raise ValueError(f"{name} must be a contiguous 1-D {dt} tensor on {dev}")
-    B = q_indptr.numel() - 1
+    B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     rowmax = theta is None
-    if not rowmax and (theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != dev):
-        raise ValueError("theta must be float32 [B] on the postings' device")
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
     n_items = item_q.numel()
@@ -356,7 +345,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if n_items >= 1 << 31 or span_off.stride(0) >= 1 << 31:
         raise ValueError("too many work items for one launch (split the queries)")
     width = span // ROW if rowmax else cap
-    n_cta = min(-(-n_items // warps), torch.cuda.get_device_properties(dev).multi_processor_count
+    n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
                 * programs_per_sm(span, warps, dev.index or 0))
     kern = _kernel(span, width, rowmax, warps, step, TERMS)
     with torch.cuda.device(dev):
