@@ -27,7 +27,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
+import warnings
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -50,6 +53,8 @@ PATHS = ("auto", "block", "scatter", "csr")
 SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs (faster at 100K on an H200)
 DENSE_BUDGET = 1 << 30         # bytes of dense [B_chunk, N] buffers on the dense paths
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
+GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
+GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class BlockConfig:
     cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
     cuda_step: int = block_cuda.STEP    # CUDA kernel: 128-posting steps whose loads are issued together
+    graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -184,11 +190,14 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     if B == 0 or index.n_docs == 0:
         return (torch.zeros((B, k), dtype=torch.float32, device=dev),
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
+    # longest query: free when the queries are on the host, else the one sync before the kernels
+    # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)
+    max_terms = int(queries.indptr.diff().max())
     indptr, terms, weights = _query_arrays(index, queries)
     if path == "auto":
         path = choose_path(index.n_docs)
     if path == "block":
-        return _block_search(index, indptr, terms, weights, k, config or default_config(B))
+        return _block_search(index, indptr, terms, weights, k, config or default_config(B), max_terms)
     return _dense_search(index, indptr, terms, weights, k, path)
 
 
@@ -216,7 +225,7 @@ def _dense_search(index, indptr, terms, weights, k, path):
     return torch.cat(outs_s), torch.cat(outs_d)
 
 
-def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
+def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig, max_terms: int):
     """The block path over query chunks that keep the candidate slots within CAND_BUDGET."""
     B = indptr.numel() - 1
     cfg = replace(cfg, group=min(cfg.group, 1 << (B - 1).bit_length()))
@@ -235,7 +244,7 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
     cap = _cap(k, n_samp)
     step = max(cfg.group, int(CAND_BUDGET // (n_spans * cap * 8)) // cfg.group * cfg.group)
     if cfg.group == 1 and B <= step:  # the common case: one chunk, queries in their own order
-        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap, score)
+        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap, score, max_terms)
     out_s = torch.empty((B, k), dtype=torch.float32, device=indptr.device)
     out_d = torch.empty((B, k), dtype=torch.int64, device=indptr.device)
     for c0 in range(0, B, step):
@@ -246,7 +255,7 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig):
         src = torch.repeat_interleave(indptr[sel], lens) + torch.arange(int(ip[-1]), device=sel.device) \
             - torch.repeat_interleave(ip[:-1], lens)
         s, d = _block_chunk(index, span_off, ip, terms[src].contiguous(), weights[src].contiguous(), k,
-                            cfg, n_samp, cap, score)
+                            cfg, n_samp, cap, score, max_terms)
         out_s[sel], out_d[sel] = s, d
     return out_s, out_d
 
@@ -263,13 +272,34 @@ def _cap(k: int, n_samp: int) -> int:
     return 1 << max(3, math.ceil(math.log2(need)))
 
 
-def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int, score):
+def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int, score,
+                 max_terms: int):
+    B = indptr.numel() - 1
+    # the Triton kernel compiles one variant per power-of-two query length (>= 64); the CUDA one needs none
+    width = max(64, 1 << max(0, max_terms - 1).bit_length())
+    body = functools.partial(_chunk_body, index=index, span_off=span_off, k=k, cfg=cfg, n_samp=n_samp, cap=cap, score=score,
+                             max_terms=width)
+    if cfg.graphs and indptr.is_cuda and B <= GRAPH_MAX_B and not torch.cuda.is_current_stream_capturing():
+        graph = _chunk_graph(index, body, B, B * width, (B, width, k, cfg, n_samp, cap))
+        if graph is not None:
+            with graph.lock:
+                return _finish(score, *graph(indptr, terms, weights), k)
+    return _finish(score, *body(indptr, terms, weights), k)
+
+
+def _chunk_body(indptr, terms, weights, index, span_off, *, k: int, cfg: BlockConfig, n_samp: int, cap: int,
+                score, max_terms: int):
+    """Both passes and the merge, free of host syncs (so a CUDA graph can hold them).
+
+    ``terms`` / ``weights`` may run past ``indptr[-1]`` (a graph's fixed buffers): only rows read them.
+    Returns (best keys [B, k] with every overflowed (query, span) left out, overflow mask bool
+    [B, n_spans], theta [B], the scorer's arguments) for ``_finish``.
+    """
     B = indptr.numel() - 1
     dev = indptr.device
     n_spans = span_off.shape[1] - 1
     span = cfg.span
-    max_terms = int(indptr.diff().max())  # the one host sync before the kernels
-    scale, inv = query_scales(indptr, terms, weights, index.max_scores, max_terms)
+    scale, inv = query_scales(indptr, terms, weights, index.max_scores)
     kw = {"group": cfg.group, "max_terms": max_terms}
     args = (index.doc_ids, index.scores, span_off, indptr, terms, weights, scale, inv, span)
     # pass 1: row maxima of sampled spans -> theta
@@ -281,14 +311,66 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     # pass 2: every span, docs >= theta into cap slots
     items = span_items(B, torch.arange(n_spans, device=dev), cfg.group, cap)
     cand, counts = score(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)
-    cand = cand.view(B, n_spans, cap)
-    over = torch.nonzero(counts.view(B, n_spans) > cap)
-    if over.numel():  # their slots hold only the first cap docs: drop them, rescore with room for all
-        cand[over[:, 0], over[:, 1]] = -1
-    best = topk_keys(cand.view(B, -1), k)
-    if over.numel():
-        best = _fix_overflow(score, args, over, theta, best, k)
+    over = counts.view(B, n_spans) > cap
+    # an overflowed (query, span) holds only its first cap docs: drop them; _finish rescores it whole
+    cand = cand.view(B, n_spans, cap).masked_fill_(over.unsqueeze(2), -1)
+    return topk_keys(cand.view(B, -1), k), over, theta, args
+
+
+def _finish(score, best, over, theta, args, k):
+    """Rescore the (rare) overflowed (query, span) pairs and unpack the top k (host side)."""
+    if bool(over.any()):
+        best = _fix_overflow(score, args, torch.nonzero(over), theta, best, k)
     return unpack_keys(best)
+
+
+class _ChunkGraph:
+    """``_chunk_body`` captured once as a CUDA graph for a fixed batch size and query-term buffer; a call
+    copies the queries into the graph's input buffers and replays it. The outputs live in the graph's
+    memory until the next replay (``lock`` serialises callers; ``_finish`` copies what it returns)."""
+
+    def __init__(self, body, B: int, n_terms: int, device: torch.device) -> None:
+        self.indptr = torch.zeros(B + 1, dtype=torch.int64, device=device)
+        self.terms = torch.zeros(n_terms, dtype=torch.int32, device=device)
+        self.weights = torch.zeros(n_terms, dtype=torch.float32, device=device)
+        self.lock = threading.Lock()
+        main = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # compile / autotune every kernel outside the capture
+            body(self.indptr, self.terms, self.weights)
+        main.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = body(self.indptr, self.terms, self.weights)
+
+    def __call__(self, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor):
+        n = terms.numel()
+        self.indptr.copy_(indptr)
+        self.terms[:n].copy_(terms)
+        self.weights[:n].copy_(weights)
+        self.graph.replay()
+        return self.out
+
+
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _chunk_graph(index, body, B: int, n_terms: int, key: tuple) -> _ChunkGraph | None:
+    """The cached graph for ``key`` (least recently used beyond GRAPH_CACHE dropped); None where capture
+    failed (then the caller runs eagerly, as it does for every later call with that key)."""
+    graphs = _GRAPHS.setdefault(index, OrderedDict())
+    if key not in graphs:
+        try:
+            graphs[key] = _ChunkGraph(body, B, n_terms, index.device)
+        except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
+            warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
+                          "running it eagerly", RuntimeWarning, stacklevel=3)
+            graphs[key] = None
+        while len(graphs) > GRAPH_CACHE:
+            graphs.popitem(last=False)
+    graphs.move_to_end(key)
+    return graphs[key]
 
 
 def _block_kernel(cfg: BlockConfig, index: InvertedIndex):

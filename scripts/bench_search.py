@@ -174,6 +174,11 @@ def lsr_method(path: str, cfg: BlockConfig | None = None):
     return run
 
 
+def lsr_eager(index, q, k):
+    """lsr-auto without CUDA graphs: every kernel launched from Python (the previous small-batch path)."""
+    return triton_search(index, q, k, config=replace(default_config(len(q)), graphs=False))
+
+
 def triton_block(index, q, k):
     """The block path on the Triton kernel (L2 atomics) with its default tuning: the previous default."""
     return triton_search(index, q, k, path="block", config=replace(default_config(len(q)), kernel="triton"))
@@ -362,9 +367,10 @@ def run_methods(rows, index, qsets, ctx, save) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
     methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"), "lsr-block-triton": triton_block,
+               "lsr-eager": lsr_eager,
                "lsr-block-small": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
                "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
-    wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "small": "lsr-block-small", "scatter": "lsr-scatter",
+    wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "eager": "lsr-eager", "small": "lsr-block-small", "scatter": "lsr-scatter",
               "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}
     chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
     if "torch-spmm" in chosen and N <= args.baseline_max_n:

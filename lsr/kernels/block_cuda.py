@@ -18,10 +18,10 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
 * the read-out converts a row of 64 docs only if one of them can reach theta (an integer bound on the
   fixed-point sum), and writes either every 32-doc row's best key (``theta is None``) or the docs >=
   theta into CAP slots in ascending doc order + a count (lsr.kernels.topk's contract);
-* CTAs take items in order from a global counter. Items are span-major, so the CTAs work on one or
-  two spans at a time and the span's postings are read from HBM once and from L2 by every query of
-  the batch (a fixed item stride let slow CTAs drift many spans apart: 50 GB of HBM reads per
-  500-query batch instead of 7.5 GB).
+* CTAs take items in order from a global counter (the next one is claimed while this one is scored).
+  Items are span-major, so the CTAs work on one or two spans at a time and the span's postings are
+  read from HBM once and from L2 by every query of the batch (a fixed item stride let slow CTAs drift
+  many spans apart: 50 GB of HBM reads per 500-query batch instead of 7.5 GB).
 
 Compiled at first use with NVRTC (``torch.cuda._compile_kernel``, no nvcc or build step needed);
 ``usable()`` says whether it serves a given index here, and lsr.search_triton falls back to the Triton
@@ -45,6 +45,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define NT (WARPS * 32)
+#define RPW (SPAN / 64 / WARPS)   // read-out rows of 64 docs per warp
 
 __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     // lsr.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
@@ -96,11 +97,14 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
     // items are taken in order from a global counter, so the CTAs work on neighbouring items (one or two
     // spans) at any time and the span's postings stay in L2 for all the queries that read them (a fixed
     // stride lets slow CTAs fall behind by many spans)
+    // (the next item is claimed while this one is scored: the counter's latency stays off the path)
+    if (tid == 0) *s_item = atomicAdd(next_item, 1);
+    __syncthreads();
     for (;;) {
-        if (tid == 0) *s_item = atomicAdd(next_item, 1);
-        __syncthreads();
         const int item = *s_item;
         if (item >= n_items) break;
+        int next = 0;
+        if (tid == 0) next = atomicAdd(next_item, 1);
         const int q = item_q[item];
         const int span = item_span[item];
         const i64 out0 = item_out[item];
@@ -219,13 +223,47 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         }
 #else
         // acc < alo implies score < theta (scores are monotone in acc): most rows skip the conversion.
-        // Pass 1 counts each warp's hits, pass 2 writes them after the hits of the warps before it, so
-        // the slots hold the first CAP hits in ascending doc order whatever the warp timing.
+        // Hits are counted per warp, then written after the hits of the warps before it, so the slots
+        // hold the first CAP hits in ascending doc order whatever the warp timing.
         const float th = theta[q];
         const double lim = (double)nextafterf(th, 0.f) * sc * (1.0 - 0x1p-50);
         const i64 alo = th > 0.f ? (lim >= 0x1p62 ? 0x7fffffffffffffffLL : max((i64)lim, 1LL)) : 1LL;
         const unsigned below = (1u << lane) - 1u;
         int n_hit = 0;
+#if RPW <= 8
+        // one pass over the tile: each warp keeps its rows' hit masks and scores in registers
+        unsigned hm0[RPW], hm1[RPW];
+        float hs0[RPW], hs1[RPW];
+        #pragma unroll
+        for (int jj = 0; jj < RPW; ++jj) {
+            const longlong2 a = take(t_hi24, t_mid, t_low, (warp * RPW + jj) * 32 + lane);
+            hm0[jj] = hm1[jj] = 0u;
+            hs0[jj] = hs1[jj] = 0.f;
+            if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                hs0[jj] = (float)((double)a.x * inv);
+                hs1[jj] = (float)((double)a.y * inv);
+                hm0[jj] = __ballot_sync(FULL, hs0[jj] > 0.f && hs0[jj] >= th);
+                hm1[jj] = __ballot_sync(FULL, hs1[jj] > 0.f && hs1[jj] >= th);
+                n_hit += __popc(hm0[jj]) + __popc(hm1[jj]);
+            }
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        #pragma unroll
+        for (int jj = 0; jj < RPW; ++jj) {
+            if (base < CAP && (hm0[jj] | hm1[jj])) {
+                const bool h0 = (hm0[jj] >> lane) & 1u, h1 = (hm1[jj] >> lane) & 1u;
+                const int slot = base + __popc(hm0[jj] & below) + __popc(hm1[jj] & below);
+                const i64 d = doc0 + (warp * RPW + jj) * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = pack_key(hs0[jj], d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = pack_key(hs1[jj], d + 1);
+                base += __popc(hm0[jj]) + __popc(hm1[jj]);
+            }
+        }
+#else
+        // many rows per warp: count first, then read again to write (registers would spill)
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
             const longlong2 a = peek(t_hi24, t_mid, t_low, j * 32 + lane);
             if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
@@ -250,9 +288,12 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                 base += __popc(m0) + __popc(m1);
             }
         }
+#endif
         if (tid == 0) counts[out0 / CAP] = all;
 #endif
-        __syncthreads();                       // zeros and w_count reads finish before the next item
+        __syncthreads();                       // zeros, w_count and s_item reads finish before the next item
+        if (tid == 0) *s_item = next;
+        __syncthreads();
     }
 }
 """
@@ -286,7 +327,7 @@ def available(device_index: int = 0) -> bool:
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(512, 8, False, WARPS, STEP, TERMS)
+            _kernel(64 * WARPS, 8, False, WARPS, STEP, TERMS)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False

@@ -24,34 +24,41 @@ __all__ = ["FIXED_BITS", "from_fixed", "query_scales", "to_fixed", "torch_from_f
 
 FIXED_BITS = 61  # partial sums stay below 2**61: 4x headroom under int64's 2**63
 _MAX_EXP = 1000  # keep 2**e finite in float64 for degenerate bounds (empty or tiny queries)
+_UNIT = float(2**40)  # resolution of the integer bound sum (up to 2**23 terms per query fit in int64)
+_TINY = 1e-300
 
 
 def query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
-                 max_scores: torch.Tensor, max_terms: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 max_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-query fixed-point scale ``2**e`` and its inverse, both float64 [B].
 
     Args:
         q_indptr: int64 [B+1] query CSR row pointers.
-        q_terms: int32/int64 [nnz] term ids (< len(max_scores)).
-        q_weights: float32 [nnz] query weights (> 0).
+        q_terms: int32/int64 [T] term ids (< len(max_scores)); entries past ``q_indptr[-1]`` are ignored
+            (a fixed-size buffer, as the CUDA-graph path uses, may be longer than the queries).
+        q_weights: float32 [T] query weights (>= 0).
         max_scores: float32 [V] largest document weight of every term (0 for empty lists).
-        max_terms: the longest query, if the caller knows it (saves a device sync).
+
+    No host sync, and a query's scale depends on that query alone (not on its batch, its term order
+    or the buffer length): the bound ``U_q`` is taken as ``m_q * ceil-sum(bound_t / m_q)`` in integer
+    units of 2**-40 with ``m_q = max_t bound_t``, so the only float operations are exact products,
+    one division per term and one final product -- no order-dependent float sum.
     """
-    bound = q_weights.to(torch.float64) * max_scores.to(torch.float64)[q_terms.long()]
     n = q_indptr.numel() - 1
-    lengths = q_indptr[1:] - q_indptr[:-1]
-    if max_terms is None:
-        max_terms = int(lengths.max()) if n and bound.numel() else 0
-    # a padded row sum is deterministic on every device (index_add_ of floats is not on CUDA) and,
-    # unlike prefix-sum differences, exact to a few ulps for small rows next to large ones
-    rows = torch.repeat_interleave(torch.arange(n, device=bound.device), lengths)
-    cols = torch.arange(bound.numel(), device=bound.device) - q_indptr[:-1][rows]
-    dense = torch.zeros(n, max(max_terms, 1), dtype=torch.float64, device=bound.device)
-    dense[rows, cols] = bound
-    upper = dense.sum(1)
-    # upper = m * 2**E with m in [0.5, 1): every partial sum < 2**E (plus a few ulps of summation error)
+    dev = q_weights.device
+    f64 = torch.float64
+    bound = q_weights.to(f64) * max_scores.to(f64)[q_terms.long()]  # exact: 24 x 24-bit mantissas
+    pos = torch.arange(bound.numel(), device=dev)
+    rows = torch.searchsorted(q_indptr[1:], pos, right=True)  # n for the unused tail of a buffer
+    m = torch.zeros(n + 1, dtype=f64, device=dev).scatter_reduce_(0, rows, bound, "amax")
+    units = torch.ceil(bound / m[rows].clamp_min(_TINY) * _UNIT).to(torch.int64)  # <= 2**40 each
+    csum = torch.zeros(bound.numel() + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(units, 0, out=csum[1:])  # integer prefix sums: exact in any order
+    total = csum[q_indptr[1:]] - csum[q_indptr[:-1]]
+    upper = m[:n] * total.to(f64) / _UNIT  # >= sum_t bound_t, up to one rounding of the product
+    # upper = f * 2**E with f in [0.5, 1): every partial sum < 2**E
     _, exp = torch.frexp(upper)
-    e = (FIXED_BITS - exp.to(torch.float64)).clamp(-_MAX_EXP, _MAX_EXP)
+    e = (FIXED_BITS - exp.to(f64)).clamp(-_MAX_EXP, _MAX_EXP)
     return torch.exp2(e), torch.exp2(-e)
 
 
