@@ -168,3 +168,14 @@ def test_unreachable_hub_fails_fast(monkeypatch):
 def test_missing_local_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a model directory"):
         SpladeEncoder.from_pretrained(tmp_path / "nope" / "model", device="cpu")
+
+
+
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_nan_weights_are_refused_with_and_without_pruning(top_k):
+    from lsr.encode.splade import _to_csr
+
+    y = torch.rand(4, 50)
+    y[2, 7] = float("nan")  # topk pruning would silently zero it: the check comes first
+    with pytest.raises(FloatingPointError, match="NaN"):
+        _to_csr(y, top_k)

@@ -154,7 +154,10 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
-        stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens.
+        stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
+            thread's time split (seconds): first_window_s (start to the first tokenized window),
+            wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
+            model) and wait_writer_s (blocked on the shard writer).
     """
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
@@ -178,6 +181,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
     batch_size = batch_size or getattr(encoder, "batch_size", None) or 1024
     top_k = {} if doc_top_k is None else {"top_k": doc_top_k}
     totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
+    clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0}
 
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
         ids, texts = window
@@ -190,9 +194,13 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
     prefetcher = _Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
     pending: Future | None = None
-    t0 = time.perf_counter()
+    t0 = mark = time.perf_counter()
     try:
         for ids, payload in prefetcher:
+            start = time.perf_counter()
+            clock["wait_input_s"] += start - mark
+            if clock["first_window_s"] is None:
+                clock["first_window_s"] = start - t0
             if fast:
                 vectors = encoder.encode_prepared(payload, ids, on_batch=bar.update, **top_k)
                 totals["tokens"] += payload.n_tokens
@@ -204,17 +212,24 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
                     parts.append(part.prune_top_k(doc_top_k) if doc_top_k is not None else part)
                     bar.update(len(part))
                 vectors = SparseVectors.concat(parts)
+            encoded = time.perf_counter()
+            clock["encode_s"] += encoded - start
             totals["docs"] += len(vectors)
             totals["nnz"] += vectors.nnz
             if pending is not None:
                 pending.result()  # one shard write in flight at most: bounded memory, errors surface
+                clock["wait_writer_s"] += time.perf_counter() - encoded
             pending = pool.submit(writer.add, vectors)
             postfix = {"nnz/doc": f"{totals['nnz'] / max(totals['docs'], 1):.0f}"}
             if fast:
                 postfix["pad"] = f"{totals['padded_tokens'] / max(totals['tokens'], 1) - 1:.1%}"
             bar.set_postfix(postfix, refresh=False)
+            mark = time.perf_counter()
+        end = time.perf_counter()
+        clock["wait_input_s"] += end - mark  # waiting for the end of the stream
         if pending is not None:
             pending.result()
+            clock["wait_writer_s"] += time.perf_counter() - end
         manifest = writer.close()
     finally:
         prefetcher.close()
@@ -222,5 +237,5 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
         bar.close()
     seconds = time.perf_counter() - t0
     if stats is not None:
-        stats.update(totals, seconds=seconds, docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+        stats.update(totals, **clock, seconds=seconds, docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
     return manifest

@@ -376,6 +376,8 @@ def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Ten
     """[B, V] weights -> (row lengths int64 [B], term ids int32 [nnz], weights float32 [nnz]), rows in
     order and terms ascending; with ``top_k`` only each row's k largest (ties: lower term id) survive."""
     B, V = y.shape
+    if not bool(torch.isfinite(y).all()):  # checked before pruning, which could drop a NaN unseen
+        raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {y.dtype}; try dtype=torch.float32")
     if top_k is not None and top_k < V:
         kth = torch.topk(y, top_k, dim=1).values[:, -1:]
         above, tied = y > kth, y == kth
@@ -383,6 +385,4 @@ def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Ten
         y = torch.where(above | (tied & (torch.cumsum(tied, 1) <= room)), y, torch.zeros((), dtype=y.dtype, device=y.device))
     nz = torch.nonzero(y)  # row-major: rows in order, term ids ascending
     values = y[nz[:, 0], nz[:, 1]].float()
-    if not bool(torch.isfinite(values).all()):
-        raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {y.dtype}; try dtype=torch.float32")
     return torch.bincount(nz[:, 0], minlength=B), nz[:, 1].to(torch.int32), values

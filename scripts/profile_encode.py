@@ -1,0 +1,322 @@
+"""Where does corpus-encoding time go? A diagnosis of encode_corpus vs the GPU path alone (DESIGN §5).
+
+Same model and data as scripts/bench_encode.py (random BERT-base MLM, sparsity-calibrated, bf16 on CUDA;
+synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
+
+  fixed     B=1024 random-id batches at S in 64/80/96/128 (warm-up first, median of repeats, CUDA synced):
+            ms of the backbone + MLM transform (tower.body), the Sparton head (enc._head), the sparse
+            extraction (_to_csr), the whole encode_prepared on one pinned batch, and the bare bf16 GEMM
+            hidden @ Eᵀ (cuBLAS reference for the head's FLOPs); TFLOP/s = 2·B·S·D·V / time.
+  varlen    --passages texts cut into windows of 50,000, prepared beforehand (not timed); passages/s of
+            encode_prepared over all windows, of body + head + _to_csr per batch (no reordering / copy to
+            the host), of body + head, of the body alone, and of encode_prepared while another thread runs
+            enc.prepare nonstop (GIL contention as in encode_corpus, without the writer); padded / real
+            tokens; batch widths (buckets of 16).
+  e2e       encode_corpus (windows of 50,000, shards of 100,000, B=1024, 131,072 tokens) after a 20K warm-up
+            pass: passages/s and the main thread's time split (stats: first_window_s, wait_input_s,
+            encode_s, wait_writer_s).
+  tokenize  per window: enc.prepare (tokenize + sort + pad + pin), the tokenizer call alone (Rust + ids to
+            numpy) and the Rust encode_batch alone.
+
+Writes profile_encode.json to --out (after every part) and prints a table last.
+
+    PYTHONPATH=. python scripts/profile_encode.py --out results/profile_encode          # H200, ~3-4 min
+    PYTHONPATH=. python scripts/profile_encode.py --tiny --device cpu --passages 300 --out /tmp/prof   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+from bench_encode import MAX_LEN, build_model, environment, median_seconds, sync, synth_texts
+
+from lsr.encode.corpus import encode_corpus
+from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
+
+
+def timed(fn, dev: torch.device) -> float:
+    sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    sync(dev)
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------- parts
+def fixed_part(enc: SpladeEncoder, dev: torch.device, batch: int, lengths: tuple[int, ...], repeats: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for S in lengths:
+        rows.append(fixed_row(enc, dev, batch, S, repeats, gen))
+        print(f"fixed S={S}: {rows[-1]}", flush=True)
+    return rows
+
+
+@torch.inference_mode()
+def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats: int, gen: torch.Generator) -> dict:
+    tower = enc._towers["doc"]
+    V, D = tower.weight.shape
+    ids = torch.randint(1000, 30000, (batch, S), generator=gen)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = torch.ones_like(ids)
+    if dev.type == "cuda":
+        ids, mask = ids.pin_memory(), mask.pin_memory()
+    ids_d, mask_d = ids.to(dev), mask.to(dev)
+    prepared = PreparedTexts("doc", [TokenBatch(ids, mask, torch.arange(batch))], batch, batch * S, batch * S)
+    hidden = tower.body(input_ids=ids_d, attention_mask=mask_d).logits
+    y = enc._head(tower, hidden, mask_d)
+    cases = {"body": lambda: tower.body(input_ids=ids_d, attention_mask=mask_d).logits,
+             "head": lambda: enc._head(tower, hidden, mask_d),
+             "to_csr": lambda: _to_csr(y, None),
+             "encode_prepared": lambda: enc.encode_prepared(prepared)}
+    if batch * S * V * hidden.element_size() <= 40e9:  # the GEMM's [B·S, V] output
+        flat, weight_t = hidden.reshape(-1, D), tower.weight.t()
+        cases["gemm"] = lambda: flat @ weight_t
+    flops = 2 * batch * S * D * V
+    row = {"S": S, "batch": batch, "nnz_per_doc": round(int((y > 0).sum()) / batch, 1)}
+    for name, fn in cases.items():
+        row[f"{name}_ms"] = round(1e3 * median_seconds(fn, dev, repeats, fn), 3)
+    row["head_tflops"] = round(flops / row["head_ms"] / 1e9, 2)
+    if "gemm_ms" in row:
+        row["gemm_tflops"] = round(flops / row["gemm_ms"] / 1e9, 2)
+    row["encode_pps"] = round(batch / row["encode_prepared_ms"] * 1e3)
+    return row
+
+
+@torch.inference_mode()
+def warm_head(enc: SpladeEncoder, dev: torch.device, batch: int, max_tokens: int | None) -> None:
+    """Run the head once per sequence-length bucket (the Triton head autotunes per power of two of S)."""
+    tower = enc._towers["doc"]
+    for S in (8, 16, 32, 64, 128, 256):
+        B = batch if max_tokens is None else max(1, min(batch, max_tokens // S))
+        hidden = torch.randn(B, S, tower.weight.shape[1], device=dev, dtype=enc.dtype)
+        enc._head(tower, hidden, torch.ones(B, S, dtype=torch.int64, device=dev))
+    sync(dev)
+
+
+def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]], prepared: list[PreparedTexts],
+                ids: list[list[str]], batch: int, max_tokens: int | None) -> dict:
+    tower = enc._towers["doc"]
+    n = sum(p.n for p in prepared)
+
+    def full() -> None:
+        for p, i in zip(prepared, ids):
+            enc.encode_prepared(p, i)
+
+    @torch.inference_mode()
+    def partial(stages: int) -> None:  # 1: body, 2: + head, 3: + _to_csr (no reordering, stays on the GPU)
+        for p in prepared:
+            for b in p.batches:
+                input_ids = b.input_ids.to(dev, non_blocking=True)
+                mask = b.attention_mask.to(dev, non_blocking=True)
+                hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits
+                if stages > 1:
+                    y = enc._head(tower, hidden, mask)
+                    if stages > 2:
+                        _to_csr(y, None)
+
+    def contended() -> tuple[float, int]:
+        stop, done = threading.Event(), [0]
+
+        def tokenize() -> None:
+            while not stop.is_set():
+                enc.prepare(windows[done[0] % len(windows)], "doc", batch, max_tokens)
+                done[0] += 1
+
+        thread = threading.Thread(target=tokenize, daemon=True)
+        thread.start()
+        try:
+            return timed(full, dev), done[0]
+        finally:
+            stop.set()
+            thread.join()
+
+    warm_head(enc, dev, batch, max_tokens)
+    enc.encode_prepared(prepared[0], ids[0])  # cuBLAS / sdpa / allocator warm-up on real shapes
+    out = {"passages": n, "windows": len(prepared)}
+    out["encode_prepared_pps"] = round(n / timed(full, dev))
+    out["body_head_csr_pps"] = round(n / timed(lambda: partial(3), dev))
+    out["body_head_pps"] = round(n / timed(lambda: partial(2), dev))
+    out["body_pps"] = round(n / timed(lambda: partial(1), dev))
+    seconds, windows_prepared = contended()
+    out["contended_pps"] = round(n / seconds)
+    out["contended_windows_prepared"] = windows_prepared
+    widths = [b.input_ids.shape[1] for p in prepared for b in p.batches]
+    out["padded_over_real_tokens"] = round(sum(p.n_slots for p in prepared) / sum(p.n_tokens for p in prepared), 4)
+    out["batches"] = len(widths)
+    out["rows_per_batch"] = round(n / max(len(widths), 1), 1)
+    buckets = Counter((w - 1) // 16 for w in widths)
+    out["width_hist"] = {f"{16 * k + 1}-{16 * k + 16}": buckets[k] for k in sorted(buckets)}
+    print(f"varlen: {out}", flush=True)
+    return out
+
+
+def compile_part(enc: SpladeEncoder, dev: torch.device, prepared: list[PreparedTexts], ids: list[list[str]]) -> dict:
+    """encode_prepared over the prepared windows with the torch.compile'd backbone: the first pass
+    compiles (timed apart), the second is measured."""
+    n = sum(p.n for p in prepared)
+
+    def full() -> None:
+        for p, i in zip(prepared, ids):
+            enc.encode_prepared(p, i)
+
+    t0 = time.perf_counter()
+    full()
+    sync(dev)
+    out = {"passages": n, "first_pass_s": round(time.perf_counter() - t0, 1), "encode_prepared_pps": round(n / timed(full, dev))}
+    print(f"compile: {out}", flush=True)
+    return out
+
+
+def e2e_part(enc: SpladeEncoder, dev: torch.device, texts: list[str], window: int, batch: int,
+             max_tokens: int | None, warm: int) -> dict:
+    def run(docs: list[str], stats: dict) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            encode_corpus(enc, ((str(i), t) for i, t in enumerate(docs)), Path(tmp) / "vec", batch_size=batch,
+                          max_tokens=max_tokens, shard_rows=100_000, sort_window=window, progress=False,
+                          resume=False, stats=stats)
+
+    run(texts[:warm], {})
+    stats: dict = {}
+    seconds = timed(lambda: run(texts, stats), dev)
+    out = {"passages": len(texts), "pps": round(len(texts) / seconds), "wall_s": round(seconds, 3),
+           "stats_pps": round(stats["docs_per_s"])}  # pps: wall clock incl. setup + cleanup, like bench_encode
+    split = ("first_window_s", "wait_input_s", "encode_s", "wait_writer_s")
+    out.update({k: round(stats[k], 3) for k in split + ("seconds",)})
+    out["other_s"] = round(stats["seconds"] - sum(stats[k] for k in split[1:]), 3)
+    out["encode_only_pps"] = round(len(texts) / stats["encode_s"]) if stats["encode_s"] > 0 else None
+    out["padding"] = round(stats["padded_tokens"] / stats["tokens"] - 1, 4)
+    out["nnz_per_doc"] = round(stats["nnz"] / len(texts), 1)
+    print(f"e2e: {out}", flush=True)
+    return out
+
+
+def tokenize_part(enc: SpladeEncoder, windows: list[list[str]], prepare_s: list[float]) -> dict:
+    tok = enc._tokenizer("doc")
+    rust = getattr(tok, "_encode", None)  # the Rust batch call alone (fast tokenizers only)
+    tok_s, rust_s = [], []
+    for w in windows:
+        tok_s.append(timed(lambda w=w: tok(w), torch.device("cpu")))
+        if rust is not None:
+            rust_s.append(timed(lambda w=w: rust(w), torch.device("cpu")))
+    n = sum(map(len, windows))
+    out = {"passages": n, "window": len(windows[0]),
+           "prepare_s_per_window": [round(s, 3) for s in prepare_s], "prepare_pps": round(n / sum(prepare_s)),
+           "tokenizer_s_per_window": [round(s, 3) for s in tok_s], "tokenizer_pps": round(n / sum(tok_s)),
+           "rust_encode_pps": round(n / sum(rust_s)) if rust_s else None}
+    print(f"tokenize: {out}", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- output
+def table(res: dict) -> str:
+    lines = ["| S | body ms | head ms | head TFLOP/s | gemm ms | gemm TFLOP/s | to_csr ms | encode_prepared ms | p/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in res.get("fixed", []):
+        lines.append(f"| {r['S']} | {r['body_ms']} | {r['head_ms']} | {r['head_tflops']} | {r.get('gemm_ms', '-')} | "
+                     f"{r.get('gemm_tflops', '-')} | {r['to_csr_ms']} | {r['encode_prepared_ms']} | {r['encode_pps']:,} |")
+    v, e, t = res.get("varlen"), res.get("e2e"), res.get("tokenize")
+    if v:
+        lines.append(f"varlen p/s: encode_prepared {v['encode_prepared_pps']:,} | body+head+to_csr "
+                     f"{v['body_head_csr_pps']:,} | body+head {v['body_head_pps']:,} | "
+                     f"body {v['body_pps']:,} | encode_prepared + tokenizing thread {v['contended_pps']:,} | "
+                     f"padded/real {v['padded_over_real_tokens']} | {v['batches']} batches")
+    if e:
+        lines.append(f"e2e: {e['pps']:,} p/s in {e['seconds']} s = first window {e['first_window_s']} (in wait_input) | "
+                     f"wait_input {e['wait_input_s']} | encode {e['encode_s']} ({e['encode_only_pps']:,} p/s) | "
+                     f"wait_writer {e['wait_writer_s']} | other {e['other_s']}")
+    if res.get("compile"):
+        c = res["compile"]
+        lines.append(f"compiled backbone: encode_prepared {c['encode_prepared_pps']:,} p/s (first pass {c['first_pass_s']} s)")
+    if t:
+        lines.append(f"tokenize p/s: prepare {t['prepare_pps']:,} | tokenizer call {t['tokenizer_pps']:,} | "
+                     f"rust encode_batch {t['rust_encode_pps'] or 0:,}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/profile_encode"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT, small sizes (CPU smoke test)")
+    ap.add_argument("--passages", type=int, help="synthetic passages (default 300,000; 300 when small)")
+    ap.add_argument("--repeats", type=int, help="timed repeats per fixed-length measurement (median)")
+    ap.add_argument("--data", type=Path, default=REPO / "data")
+    ap.add_argument("--parts", default="fixed,varlen,e2e,tokenize",
+                    help="comma-separated subset of fixed,varlen,e2e,tokenize,compile (compile: varlen "
+                         "encode_prepared with a torch.compile'd backbone, compile time reported apart)")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    small = args.tiny or not cuda  # the CPU runs the torch twin of the head ([B, S, V] logits)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    n = args.passages or (300 if small else 300_000)
+    batch, max_tokens = (8, 2048) if small else (1024, 131072)
+    window, lengths, warm = (100, (16, 32), 100) if small else (50_000, (64, 80, 96, 128), 20_000)
+    repeats = args.repeats or (2 if small else 10)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    from transformers import AutoTokenizer
+
+    env = environment(dev)
+    env.update(tiny=args.tiny, dtype=str(dtype), passages=n, batch=batch, max_tokens=max_tokens, window=window)
+    print(json.dumps(env), flush=True)
+    res: dict = {"env": env}
+
+    def save() -> None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_encode.json").write_text(json.dumps(res, indent=1))
+
+    tokenizer = AutoTokenizer.from_pretrained(args.data / "bert-base-uncased")
+    with tempfile.TemporaryDirectory() as tmp:
+        env["model"] = build_model(Path(tmp), args.tiny, dev, dtype, tokenizer)
+        enc = SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN)
+        compiled = SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
+                                                 compile=True) if "compile" in parts else None
+    if "fixed" in parts:
+        res["fixed"] = fixed_part(enc, dev, batch, lengths, repeats)
+        save()
+    texts, _ = synth_texts(n, tokenizer, np.random.default_rng(0))
+    windows = [texts[i:i + window] for i in range(0, n, window)]
+    ids = [[str(j) for j in range(i, i + len(w))] for i, w in zip(range(0, n, window), windows)]
+    enc.prepare(windows[0][:1000], "doc", batch, max_tokens)  # builds the tokenizer copy
+    prepare_s, prepared = [], []
+    for w in windows:
+        t0 = time.perf_counter()
+        prepared.append(enc.prepare(w, "doc", batch, max_tokens))
+        prepare_s.append(time.perf_counter() - t0)
+    if "varlen" in parts:
+        res["varlen"] = varlen_part(enc, dev, windows, prepared, ids, batch, max_tokens)
+        save()
+    if compiled is not None:
+        res["compile"] = compile_part(compiled, dev, prepared, ids)
+        save()
+    del prepared
+    if compiled is not None and "e2e" in parts:
+        res["compile"]["e2e"] = e2e_part(compiled, dev, texts, window, batch, max_tokens, min(warm, n))
+        save()
+    if "e2e" in parts:
+        res["e2e"] = e2e_part(enc, dev, texts, window, batch, max_tokens, min(warm, n))
+        save()
+    if "tokenize" in parts:
+        res["tokenize"] = tokenize_part(enc, windows, prepare_s)
+        res["tokenize"]["prepare_median_s"] = round(statistics.median(prepare_s), 3)
+        save()
+    print(table(res))
+
+
+if __name__ == "__main__":
+    main()
