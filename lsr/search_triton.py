@@ -18,7 +18,8 @@ three give bit-identical results):
 * ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
   as an independent check (its cost grows with the doc lengths, not the postings touched).
 
-``"auto"`` takes "scatter" for small collections (N <= SMALL_N), else "block".
+``"auto"`` takes "scatter" for batches of more than GRAPH_MAX_B queries on small collections
+(N <= SMALL_N), else "block" (whose small batches replay a captured CUDA graph: lowest latency).
 Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (tests, tiny sizes).
 """
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "triton_search"]
 
 PATHS = ("auto", "block", "scatter", "csr")
-SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs (faster at 100K on an H200)
+SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs for large batches (H200)
 DENSE_BUDGET = 1 << 30         # bytes of dense [B_chunk, N] buffers on the dense paths
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
@@ -87,9 +88,9 @@ def default_config(n_queries: int) -> BlockConfig:
     return BlockConfig()
 
 
-def choose_path(n_docs: int) -> str:
-    """The path "auto" takes: "scatter" for small collections, else "block"."""
-    return "scatter" if n_docs <= SMALL_N else "block"
+def choose_path(n_docs: int, n_queries: int = GRAPH_MAX_B + 1) -> str:
+    """The path "auto" takes: "scatter" for large batches on small collections, else "block"."""
+    return "scatter" if n_docs <= SMALL_N and n_queries > GRAPH_MAX_B else "block"
 
 
 def span_offsets(index: InvertedIndex, span: int) -> torch.Tensor:
@@ -195,7 +196,7 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     max_terms = int(queries.indptr.diff().max())
     indptr, terms, weights = _query_arrays(index, queries)
     if path == "auto":
-        path = choose_path(index.n_docs)
+        path = choose_path(index.n_docs, B)
     if path == "block":
         return _block_search(index, indptr, terms, weights, k, config or default_config(B), max_terms)
     return _dense_search(index, indptr, terms, weights, k, path)
