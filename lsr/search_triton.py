@@ -18,8 +18,8 @@ three give bit-identical results):
 * ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
   as an independent check (its cost grows with the doc lengths, not the postings touched).
 
-``"auto"`` takes "scatter" for batches of more than GRAPH_MAX_B queries on small collections
-(N <= SMALL_N), else "block" (whose small batches replay a captured CUDA graph: lowest latency).
+``"auto"`` takes "block" (whose batches of up to GRAPH_MAX_B queries replay a captured CUDA graph),
+except "scatter" for larger batches on small collections (N <= SMALL_N) without the CUDA kernel.
 Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (tests, tiny sizes).
 """
 
@@ -88,9 +88,11 @@ def default_config(n_queries: int) -> BlockConfig:
     return BlockConfig()
 
 
-def choose_path(n_docs: int, n_queries: int = GRAPH_MAX_B + 1) -> str:
-    """The path "auto" takes: "scatter" for large batches on small collections, else "block"."""
-    return "scatter" if n_docs <= SMALL_N and n_queries > GRAPH_MAX_B else "block"
+def choose_path(n_docs: int, n_queries: int = GRAPH_MAX_B + 1, cuda_kernel: bool = False) -> str:
+    """The path "auto" takes: "block", except "scatter" for large batches on small collections when the
+    block path would run on the Triton kernel (the CUDA kernel is as fast or faster there too)."""
+    small = n_docs <= SMALL_N and n_queries > GRAPH_MAX_B and not cuda_kernel
+    return "scatter" if small else "block"
 
 
 def span_offsets(index: InvertedIndex, span: int) -> torch.Tensor:
@@ -196,7 +198,8 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     max_terms = int(queries.indptr.diff().max())
     indptr, terms, weights = _query_arrays(index, queries)
     if path == "auto":
-        path = choose_path(index.n_docs, B)
+        path = choose_path(index.n_docs, B, block_cuda.usable(index.doc_ids, index.scores, block_cuda.SPAN)
+                           and index.n_docs > block_cuda.SPAN // 2)
     if path == "block":
         return _block_search(index, indptr, terms, weights, k, config or default_config(B), max_terms)
     return _dense_search(index, indptr, terms, weights, k, path)
