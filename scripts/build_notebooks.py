@@ -73,9 +73,9 @@ if len(search):
         ax.set_title(f'QPS at {s.n_docs.max():,} docs, k=1000, {qset} queries'); ax.set_ylabel('queries / s')
     plt.tight_layout(); plt.savefig(FIG / 'search_batch.png', dpi=110); plt.show()
     if s.n_docs.nunique() > 1:
-        part = s[(s.B == s.B.max())]
+        part = s[(s.B == s.B.max()) & (s.queries == 'synth')]
         ax = part.pivot_table(index='n_docs', columns='method', values='qps', aggfunc='max').plot(marker='o', logx=True, logy=True, figsize=(7, 4.5))
-        ax.set_title(f'QPS vs collection size (B={s.B.max()}, k=1000)'); plt.savefig(FIG / 'search_size.png', dpi=110); plt.show()
+        ax.set_title(f'QPS vs collection size (B={s.B.max()}, k=1000, synthetic queries)'); plt.savefig(FIG / 'search_size.png', dpi=110); plt.show()
 search.pivot_table(index=['n_docs', 'queries', 'B', 'k'], columns='method', values='qps', aggfunc='max').round(0) if len(search) else 'no search results'"""
 
 ENCODE = """enc = csvs('bench_encode*.csv')
