@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lsr.kernels import block_cuda
-from lsr.kernels.block import default_programs, span_items, triton_block_candidates
+from lsr.kernels.block import default_programs, span_items, terms_bucket, triton_block_candidates
 from lsr.kernels.csr import dense_queries, triton_csr_scores
 from lsr.kernels.fixed import query_scales
 from lsr.kernels.scatter import triton_scatter_scores
@@ -193,16 +193,15 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     if B == 0 or index.n_docs == 0:
         return (torch.zeros((B, k), dtype=torch.float32, device=dev),
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
-    # longest query: free when the queries are on the host, else the one sync before the kernels
-    # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)
-    max_terms = int(queries.indptr.diff().max())
-    indptr, terms, weights = _query_arrays(index, queries)
+    cfg = config or default_config(B)
     if path == "auto":
-        path = choose_path(index.n_docs, B, block_cuda.usable(index.doc_ids, index.scores, block_cuda.SPAN)
-                           and index.n_docs > block_cuda.SPAN // 2)
+        path = choose_path(index.n_docs, B, cfg.kernel in ("auto", "cuda") and _cuda_span(cfg, index) is not None)
     if path == "block":
-        return _block_search(index, indptr, terms, weights, k, config or default_config(B), max_terms)
-    return _dense_search(index, indptr, terms, weights, k, path)
+        # longest query: free when the queries are on the host, else the one sync before the kernels
+        # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)
+        max_terms = int(queries.indptr.diff().max())
+        return _block_search(index, *_query_arrays(index, queries), k, cfg, max_terms)
+    return _dense_search(index, *_query_arrays(index, queries), k, path)
 
 
 def _dense_search(index, indptr, terms, weights, k, path):
@@ -279,8 +278,7 @@ def _cap(k: int, n_samp: int) -> int:
 def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int, score,
                  max_terms: int):
     B = indptr.numel() - 1
-    # the Triton kernel compiles one variant per power-of-two query length (>= 64); the CUDA one needs none
-    width = max(64, 1 << max(0, max_terms - 1).bit_length())
+    width = terms_bucket(max_terms)
     body = functools.partial(_chunk_body, index=index, span_off=span_off, k=k, cfg=cfg, n_samp=n_samp, cap=cap, score=score,
                              max_terms=width)
     if cfg.graphs and indptr.is_cuda and B <= GRAPH_MAX_B and not torch.cuda.is_current_stream_capturing():
@@ -383,19 +381,29 @@ def _block_kernel(cfg: BlockConfig, index: InvertedIndex):
     else the Triton one. Spans never exceed the collection rounded up to a power of two."""
     if cfg.kernel not in ("auto", "cuda", "triton"):
         raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
-    limit = max(ROW, 1 << max(0, (index.n_docs - 1).bit_length()))
-    span = min(cfg.cuda_span, limit)
-    ok = cfg.kernel != "triton" and cfg.group == 1 and span == cfg.cuda_span \
-        and block_cuda.usable(index.doc_ids, index.scores, span, cfg.cuda_warps)
-    if cfg.kernel == "cuda" and not ok:
+    span = _cuda_span(cfg, index) if cfg.kernel != "triton" else None
+    if cfg.kernel == "cuda" and span is None:
         raise RuntimeError("kernel='cuda' needs a CUDA device with NVRTC, group=1, 16-byte aligned postings "
                            "and at least cuda_span docs")
-    if ok:
+    if span is not None:
         return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps, step=cfg.cuda_step), span
     dev = index.device
     return functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
                              num_warps=cfg.num_warps, n_programs=default_programs(dev, cfg.per_sm)), \
-        min(cfg.span, limit)
+        min(cfg.span, _span_limit(index))
+
+
+def _span_limit(index: InvertedIndex) -> int:
+    """The collection size rounded up to a power of two (>= ROW): no span is larger."""
+    return max(ROW, 1 << max(0, (index.n_docs - 1).bit_length()))
+
+
+def _cuda_span(cfg: BlockConfig, index: InvertedIndex) -> int | None:
+    """cfg.cuda_span where the CUDA kernel serves this index (group 1, a collection of at least one CUDA
+    span, a CUDA device with NVRTC, aligned postings), else None."""
+    ok = cfg.group == 1 and min(cfg.cuda_span, _span_limit(index)) == cfg.cuda_span \
+        and block_cuda.usable(index.doc_ids, index.scores, cfg.cuda_span, cfg.cuda_warps)
+    return cfg.cuda_span if ok else None
 
 
 def _fix_overflow(score, args, over, theta, best, k):

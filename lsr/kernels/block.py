@@ -192,6 +192,11 @@ def default_programs(device: torch.device, per_sm: int = 8) -> int:
     return _sm_count(device) * per_sm if device.type == "cuda" else 2
 
 
+def terms_bucket(max_terms: int) -> int:
+    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
+    return max(64, triton.next_power_of_2(max_terms))
+
+
 def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
                      q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor,
                      inv_scale: torch.Tensor, items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
@@ -259,7 +264,7 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
         return out, counts
     if max_terms is None:
         max_terms = int(q_indptr.diff().max())
-    maxq = max(64, triton.next_power_of_2(max_terms))  # few buckets: one compile serves most queries
+    maxq = terms_bucket(max_terms)
     n_prog = min(n_items, n_programs or default_programs(dev))
     scratch = torch.zeros(n_prog * group * span, dtype=torch.int64, device=dev)
     table = torch.empty(n_prog * 5 * group * maxq, dtype=torch.int64, device=dev)
