@@ -4,9 +4,11 @@ Same model and data as scripts/bench_encode.py (random BERT-base MLM, sparsity-c
 synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
 
   fixed     B=1024 random-id batches at S in 64/80/96/128 (warm-up first, median of repeats, CUDA synced):
-            ms of the backbone + MLM transform (tower.body), the Sparton head (enc._head), the sparse
-            extraction (_to_csr), the whole encode_prepared on one pinned batch, and the bare bf16 GEMM
-            hidden @ Eᵀ (cuBLAS reference for the head's FLOPs); TFLOP/s = 2·B·S·D·V / time.
+            ms of the backbone + MLM transform (tower.body), the padded Sparton head (sparton_head) and the
+            packed one (packed_sparton_head, what encode_prepared uses), both also on a mask of random
+            lengths 8..S (head_var, head_packed_var), the sparse extraction (_to_csr), the whole
+            encode_prepared on one pinned batch, and the bare bf16 GEMM hidden @ Eᵀ (cuBLAS reference
+            for the head's FLOPs); TFLOP/s = 2·B·S·D·V / time.
   varlen    --passages texts cut into windows of 50,000, prepared beforehand (not timed); passages/s of
             encode_prepared over all windows, of body + head + _to_csr per batch (no reordering / copy to
             the host), of body + head, of the body alone, and of encode_prepared while another thread runs
@@ -45,6 +47,8 @@ from bench_encode import MAX_LEN, build_model, environment, median_seconds, sync
 
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
+from lsr.kernels.sparton import sparton_head
+from lsr.kernels.sparton_packed import packed_sparton_head
 
 
 def timed(fn, dev: torch.device) -> float:
@@ -78,15 +82,21 @@ def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats
     prepared = PreparedTexts("doc", [TokenBatch(ids, mask, torch.arange(batch))], batch, batch * S, batch * S)
     hidden = tower.body(input_ids=ids_d, attention_mask=mask_d).logits
     y = enc._head(tower, hidden, mask_d)
+    w, b = tower.weight, tower.bias
+    var = (torch.arange(S)[None, :] < torch.randint(min(8, S), S + 1, (batch, 1), generator=gen)).to(dev)  # unsorted lengths
     cases = {"body": lambda: tower.body(input_ids=ids_d, attention_mask=mask_d).logits,
-             "head": lambda: enc._head(tower, hidden, mask_d),
+             "head": lambda: sparton_head(hidden, w, b, mask_d),
+             "head_packed": lambda: packed_sparton_head(hidden, w, b, mask_d),
+             "head_var": lambda: sparton_head(hidden, w, b, var),
+             "head_packed_var": lambda: packed_sparton_head(hidden, w, b, var),
              "to_csr": lambda: _to_csr(y, None),
              "encode_prepared": lambda: enc.encode_prepared(prepared)}
     if batch * S * V * hidden.element_size() <= 40e9:  # the GEMM's [B·S, V] output
         flat, weight_t = hidden.reshape(-1, D), tower.weight.t()
         cases["gemm"] = lambda: flat @ weight_t
     flops = 2 * batch * S * D * V
-    row = {"S": S, "batch": batch, "nnz_per_doc": round(int((y > 0).sum()) / batch, 1)}
+    row = {"S": S, "batch": batch, "nnz_per_doc": round(int((y > 0).sum()) / batch, 1),
+           "var_fill": round(float(var.float().mean()), 3)}  # real / padded tokens of the head_var mask
     for name, fn in cases.items():
         row[f"{name}_ms"] = round(1e3 * median_seconds(fn, dev, repeats, fn), 3)
     row["head_tflops"] = round(flops / row["head_ms"] / 1e9, 2)
@@ -223,10 +233,12 @@ def tokenize_part(enc: SpladeEncoder, windows: list[list[str]], prepare_s: list[
 
 # ---------------------------------------------------------------------------------------------- output
 def table(res: dict) -> str:
-    lines = ["| S | body ms | head ms | head TFLOP/s | gemm ms | gemm TFLOP/s | to_csr ms | encode_prepared ms | p/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| S | body ms | head ms | head TFLOP/s | packed head ms | head / packed ms, lengths 8..S | gemm ms | "
+              "gemm TFLOP/s | to_csr ms | encode_prepared ms | p/s |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("fixed", []):
-        lines.append(f"| {r['S']} | {r['body_ms']} | {r['head_ms']} | {r['head_tflops']} | {r.get('gemm_ms', '-')} | "
+        lines.append(f"| {r['S']} | {r['body_ms']} | {r['head_ms']} | {r['head_tflops']} | {r['head_packed_ms']} | "
+                     f"{r['head_var_ms']} / {r['head_packed_var_ms']} | {r.get('gemm_ms', '-')} | "
                      f"{r.get('gemm_tflops', '-')} | {r['to_csr_ms']} | {r['encode_prepared_ms']} | {r['encode_pps']:,} |")
     v, e, t = res.get("varlen"), res.get("e2e"), res.get("tokenize")
     if v:

@@ -36,6 +36,7 @@ from torch import nn
 
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.kernels.sparton import sparton_head
+from lsr.kernels.sparton_packed import packed_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
@@ -193,18 +194,20 @@ class SpladeEncoder:
     Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
     ``max_length_doc``, ``doc_top_k`` (documents keep their k largest weights; None keeps all),
     ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget),
-    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text).
+    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text),
+    ``packed`` (inference on the Triton path uses the packed head, which computes real tokens only, for
+    batch widths where that pays: ``sparton_packed.packing_pays``).
     """
 
     def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
                  max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
-                 batch_size: int, max_tokens: int | None) -> None:
+                 batch_size: int, max_tokens: int | None, packed: bool = True) -> None:
         if query.vocab != doc.vocab:
             raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
         if doc_top_k is not None and doc_top_k <= 0:
             raise ValueError("doc_top_k must be positive (or None)")
         self._towers = {"doc": doc, "query": query}
-        self.device, self.dtype, self.backend = device, dtype, backend
+        self.device, self.dtype, self.backend, self.packed = device, dtype, backend, packed
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
@@ -217,13 +220,15 @@ class SpladeEncoder:
                         max_length_query: int = 64, max_length_doc: int = 256, doc_top_k: int | None = None,
                         backend: str = "auto", local_files_only: bool | None = None, *, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
-                        attn_implementation: str | None = "sdpa", compile: bool = False) -> SpladeEncoder:
+                        attn_implementation: str | None = "sdpa", compile: bool = False,
+                        packed: bool = True) -> SpladeEncoder:
         """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
 
         ``device``: default CUDA when available. ``dtype``: default bf16 on CUDA, fp32 on CPU.
         ``query_model``: separate checkpoint for queries (same vocabulary). ``local_files_only``: None =
         only when HF_HUB_OFFLINE=1 or the hub is unreachable (a missing model then fails at once).
-        ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``batch_size`` / ``max_tokens``:
+        ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``packed``: on the Triton backend,
+        encode with the packed head (texts share token tiles; same results). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes) — pays off only for long runs.
         """
@@ -241,7 +246,7 @@ class SpladeEncoder:
         cuda = dev.type == "cuda"
         return cls(doc, query, device=dev, dtype=dt, max_length_query=max_length_query, max_length_doc=max_length_doc,
                    doc_top_k=doc_top_k, backend=backend, batch_size=batch_size or (1024 if cuda else 32),
-                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None))
+                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None), packed=packed)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -312,6 +317,9 @@ class SpladeEncoder:
             raise NotImplementedError(f"{tower.architecture}: the MLM head does not end in its decoder Linear "
                                       f"(got states of width {hidden.shape[-1]}); this architecture is not supported")
         triton = self.backend == "triton" or (self.backend == "auto" and hidden.device.type == "cuda")
+        if triton and self.packed and not torch.is_grad_enabled() and packing_pays(hidden.shape[1]):
+            # inference on short texts: several texts share one token tile
+            return packed_sparton_head(hidden, tower.weight, tower.bias, mask, backend=self.backend)
         B, L, _ = hidden.shape
         rows = B if triton else max(1, _TORCH_HEAD_BYTES // max(1, L * tower.weight.shape[0] * 4))
         return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
