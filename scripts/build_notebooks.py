@@ -87,6 +87,16 @@ ax.set_ylabel('passages / s (best batch size)'); ax.set_title('Encoding throughp
 plt.tight_layout(); plt.savefig(FIG / 'encode.png', dpi=110); plt.show()
 best.round(0)"""
 
+PACKED = """prof = json.loads((BENCH / 'extra' / 'profile_encode_packed_e24ae88.json').read_text())
+fixed = pd.DataFrame(prof['runs']['fixed_packed_tma']['fixed']).set_index('S')
+cols = {'head_ms': 'padded, full texts', 'head_packed_ms': 'packed, full texts',
+        'head_var_ms': 'padded, lengths 8..S', 'head_packed_var_ms': 'packed, lengths 8..S'}
+ax = fixed[list(cols)].rename(columns=cols).plot(marker='o', figsize=(7, 4.5))
+ax.set_xlabel('batch width S (tokens)'); ax.set_ylabel('ms per 1024 texts'); ax.set_ylim(0)
+ax.set_title('Sparton head for inference: padded vs packed (H200, bf16, V=30522)')
+plt.tight_layout(); plt.savefig(FIG / 'head_packed.png', dpi=110); plt.show()
+fixed[list(cols)].rename(columns=cols)"""
+
 E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
 steps = dict(e2e['timed_s'])
 ax = pd.Series(steps).plot.barh(figsize=(7, 3))
@@ -104,6 +114,8 @@ BENCHMARKS = [
     new_code_cell(SEARCH),
     new_markdown_cell("## Corpus encoding throughput"),
     new_code_cell(ENCODE),
+    new_markdown_cell("## Packed Sparton head (inference): texts share 128-token tiles"),
+    new_code_cell(PACKED),
     new_markdown_cell("## Dev-small end to end (search + runs + evaluation, vectors given)"),
     new_code_cell(E2E),
 ]
