@@ -136,9 +136,17 @@ if triton is not None:
                 for bv, bt, bd, w, st in shapes]
 
     # Re-running a config while tuning is harmless: an atomic max of the same values is idempotent.
-    # TMA loads (Hopper, triton >= 3.4) first; if they fail to compile the launcher drops to plain loads.
-    _PACKED_TUNERS = [triton.autotune(_configs(tma), key=["V", "D"])(_packed_fwd_kernel)
-                      for tma in (True, False)]
+    # TMA loads (Hopper, triton >= 3.4) where they compile, else plain loads (_TMA_BROKEN remembers).
+    _TMA_TUNER, _PLAIN_TUNER = (triton.autotune(_configs(tma), key=["V", "D"])(_packed_fwd_kernel)
+                                for tma in (True, False))
+
+_TMA_BROKEN: list[str] = []   # why the TMA configs failed to compile here, once they have
+
+
+def _refuse_grad(*tensors: torch.Tensor | None) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError("the packed Sparton head is inference-only (no backward): call it under "
+                           "torch.no_grad() / torch.inference_mode(), or use sparton.sparton_head for training")
 
 
 def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -153,9 +161,7 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
     if triton is None:
         raise RuntimeError("the Triton backend needs the `triton` package")
     mask = _prepare(hidden, weight, bias, mask)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        raise RuntimeError("the packed Sparton head is inference-only (no backward): call it under "
-                           "torch.no_grad() / torch.inference_mode(), or use sparton.sparton_head for training")
+    _refuse_grad(hidden, weight, bias)
     if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
         raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
     if bias is not None and not bias.is_floating_point():
@@ -194,30 +200,23 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
             _packed_fwd_kernel[grid](*args((None, None)), **flags, **blocks, **launch)
         else:
             grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
-            tma_ok = (torch.cuda.get_device_capability(dev)[0] >= 9 and (D * hidden.element_size()) % 16 == 0
-                      and weight.data_ptr() % 16 == 0)
-            while True:
-                tuner = _PACKED_TUNERS[0]
-                tma = tuner.configs[0].kwargs["USE_TMA"]
-                if tma and not tma_ok:
-                    tuner = _PACKED_TUNERS[-1]
-                    tma = False
-                descs = (None, None)
-                if tma:  # a packed copy [T, D] (~0.1 ms) so that H tiles are TMA boxes, not gathers
-                    from triton.tools.tensor_descriptor import TensorDescriptor
+            tma = (not _TMA_BROKEN and torch.cuda.get_device_capability(dev)[0] >= 9
+                   and (D * hidden.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0)
+            if tma:  # a packed copy [T, D] (~0.1 ms) so that H tiles are TMA boxes, not gathers
+                from triton.tools.tensor_descriptor import TensorDescriptor
 
-                    packed = hidden.reshape(B * S, D).index_select(0, tok_row)
-                    descs = (TensorDescriptor.from_tensor(packed, [64, 64]),  # block shapes: set per config
-                             TensorDescriptor.from_tensor(weight, [64, 64]))
+                packed = hidden.reshape(B * S, D).index_select(0, tok_row)
+                descs = (TensorDescriptor.from_tensor(packed, [64, 64]),  # block shapes: set per config
+                         TensorDescriptor.from_tensor(weight, [64, 64]))
                 try:
-                    tuner[grid](*args(descs), **flags)
-                    break
+                    _TMA_TUNER[grid](*args(descs), **flags)
                 except Exception as e:  # noqa: BLE001 - compiler failure of the optional TMA family
-                    if not tma or len(_PACKED_TUNERS) == 1:
-                        raise
-                    warnings.warn(f"sparton_packed: TMA configs failed ({type(e).__name__}: {str(e)[:300]}); "
-                                  "falling back to plain loads", stacklevel=2)
-                    _PACKED_TUNERS.pop(0)
+                    _TMA_BROKEN.append(f"{type(e).__name__}: {str(e)[:300]}")
+                    warnings.warn(f"sparton_packed: TMA configs failed ({_TMA_BROKEN[0]}); falling back to plain loads",
+                                  stacklevel=2)
+                    tma = False
+            if not tma:
+                _PLAIN_TUNER[grid](*args((None, None)), **flags)
     block = 1024
     _packed_finish_kernel[(triton.cdiv(B * V, block),)](bits, y, B * V, BLOCK=block)
     return y.to(hidden.dtype)
@@ -232,9 +231,7 @@ def packed_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
     not differentiable: raises if a gradient would be needed. ``backend``: "auto" (Triton on CUDA,
     the torch twin elsewhere), "triton", "torch".
     """
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        raise RuntimeError("packed_sparton_head is inference-only (no backward): call it under "
-                           "torch.no_grad() / torch.inference_mode(), or use sparton_head for training")
+    _refuse_grad(hidden, weight, bias)
     if not _use_triton(backend, hidden.device):
         return sparton_head(hidden, weight, bias, mask, backend="torch")
     dev = hidden.device.type
