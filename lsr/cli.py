@@ -34,7 +34,7 @@ def _encoder_from_args(args: argparse.Namespace, device: str) -> Any:
         return LexicalEncoder.load(args.model)
     cfg = EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
                         max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
-                        doc_top_k=getattr(args, "doc_top_k", None))
+                        doc_top_k=getattr(args, "doc_top_k", None), compile=args.compile)
     return build_encoder(cfg, device)
 
 
@@ -63,7 +63,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         enc.save(out / "encoder")
         print(f"fitted BM25 statistics saved to {out / 'encoder'} (pass it as --model to encode queries)")
     encode_corpus(enc, ds.docs_iter(), out, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k)
+                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers)
     print(f"document vectors in {out}")
     return 0
 
@@ -139,6 +139,7 @@ def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length-query", type=int, default=64)
     p.add_argument("--max-length-doc", type=int, default=256)
     p.add_argument("--split", default=None)
+    p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", action="store_true", help="encode the queries instead of the documents")
     p.add_argument("--shard-rows", type=int, default=100_000)
     p.add_argument("--doc-top-k", type=int, default=None)
+    p.add_argument("--tokenize-workers", type=int, default=None,
+                   help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; 0 = in-process)")
     p.add_argument("--device", default="auto")
     _add_encoder_args(p)
     p.set_defaults(func=cmd_encode)

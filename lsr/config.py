@@ -32,6 +32,8 @@ class EncoderConfig:
     k1: float = 0.9                     # bm25
     b: float = 0.4                      # bm25
     shard_rows: int = 100_000
+    tokenize_workers: int | None = None  # tokenizer processes (splade); None: min(8, cores - 4) on CUDA, 0 = in-process
+    compile: bool = False               # torch.compile the backbone (splade): pays off for millions of passages
 
 
 @dataclass(frozen=True)

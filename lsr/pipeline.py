@@ -54,7 +54,8 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
 
         return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
                                              max_length_query=cfg.max_length_query,
-                                             max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k)
+                                             max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k,
+                                             compile=cfg.compile)
     raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
 
 
@@ -77,7 +78,7 @@ def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path) -> dict[
 
     return encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
                          shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs,
-                         doc_top_k=cfg.encoder.doc_top_k)
+                         doc_top_k=cfg.encoder.doc_top_k, tokenize_workers=cfg.encoder.tokenize_workers)
 
 
 def run_pipeline(cfg: RunConfig) -> dict[str, Any]:

@@ -12,13 +12,15 @@ synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
   varlen    --passages texts cut into windows of 50,000, prepared beforehand (not timed); passages/s of
             encode_prepared over all windows, of body + head + _to_csr per batch (no reordering / copy to
             the host), of body + head, of the body alone, and of encode_prepared while another thread runs
-            enc.prepare nonstop (GIL contention as in encode_corpus, without the writer); padded / real
-            tokens; batch widths (buckets of 16).
+            enc.prepare nonstop (GIL contention as in encode_corpus before tokenizer processes, without the
+            writer), and the same with that thread tokenizing in worker processes; padded / real tokens;
+            batch widths (buckets of 16).
   e2e       encode_corpus (windows of 50,000, shards of 100,000, B=1024, 131,072 tokens) after a 20K warm-up
-            pass: passages/s and the main thread's time split (stats: first_window_s, wait_input_s,
-            encode_s, wait_writer_s).
+            pass, once per --workers value (tokenizer processes; 0 = the reading thread tokenizes), repeated
+            --e2e-repeats times in turn: passages/s and the main thread's time split (stats: first_window_s,
+            wait_input_s, encode_s, wait_writer_s).
   tokenize  per window: enc.prepare (tokenize + sort + pad + pin), the tokenizer call alone (Rust + ids to
-            numpy) and the Rust encode_batch alone.
+            numpy), the Rust encode_batch alone, and tokenize / prepare through worker processes.
 
 Writes profile_encode.json to --out (after every part) and prints a table last.
 
@@ -37,6 +39,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +50,7 @@ from bench_encode import MAX_LEN, build_model, environment, median_seconds, sync
 
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
+from lsr.encode.tokenize_pool import default_workers
 from lsr.kernels.sparton import sparton_head
 from lsr.kernels.sparton_packed import packed_sparton_head
 
@@ -118,7 +122,7 @@ def warm_head(enc: SpladeEncoder, dev: torch.device, batch: int, max_tokens: int
 
 
 def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]], prepared: list[PreparedTexts],
-                ids: list[list[str]], batch: int, max_tokens: int | None) -> dict:
+                ids: list[list[str]], batch: int, max_tokens: int | None, workers: int) -> dict:
     tower = enc._towers["doc"]
     n = sum(p.n for p in prepared)
 
@@ -138,12 +142,12 @@ def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]],
                     if stages > 2:
                         _to_csr(y, None)
 
-    def contended() -> tuple[float, int]:
+    def contended(pool: Any = None) -> tuple[float, int]:
         stop, done = threading.Event(), [0]
 
         def tokenize() -> None:
             while not stop.is_set():
-                enc.prepare(windows[done[0] % len(windows)], "doc", batch, max_tokens)
+                enc.prepare(windows[done[0] % len(windows)], "doc", batch, max_tokens, pool=pool)
                 done[0] += 1
 
         thread = threading.Thread(target=tokenize, daemon=True)
@@ -164,6 +168,16 @@ def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]],
     seconds, windows_prepared = contended()
     out["contended_pps"] = round(n / seconds)
     out["contended_windows_prepared"] = windows_prepared
+    if workers:
+        pool = enc.tokenizer_pool("doc", workers)
+        try:
+            enc.prepare(windows[0], "doc", batch, max_tokens, pool=pool)  # workers started
+            seconds, windows_prepared = contended(pool)
+        finally:
+            pool.close()
+        out["contended_pool_pps"] = round(n / seconds)
+        out["contended_pool_workers"] = workers
+        out["contended_pool_windows_prepared"] = windows_prepared
     widths = [b.input_ids.shape[1] for p in prepared for b in p.batches]
     out["padded_over_real_tokens"] = round(sum(p.n_slots for p in prepared) / sum(p.n_tokens for p in prepared), 4)
     out["batches"] = len(widths)
@@ -186,24 +200,26 @@ def compile_part(enc: SpladeEncoder, dev: torch.device, prepared: list[PreparedT
     t0 = time.perf_counter()
     full()
     sync(dev)
-    out = {"passages": n, "first_pass_s": round(time.perf_counter() - t0, 1), "encode_prepared_pps": round(n / timed(full, dev))}
+    first = time.perf_counter() - t0
+    out = {"passages": n, "first_pass_s": round(first, 1), "encode_prepared_pps": round(n / timed(full, dev))}
+    out["compile_s"] = round(first - n / out["encode_prepared_pps"], 1)  # the first pass's extra time
     print(f"compile: {out}", flush=True)
     return out
 
 
 def e2e_part(enc: SpladeEncoder, dev: torch.device, texts: list[str], window: int, batch: int,
-             max_tokens: int | None, warm: int) -> dict:
+             max_tokens: int | None, warm: int, workers: int | None) -> dict:
     def run(docs: list[str], stats: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             encode_corpus(enc, ((str(i), t) for i, t in enumerate(docs)), Path(tmp) / "vec", batch_size=batch,
                           max_tokens=max_tokens, shard_rows=100_000, sort_window=window, progress=False,
-                          resume=False, stats=stats)
+                          resume=False, tokenize_workers=workers, stats=stats)
 
     run(texts[:warm], {})
     stats: dict = {}
     seconds = timed(lambda: run(texts, stats), dev)
-    out = {"passages": len(texts), "pps": round(len(texts) / seconds), "wall_s": round(seconds, 3),
-           "stats_pps": round(stats["docs_per_s"])}  # pps: wall clock incl. setup + cleanup, like bench_encode
+    out = {"passages": len(texts), "tokenize_workers": stats["tokenize_workers"], "pps": round(len(texts) / seconds),
+           "wall_s": round(seconds, 3), "stats_pps": round(stats["docs_per_s"])}  # pps: wall clock incl. setup + cleanup
     split = ("first_window_s", "wait_input_s", "encode_s", "wait_writer_s")
     out.update({k: round(stats[k], 3) for k in split + ("seconds",)})
     out["other_s"] = round(stats["seconds"] - sum(stats[k] for k in split[1:]), 3)
@@ -214,19 +230,29 @@ def e2e_part(enc: SpladeEncoder, dev: torch.device, texts: list[str], window: in
     return out
 
 
-def tokenize_part(enc: SpladeEncoder, windows: list[list[str]], prepare_s: list[float]) -> dict:
+def tokenize_part(enc: SpladeEncoder, windows: list[list[str]], prepare_s: list[float], workers: int, batch: int,
+                  max_tokens: int | None) -> dict:
+    cpu = torch.device("cpu")
     tok = enc._tokenizer("doc")
-    rust = getattr(tok, "_encode", None)  # the Rust batch call alone (fast tokenizers only)
+    fast = tok._fast  # the Rust batch call alone (fast tokenizers only)
+    rust = None if fast is None else getattr(fast, "encode_batch_fast", fast.encode_batch)
     tok_s, rust_s = [], []
     for w in windows:
-        tok_s.append(timed(lambda w=w: tok(w), torch.device("cpu")))
+        tok_s.append(timed(lambda w=w: tok(w), cpu))
         if rust is not None:
-            rust_s.append(timed(lambda w=w: rust(w), torch.device("cpu")))
+            rust_s.append(timed(lambda w=w: rust(w), cpu))
     n = sum(map(len, windows))
     out = {"passages": n, "window": len(windows[0]),
            "prepare_s_per_window": [round(s, 3) for s in prepare_s], "prepare_pps": round(n / sum(prepare_s)),
            "tokenizer_s_per_window": [round(s, 3) for s in tok_s], "tokenizer_pps": round(n / sum(tok_s)),
            "rust_encode_pps": round(n / sum(rust_s)) if rust_s else None}
+    if workers and fast is not None:
+        with enc.tokenizer_pool("doc", workers) as pool:
+            pool(windows[0][:1000])  # workers started
+            out["pool_workers"] = workers
+            out["pool_pps"] = round(n / sum(timed(lambda w=w: pool(w), cpu) for w in windows))
+            out["pool_prepare_pps"] = round(n / sum(timed(lambda w=w: enc.prepare(w, "doc", batch, max_tokens, pool=pool),
+                                                          cpu) for w in windows))
     print(f"tokenize: {out}", flush=True)
     return out
 
@@ -245,17 +271,22 @@ def table(res: dict) -> str:
         lines.append(f"varlen p/s: encode_prepared {v['encode_prepared_pps']:,} | body+head+to_csr "
                      f"{v['body_head_csr_pps']:,} | body+head {v['body_head_pps']:,} | "
                      f"body {v['body_pps']:,} | encode_prepared + tokenizing thread {v['contended_pps']:,} | "
+                     f"+ thread using {v.get('contended_pool_workers', 0)} processes {v.get('contended_pool_pps', '-'):,} | "
                      f"padded/real {v['padded_over_real_tokens']} | {v['batches']} batches")
-    if e:
-        lines.append(f"e2e: {e['pps']:,} p/s in {e['seconds']} s = first window {e['first_window_s']} (in wait_input) | "
-                     f"wait_input {e['wait_input_s']} | encode {e['encode_s']} ({e['encode_only_pps']:,} p/s) | "
-                     f"wait_writer {e['wait_writer_s']} | other {e['other_s']}")
-    if res.get("compile"):
-        c = res["compile"]
-        lines.append(f"compiled backbone: encode_prepared {c['encode_prepared_pps']:,} p/s (first pass {c['first_pass_s']} s)")
+    named = [("e2e", e or [])] + [(f"e2e compile={m}", c.get("e2e", [])) for m, c in (res.get("compile") or {}).items()]
+    for name, runs in named:
+        for r in runs:
+            lines.append(f"{name}, {r['tokenize_workers']} tokenizer processes: {r['pps']:,} p/s in {r['seconds']} s = "
+                         f"first window {r['first_window_s']} (in wait_input) | wait_input {r['wait_input_s']} | "
+                         f"encode {r['encode_s']} ({r['encode_only_pps']:,} p/s) | wait_writer {r['wait_writer_s']} | "
+                         f"other {r['other_s']}")
+    for m, c in (res.get("compile") or {}).items():
+        lines.append(f"compile={m}: encode_prepared {c['encode_prepared_pps']:,} p/s (first pass {c['first_pass_s']} s, "
+                     f"{c.get('compile_s', '-')} s more than the second)")
     if t:
         lines.append(f"tokenize p/s: prepare {t['prepare_pps']:,} | tokenizer call {t['tokenizer_pps']:,} | "
-                     f"rust encode_batch {t['rust_encode_pps'] or 0:,}")
+                     f"rust encode_batch {t['rust_encode_pps'] or 0:,} | {t.get('pool_workers', 0)} processes: "
+                     f"tokenize {t.get('pool_pps', 0):,}, prepare {t.get('pool_prepare_pps', 0):,}")
     return "\n".join(lines)
 
 
@@ -270,8 +301,17 @@ def main() -> None:
     ap.add_argument("--parts", default="fixed,varlen,e2e,tokenize",
                     help="comma-separated subset of fixed,varlen,e2e,tokenize,compile (compile: varlen "
                          "encode_prepared with a torch.compile'd backbone, compile time reported apart)")
+    ap.add_argument("--workers", default="0,auto",
+                    help="tokenizer processes for e2e, one run each (comma-separated; auto = default_workers()); "
+                         "the first value > 0 is also used by the varlen and tokenize parts")
+    ap.add_argument("--e2e-repeats", type=int, default=1, help="alternating rounds over --workers")
+    ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval (s) for the whole run")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    workers = [default_workers() if w == "auto" else int(w) for w in args.workers.split(",")]
+    pool_workers = next((w for w in workers if w > 0), 0)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     small = args.tiny or not cuda  # the CPU runs the torch twin of the head ([B, S, V] logits)
@@ -284,7 +324,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     env = environment(dev)
-    env.update(tiny=args.tiny, dtype=str(dtype), passages=n, batch=batch, max_tokens=max_tokens, window=window)
+    env.update(tiny=args.tiny, dtype=str(dtype), passages=n, batch=batch, max_tokens=max_tokens, window=window,
+               switch_interval=sys.getswitchinterval())
     print(json.dumps(env), flush=True)
     res: dict = {"env": env}
 
@@ -296,8 +337,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env["model"] = build_model(Path(tmp), args.tiny, dev, dtype, tokenizer)
         enc = SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN)
-        compiled = SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
-                                                 compile=True) if "compile" in parts else None
+        compiled = {"full": SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
+                                                          compile=True)} if "compile" in parts else {}
     if "fixed" in parts:
         res["fixed"] = fixed_part(enc, dev, batch, lengths, repeats)
         save()
@@ -311,20 +352,22 @@ def main() -> None:
         prepared.append(enc.prepare(w, "doc", batch, max_tokens))
         prepare_s.append(time.perf_counter() - t0)
     if "varlen" in parts:
-        res["varlen"] = varlen_part(enc, dev, windows, prepared, ids, batch, max_tokens)
+        res["varlen"] = varlen_part(enc, dev, windows, prepared, ids, batch, max_tokens, pool_workers)
         save()
-    if compiled is not None:
-        res["compile"] = compile_part(compiled, dev, prepared, ids)
+    if compiled:
+        res["compile"] = {m: compile_part(model, dev, prepared, ids) for m, model in compiled.items()}
         save()
     del prepared
-    if compiled is not None and "e2e" in parts:
-        res["compile"]["e2e"] = e2e_part(compiled, dev, texts, window, batch, max_tokens, min(warm, n))
-        save()
-    if "e2e" in parts:
-        res["e2e"] = e2e_part(enc, dev, texts, window, batch, max_tokens, min(warm, n))
-        save()
+    e2e_models = [(model, res["compile"][m].setdefault("e2e", [])) for m, model in compiled.items()]
+    for model, runs in e2e_models + [(enc, res.setdefault("e2e", []))]:
+        if "e2e" not in parts:
+            continue
+        for _ in range(args.e2e_repeats):
+            for w in workers:
+                runs.append(e2e_part(model, dev, texts, window, batch, max_tokens, min(warm, n), w))
+                save()
     if "tokenize" in parts:
-        res["tokenize"] = tokenize_part(enc, windows, prepare_s)
+        res["tokenize"] = tokenize_part(enc, windows, prepare_s, pool_workers, batch, max_tokens)
         res["tokenize"]["prepare_median_s"] = round(statistics.median(prepare_s), 3)
         save()
     print(table(res))

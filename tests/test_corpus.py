@@ -170,3 +170,16 @@ def test_generic_encoder_path_with_bm25(tmp_path, docs):
     assert manifest["complete"] and manifest["metadata"] == enc.describe()
     want = enc.encode_documents([t for _, t in docs], ids=[i for i, _ in docs])
     assert read_vectors(tmp_path / "bm25").equal(want)
+
+
+def test_tokenizer_workers_give_the_same_shards_across_a_resume(tmp_path, encoder, docs, reference):
+    out = tmp_path / "vec"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        encode_corpus(encoder, failing_after(docs, 150), out, tokenize_workers=2, **SETTINGS)
+    assert read_manifest(out)["n_rows"] == 128
+    stats: dict = {}
+    manifest = encode_corpus(encoder, docs, out, tokenize_workers=2, stats=stats, **SETTINGS)
+    # the first window (32 documents) is tokenized in-process, every later one by the workers
+    assert stats["tokenize_workers"] == 2 and stats["docs"] == N_DOCS - 128
+    assert stats["tokenized_by_workers"] == N_DOCS - 128 - WINDOW
+    assert manifest["complete"] and shard_hashes(manifest) == shard_hashes(reference)

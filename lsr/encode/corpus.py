@@ -13,9 +13,11 @@ Design (simplest one that is resumable and exact):
   ``writer.rows_done`` documents of the stream (a shard boundary), so the rerun sees the very same
   windows and batches as an uninterrupted run: no document is lost or duplicated and the shards are
   identical (bit-exact on a deterministic device), not merely equivalent.
-* A worker thread reads and tokenizes the next windows (the Rust tokenizer releases the GIL; batches
-  go to pinned memory) while the main thread runs the model, and another thread writes Parquet, so
-  the GPU does not wait on the CPU side.
+* A worker thread reads the next windows and has them tokenized by a pool of worker processes
+  (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
+  another thread writes Parquet, so the GPU does not wait on the CPU side. Processes, not threads:
+  reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slows the
+  launching thread by ~30% (docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_documents(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
@@ -36,6 +38,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
 
@@ -114,6 +117,29 @@ class _Failure:
         self.error = error
 
 
+class _LazyPool:
+    """What ``start()`` returns (a TokenizerPool or None), created on first ``get``; ``close`` also
+    stops a later ``get`` (from a prefetch thread that outlived its consumer) from starting one."""
+
+    def __init__(self, start: Callable[[], Any]) -> None:
+        self._start, self._pool, self._closed = start, None, False
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._pool is None and not self._closed:
+                self._pool = self._start()
+                self._closed = self._pool is None  # nothing to start: do not ask again
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
 def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None:
     """Consume the ``skip`` documents already written. The last of them must be the last id of the
     last shard (a cheap guard against resuming with another corpus or another order)."""
@@ -135,7 +161,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
                   batch_size: int | None = None, shard_rows: int = 100_000, resume: bool = True,
                   n_docs: int | None = None, progress: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
-                  stats: dict[str, Any] | None = None) -> dict[str, Any]:
+                  tokenize_workers: int | None = None, stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
     Args:
@@ -154,10 +180,15 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
+        tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer); 0 tokenizes on
+            the reading thread. Default: ``tokenize_pool.default_workers()`` when the encoder runs on
+            CUDA (8 on a 16-core machine), else 0. The first window is always tokenized in-process (on
+            every core, the model has nothing to do yet); the workers start with the second.
         stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
             thread's time split (seconds): first_window_s (start to the first tokenized window),
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
-            model) and wait_writer_s (blocked on the shard writer).
+            model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
+            tokenized_by_workers (documents the worker processes tokenized).
     """
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
@@ -183,9 +214,22 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
     totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
     clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0}
 
+    if tokenize_workers is None:
+        tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
+    tokenizers = _LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if fast and tokenize_workers > 0 else None)
+    first, by_workers = [True], [0]
+
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
         ids, texts = window
-        return ids, (encoder.prepare(texts, "doc", batch_size, max_tokens) if fast else texts)
+        if not fast:
+            return ids, texts
+        # the model waits for the first window anyway: tokenize it here on every core (the Rust thread
+        # pool); later windows go to the worker processes, beside the model. They start with the second
+        # window, while the model encodes the first (a one-window corpus never starts them).
+        pool, first[0] = (None if first[0] else tokenizers.get()), False
+        if pool is not None:
+            by_workers[0] += len(texts)
+        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=pool)
 
     from tqdm.auto import tqdm
 
@@ -233,9 +277,11 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
         manifest = writer.close()
     finally:
         prefetcher.close()
+        tokenizers.close()
         pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
         bar.close()
     seconds = time.perf_counter() - t0
     if stats is not None:
-        stats.update(totals, **clock, seconds=seconds, docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+        stats.update(totals, **clock, seconds=seconds, tokenize_workers=tokenize_workers if fast else 0,
+                     tokenized_by_workers=by_workers[0], docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
     return manifest

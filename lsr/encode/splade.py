@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from lsr.encode.lexical import decode_rows, vocab_hash
+from lsr.encode.tokenize_pool import TokenizerPool, token_arrays
 from lsr.kernels.sparton import sparton_head
 from lsr.kernels.sparton_packed import packed_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
@@ -126,7 +127,8 @@ class _Tokenize:
     """texts -> token ids truncated to ``max_length`` with the tokenizer's special tokens.
 
     Uses a private copy of the Rust tokenizer configured once (truncation on, padding off), so
-    calls from a worker thread never race with the HF wrapper mutating its settings."""
+    calls from a worker thread never race with the HF wrapper mutating its settings; ``pool`` starts
+    worker processes holding the same copy."""
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
@@ -138,17 +140,19 @@ class _Tokenize:
             self._fast = Tokenizer.from_str(backend.to_str())
             self._fast.no_padding()
             self._fast.enable_truncation(max_length)
-            self._encode = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)  # no offsets
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """-> (flat int64 [sum lengths] token ids, lengths int64 [n])."""
+        """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""
         texts = texts if isinstance(texts, list) else list(texts)
         if self._fast is not None:
-            ids = [e.ids for e in self._encode(texts)]  # Rust, parallel, releases the GIL
-        else:
-            ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+            return token_arrays(self._fast, texts)  # Rust, parallel, releases the GIL while tokenizing
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum())), lengths
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
+
+    def pool(self, workers: int) -> TokenizerPool | None:
+        """Worker processes tokenizing like this object (None for a slow, Python-only tokenizer)."""
+        return None if self._fast is None else TokenizerPool(self._fast.to_str(), self.max_length, workers)
 
 
 class _Tower:
@@ -230,7 +234,8 @@ class SpladeEncoder:
         ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``packed``: on the Triton backend,
         encode with the packed head (texts share token tiles; same results). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
-        ``compile``: torch.compile the backbone (dynamic shapes) — pays off only for long runs.
+        ``compile``: torch.compile the backbone (dynamic shapes): ~8% faster encoding after ~30 s of
+        compiling on an H200, so it pays off only for runs of several million passages (docs/benchmarks.md).
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = _dtype(dtype, dev)
@@ -281,11 +286,23 @@ class SpladeEncoder:
                 self._tokenizers[kind] = _Tokenize(self._towers[kind].tokenizer, length)
             return self._tokenizers[kind]
 
+    def tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
+        """Worker processes that tokenize ``kind`` texts for ``prepare(..., pool=...)`` (close it after
+        use); None when the tokenizer is not a fast (Rust) one."""
+        pool = self._tokenizer(kind).pool(workers)
+        if pool is not None:
+            pool.tag = kind
+        return pool
+
     def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
-                max_tokens: int | None = None) -> PreparedTexts:
+                max_tokens: int | None = None, *, pool: TokenizerPool | None = None) -> PreparedTexts:
         """Tokenize ``texts`` and cut them into batches of similar length (longest first, so the peak
-        memory shows up at once). Pure CPU work: safe to run on a worker thread."""
-        flat, lengths = self._tokenizer(kind)(texts)
+        memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
+        the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL)."""
+        if pool is not None and getattr(pool, "tag", None) != kind:
+            raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
+                             "use tokenizer_pool(kind)")
+        flat, lengths = (pool or self._tokenizer(kind))(texts)
         batch_size = batch_size or self.batch_size
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         mult = max(1, self.pad_multiple)

@@ -1,0 +1,201 @@
+"""Tokenization in worker processes, so the encoding process's GIL stays with the thread that runs the model.
+
+    pool = TokenizerPool(tokenizer_json, max_length=256, workers=8)
+    flat, lengths = pool(texts)      # == token_arrays(tokenizer, texts), computed in 8 processes
+    pool.close()
+
+Why processes: the Rust tokenizer releases the GIL, but reading its output (``Encoding.ids``, one Python
+list per text) holds the GIL for ~10 µs per passage. On a thread beside the model that starves the
+launching thread: every torch op releases the GIL and then waits up to the switch interval (5 ms) to get
+it back while the other thread loops in Python. Workers return NumPy arrays, which cross the process
+boundary as flat buffers. Each worker tokenizes on one core (the pool is the parallelism; the Rust
+thread pool would otherwise start one thread per core in every worker).
+
+Workers are plain ``python -c`` subprocesses that import only numpy and tokenizers and talk pickle over
+their stdin / stdout, not multiprocessing children: those would re-import the caller's ``__main__``
+module (a script that loads a model) and need a ``__main__`` guard in every script.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+__all__ = ["TokenizerPool", "default_workers", "token_arrays"]
+
+CHUNK = 2048  # texts per task: balances 8 workers over a 50K window and amortises the round trip
+_SERVE = "from lsr.encode.tokenize_pool import _serve; _serve()"
+
+
+def token_arrays(tokenizer: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A ``tokenizers.Tokenizer`` (truncation set) -> (flat int32 [sum lengths] ids, lengths int64 [n])."""
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets when available
+    ids = [e.ids for e in encode(texts if isinstance(texts, list) else list(texts))]
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
+
+
+def default_workers() -> int:
+    """Worker processes worth starting on this machine: the cores left after the launching, batching and
+    writing threads (4), at most 8 (~40K MS MARCO passages/s); 0 below 6 cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return 0 if cores < 6 else min(8, cores - 4)
+
+
+def _send(stream: BinaryIO, obj: Any) -> None:
+    pickle.dump(obj, stream, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.flush()
+
+
+def _serve() -> None:
+    """Worker main: a (tokenizer json, max_length) header, then text lists -> token_arrays, until the
+    pool hangs up (EOF or a closed result pipe, possibly before the header arrived)."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints go to stderr, not into the result stream
+    try:
+        _serve_loop(sys.stdin.buffer, out)
+    except (EOFError, BrokenPipeError):
+        os._exit(0)  # skip flushing a pipe nobody reads
+
+
+def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer_json, max_length = pickle.load(inp)
+    tok = Tokenizer.from_str(tokenizer_json)
+    tok.no_padding()
+    tok.enable_truncation(max_length)
+    _send(out, "ready")
+    while True:
+        texts = pickle.load(inp)
+        try:
+            result: Any = token_arrays(tok, texts)
+        except Exception as e:  # noqa: BLE001 - reported to the caller, the worker stays usable
+            result = RuntimeError(f"tokenizer worker: {type(e).__name__}: {e}")
+        _send(out, result)
+
+
+class _Worker:
+    def __init__(self, tokenizer_json: str, max_length: int) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding the lsr package
+        env = dict(os.environ, RAYON_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env)
+        # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
+        # send it from a thread, so that all workers start at once
+        self._header_error: BaseException | None = None
+        self.ready = False
+        self._header = threading.Thread(target=self._send_header, args=(tokenizer_json, max_length), daemon=True)
+        self._header.start()
+
+    def _send_header(self, tokenizer_json: str, max_length: int) -> None:
+        try:
+            _send(self.proc.stdin, (tokenizer_json, max_length))
+        except BaseException as e:  # noqa: BLE001 - re-raised by call()
+            self._header_error = e
+
+    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            if not self.ready:
+                self._header.join()
+                if self._header_error is not None:
+                    raise self._header_error
+                self.ready = self._receive() == "ready"
+            _send(self.proc.stdin, texts)
+            result = self._receive()
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            raise RuntimeError(f"tokenizer worker {self.proc.pid} died (exit code {self.proc.poll()}); "
+                               "its error, if any, is on stderr") from e
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _receive(self) -> Any:
+        return pickle.load(self.proc.stdout)
+
+    def hang_up(self) -> None:
+        """Close the pipes: the worker reads EOF and exits."""
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def join(self) -> None:
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class TokenizerPool:
+    """``workers`` processes, each holding the tokenizer serialised in ``tokenizer_json``
+    (``tokenizers.Tokenizer.to_str()``) with truncation to ``max_length`` and no padding.
+    Calling it with a text list returns what ``token_arrays`` returns for the same tokenizer;
+    calls from several threads are safe (a worker serves one chunk at a time)."""
+
+    def __init__(self, tokenizer_json: str, max_length: int, workers: int) -> None:
+        if workers <= 0:
+            raise ValueError(f"workers must be positive, got {workers}")
+        self.workers, self.max_length = workers, max_length
+        self.tag: str | None = None  # what the owner tokenizes with it (SpladeEncoder: "doc" / "query")
+        self._all: list[_Worker] = []
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        try:
+            for _ in range(workers):  # started now; they load the tokenizer while the caller sets up
+                self._all.append(_Worker(tokenizer_json, max_length))
+                self._idle.put(self._all[-1])
+        except BaseException:
+            self.close()
+            raise
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="lsr-tokenize")
+
+    def _run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        worker = self._idle.get()
+        try:
+            return worker.call(texts)
+        finally:
+            self._idle.put(worker)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order."""
+        texts = texts if isinstance(texts, list) else list(texts)
+        if not texts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        if not self._all:
+            raise RuntimeError("this TokenizerPool is closed")
+        parts = list(self._threads.map(self._run, [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        threads = getattr(self, "_threads", None)
+        if threads is not None:
+            threads.shutdown(wait=True)
+        workers, self._all = self._all, []
+        for worker in workers:  # all of them exit in parallel
+            worker.hang_up()
+        for worker in workers:
+            worker.join()
+
+    def __enter__(self) -> TokenizerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

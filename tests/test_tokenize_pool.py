@@ -1,0 +1,79 @@
+"""Tokenization in worker processes: the same ids as in-process tokenization, the same shards from
+encode_corpus (also across a crash and resume), and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from lsr.encode.splade import SpladeEncoder, _Tokenize
+from lsr.encode.tokenize_pool import CHUNK, TokenizerPool, default_workers
+from tests.helpers_models import save_tiny_mlm
+
+
+@pytest.fixture(scope="module")
+def texts(data_dir) -> list[str]:
+    with open(data_dir / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    # more than two chunks, so the order of the workers' results matters; an empty text too
+    out = [f"{r['title']} {r['text']}" for r in rows[: 2 * CHUNK + 100]]
+    out[7] = ""
+    return out
+
+
+def test_pool_matches_in_process_tokenization(data_dir, texts):
+    from transformers import AutoTokenizer
+
+    tok = _Tokenize(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 128)
+    flat, lengths = tok(texts)
+    assert flat.dtype == np.int32 and lengths.dtype == np.int64 and len(lengths) == len(texts)
+    assert lengths.max() == 128 and lengths[7] == 2  # truncation on; [CLS] [SEP] for the empty text
+    with tok.pool(2) as pool:
+        got_flat, got_lengths = pool(texts)
+        np.testing.assert_array_equal(got_lengths, lengths)
+        np.testing.assert_array_equal(got_flat, flat)
+        empty_flat, empty_lengths = pool([])
+        assert empty_flat.size == 0 and empty_lengths.size == 0
+    with pytest.raises(ValueError, match="positive"):
+        TokenizerPool("{}", 8, 0)
+    assert default_workers() >= 0
+
+
+def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
+    model = save_tiny_mlm("bert", tmp_path / "bert", data_dir)
+    enc = SpladeEncoder.from_pretrained(model, device="cpu", max_length_doc=64, max_length_query=16)
+    want = enc.prepare(texts[:300], "doc", batch_size=32)
+    pool = enc.tokenizer_pool("doc", 2)
+    try:
+        got = enc.prepare(texts[:300], "doc", batch_size=32, pool=pool)
+        with pytest.raises(ValueError, match="'doc' texts, not 'query'"):
+            enc.prepare(texts[:3], "query", pool=pool)
+    finally:
+        pool.close()
+    assert (got.n, got.n_tokens, got.n_slots) == (want.n, want.n_tokens, want.n_slots)
+    for a, b in zip(got.batches, want.batches, strict=True):
+        assert a.input_ids.equal(b.input_ids) and a.attention_mask.equal(b.attention_mask) and a.rows.equal(b.rows)
+
+
+def test_worker_errors_are_raised_not_lost(data_dir):
+    from transformers import AutoTokenizer
+
+    tok = _Tokenize(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
+    pool = tok.pool(1)
+    try:
+        with pytest.raises(RuntimeError, match="tokenizer worker: TypeError"):
+            pool([1, 2])  # not texts: the worker reports the error and stays usable
+        assert pool(["still serving"])[1].tolist() == [4]
+        pool._all[0].proc.kill()
+        pool._all[0].proc.wait()
+        with pytest.raises(RuntimeError, match="died"):
+            pool(["after a crash"])
+    finally:
+        pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool(["x"])
