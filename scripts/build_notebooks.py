@@ -97,6 +97,23 @@ ax.set_title('Sparton head for inference: padded vs packed (H200, bf16, V=30522)
 plt.tight_layout(); plt.savefig(FIG / 'head_packed.png', dpi=110); plt.show()
 fixed[list(cols)].rename(columns=cols)"""
 
+WORKERS = """rows = []
+for name, label in [('profile_encode_workers_compile_1m_dev.json', 'run 3'), ('profile_encode_workers_1m_abd6e3f.json', 'run 6')]:
+    prof = json.loads((BENCH / 'extra' / name).read_text())
+    compiled = prof.get('compile', {})
+    compiled = compiled.get('full', compiled)  # keyed by compile mode in later files
+    runs = [('eager', r) for r in prof['e2e']] + [('compiled', r) for r in compiled.get('e2e', [])]
+    for mode, r in runs:
+        rows.append({'case': f"{label}, {mode}", 'tokenizer': 'processes (8)' if r['tokenize_workers'] else 'thread (in-process)',
+                     'pps': r['pps']})
+workers = pd.DataFrame(rows).pivot_table(index='case', columns='tokenizer', values='pps')
+ax = workers.plot.barh(figsize=(8, 3.5))
+ax.axvline(22000, color='k', ls='--', lw=1, label='target 22k p/s'); ax.legend(loc='lower right', fontsize=8)
+ax.set_xlabel('passages / s, encode_corpus end to end (1M MS MARCO-length passages)')
+ax.set_title('Tokenizing in worker processes vs a thread (H200, BERT-base, bf16)')
+plt.tight_layout(); plt.savefig(FIG / 'encode_workers.png', dpi=110); plt.show()
+workers"""
+
 E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
 steps = dict(e2e['timed_s'])
 ax = pd.Series(steps).plot.barh(figsize=(7, 3))
@@ -116,6 +133,8 @@ BENCHMARKS = [
     new_code_cell(ENCODE),
     new_markdown_cell("## Packed Sparton head (inference): texts share 128-token tiles"),
     new_code_cell(PACKED),
+    new_markdown_cell("## Corpus encoding: tokenizer processes vs a tokenizing thread (same run, 1M passages)"),
+    new_code_cell(WORKERS),
     new_markdown_cell("## Dev-small end to end (search + runs + evaluation, vectors given)"),
     new_code_cell(E2E),
 ]
