@@ -16,8 +16,8 @@ Design (simplest one that is resumable and exact):
 * A worker thread reads the next windows and has them tokenized by a pool of worker processes
   (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
   another thread writes Parquet, so the GPU does not wait on the CPU side. Processes, not threads:
-  reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slows the
-  launching thread by ~30% (docs/benchmarks.md).
+  reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slowed the
+  launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s, docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_documents(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.

@@ -234,7 +234,7 @@ class SpladeEncoder:
         ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``packed``: on the Triton backend,
         encode with the packed head (texts share token tiles; same results). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
-        ``compile``: torch.compile the backbone (dynamic shapes): ~8% faster encoding after ~30 s of
+        ``compile``: torch.compile the backbone (dynamic shapes): ~7% faster encoding after 30-45 s of
         compiling on an H200, so it pays off only for runs of several million passages (docs/benchmarks.md).
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
