@@ -280,16 +280,22 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def common_args(ap: argparse.ArgumentParser, out: str, passages: str, repeats: str) -> None:
+    """The options bench_encode.py and profile_encode.py share (the help texts differ)."""
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT (CPU smoke test)")
+    ap.add_argument("--passages", type=int, help=passages)
+    ap.add_argument("--repeats", type=int, help=repeats)
+    ap.add_argument("--data", type=Path, default=REPO / "data")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/encode"))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    common_args(ap, "bench_results/encode", "synthetic passages (default 200k, quick 100k, tiny 64)",
+                "timed passes per end-to-end case (median)")
     ap.add_argument("--quick", action="store_true", help="fewer passages and configurations (< 3 min)")
-    ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT (CPU smoke test)")
-    ap.add_argument("--passages", type=int, help="synthetic passages (default 200k, quick 100k, tiny 64)")
-    ap.add_argument("--repeats", type=int, help="timed passes per end-to-end case (median)")
     ap.add_argument("--compile", action="store_true", help="add an lsr case with torch.compile'd backbone")
-    ap.add_argument("--data", type=Path, default=REPO / "data")
     args = ap.parse_args()
     args.device = torch.device(args.device)
     cuda = args.device.type == "cuda"

@@ -46,7 +46,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-from bench_encode import MAX_LEN, build_model, environment, median_seconds, sync, synth_texts
+from bench_encode import MAX_LEN, build_model, common_args, environment, median_seconds, sync, synth_texts
 
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
@@ -292,12 +292,8 @@ def table(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/profile_encode"))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT, small sizes (CPU smoke test)")
-    ap.add_argument("--passages", type=int, help="synthetic passages (default 300,000; 300 when small)")
-    ap.add_argument("--repeats", type=int, help="timed repeats per fixed-length measurement (median)")
-    ap.add_argument("--data", type=Path, default=REPO / "data")
+    common_args(ap, "bench_results/profile_encode", "synthetic passages (default 300,000; 300 when small)",
+                "timed repeats per fixed-length measurement (median)")
     ap.add_argument("--parts", default="fixed,varlen,e2e,tokenize",
                     help="comma-separated subset of fixed,varlen,e2e,tokenize,compile (compile: varlen "
                          "encode_prepared with a torch.compile'd backbone, compile time reported apart)")
@@ -305,11 +301,8 @@ def main() -> None:
                     help="tokenizer processes for e2e, one run each (comma-separated; auto = default_workers()); "
                          "the first value > 0 is also used by the varlen and tokenize parts")
     ap.add_argument("--e2e-repeats", type=int, default=1, help="alternating rounds over --workers")
-    ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval (s) for the whole run")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    if args.switch_interval:
-        sys.setswitchinterval(args.switch_interval)
     workers = [default_workers() if w == "auto" else int(w) for w in args.workers.split(",")]
     pool_workers = next((w for w in workers if w > 0), 0)
     dev = torch.device(args.device)
@@ -324,8 +317,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     env = environment(dev)
-    env.update(tiny=args.tiny, dtype=str(dtype), passages=n, batch=batch, max_tokens=max_tokens, window=window,
-               switch_interval=sys.getswitchinterval())
+    env.update(tiny=args.tiny, dtype=str(dtype), passages=n, batch=batch, max_tokens=max_tokens, window=window)
     print(json.dumps(env), flush=True)
     res: dict = {"env": env}
 

@@ -216,7 +216,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
-    tokenizers = _LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if fast and tokenize_workers > 0 else None)
+    tokenizers = _LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if tokenize_workers > 0 else None)
     first, by_workers = [True], [0]
 
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:

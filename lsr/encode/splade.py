@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from lsr.encode.lexical import decode_rows, vocab_hash
-from lsr.encode.tokenize_pool import TokenizerPool, token_arrays
+from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
 from lsr.kernels.sparton import sparton_head
 from lsr.kernels.sparton_packed import packed_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
@@ -135,11 +135,7 @@ class _Tokenize:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = None
         if backend is not None:
-            from tokenizers import Tokenizer
-
-            self._fast = Tokenizer.from_str(backend.to_str())
-            self._fast.no_padding()
-            self._fast.enable_truncation(max_length)
+            self._fast = load_tokenizer(backend.to_str(), max_length)
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""

@@ -32,10 +32,20 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["TokenizerPool", "default_workers", "token_arrays"]
+__all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays"]
 
 CHUNK = 2048  # texts per task: balances 8 workers over a 50K window and amortises the round trip
 _SERVE = "from lsr.encode.tokenize_pool import _serve; _serve()"
+
+
+def load_tokenizer(tokenizer_json: str, max_length: int) -> Any:
+    """A ``tokenizers.Tokenizer`` from its JSON, truncating to ``max_length``, never padding."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    tok.no_padding()
+    tok.enable_truncation(max_length)
+    return tok
 
 
 def token_arrays(tokenizer: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -73,12 +83,7 @@ def _serve() -> None:
 
 
 def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
-    from tokenizers import Tokenizer
-
-    tokenizer_json, max_length = pickle.load(inp)
-    tok = Tokenizer.from_str(tokenizer_json)
-    tok.no_padding()
-    tok.enable_truncation(max_length)
+    tok = load_tokenizer(*pickle.load(inp))
     _send(out, "ready")
     while True:
         texts = pickle.load(inp)
