@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lsr.kernels import block_cuda
-from lsr.kernels.block import default_programs, span_items, terms_bucket, triton_block_candidates
+from lsr.kernels import block_cuda, rescore_cuda
+from lsr.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
 from lsr.kernels.csr import dense_queries, triton_csr_scores
 from lsr.kernels.fixed import query_scales
 from lsr.kernels.scatter import triton_scatter_scores
-from lsr.kernels.topk import ROW, kth_threshold, topk_keys, triton_topk, unpack_keys
+from lsr.kernels.topk import DOC_MASK, ROW, kth_threshold, pack_keys, topk_keys, triton_topk, unpack_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -75,6 +75,8 @@ class BlockConfig:
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
     cuda_step: int = block_cuda.STEP    # CUDA kernel: 128-posting steps whose loads are issued together
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
+    coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
+    coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -236,6 +238,8 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig, max_terms:
     cfg = replace(cfg, span=span)
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
+    cspan = _coarse_span(cfg, index, score)
+    coarse = (cspan, span_offsets(index, cspan)) if cspan else None
     if cfg.group > 1:  # queries ordered by work (sum of df) so that a group's queries end together
         row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())
         cost = torch.zeros(B, dtype=torch.int64, device=indptr.device)
@@ -247,20 +251,34 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig, max_terms:
     cap = _cap(k, n_samp)
     step = max(cfg.group, int(CAND_BUDGET // (n_spans * cap * 8)) // cfg.group * cfg.group)
     if cfg.group == 1 and B <= step:  # the common case: one chunk, queries in their own order
-        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap, score, max_terms)
+        return _block_chunk(index, span_off, indptr, terms, weights, k, cfg, n_samp, cap, score, max_terms, coarse)
     out_s = torch.empty((B, k), dtype=torch.float32, device=indptr.device)
     out_d = torch.empty((B, k), dtype=torch.int64, device=indptr.device)
     for c0 in range(0, B, step):
         sel = perm[c0:c0 + step]
-        lens = indptr.diff()[sel]
-        ip = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=sel.device)
-        torch.cumsum(lens, 0, out=ip[1:])
-        src = torch.repeat_interleave(indptr[sel], lens) + torch.arange(int(ip[-1]), device=sel.device) \
-            - torch.repeat_interleave(ip[:-1], lens)
-        s, d = _block_chunk(index, span_off, ip, terms[src].contiguous(), weights[src].contiguous(), k,
-                            cfg, n_samp, cap, score, max_terms)
+        ip, tt, ww = _select_queries(indptr, terms, weights, sel)
+        s, d = _block_chunk(index, span_off, ip, tt, ww, k, cfg, n_samp, cap, score, max_terms, coarse)
         out_s[sel], out_d[sel] = s, d
     return out_s, out_d
+
+
+def _select_queries(indptr, terms, weights, sel):
+    """The CSR (indptr, terms, weights) of queries ``sel`` (in that order)."""
+    lens = indptr.diff()[sel]
+    ip = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=sel.device)
+    torch.cumsum(lens, 0, out=ip[1:])
+    src = torch.repeat_interleave(indptr[sel], lens) + torch.arange(int(ip[-1]), device=sel.device) \
+        - torch.repeat_interleave(ip[:-1], lens)
+    return ip, terms[src].contiguous(), weights[src].contiguous()
+
+
+def _coarse_span(cfg: BlockConfig, index, score) -> int | None:
+    """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
+    if not cfg.coarse or getattr(score, "func", None) is not block_cuda.cuda_block_candidates:
+        return None
+    cspan = max(cfg.span, min(cfg.coarse_span, _span_limit(index), block_cuda.MAX_SPAN))
+    bs = index.block_size
+    return cspan if cspan % bs == 0 or bs % cspan == 0 else None
 
 
 def _n_sample(n_spans: int, span: int, k: int, every: int) -> int:
@@ -276,26 +294,43 @@ def _cap(k: int, n_samp: int) -> int:
 
 
 def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n_samp: int, cap: int, score,
-                 max_terms: int):
+                 max_terms: int, coarse=None):
     B = indptr.numel() - 1
     width = terms_bucket(max_terms)
     body = functools.partial(_chunk_body, index=index, span_off=span_off, k=k, cfg=cfg, n_samp=n_samp, cap=cap, score=score,
-                             max_terms=width)
+                             max_terms=width, coarse=coarse)
+    out = None
     if cfg.graphs and indptr.is_cuda and B <= GRAPH_MAX_B and not torch.cuda.is_current_stream_capturing():
         graph = _chunk_graph(index, body, B, B * width, (B, width, k, cfg, n_samp, cap))
         if graph is not None:
             with graph.lock:
-                return _finish(score, *graph(indptr, terms, weights), k)
-    return _finish(score, *body(indptr, terms, weights), k)
+                out = _finish(score, *graph(indptr, terms, weights), k)
+    if out is None:
+        out = _finish(score, *body(indptr, terms, weights), k)
+    best, redo = out
+    if redo is not None:   # rare: queries the coarse pass could not settle take the exact pass 2
+        sel = torch.nonzero(redo).flatten()
+        exact = functools.partial(_chunk_body, index=index, span_off=span_off, k=k, cfg=cfg, n_samp=n_samp, cap=cap,
+                                  score=score, max_terms=width, coarse=None)
+        fixed, _ = _finish(score, *exact(*_select_queries(indptr, terms, weights, sel)), k)
+        best[sel] = fixed
+    return unpack_keys(best)
 
 
 def _chunk_body(indptr, terms, weights, index, span_off, *, k: int, cfg: BlockConfig, n_samp: int, cap: int,
-                score, max_terms: int):
+                score, max_terms: int, coarse=None):
     """Both passes and the merge, free of host syncs (so a CUDA graph can hold them).
 
     ``terms`` / ``weights`` may run past ``indptr[-1]`` (a graph's fixed buffers): only rows read them.
     Returns (best keys [B, k] with every overflowed (query, span) left out, overflow mask bool
-    [B, n_spans], theta [B], the scorer's arguments) for ``_finish``.
+    [B, n_spans] or None, theta [B], the scorer's arguments, the queries to redo bool [B] or None) for
+    ``_finish``.
+
+    ``coarse`` = (span, span offsets) runs pass 2 on coarse sums (``coarse_floor``: a doc reaching theta
+    has a coarse sum >= the query's floor, so no candidate is lost), takes the best k + margin coarse
+    keys, rescores them exactly and keeps the top k. That list holds the exact top k when it also holds
+    every doc whose coarse sum reaches the floor of the k-th coarse key's score (k docs score at least
+    that); a query where this fails, or whose coarse slots overflowed, is flagged for the exact pass 2.
     """
     B = indptr.numel() - 1
     dev = indptr.device
@@ -310,20 +345,72 @@ def _chunk_body(indptr, terms, weights, index, span_off, *, k: int, cfg: BlockCo
     items = span_items(B, sample, cfg.group, width)
     maxima, _ = score(*args, items, B * n_samp * width, **kw)
     theta = kth_threshold(maxima.view(B, -1), k)
+    if coarse is not None:
+        best, redo = _coarse_pass(index, indptr, terms, weights, scale, inv, theta, coarse, k,
+                                  cap * coarse[0] // span, score, kw)
+        return best, None, theta, args, redo
     # pass 2: every span, docs >= theta into cap slots
     items = span_items(B, torch.arange(n_spans, device=dev), cfg.group, cap)
     cand, counts = score(*args, items, B * n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; _finish rescores it whole
     cand = cand.view(B, n_spans, cap).masked_fill_(over.unsqueeze(2), -1)
-    return topk_keys(cand.view(B, -1), k), over, theta, args
+    return topk_keys(cand.view(B, -1), k), over, theta, args, None
 
 
-def _finish(score, best, over, theta, args, k):
-    """Rescore the (rare) overflowed (query, span) pairs and unpack the top k (host side)."""
-    if bool(over.any()):
+def _coarse_pass(index, indptr, terms, weights, scale, inv, theta, coarse, k: int, cap: int, score, kw):
+    """Coarse pass 2 + exact rescoring (see ``_chunk_body``): (best keys [B, k], redo bool [B])."""
+    B = indptr.numel() - 1
+    dev = indptr.device
+    cspan, coff = coarse
+    n_spans = coff.shape[1] - 1
+    floor = coarse_floor(theta, scale, indptr)
+    items = span_items(B, torch.arange(n_spans, device=dev), 1, cap)
+    cand, counts = score(index.doc_ids, index.scores, coff, indptr, terms, weights, scale, inv, cspan, items,
+                         B * n_spans * cap, cap=cap, coarse_lo=floor, **kw)
+    over = (counts.view(B, n_spans) > cap).any(1)
+    cand = cand.view(B, -1)
+    top = topk_keys(cand, min(k + _margin(k), cand.shape[1]))
+    # the k-th coarse key: k docs have int64 sums >= its coarse sum << 30, so the k-th exact score is at
+    # least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
+    kth = top[:, min(k, top.shape[1]) - 1]
+    s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
+    last = top[:, -1]
+    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
+    docs = torch.where(top >= 0, DOC_MASK - (top & DOC_MASK), torch.full_like(top, -1))
+    keys = pack_keys(_rescore(index, indptr, terms, weights, scale, inv, docs), docs)
+    best = topk_keys(torch.where(docs >= 0, keys, torch.full_like(keys, -1)), k)
+    return best, over | ~complete | (floor < 1)
+
+
+def _margin(k: int) -> int:
+    """Coarse keys kept beyond k for the exact rescoring (the completeness test rarely needs more)."""
+    return max(32, k // 8)
+
+
+def _rescore(index, indptr, terms, weights, scale, inv, docs):
+    """Exact float32 scores of candidate docs [B, C] (-1 = none: 0.0), free of host syncs."""
+    B = indptr.numel() - 1
+    dev = indptr.device
+    # dense [B + 1, V] queries; a graph buffer's tail (entries past indptr[-1]) lands in the spare row B
+    rows = torch.searchsorted(indptr[1:], torch.arange(terms.numel(), device=dev), right=True)
+    qd = torch.zeros((B + 1, index.vocab_size), dtype=torch.float32, device=dev)
+    qd[rows, terms.long()] = weights
+    qd = qd[:B]
+    csr = index.docs
+    if dev.type == "cuda" and block_cuda.available(dev.index or 0):
+        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv, docs)
+    return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, scale, inv, docs)
+
+
+def _finish(score, best, over, theta, args, redo, k):
+    """Rescore the (rare) overflowed (query, span) pairs (host side): (best keys [B, k], the queries
+    to redo with the exact pass 2 as a bool mask, or None)."""
+    if over is not None and bool(over.any()):
         best = _fix_overflow(score, args, torch.nonzero(over), theta, best, k)
-    return unpack_keys(best)
+    if redo is not None:
+        redo = redo.clone() if bool(redo.any()) else None
+    return best.clone(), redo
 
 
 class _ChunkGraph:

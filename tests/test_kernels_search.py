@@ -288,6 +288,67 @@ def test_search_overflow_is_rescored(gen, monkeypatch):
     assert_exact_topk(s, d, f64_scores(q, docs), 40)
 
 
+def test_coarse_twin_and_floor(gen):
+    """Coarse mode of the block twin: the keys are (sum of contribution >> COARSE_SHIFT, doc) of exactly
+    the docs reaching the floor; ``coarse_floor`` never drops a doc whose exact score reaches theta."""
+    docs = rand_vectors(300, 40, 0.2, gen)
+    q = rand_vectors(6, 40, 0.3, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    off = span_offsets(index, 64)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64)
+    n_spans = off.shape[1] - 1
+    # coarse sums by brute force from the per-posting fixed-point contributions
+    qd = q.to_dense(torch.float32)
+    dd = docs.to_dense(torch.float32)
+    contrib = (qd.double().unsqueeze(1) * dd.double().unsqueeze(0) * scale.view(-1, 1, 1)).to(torch.int64)
+    coarse = (contrib >> block.COARSE_SHIFT).sum(2)                                   # [B, N]
+    exact = (contrib.sum(2).double() * inv.view(-1, 1)).float()                      # the contract's scores
+    theta = exact.sort(1, descending=True).values[:, 20].contiguous()
+    floor = block.coarse_floor(theta, scale, q.indptr)
+    reach = (exact >= theta.unsqueeze(1)) & (exact > 0)
+    assert bool((coarse >= floor.unsqueeze(1))[reach].all()), "no doc reaching theta falls below the floor"
+    cap = 64
+    items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, cap)
+    got, counts = block.torch_block_candidates(*args, items, 6 * n_spans * cap, cap=cap, coarse_lo=floor)
+    lo = floor.clamp_min(1).unsqueeze(1)
+    want = torch.where(coarse >= lo, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
+    got = got.view(6, -1)
+    for b in range(6):
+        assert torch.equal(got[b][got[b] >= 0].sort().values, want[b][want[b] >= 0].sort().values)
+    assert torch.equal(counts.view(6, n_spans).sum(1), (coarse >= lo).sum(1).int())
+
+
+def test_search_coarse_pass_matches_exact(gen, monkeypatch):
+    """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
+    pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots)."""
+    import functools
+
+    import lsr.search_triton as st
+    docs = rand_vectors(600, 30, 0.2, gen)
+    q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
+    cfg = BlockConfig(span=64, sample_every=2)
+    want = triton_search(index, q, k, path="block", config=cfg)
+    assert_exact_topk(*want, f64_scores(q, docs), k)
+    twin = functools.partial(block.torch_block_candidates)
+    monkeypatch.setattr(st, "_block_kernel", lambda c, index: (twin, 64))
+    monkeypatch.setattr(st, "_coarse_span", lambda c, index, score: 128)
+    redo = []
+    real = st._finish
+    monkeypatch.setattr(st, "_finish", lambda *a: (lambda out: redo.append(out[1]) or out)(real(*a)))
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert redo[0] is None or int(redo[0].sum()) <= 1, "only the empty query (no theta) needs the exact pass"
+    monkeypatch.setattr(st, "_margin", lambda k: 0)
+    monkeypatch.setattr(st, "_cap", lambda k, n: 2)
+    redo.clear()
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert redo[0] is not None and int(redo[0].sum()) >= 2, "the checks sent queries back"
+
+
 def test_search_query_terms_outside_index_vocab(gen):
     docs = rand_vectors(60, 20, 0.3, gen)
     index = build_index(docs, 32)
@@ -328,7 +389,8 @@ def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
                                  BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(cuda_span=1024, cuda_warps=4),
                                  BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 BlockConfig(cuda_span=16384, cuda_step=1)])
+                                 BlockConfig(cuda_span=16384, cuda_step=1), BlockConfig(coarse=False),
+                                 BlockConfig(coarse_span=8192)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")
@@ -372,6 +434,26 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, s
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert bool((got[1] > 0).any())
+    floor = block.coarse_floor(theta, scale, q.indptr)
+    for cap in (8, span):
+        items = block.span_items(9, spans, 1, cap)
+        got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor,
+                                               warps=warps, step=step)
+        want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_rescore_matches_twin(gen):
+    from lsr.kernels import rescore_cuda
+    docs = rand_vectors(3000, 200, 0.2, gen)
+    q = rand_vectors(7, 200, 0.2, gen, empty_rows=1)
+    scale, inv = query_scales(*csr_of(q), torch.ones(200, device="cuda") * 40)
+    qd = csr.dense_queries(*csr_of(q), 200)
+    cand = torch.randint(-1, 3000, (7, 333), device="cuda")
+    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
+    b = csr.torch_csr_scores(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
+    assert torch.equal(a, b) and bool((a[cand < 0] == 0).all()) and bool((a > 0).any())
 
 
 @pytest.mark.gpu

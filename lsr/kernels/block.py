@@ -38,6 +38,7 @@ import triton.language as tl
 
 from lsr.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.kernels.topk import (
+    DOC_MASK,
     ROW,
     emit_tile,
     pack_key,
@@ -47,9 +48,24 @@ from lsr.kernels.topk import (
     torch_row_max,
 )
 
-__all__ = ["check_block_args", "default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
+__all__ = ["COARSE_SHIFT", "check_block_args", "coarse_floor", "default_programs", "span_items", "torch_block_candidates",
+           "triton_block_candidates"]
 
 _ROW = tl.constexpr(ROW)
+COARSE_SHIFT = 30   # coarse sums add (int64 contribution >> 30): < 2**(61 - 30) per doc, one uint32 cell
+
+
+def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: a doc whose float32 score reaches theta[q] (> 0) has a coarse sum >= this.
+
+    The bound ``alo`` on the int64 sum is the CUDA read-out's (acc < alo implies score < theta); a coarse
+    sum adds floor(c / 2**30) of every contribution c, so it is > alo / 2**30 - n_q (n_q = the query's
+    term count, the most adds a doc takes). Values < 1 mean the coarse sums cannot filter for theta.
+    """
+    lim = torch.nextafter(theta, torch.zeros_like(theta)).to(torch.float64) * scale * (1.0 - 2.0 ** -50)
+    alo = lim.clamp(max=2.0 ** 62).to(torch.int64).clamp_min(1)
+    alo = torch.where(theta > 0, alo, torch.ones_like(alo))
+    return (alo >> COARSE_SHIFT) - q_indptr.diff() + 1
 
 
 @triton.jit
@@ -285,9 +301,11 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
                            scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                            items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                            theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
-                           **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           coarse_lo: torch.Tensor | None = None, **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Torch twin of ``triton_block_candidates`` (same arguments and bit-identical results; the
-    kernel-only tuning arguments are accepted and ignored)."""
+    kernel-only tuning arguments are accepted and ignored) and of the CUDA kernel's coarse mode
+    (``coarse_lo`` int64 [B] >= 1, group 1): keys ``sum << 31 | (2**31 - 1 - doc)`` of the docs whose
+    coarse sum (``COARSE_SHIFT``) reaches coarse_lo[q], emitted like theta's."""
     dev = post_doc.device
     item_q, item_span, item_out, out_stride_g = items
     B = q_indptr.numel() - 1
@@ -302,7 +320,8 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     entry, doc, w = entry[keep], doc[keep], post_w[pos][keep]
     row = torch.repeat_interleave(torch.arange(B, device=dev), q_indptr.diff())[entry]
     acc = torch.zeros((B + group) * n_spans * span, dtype=torch.int64, device=dev)
-    acc.index_add_(0, row * (n_spans * span) + doc, torch_to_fixed(q_weights[entry], w, scale[row]))
+    contrib = torch_to_fixed(q_weights[entry], w, scale[row])
+    acc.index_add_(0, row * (n_spans * span) + doc, contrib >> COARSE_SHIFT if coarse_lo is not None else contrib)
     inv = torch.cat([inv_scale, torch.ones(group, dtype=torch.float64, device=dev)])
     scores = torch_from_fixed(acc.view(B + group, -1), inv.unsqueeze(1))
     # per (item, g) row: the span's scores -> keys -> row maxima or emission
@@ -313,7 +332,16 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     valid = (qg < B).flatten()
     starts = (item_out.unsqueeze(1) + torch.arange(group, device=dev) * out_stride_g).flatten()[valid]
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
-    if theta is None:
+    if coarse_lo is not None:
+        sums = acc.view(B + group, -1)[qg.unsqueeze(2), cols.unsqueeze(1)].reshape(-1, span)
+        lo = torch.cat([coarse_lo, torch.ones(group, dtype=torch.int64, device=dev)])[qg.flatten()]
+        ok = sums >= lo.clamp_min(1).unsqueeze(1)
+        ckeys = (sums << 31) | (DOC_MASK - cols.unsqueeze(1).expand(-1, group, -1).reshape(-1, span))
+        rows, cnt = torch_emit(ckeys, ok, cap)
+        rows = rows[valid]
+        counts = torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
+        counts[starts // cap] = cnt[valid]
+    elif theta is None:
         rows, counts = torch_row_max(keys)[valid], None
     else:
         th = torch.cat([theta, torch.zeros(group, dtype=torch.float32, device=dev)])[qg.flatten()]

@@ -67,12 +67,13 @@ __device__ __forceinline__ longlong2 take(unsigned* h, unsigned* m, unsigned* l,
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, 2)
 lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
                  const i64* __restrict__ q_indptr, const int* __restrict__ q_terms,
                  const float* __restrict__ q_w, const double* __restrict__ scale,
                  const double* __restrict__ inv_scale, const float* __restrict__ theta,
+                 const long long* __restrict__ coarse_lo,
                  const int* __restrict__ item_q, const int* __restrict__ item_span,
                  const i64* __restrict__ item_out, int n_items,
                  i64* __restrict__ out, int* __restrict__ counts, int* __restrict__ next_item)
@@ -80,19 +81,20 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
     // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
     // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
     // term, so TG <= 256 adds of < 2^24 never overflow a limb between normalisations
+    // COARSE: one uint32 cell per doc holding the sum of (contribution >> 30) (< 2^31: no carries)
     extern __shared__ __align__(16) i64 smem[];
     unsigned* t_hi24 = (unsigned*)smem;
     unsigned* t_mid = t_hi24 + SPAN;
     unsigned* t_low = t_mid + SPAN;
-    i64* t_base = (i64*)(t_low + SPAN);        // per run: where its step c reads (base + 128 c)
-    i64* t_lo = t_base + TG;                   // run [lo, hi) in the postings
-    i64* t_hi = t_lo + TG;
-    double* t_wq = (double*)(t_hi + TG);       // query weight * scale
-    int* t_cum = (int*)(t_wq + TG);            // inclusive prefix sum of steps per run
+    i64* t_base = (i64*)(t_hi24 + LIMBS * SPAN);   // per run: where its step c reads (base + 128 c)
+    double* t_wq = (double*)(t_base + TG);     // query weight * scale
+    int* t_lo = (int*)(t_wq + TG);             // run [base + lo, base + hi) in the postings
+    int* t_hi = t_lo + TG;
+    int* t_cum = t_hi + TG;                    // inclusive prefix sum of steps per run
     int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
     int* s_item = w_count + WARPS;             // the item this CTA works on
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < 3 * SPAN; i += NT) t_hi24[i] = 0u;
+    for (int i = tid; i < LIMBS * SPAN; i += NT) t_hi24[i] = 0u;
     __syncthreads();
     // items are taken in order from a global counter, so the CTAs work on neighbouring items (one or two
     // spans) at any time and the span's postings stay in L2 for all the queries that read them (a fixed
@@ -122,11 +124,12 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     re = so[1];
                     wqs = (double)q_w[g + i] * sc;
                 }
-                t_base[i] = rs & ~3LL;
-                t_lo[i] = rs;
-                t_hi[i] = re;
+                const i64 a = rs & ~3LL;       // 16-byte aligned start; lo and hi are relative to it
+                t_base[i] = a;
+                t_lo[i] = (int)(rs - a);
+                t_hi[i] = (int)(re - a);
                 t_wq[i] = wqs;
-                t_cum[i] = re > rs ? (int)((re - (rs & ~3LL) + 127) >> 7) : 0;
+                t_cum[i] = re > rs ? (int)((re - a + 127) >> 7) : 0;
             }
             __syncthreads();
             if (warp == 0) {                   // inclusive scan of t_cum: TG / 32 entries per lane
@@ -143,63 +146,93 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                 #pragma unroll
                 for (int j = 0; j < TG / 32; ++j) {
                     const int n = t_cum[lane * (TG / 32) + j];
-                    t_base[lane * (TG / 32) + j] -= (i64)acc * 128;   // step c of the run reads base + 128 c
+                    // step c of the run reads base + 128 c: bounds move by the steps before the run
+                    t_base[lane * (TG / 32) + j] -= (i64)acc * 128;
+                    t_lo[lane * (TG / 32) + j] += acc * 128;
+                    t_hi[lane * (TG / 32) + j] += acc * 128;
                     acc += n;
                     t_cum[lane * (TG / 32) + j] = acc;
                 }
             }
             __syncthreads();
             // ---- warp w takes a contiguous range of the steps; shared atomics: runs of different terms
-            // may hit one doc at the same time (integer adds commute: the sums are exact and deterministic)
+            // may hit one doc at the same time (integer adds commute: the sums are exact and deterministic).
+            // The step's run is warp-uniform and kept in registers, the next step's loads are issued
+            // before this step's adds, and the adds are unconditional: a posting outside the run adds 0.
             const int total = t_cum[TG - 1];
             const int c_end = (int)((i64)total * (warp + 1) / WARPS);
             int c = (int)((i64)total * warp / WARPS);
-            int r = 0;
-            {
-                int lo = 0, hi = TG - 1;       // first run with t_cum > c
-                while (lo < hi) { const int mid = (lo + hi) >> 1; if (t_cum[mid] > c) hi = mid; else lo = mid + 1; }
-                r = lo;
-            }
-            for (; c < c_end; c += U) {
-                int4 doc[U];
-                float4 w[U];
-                double wq[U];
-                i64 p0[U], lo[U], hi[U];
-                #pragma unroll
-                for (int u = 0; u < U; ++u) {        // issue all U steps' loads first
-                    const bool ok = c + u < c_end;
-                    while (ok && t_cum[r] <= c + u) ++r;
-                    p0[u] = t_base[r] + (i64)(c + u) * 128 + 4 * lane;
-                    lo[u] = t_lo[r];
-                    hi[u] = ok ? t_hi[r] : 0;
-                    wq[u] = t_wq[r];
-                    if (p0[u] < hi[u]) {
-                        doc[u] = __ldg(reinterpret_cast<const int4*>(post_doc + p0[u]));
-                        w[u] = __ldg(reinterpret_cast<const float4*>(post_w + p0[u]));
-                    } else {
-                        doc[u] = make_int4(-1, -1, -1, -1);
-                        w[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                    }
+            if (c < c_end) {
+                int r = 0;
+                {
+                    int lo = 0, hi = TG - 1;   // first run with t_cum > c
+                    while (lo < hi) { const int mid = (lo + hi) >> 1; if (t_cum[mid] > c) hi = mid; else lo = mid + 1; }
+                    r = lo;
                 }
-                #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int dd[4] = {doc[u].x, doc[u].y, doc[u].z, doc[u].w};
-                    const float ww[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+                int bound = t_cum[r], rlo = t_lo[r], rhi = t_hi[r];
+                double wq = t_wq[r];
+                const int* pd = post_doc + t_base[r];
+                const float* pw = post_w + t_base[r];
+                // step cc: the lane reads postings x0 .. x0 + 3 of its run (from pd / pw); bit e of the
+                // mask: x0 + e lies in the run [rlo, rhi). A lane with nothing to read loads the run's start.
+                auto load = [&](int cc, int4& d, float4& w, unsigned& m, double& q) {
+                    while (cc >= bound) {      // warp-uniform: the next run
+                        ++r;
+                        bound = t_cum[r];
+                        rlo = t_lo[r];
+                        rhi = t_hi[r];
+                        wq = t_wq[r];
+                        pd = post_doc + t_base[r];
+                        pw = post_w + t_base[r];
+                    }
+                    const int x0 = cc * 128 + 4 * lane;
+                    const int a = max(rlo - x0, 0), b = min(rhi - x0, 4);
+                    m = b > a ? (1u << b) - (1u << a) : 0u;
+                    const int xs = m ? x0 : (rlo & ~3);
+                    d = __ldg(reinterpret_cast<const int4*>(pd + xs));
+                    w = __ldg(reinterpret_cast<const float4*>(pw + xs));
+                    q = wq;
+                };
+                // a posting outside the run (another run's doc, -1 padding) adds 0 to some cell of the tile
+                // (cheaper than a branch); the run's own docs lie in the span, so doc % SPAN is their cell
+                auto add = [&](const int4& d, const float4& w, unsigned m, double q) {
+                    const int dd[4] = {d.x, d.y, d.z, d.w};
+                    const float ww[4] = {w.x, w.y, w.z, w.w};
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const i64 p = p0[u] + e;
-                        if (dd[e] >= 0 && p >= lo[u] && p < hi[u]) {
-                            const u64 v = (u64)(i64)((double)ww[e] * wq[u]);
-                            const int cell = dd[e] - (int)doc0;
-                            atomicAdd(t_low + cell, (unsigned)(v & 0xffffffu));
-                            atomicAdd(t_mid + cell, (unsigned)((v >> 24) & 0xffffffu));
-                            if (v >> 48) atomicAdd(t_hi24 + cell, (unsigned)(v >> 48));
+                        const bool ok = (m & (1u << e)) && dd[e] >= 0;
+                        const u64 v = (u64)(i64)((double)ww[e] * q);
+                        unsigned* cell = t_hi24 + (dd[e] & (SPAN - 1));
+                        if (ok) {
+#if COARSE
+                            atomicAdd(cell, (unsigned)(v >> 30));
+#else
+                            atomicAdd(cell, (unsigned)(v >> 48));
+                            atomicAdd(cell + SPAN, (unsigned)(v >> 24) & 0xffffffu);
+                            atomicAdd(cell + 2 * SPAN, (unsigned)v & 0xffffffu);
+#endif
                         }
                     }
+                };
+                // two steps in flight: the next step's loads are issued before this step's adds
+                int4 dA, dB;
+                float4 wA, wB;
+                unsigned mA, mB;
+                double qA, qB;
+                load(c, dA, wA, mA, qA);
+                for (;; c += 2) {
+                    const bool more1 = c + 1 < c_end;
+                    if (more1) load(c + 1, dB, wB, mB, qB);
+                    add(dA, wA, mA, qA);
+                    if (!more1) break;
+                    const bool more2 = c + 2 < c_end;
+                    if (more2) load(c + 2, dA, wA, mA, qA);
+                    add(dB, wB, mB, qB);
+                    if (!more2) break;
                 }
             }
             __syncthreads();                   // all adds land; the run table may be refilled
-            if (g + TG < qe) {                 // more terms follow: carry the limbs (keeps them < 2^25)
+            if (!COARSE && g + TG < qe) {      // more terms follow: carry the limbs (keeps them < 2^25)
                 for (int i = tid; i < SPAN; i += NT) {
                     const unsigned l = t_low[i], m = t_mid[i] + (l >> 24);
                     t_low[i] = l & 0xffffffu;
@@ -212,7 +245,35 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
         const double inv = inv_scale[q];
         const int R = SPAN / 64 / WARPS;
-#if ROWMAX
+#if COARSE
+        // coarse keys (sum << 31 | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
+        // in ascending doc order + a count, as below
+        const unsigned clo = (unsigned)coarse_lo[q];
+        const unsigned below = (1u << lane) - 1u;
+        int n_hit = 0;
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
+            n_hit += __popc(__ballot_sync(FULL, a.x >= clo)) + __popc(__ballot_sync(FULL, a.y >= clo));
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
+            reinterpret_cast<uint2*>(t_hi24)[j * 32 + lane] = make_uint2(0u, 0u);
+            const bool h0 = a.x >= clo, h1 = a.y >= clo;
+            const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
+            if (base < CAP && (m0 | m1)) {
+                const int slot = base + __popc(m0 & below) + __popc(m1 & below);
+                const i64 d = doc0 + j * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = ((i64)a.x << 31) | (0x7fffffffLL - d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = ((i64)a.y << 31) | (0x7fffffffLL - d - 1);
+            }
+            base += __popc(m0) + __popc(m1);
+        }
+        if (tid == 0) counts[out0 / CAP] = all;
+#elif ROWMAX
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
             const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
             const i64 d = doc0 + j * 64 + 2 * lane;
@@ -306,18 +367,19 @@ MAX_SPAN = 16384   # 192 KB of tiles
 
 
 @functools.cache
-def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int):
+def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int, coarse: bool = False):
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
-    defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n" \
-              f"#define WARPS {warps}\n#define U {step}\n#define TG {terms}\n"
+    defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
+              f"#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n#define U {step}\n#define TG {terms}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
-    kern.set_shared_memory_config(_smem(span, warps, terms))
+    kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
 
 
-def _smem(span: int, warps: int, terms: int) -> int:
-    return span * 12 + terms * 36 + warps * 4 + 16   # limb tiles, run table, per-warp counts, item
+def _smem(span: int, warps: int, terms: int, coarse: bool = False) -> int:
+    # sum tiles (three limbs, or one coarse cell), run table, per-warp counts, item
+    return span * (4 if coarse else 12) + terms * 28 + warps * 4 + 16
 
 
 @functools.cache
@@ -341,11 +403,13 @@ def usable(post_doc: torch.Tensor, post_w: torch.Tensor, span: int, warps: int =
 
 
 @functools.cache
-def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0) -> int:
-    """CTAs that fit on one SM by shared memory (the persistent grid is SMs x this)."""
+def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0, coarse: bool = False) -> int:
+    """CTAs that fit on one SM by shared memory and registers (the persistent grid is SMs x this)."""
     props = torch.cuda.get_device_properties(device_index)
     per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    return max(1, per_sm // (_smem(span, warps, TERMS) + 1024))   # 1 KB per CTA is reserved by the driver
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (64 * 32 * warps)   # <= 64 registers a thread
+    # 1 KB per CTA is reserved by the driver
+    return max(1, min(by_regs, per_sm // (_smem(span, warps, TERMS, coarse) + 1024)))
 
 
 def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
@@ -353,7 +417,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                           scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                           items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
-                          warps: int = WARPS, step: int = STEP, **_: object
+                          warps: int = WARPS, step: int = STEP, coarse_lo: torch.Tensor | None = None,
+                          **_: object
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shared-memory block scorer over work items; emits candidate keys.
 
@@ -361,7 +426,11 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         arguments are accepted and ignored), plus
         warps: warps per CTA; step: steps of 128 postings loaded together.
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
-            shared memory per CTA).
+            shared memory per CTA; span * 4 in coarse mode).
+        coarse_lo: int64 [B] or None: coarse mode (lsr.kernels.block.torch_block_candidates' contract):
+            one uint32 cell per doc sums (contribution >> COARSE_SHIFT) with one shared atomic per
+            posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
+            coarse keys into cap slots (+ counts); theta is not used.
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -377,7 +446,10 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
-    rowmax = theta is None
+    rowmax = theta is None and coarse_lo is None
+    coarse = coarse_lo is not None
+    if coarse:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
+        coarse_lo = coarse_lo.clamp(1, (1 << 32) - 1).contiguous()
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
     n_items = item_q.numel()
@@ -387,11 +459,12 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("too many work items for one launch (split the queries)")
     width = span // ROW if rowmax else cap
     n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
-                * programs_per_sm(span, warps, dev.index or 0))
-    kern = _kernel(span, width, rowmax, warps, step, TERMS)
+                * programs_per_sm(span, warps, dev.index or 0, coarse))
+    kern = _kernel(span, width, rowmax, warps, step, TERMS, coarse)
     with torch.cuda.device(dev):
-        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS),
+        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
-                   inv_scale, scale if rowmax else theta, item_q, item_span, item_out, n_items, out,
+                   inv_scale, theta if theta is not None else scale, coarse_lo if coarse else q_indptr,
+                   item_q, item_span, item_out, n_items, out,
                    out if rowmax else counts, torch.zeros(1, dtype=torch.int32, device=dev)])
     return out, counts
