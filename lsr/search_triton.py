@@ -9,10 +9,12 @@ three give bit-identical results):
   (query, span) whose slots overflowed is rescored with all its docs >= theta. The exact top-k of the
   candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes, never [B, N]; spans finer
   than the index blocks add a cached table of run starts (``span_offsets``). The scorer is the CUDA
-  kernel lsr.kernels.block_cuda (shared-memory accumulation, NVRTC-compiled; on an H200 at 8.8M docs
-  13.7K QPS at B=500, 6.3x the Triton kernel) where it can run, else the Triton kernel
-  lsr.kernels.block (L2 atomics: 2.2K QPS there); ``BlockConfig.kernel`` forces one. Both give the
-  same bits.
+  kernel lsr.kernels.block_cuda (shared-memory accumulation, NVRTC-compiled) where it can run, else the
+  Triton kernel lsr.kernels.block (L2 atomics: 2.2K QPS at 8.8M docs on an H200); ``BlockConfig.kernel``
+  forces one. Both give the same bits. With the CUDA kernel, pass 2 sums coarse uint32 fixed point
+  (one shared atomic per posting) and the best k + margin docs are rescored exactly
+  (lsr.kernels.rescore_cuda); queries its checks cannot settle take the exact pass 2 (``_chunk_body``).
+  H200, 8.8M docs, B=500, k=1000: 22.6K QPS (exact pass 2: 14.6K).
 * ``"scatter"`` (lsr.kernels.scatter, fixed-point atomics) + lsr.kernels.topk: dense [B, N] scores
   in query chunks; the small-collection path.
 * ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
