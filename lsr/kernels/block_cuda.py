@@ -10,7 +10,8 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   prefix sum of its 128-posting steps) is filled in shared memory; the warps split the steps into
   contiguous ranges, so a CTA stays balanced whatever the run lengths;
 * a step reads 128 postings as 16-byte vectors (4 per lane, from a 16-byte aligned start; out-of-run
-  positions are masked), U steps' loads in flight per warp;
+  positions are masked); a warp keeps its run in registers and issues the next step's loads before
+  this step's adds (two steps in flight);
 * sums are lsr.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
@@ -360,7 +361,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
 """
 
 WARPS = 16         # warps per CTA, sharing one tile
-STEP = 2           # steps of 128 postings whose loads are issued together (U): loads in flight per warp
+STEP = 2           # kept for BlockConfig.cuda_step; the loop always has two steps in flight (session 6)
 TERMS = 256        # query terms per run table fill (longer queries take several)
 SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
 MAX_SPAN = 16384   # 192 KB of tiles
@@ -424,7 +425,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
 
     Args: as ``lsr.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored), plus
-        warps: warps per CTA; step: steps of 128 postings loaded together.
+        warps: warps per CTA; step: accepted and unused (two steps are always in flight).
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
             shared memory per CTA; span * 4 in coarse mode).
         coarse_lo: int64 [B] or None: coarse mode (lsr.kernels.block.torch_block_candidates' contract):
