@@ -44,7 +44,7 @@ from lsr.kernels.block import coarse_floor, default_programs, span_items, terms_
 from lsr.kernels.csr import dense_queries, triton_csr_scores
 from lsr.kernels.fixed import query_scales
 from lsr.kernels.scatter import triton_scatter_scores
-from lsr.kernels.topk import DOC_MASK, ROW, kth_threshold, pack_keys, topk_keys, triton_topk, unpack_keys
+from lsr.kernels.topk import ROW, kth_threshold, pack_keys, topk_keys, triton_topk, unpack_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -312,9 +312,7 @@ def _block_chunk(index, span_off, indptr, terms, weights, k, cfg: BlockConfig, n
     best, redo = out
     if redo is not None:   # rare: queries the coarse pass could not settle take the exact pass 2
         sel = torch.nonzero(redo).flatten()
-        exact = functools.partial(_chunk_body, index=index, span_off=span_off, k=k, cfg=cfg, n_samp=n_samp, cap=cap,
-                                  score=score, max_terms=width, coarse=None)
-        fixed, _ = _finish(score, *exact(*_select_queries(indptr, terms, weights, sel)), k)
+        fixed, _ = _finish(score, *body(*_select_queries(indptr, terms, weights, sel), coarse=None), k)
         best[sel] = fixed
     return unpack_keys(best)
 
@@ -379,9 +377,8 @@ def _coarse_pass(index, indptr, terms, weights, scale, inv, theta, coarse, k: in
     s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
-    docs = torch.where(top >= 0, DOC_MASK - (top & DOC_MASK), torch.full_like(top, -1))
-    keys = pack_keys(_rescore(index, indptr, terms, weights, scale, inv, docs), docs)
-    best = topk_keys(torch.where(docs >= 0, keys, torch.full_like(keys, -1)), k)
+    _, docs = unpack_keys(top)   # coarse keys hold docs like exact ones
+    best = topk_keys(pack_keys(_rescore(index, indptr, terms, weights, scale, inv, docs), docs), k)  # -1: score 0
     return best, over | ~complete | (floor < 1)
 
 
@@ -392,13 +389,8 @@ def _margin(k: int) -> int:
 
 def _rescore(index, indptr, terms, weights, scale, inv, docs):
     """Exact float32 scores of candidate docs [B, C] (-1 = none: 0.0), free of host syncs."""
-    B = indptr.numel() - 1
     dev = indptr.device
-    # dense [B + 1, V] queries; a graph buffer's tail (entries past indptr[-1]) lands in the spare row B
-    rows = torch.searchsorted(indptr[1:], torch.arange(terms.numel(), device=dev), right=True)
-    qd = torch.zeros((B + 1, index.vocab_size), dtype=torch.float32, device=dev)
-    qd[rows, terms.long()] = weights
-    qd = qd[:B]
+    qd = dense_queries(indptr, terms, weights, index.vocab_size)
     csr = index.docs
     if dev.type == "cuda" and block_cuda.available(dev.index or 0):
         return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv, docs)

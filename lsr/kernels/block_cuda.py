@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from lsr.kernels.block import check_block_args
+from lsr.kernels.block import COARSE_SHIFT, check_block_args
 from lsr.kernels.topk import ROW
 
 __all__ = ["MAX_SPAN", "SPAN", "available", "cuda_block_candidates", "programs_per_sm", "usable"]
@@ -82,7 +82,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
     // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
     // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
     // term, so TG <= 256 adds of < 2^24 never overflow a limb between normalisations
-    // COARSE: one uint32 cell per doc holding the sum of (contribution >> 30) (< 2^31: no carries)
+    // COARSE: one uint32 cell per doc holding the sum of (contribution >> CSHIFT) (< 2^31: no carries)
     extern __shared__ __align__(16) i64 smem[];
     unsigned* t_hi24 = (unsigned*)smem;
     unsigned* t_mid = t_hi24 + SPAN;
@@ -158,8 +158,8 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
             __syncthreads();
             // ---- warp w takes a contiguous range of the steps; shared atomics: runs of different terms
             // may hit one doc at the same time (integer adds commute: the sums are exact and deterministic).
-            // The step's run is warp-uniform and kept in registers, the next step's loads are issued
-            // before this step's adds, and the adds are unconditional: a posting outside the run adds 0.
+            // The step's run is warp-uniform and kept in registers, and the next step's loads are issued
+            // before this step's adds.
             const int total = t_cum[TG - 1];
             const int c_end = (int)((i64)total * (warp + 1) / WARPS);
             int c = (int)((i64)total * warp / WARPS);
@@ -194,8 +194,9 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     w = __ldg(reinterpret_cast<const float4*>(pw + xs));
                     q = wq;
                 };
-                // a posting outside the run (another run's doc, -1 padding) adds 0 to some cell of the tile
-                // (cheaper than a branch); the run's own docs lie in the span, so doc % SPAN is their cell
+                // postings outside the run (another run's docs) and -1 padding are skipped; the run's own
+                // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
+                // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
                 auto add = [&](const int4& d, const float4& w, unsigned m, double q) {
                     const int dd[4] = {d.x, d.y, d.z, d.w};
                     const float ww[4] = {w.x, w.y, w.z, w.w};
@@ -206,7 +207,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                         unsigned* cell = t_hi24 + (dd[e] & (SPAN - 1));
                         if (ok) {
 #if COARSE
-                            atomicAdd(cell, (unsigned)(v >> 30));
+                            atomicAdd(cell, (unsigned)(v >> CSHIFT));
 #else
                             atomicAdd(cell, (unsigned)(v >> 48));
                             atomicAdd(cell + SPAN, (unsigned)(v >> 24) & 0xffffffu);
@@ -368,11 +369,12 @@ MAX_SPAN = 16384   # 192 KB of tiles
 
 
 @functools.cache
-def _kernel(span: int, cap: int, rowmax: bool, warps: int, step: int, terms: int, coarse: bool = False):
+def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False):
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
-              f"#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n#define U {step}\n#define TG {terms}\n"
+              f"#define CSHIFT {COARSE_SHIFT}\n#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
+              f"#define TG {terms}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
@@ -390,7 +392,7 @@ def available(device_index: int = 0) -> bool:
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(64 * WARPS, 8, False, WARPS, STEP, TERMS)
+            _kernel(64 * WARPS, 8, False, WARPS, TERMS)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
@@ -461,7 +463,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     width = span // ROW if rowmax else cap
     n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
                 * programs_per_sm(span, warps, dev.index or 0, coarse))
-    kern = _kernel(span, width, rowmax, warps, step, TERMS, coarse)
+    kern = _kernel(span, width, rowmax, warps, TERMS, coarse)
     with torch.cuda.device(dev):
         kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,

@@ -26,12 +26,13 @@ __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
 
 def dense_queries(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
                   vocab_size: int) -> torch.Tensor:
-    """float32 [B, V] dense query matrix of a query CSR."""
+    """float32 [B, V] dense query matrix of a query CSR, without a host sync (CUDA-graph safe): entries
+    past ``q_indptr[-1]`` (a graph's fixed buffer) land in a spare row that is cut off."""
     B = q_indptr.numel() - 1
-    rows = torch.repeat_interleave(torch.arange(B, device=q_terms.device), q_indptr.diff())
-    out = torch.zeros((B, vocab_size), dtype=torch.float32, device=q_terms.device)
+    rows = torch.searchsorted(q_indptr[1:], torch.arange(q_terms.numel(), device=q_terms.device), right=True)
+    out = torch.zeros((B + 1, vocab_size), dtype=torch.float32, device=q_terms.device)
     out[rows, q_terms.long()] = q_weights
-    return out
+    return out[:B]
 
 
 @triton.jit
