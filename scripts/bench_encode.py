@@ -214,7 +214,9 @@ def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int
     ids = torch.randint(1000, 30000, (batch, length), generator=gen)
     ids[:, 0], ids[:, -1] = 101, 102
     ids_d, mask_d = ids.to(dev), torch.ones_like(ids).to(dev)
-    prepared = PreparedTexts("doc", [TokenBatch(ids_d, mask_d, torch.arange(batch))], batch, batch * length, batch * length)
+    lengths = torch.full((batch,), length, dtype=torch.int32, device=dev)
+    prepared = PreparedTexts("doc", [TokenBatch(ids_d, mask_d, torch.arange(batch), lengths, batch * length)], batch,
+                             batch * length, batch * length)
     impls = {"hf": lambda: hf_head(hf_model, ids_d, mask_d),
              "hf_backbone": lambda: hf_model.base_model(input_ids=ids_d, attention_mask=mask_d).last_hidden_state,
              "lsr": lambda: enc.encode_prepared(prepared)}

@@ -14,17 +14,21 @@ synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
             the host), of body + head, of the body alone, and of encode_prepared while another thread runs
             enc.prepare nonstop (GIL contention as in encode_corpus before tokenizer processes, without the
             writer), and the same with that thread tokenizing in worker processes; padded / real tokens;
-            batch widths (buckets of 16).
+            batch widths (buckets of 16). Once per --bodies entry: the padding-free backbone (varlen) and
+            HF's padded forward (hf), on the same prepared batches.
   e2e       encode_corpus (windows of 50,000, shards of 100,000, B=1024, 131,072 tokens) after a 20K warm-up
             pass, once per --workers value (tokenizer processes; 0 = the reading thread tokenizes), repeated
-            --e2e-repeats times in turn: passages/s and the main thread's time split (stats: first_window_s,
-            wait_input_s, encode_s, wait_writer_s).
+            --e2e-repeats times in turn, for each --bodies entry: passages/s and the main thread's time split
+            (stats: first_window_s, wait_input_s, encode_s, wait_writer_s). --unique N repeats N generated
+            passages up to --passages (an 8.8M-passage run without generating 8.8M texts).
   tokenize  per window: enc.prepare (tokenize + sort + pad + pin), the tokenizer call alone (Rust + ids to
             numpy), the Rust encode_batch alone, and tokenize / prepare through worker processes.
 
 Writes profile_encode.json to --out (after every part) and prints a table last.
 
     PYTHONPATH=. python scripts/profile_encode.py --out results/profile_encode          # H200, ~3-4 min
+    PYTHONPATH=. python scripts/profile_encode.py --out results/p8m --parts e2e --bodies varlen --workers 8 \
+        --passages 8800000 --unique 1000000                                             # H200, ~7 min
     PYTHONPATH=. python scripts/profile_encode.py --tiny --device cpu --passages 300 --out /tmp/prof   # smoke
 """
 
@@ -61,6 +65,12 @@ def timed(fn, dev: torch.device) -> float:
     fn()
     sync(dev)
     return time.perf_counter() - t0
+
+
+def uses_varlen(enc: SpladeEncoder, prepared: PreparedTexts) -> bool:
+    """Does encode_prepared run these batches through the padding-free backbone?"""
+    with torch.inference_mode():
+        return enc._uses_varlen(enc._towers[prepared.kind], prepared.batches[0])
 
 
 # ---------------------------------------------------------------------------------------------- parts
@@ -134,13 +144,9 @@ def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]],
     def partial(stages: int) -> None:  # 1: body, 2: + head, 3: + _to_csr (no reordering, stays on the GPU)
         for p in prepared:
             for b in p.batches:
-                input_ids = b.input_ids.to(dev, non_blocking=True)
-                mask = b.attention_mask.to(dev, non_blocking=True)
-                hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits
-                if stages > 1:
-                    y = enc._head(tower, hidden, mask)
-                    if stages > 2:
-                        _to_csr(y, None)
+                y = enc._encode_batch(tower, b, head=stages > 1)
+                if stages > 2:
+                    _to_csr(y, None)
 
     def contended(pool: Any = None) -> tuple[float, int]:
         stop, done = threading.Event(), [0]
@@ -160,7 +166,7 @@ def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]],
 
     warm_head(enc, dev, batch, max_tokens)
     enc.encode_prepared(prepared[0], ids[0])  # cuBLAS / sdpa / allocator warm-up on real shapes
-    out = {"passages": n, "windows": len(prepared)}
+    out = {"passages": n, "windows": len(prepared), "varlen": uses_varlen(enc, prepared[0])}
     out["encode_prepared_pps"] = round(n / timed(full, dev))
     out["body_head_csr_pps"] = round(n / timed(lambda: partial(3), dev))
     out["body_head_pps"] = round(n / timed(lambda: partial(2), dev))
@@ -218,7 +224,8 @@ def e2e_part(enc: SpladeEncoder, dev: torch.device, texts: list[str], window: in
     run(texts[:warm], {})
     stats: dict = {}
     seconds = timed(lambda: run(texts, stats), dev)
-    out = {"passages": len(texts), "tokenize_workers": stats["tokenize_workers"], "pps": round(len(texts) / seconds),
+    out = {"passages": len(texts), "varlen": uses_varlen(enc, enc.prepare(texts[:2], "doc")),
+           "tokenize_workers": stats["tokenize_workers"], "pps": round(len(texts) / seconds),
            "wall_s": round(seconds, 3), "stats_pps": round(stats["docs_per_s"])}  # pps: wall clock incl. setup + cleanup
     split = ("first_window_s", "wait_input_s", "encode_s", "wait_writer_s")
     out.update({k: round(stats[k], 3) for k in split + ("seconds",)})
@@ -266,17 +273,18 @@ def table(res: dict) -> str:
         lines.append(f"| {r['S']} | {r['body_ms']} | {r['head_ms']} | {r['head_tflops']} | {r['head_packed_ms']} | "
                      f"{r['head_var_ms']} / {r['head_packed_var_ms']} | {r.get('gemm_ms', '-')} | "
                      f"{r.get('gemm_tflops', '-')} | {r['to_csr_ms']} | {r['encode_prepared_ms']} | {r['encode_pps']:,} |")
-    v, e, t = res.get("varlen"), res.get("e2e"), res.get("tokenize")
-    if v:
-        lines.append(f"varlen p/s: encode_prepared {v['encode_prepared_pps']:,} | body+head+to_csr "
+    e, t = res.get("e2e"), res.get("tokenize")
+    for body, v in (res.get("varlen") or {}).items():
+        lines.append(f"{body} varlen p/s: encode_prepared {v['encode_prepared_pps']:,} | body+head+to_csr "
                      f"{v['body_head_csr_pps']:,} | body+head {v['body_head_pps']:,} | "
                      f"body {v['body_pps']:,} | encode_prepared + tokenizing thread {v['contended_pps']:,} | "
-                     f"+ thread using {v.get('contended_pool_workers', 0)} processes {v.get('contended_pool_pps', '-'):,} | "
+                     f"+ thread using {v.get('contended_pool_workers', 0)} processes {v.get('contended_pool_pps', 0):,} | "
                      f"padded/real {v['padded_over_real_tokens']} | {v['batches']} batches")
     named = [("e2e", e or [])] + [(f"e2e compile={m}", c.get("e2e", [])) for m, c in (res.get("compile") or {}).items()]
     for name, runs in named:
         for r in runs:
-            lines.append(f"{name}, {r['tokenize_workers']} tokenizer processes: {r['pps']:,} p/s in {r['seconds']} s = "
+            lines.append(f"{name}, {'varlen' if r.get('varlen') else 'hf'}, {r['tokenize_workers']} tokenizer processes: "
+                         f"{r['pps']:,} p/s in {r['seconds']} s = "
                          f"first window {r['first_window_s']} (in wait_input) | wait_input {r['wait_input_s']} | "
                          f"encode {r['encode_s']} ({r['encode_only_pps']:,} p/s) | wait_writer {r['wait_writer_s']} | "
                          f"other {r['other_s']}")
@@ -301,6 +309,12 @@ def main() -> None:
                     help="tokenizer processes for e2e, one run each (comma-separated; auto = default_workers()); "
                          "the first value > 0 is also used by the varlen and tokenize parts")
     ap.add_argument("--e2e-repeats", type=int, default=1, help="alternating rounds over --workers")
+    ap.add_argument("--unique", type=int, help="distinct synthetic passages, repeated to --passages (for 8.8M-passage "
+                    "runs without generating 8.8M texts; tokenization and encoding cost the same per passage)")
+    ap.add_argument("--bodies", default="varlen,hf",
+                    help="backbones for the varlen and e2e parts (comma-separated): varlen = the padding-free "
+                         "forward (SpladeEncoder varlen=True), hf = HF's padded forward (varlen=False); fixed, "
+                         "tokenize and compile use the first")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     workers = [default_workers() if w == "auto" else int(w) for w in args.workers.split(",")]
@@ -328,13 +342,18 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.data / "bert-base-uncased")
     with tempfile.TemporaryDirectory() as tmp:
         env["model"] = build_model(Path(tmp), args.tiny, dev, dtype, tokenizer)
-        enc = SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN)
-        compiled = {"full": SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
-                                                          compile=True)} if "compile" in parts else {}
+        bodies = {b: SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
+                                                   varlen={"varlen": True, "hf": False}[b])
+                  for b in args.bodies.split(",")}
+        first = next(iter(bodies))
+        enc = bodies[first]
+        compiled = {first: SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN, compile=True,
+                                                         varlen=first == "varlen")} if "compile" in parts else {}
     if "fixed" in parts:
         res["fixed"] = fixed_part(enc, dev, batch, lengths, repeats)
         save()
-    texts, _ = synth_texts(n, tokenizer, np.random.default_rng(0))
+    texts, _ = synth_texts(min(n, args.unique or n), tokenizer, np.random.default_rng(0))
+    texts = (texts * -(-n // len(texts)))[:n]
     windows = [texts[i:i + window] for i in range(0, n, window)]
     ids = [[str(j) for j in range(i, i + len(w))] for i, w in zip(range(0, n, window), windows)]
     enc.prepare(windows[0][:1000], "doc", batch, max_tokens)  # builds the tokenizer copy
@@ -344,17 +363,18 @@ def main() -> None:
         prepared.append(enc.prepare(w, "doc", batch, max_tokens))
         prepare_s.append(time.perf_counter() - t0)
     if "varlen" in parts:
-        res["varlen"] = varlen_part(enc, dev, windows, prepared, ids, batch, max_tokens, pool_workers)
-        save()
+        res["varlen"] = {}
+        for body, model in bodies.items():
+            res["varlen"][body] = varlen_part(model, dev, windows, prepared, ids, batch, max_tokens, pool_workers)
+            save()
     if compiled:
         res["compile"] = {m: compile_part(model, dev, prepared, ids) for m, model in compiled.items()}
         save()
     del prepared
     e2e_models = [(model, res["compile"][m].setdefault("e2e", [])) for m, model in compiled.items()]
-    for model, runs in e2e_models + [(enc, res.setdefault("e2e", []))]:
-        if "e2e" not in parts:
-            continue
-        for _ in range(args.e2e_repeats):
+    e2e_models += [(model, res.setdefault("e2e", [])) for model in bodies.values()]
+    for _ in range(args.e2e_repeats if "e2e" in parts else 0):
+        for model, runs in e2e_models:
             for w in workers:
                 runs.append(e2e_part(model, dev, texts, window, batch, max_tokens, min(warm, n), w))
                 save()

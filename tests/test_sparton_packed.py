@@ -18,7 +18,14 @@ import torch
 pytest.importorskip("triton")
 
 from lsr.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
-from lsr.kernels.sparton_packed import packed_sparton_head, packing_pays, triton_packed_sparton_fwd  # noqa: E402
+from lsr.kernels.sparton_packed import (  # noqa: E402
+    packed_sparton_head,
+    packed_tokens_sparton_head,
+    packing_pays,
+    torch_packed_tokens_head,
+    triton_packed_sparton_fwd,
+    triton_packed_tokens_fwd,
+)
 from tests.test_sparton import DEV, errors, make_case, poison  # noqa: E402, F401 - poison: a fixture
 
 HAS_CUDA = torch.cuda.is_available()
@@ -156,6 +163,39 @@ def test_errors():
     assert triton_packed_sparton_fwd(h[:0], w, None, mask[:0]).shape == (0, 9)
 
 
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.usefixtures("poison")
+def test_tokens_entry_equals_masked_entry(kind):
+    """Already-packed tokens + their text ids give the masked entry's result bit for bit (same tiles),
+    and the segmented-max twin gives the padded twin's."""
+    hidden, weight, b, mask = case(kind, torch.bfloat16, True, seed=zlib.crc32(kind.encode()))
+    B, S, _ = hidden.shape
+    rows = torch.nonzero(mask.reshape(-1)).squeeze(1)
+    tokens, seg = hidden.reshape(B * S, D)[rows], (rows // S).to(torch.int32)
+    y = triton_packed_tokens_fwd(tokens, seg, B, weight, b, _blocks=TILE)
+    assert torch.equal(y, triton_packed_sparton_fwd(hidden, weight, b, mask, _blocks=TILE))
+    f64 = hidden.double(), weight.double(), b.double()
+    twin = torch_packed_tokens_head(f64[0].reshape(B * S, D)[rows], seg, B, f64[1], f64[2])
+    torch.testing.assert_close(twin, torch_sparton_head(*f64, mask), rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        assert torch.equal(packed_tokens_sparton_head(tokens, seg, B, weight, b, backend="torch"),
+                           torch_packed_tokens_head(tokens, seg, B, weight, b))
+
+
+def test_tokens_entry_errors():
+    t, w = torch.randn(6, 16, device=DEV), torch.randn(9, 16, device=DEV)
+    seg = torch.tensor([0, 0, 1, 1, 1, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="segments"):
+        triton_packed_tokens_fwd(t, seg[:5], 3, w, None)
+    with pytest.raises(ValueError, match="tokens"):
+        triton_packed_tokens_fwd(t[:, :8], seg, 3, w, None)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        packed_tokens_sparton_head(t.requires_grad_(), seg, 3, w, None, backend="torch")
+    t = t.detach()
+    assert triton_packed_tokens_fwd(t[:0], seg[:0], 2, w, None).eq(0).all()  # no tokens: every text 0
+    assert triton_packed_tokens_fwd(t, seg, 3, w, None).shape == (3, 9)
+
+
 def test_packing_pays_below_80_percent_of_the_padded_tiles():
     assert [w for w in (1, 64, 102, 103, 128, 129, 204, 205, 256, 300) if packing_pays(w)] == [1, 64, 102, 129, 204, 300]
     assert not packing_pays(0)
@@ -210,3 +250,7 @@ def test_gpu_packed_vs_padded_bf16_realistic():
     torch.testing.assert_close(y.float(), padded.float(), rtol=2**-7, atol=1e-6)
     torch.testing.assert_close(pinned.float(), padded.float(), rtol=2**-7, atol=1e-6)
     assert errors([y], [ref])[0] <= 2 * errors([same], [ref])[0]
+    rows = torch.nonzero(mask.reshape(-1)).squeeze(1)
+    with torch.inference_mode():  # the tokens entry on the same packed rows: the same tiles, the same bits
+        tokens = triton_packed_tokens_fwd(hidden.reshape(B * S, D_)[rows], (rows // S).to(torch.int32), B, weight, b)
+    assert torch.equal(tokens, y)

@@ -36,8 +36,9 @@ from torch import nn
 
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
+from lsr.encode.varlen_body import VarlenBody, pack_batch
 from lsr.kernels.sparton import sparton_head
-from lsr.kernels.sparton_packed import packed_sparton_head, packing_pays
+from lsr.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
@@ -50,11 +51,15 @@ _KEEP = object()  # "use the encoder's doc_top_k"
 @dataclass
 class TokenBatch:
     """One padded batch: ``input_ids`` / ``attention_mask`` int64 [B, L] (pinned memory when bound for
-    CUDA) and ``rows`` int64 [B], the positions of these texts in the prepared input."""
+    CUDA), ``rows`` int64 [B], the positions of these texts in the prepared input, and for the
+    padding-free path ``lengths`` int32 [B] (real tokens per text, pinned likewise) with their sum
+    ``n_tokens``."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     rows: torch.Tensor
+    lengths: torch.Tensor | None = None
+    n_tokens: int = 0
 
 
 @dataclass
@@ -178,6 +183,7 @@ class _Tower:
                 if child is decoder:
                     setattr(module, child_name, nn.Identity())
         self.body = model
+        self.varlen = VarlenBody.from_model(model)  # padding-free forward, None for other architectures
         self.architecture = type(model).__name__
         self.revision = getattr(model.config, "_commit_hash", None) or revision
         V = self.weight.shape[0]
@@ -196,18 +202,20 @@ class SpladeEncoder:
     ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget),
     ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text),
     ``packed`` (inference on the Triton path uses the packed head, which computes real tokens only, for
-    batch widths where that pays: ``sparton_packed.packing_pays``).
+    batch widths where that pays: ``sparton_packed.packing_pays``), ``varlen`` (None: the padding-free
+    backbone ``lsr.encode.varlen_body`` where it has flash attention, i.e. CUDA with fp16/bf16, for the
+    architectures it covers; True: wherever it covers the architecture; False: HF's padded forward).
     """
 
     def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
                  max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
-                 batch_size: int, max_tokens: int | None, packed: bool = True) -> None:
+                 batch_size: int, max_tokens: int | None, packed: bool = True, varlen: bool | None = None) -> None:
         if query.vocab != doc.vocab:
             raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
         if doc_top_k is not None and doc_top_k <= 0:
             raise ValueError("doc_top_k must be positive (or None)")
         self._towers = {"doc": doc, "query": query}
-        self.device, self.dtype, self.backend, self.packed = device, dtype, backend, packed
+        self.device, self.dtype, self.backend, self.packed, self.varlen = device, dtype, backend, packed, varlen
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
@@ -221,17 +229,20 @@ class SpladeEncoder:
                         backend: str = "auto", local_files_only: bool | None = None, *, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
                         attn_implementation: str | None = "sdpa", compile: bool = False,
-                        packed: bool = True) -> SpladeEncoder:
+                        packed: bool = True, varlen: bool | None = None) -> SpladeEncoder:
         """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
 
         ``device``: default CUDA when available. ``dtype``: default bf16 on CUDA, fp32 on CPU.
         ``query_model``: separate checkpoint for queries (same vocabulary). ``local_files_only``: None =
         only when HF_HUB_OFFLINE=1 or the hub is unreachable (a missing model then fails at once).
         ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``packed``: on the Triton backend,
-        encode with the packed head (texts share token tiles; same results). ``batch_size`` / ``max_tokens``:
+        encode with the packed head (texts share token tiles; same results). ``varlen``: run BERT / DistilBERT
+        backbones on packed tokens with flash attention, no padding (None: where flash attention runs, i.e.
+        CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
-        ``compile``: torch.compile the backbone (dynamic shapes): ~7% faster encoding after 30-45 s of
-        compiling on an H200, so it pays off only for runs of several million passages (docs/benchmarks.md).
+        ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used):
+        faster encoding after 30-45 s of compiling on an H200, so it pays off only for runs of several
+        million passages (docs/benchmarks.md).
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = _dtype(dtype, dev)
@@ -244,10 +255,13 @@ class SpladeEncoder:
         if compile:
             for tower in {id(doc): doc, id(query): query}.values():
                 tower.body = torch.compile(tower.body, dynamic=True)
+                if tower.varlen is not None:
+                    tower.varlen.compile()
         cuda = dev.type == "cuda"
         return cls(doc, query, device=dev, dtype=dt, max_length_query=max_length_query, max_length_doc=max_length_doc,
                    doc_top_k=doc_top_k, backend=backend, batch_size=batch_size or (1024 if cuda else 32),
-                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None), packed=packed)
+                   max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None), packed=packed,
+                   varlen=varlen)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -315,10 +329,11 @@ class SpladeEncoder:
             ids = np.full((len(sel), width), pad_id, dtype=np.int64)
             ids[np.repeat(np.arange(len(sel)), lens), col] = flat[np.repeat(starts[sel], lens) + col]
             mask = (np.arange(width)[None, :] < lens[:, None]).astype(np.int64)
-            tensors = [torch.from_numpy(a) for a in (ids, mask)]
+            tensors = [torch.from_numpy(a) for a in (ids, mask, lens.astype(np.int32))]
             if pin:
                 tensors = [t.pin_memory() for t in tensors]
-            batches.append(TokenBatch(tensors[0], tensors[1], torch.from_numpy(sel.astype(np.int64))))
+            batches.append(TokenBatch(tensors[0], tensors[1], torch.from_numpy(sel.astype(np.int64)), tensors[2],
+                                      int(lens.sum())))
             slots += ids.size
             i += len(sel)
         return PreparedTexts(kind, batches, len(lengths), int(lengths.sum()), slots)
@@ -338,6 +353,29 @@ class SpladeEncoder:
         return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
                           for i in range(0, B, rows)])
 
+    def _uses_varlen(self, tower: _Tower, batch: TokenBatch) -> bool:
+        if tower.varlen is None or self.varlen is False or batch.lengths is None or torch.is_grad_enabled():
+            return False
+        return self.varlen or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
+
+    def _encode_batch(self, tower: _Tower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
+        """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D]
+        packed or [B, L, D] padded, for profiling)."""
+        input_ids = batch.input_ids.to(self.device, non_blocking=True)
+        if self._uses_varlen(tower, batch):
+            packed = pack_batch(input_ids, batch.lengths.to(self.device, non_blocking=True), batch.n_tokens)
+            states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"])
+            if not head:
+                return states
+            if states.shape[-1] != tower.weight.shape[1]:
+                raise NotImplementedError(f"{tower.architecture}: transformed states of width {states.shape[-1]} "
+                                          f"do not match the decoder's {tower.weight.shape[1]}")
+            return packed_tokens_sparton_head(states, packed["segments"], input_ids.shape[0], tower.weight,
+                                              tower.bias, backend=self.backend)
+        mask = batch.attention_mask.to(self.device, non_blocking=True)
+        hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
+        return self._head(tower, hidden, mask) if head else hidden
+
     @torch.inference_mode()
     def encode_prepared(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *, top_k: Any = _KEEP,
                         on_batch: Callable[[int], None] | None = None) -> SparseVectors:
@@ -354,10 +392,7 @@ class SpladeEncoder:
             raise ValueError("ids must be unique")
         lengths, indices, values, rows = [], [], [], []
         for batch in prepared.batches:
-            input_ids = batch.input_ids.to(self.device, non_blocking=True)
-            mask = batch.attention_mask.to(self.device, non_blocking=True)
-            hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
-            for out, part in zip((lengths, indices, values), _to_csr(self._head(tower, hidden, mask), k)):
+            for out, part in zip((lengths, indices, values), _to_csr(self._encode_batch(tower, batch), k)):
                 out.append(part)
             rows.append(batch.rows)
             if on_batch is not None:

@@ -27,7 +27,10 @@ equals the padded head's up to the order of the GEMM's accumulation.
 
 Inference only (no argmax is kept, so there is no backward): the torch twin is
 ``sparton.torch_sparton_head`` (same semantics: masked positions ignored, a fully masked row gives 0).
-Public API: ``packed_sparton_head`` (backend choice) and ``triton_packed_sparton_fwd`` (the launcher).
+Public API: ``packed_sparton_head`` (backend choice) and ``triton_packed_sparton_fwd`` (the launcher) on
+padded [B,S,D] states with a mask; ``packed_tokens_sparton_head`` / ``triton_packed_tokens_fwd`` on states
+that are already packed ([T,D] + the text of each token, as ``lsr.encode.varlen_body`` produces them; no
+host sync), whose torch twin is ``torch_packed_tokens_head``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from lsr.kernels.sparton import _INTERPRET, _prepare, _use_triton, sparton_head,
 if triton is not None:
     import triton.language as tl
 
-__all__ = ["PACK_MAX_FILL", "packed_sparton_head", "packing_pays", "triton_packed_sparton_fwd"]
+__all__ = ["PACK_MAX_FILL", "packed_sparton_head", "packed_tokens_sparton_head", "packing_pays",
+           "torch_packed_tokens_head", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
 
 TILE_T = 128          # packed tokens per tile (the tuned configs' BLOCK_T)
 PACK_MAX_FILL = 0.8   # pack only when real tokens fill at most this share of the padded kernel's tiles
@@ -149,6 +153,16 @@ def _refuse_grad(*tensors: torch.Tensor | None) -> None:
                            "torch.no_grad() / torch.inference_mode(), or use sparton.sparton_head for training")
 
 
+def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if triton is None:
+        raise RuntimeError("the Triton backend needs the `triton` package")
+    _refuse_grad(hidden, weight, bias)
+    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
+        raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError(f"bias must be a float tensor, got {bias.dtype}")
+
+
 def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                               mask: torch.Tensor | None, _blocks: dict | None = None) -> torch.Tensor:
     """Packed forward launcher (inference only).
@@ -158,38 +172,61 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
     unmasked positions are 0. One host sync: the number of real tokens sets the grid.
     ``_blocks`` pins a kernel config (tests): BLOCK_V, BLOCK_T, BLOCK_D, GROUP_T.
     """
-    if triton is None:
-        raise RuntimeError("the Triton backend needs the `triton` package")
     mask = _prepare(hidden, weight, bias, mask)
-    _refuse_grad(hidden, weight, bias)
-    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
-        raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
-    if bias is not None and not bias.is_floating_point():
-        raise TypeError(f"bias must be a float tensor, got {bias.dtype}")
+    _check(hidden, weight, bias)
     B, S, D = hidden.shape
-    V = weight.shape[0]
-    if B * S >= 2**31 or V * D >= 2**31 or B * V >= 2**31:
-        raise ValueError("B·S, V·D and B·V must be < 2**31")
-    hidden, weight = hidden.contiguous(), weight.contiguous()  # hidden rows b·S + s at stride D
-    bias = bias.contiguous() if bias is not None else None
-    dev = hidden.device
-    # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
-    y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else hidden.dtype, device=dev)
-    if B * V == 0:
-        return y.to(hidden.dtype)
-    bits = torch.zeros(B, V, dtype=torch.int32, device=dev)  # fp32 bits of the running relu'd max
+    if B * S >= 2**31:
+        raise ValueError("B·S must be < 2**31")
     tok_row = torch.nonzero(mask.reshape(-1)).squeeze(1).to(torch.int32)  # the sync; row-major = sorted by b
-    T = tok_row.numel()
+    seg = torch.div(tok_row, S, rounding_mode="floor")  # the text of each packed token
+    return _packed_fwd(hidden.contiguous().reshape(B * S, D), tok_row, seg, B, weight, bias, _blocks)
+
+
+def triton_packed_tokens_fwd(tokens: torch.Tensor, segments: torch.Tensor, n_texts: int, weight: torch.Tensor,
+                             bias: torch.Tensor | None, _blocks: dict | None = None) -> torch.Tensor:
+    """Packed forward on tokens that are already packed (inference only; no host sync).
+
+    tokens [T,D] and weight [V,D] of one dtype (bf16/fp16/fp32), segments int32 [T] (the text of each
+    token, non-decreasing, in [0, n_texts)), bias [V] | None -> y [n_texts, V] in tokens' dtype; texts
+    without tokens are 0. ``_blocks``: as ``triton_packed_sparton_fwd``.
+    """
+    _check(tokens, weight, bias)
+    if tokens.dim() != 2 or weight.dim() != 2 or tokens.shape[1] != weight.shape[1]:
+        raise ValueError(f"tokens [T,D] and weight [V,D] expected, got {tuple(tokens.shape)} / {tuple(weight.shape)}")
+    if segments.shape != tokens.shape[:1]:
+        raise ValueError(f"segments must be [T] = [{tokens.shape[0]}], got {tuple(segments.shape)}")
+    if tokens.shape[0] >= 2**31:
+        raise ValueError("T must be < 2**31")
+    return _packed_fwd(tokens.contiguous(), None, segments.to(torch.int32), n_texts, weight, bias, _blocks)
+
+
+def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tensor, B: int, weight: torch.Tensor,
+                bias: torch.Tensor | None, _blocks: dict | None) -> torch.Tensor:
+    """src [R, D] contiguous rows; packed token j is row tok_row[j] of src (tok_row None: row j) and
+    belongs to text seg[j] (int32, non-decreasing) -> [B, V] in src's dtype."""
+    D = src.shape[1]
+    V = weight.shape[0]
+    if V * D >= 2**31 or B * V >= 2**31:
+        raise ValueError("V·D and B·V must be < 2**31")
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    dev = src.device
+    # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
+    y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else src.dtype, device=dev)
+    if B * V == 0:
+        return y.to(src.dtype)
+    bits = torch.zeros(B, V, dtype=torch.int32, device=dev)  # fp32 bits of the running relu'd max
+    T = seg.numel()
     if T > 0:
-        seg = torch.div(tok_row, S, rounding_mode="floor")  # the text of each packed token
+        rows = tok_row if tok_row is not None else torch.arange(T, dtype=torch.int32, device=dev)
         flags = {"HAS_BIAS": bias is not None,
-                 "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32",
+                 "INPUT_PRECISION": "ieee" if src.dtype == torch.float32 or _INTERPRET else "tf32",
                  "DOT_FP32": _INTERPRET}
         small = _blocks is not None or _INTERPRET or T * V < 2**25  # a fixed config, no tuning run per V
 
         def args(descs: tuple) -> tuple:
-            return (hidden, weight, *descs, bias if bias is not None else weight, tok_row, seg, bits, T, V, D,
-                    hidden.stride(1), weight.stride(0), bits.stride(0))
+            return (src, weight, *descs, bias if bias is not None else weight, rows, seg, bits, T, V, D,
+                    src.stride(0), weight.stride(0), bits.stride(0))
 
         if small:
             blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_T": 16, "BLOCK_D": 16, "GROUP_T": 2} if _INTERPRET else
@@ -201,11 +238,11 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
         else:
             grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
             tma = (not _TMA_BROKEN and torch.cuda.get_device_capability(dev)[0] >= 9
-                   and (D * hidden.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0)
+                   and (D * src.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0)
             if tma:  # a packed copy [T, D] (~0.1 ms) so that H tiles are TMA boxes, not gathers
                 from triton.tools.tensor_descriptor import TensorDescriptor
 
-                packed = hidden.reshape(B * S, D).index_select(0, tok_row)
+                packed = src if tok_row is None else src.index_select(0, tok_row)
                 descs = (TensorDescriptor.from_tensor(packed, [64, 64]),  # block shapes: set per config
                          TensorDescriptor.from_tensor(weight, [64, 64]))
                 try:
@@ -219,7 +256,26 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
                 _PLAIN_TUNER[grid](*args((None, None)), **flags)
     block = 1024
     _packed_finish_kernel[(triton.cdiv(B * V, block),)](bits, y, B * V, BLOCK=block)
-    return y.to(hidden.dtype)
+    return y.to(src.dtype)
+
+
+def torch_packed_tokens_head(tokens: torch.Tensor, segments: torch.Tensor, n_texts: int, weight: torch.Tensor,
+                             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch twin of ``triton_packed_tokens_fwd``: a segmented max of the fp32 logits (rows of at most
+    256 MiB at a time) -> [n_texts, V] in tokens' dtype; texts without tokens are 0."""
+    T, D = tokens.shape
+    V = weight.shape[0]
+    cdt = torch.float64 if tokens.dtype == torch.float64 else torch.float32
+    w = weight.to(cdt)
+    best = torch.zeros(n_texts, V, dtype=cdt, device=tokens.device)  # relu'd values are >= 0
+    step = max(1, (1 << 26) // max(V, 1))
+    for i in range(0, T, step):
+        logits = tokens[i:i + step].to(cdt) @ w.t()
+        if bias is not None:
+            logits = logits + bias.to(cdt)
+        seg = segments[i:i + step].to(torch.int64)[:, None].expand(-1, V)
+        best.scatter_reduce_(0, seg, torch.relu(logits), "amax")
+    return torch.log1p(best).to(tokens.dtype)
 
 
 def packed_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -239,3 +295,18 @@ def packed_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
         dt = torch.get_autocast_dtype(dev)
         hidden, weight = hidden.to(dt), weight.to(dt)
     return triton_packed_sparton_fwd(hidden, weight.to(hidden.dtype), bias, mask)
+
+
+def packed_tokens_sparton_head(tokens: torch.Tensor, segments: torch.Tensor, n_texts: int, weight: torch.Tensor,
+                               bias: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """Inference-only SPLADE head on tokens packed back to back (e.g. by a padding-free backbone).
+
+    tokens [T,D], segments int [T] (text of each token, non-decreasing), n_texts B, weight [V,D], bias
+    [V] | None -> [B,V] in tokens' dtype: y[b] = log1p(relu(max over b's tokens of tokens·Eᵀ + bias)),
+    0 for a text without tokens. ``backend``: "auto" (Triton on CUDA, the torch twin elsewhere),
+    "triton", "torch".
+    """
+    _refuse_grad(tokens, weight, bias)
+    if not _use_triton(backend, tokens.device):
+        return torch_packed_tokens_head(tokens, segments, n_texts, weight, bias)
+    return triton_packed_tokens_fwd(tokens, segments, n_texts, weight.to(tokens.dtype), bias)

@@ -1,0 +1,222 @@
+"""Padding-free inference forward of a BERT-family masked LM: backbone + MLM transform on packed tokens.
+
+    body = VarlenBody.from_model(model)          # BertForMaskedLM / DistilBertForMaskedLM, else None
+    states = body(ids, positions, cu_seqlens, max_len)   # [T, D] transformed states of the T real tokens
+
+Why: HF's forward runs on padded [B, L] batches. With a real padding mask its sdpa call cannot use
+the flash kernel (it takes an additive [B, 1, L, L] mask through the memory-efficient kernel), and every
+padded position costs a full pass through the 12 layers. Here the texts of a batch are packed back to
+back ([T] token ids, ``cu_seqlens`` [B+1] int32 start offsets) and attention is flash attention over
+variable-length sequences (``aten._flash_attention_forward`` with cumulative lengths, CUDA fp16/bf16);
+the linear layers then see T rows instead of B·L, and the Q, K, V projections run as one GEMM.
+
+Same weights and modules as the HF model (its LayerNorms, activation functions and Linears are called
+on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``kernels.add_layer_norm``);
+only the Q/K/V weights are concatenated, a copy that is rebuilt when the model's
+tensors change in place (their version counters are compared on every call). Results equal HF's
+forward at the real positions up to floating-point summation order (tested against it).
+
+Where flash attention is unavailable (CPU, fp32, GPUs before sm80) the attention runs through its
+torch twin ``torch_varlen_attention``: the texts are padded into [B, H, L, Dh] and go through sdpa
+with a key mask, then packed again. Inference only: no gradients flow through the concatenated copy.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lsr.kernels.add_layer_norm import add_layer_norm
+
+__all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "torch_varlen_attention", "varlen_attention"]
+
+_FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin is used)
+
+
+def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           max_len: int) -> torch.Tensor:
+    """Torch twin: bidirectional softmax attention inside each packed sequence.
+
+    q, k, v [T, H, Dh] (row j belongs to the sequence whose ``cu_seqlens`` range holds j), cu_seqlens
+    int32/int64 [B+1] (0 = cu[0] <= ... <= cu[B] = T), max_len >= the longest sequence -> [T, H, Dh]
+    in q's dtype. Pads into [B, H, max_len, Dh] and calls sdpa with a boolean key mask.
+    """
+    T, H, Dh = q.shape
+    B = cu_seqlens.numel() - 1
+    if T == 0 or B == 0:
+        return q.new_empty(T, H, Dh)
+    cu = cu_seqlens.to(q.device, torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    seg = torch.repeat_interleave(torch.arange(B, device=q.device), lengths, output_size=T)
+    pos = torch.arange(T, device=q.device) - cu[seg]
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(B, max_len, H, Dh)
+        out[seg, pos] = x
+        return out.transpose(1, 2)  # [B, H, L, Dh]
+
+    keep = torch.arange(max_len, device=q.device)[None, :] < lengths[:, None]  # [B, L] real keys
+    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=keep[:, None, None, :])
+    return out.transpose(1, 2)[seg, pos]
+
+
+def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           max_len: int) -> torch.Tensor:
+    """Flash attention over packed sequences (CUDA, fp16/bf16, head dim a multiple of 8, sm80+).
+
+    Same contract as ``torch_varlen_attention``; ``cu_seqlens`` int32 on q's device. No host sync.
+    """
+    cu = cu_seqlens.to(torch.int32)
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, False, False)[0]
+
+
+def _flash_ok(q: torch.Tensor) -> bool:
+    if _FLASH_BROKEN or q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and torch.cuda.get_device_capability(q.device)[0] >= 8
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_len: int) -> torch.Tensor:
+    """Flash attention where it runs, else the torch twin (same contract as ``torch_varlen_attention``)."""
+    if _flash_ok(q):
+        try:
+            return flash_varlen_attention(q, k, v, cu_seqlens, max_len)
+        except RuntimeError as e:  # e.g. a torch build without flash attention
+            _FLASH_BROKEN.append(f"{type(e).__name__}: {str(e)[:300]}")
+            warnings.warn(f"varlen_body: flash attention failed ({_FLASH_BROKEN[0]}); using the sdpa twin",
+                          stacklevel=2)
+    return torch_varlen_attention(q, k, v, cu_seqlens, max_len)
+
+
+@dataclass
+class _Layer:
+    """One post-LN transformer layer: Q/K/V (separate HF Linears, run as one), output projection,
+    LayerNorm, FFN (up, activation, down), LayerNorm."""
+
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    out: nn.Linear
+    norm1: nn.LayerNorm
+    up: nn.Linear
+    act: Callable[[torch.Tensor], torch.Tensor]
+    down: nn.Linear
+    norm2: nn.LayerNorm
+
+
+class VarlenBody:
+    """Backbone + MLM transform of a supported masked LM, run on packed tokens (see the module doc).
+
+    Build it with ``from_model`` (None for architectures it does not cover); call it under
+    ``torch.inference_mode()``.
+    """
+
+    def __init__(self, embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], layers: list[_Layer],
+                 transform: Callable[[torch.Tensor], torch.Tensor], heads: int, architecture: str) -> None:
+        self._embed, self.layers, self._transform = embed, layers, transform
+        self.heads, self.architecture = heads, architecture
+        self._fused: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._versions: list[int] = []
+        self._run = self._forward
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> VarlenBody | None:
+        """The padding-free forward of ``model`` (BertForMaskedLM with absolute positions, or
+        DistilBertForMaskedLM), or None when its architecture is not covered (HF's forward is used then)."""
+        cfg = getattr(model, "config", None)
+        kind = getattr(cfg, "model_type", None)
+        if kind == "bert" and hasattr(model, "bert") and hasattr(model, "cls"):
+            if (getattr(cfg, "is_decoder", False) or getattr(cfg, "add_cross_attention", False)
+                    or getattr(cfg, "position_embedding_type", "absolute") != "absolute"):
+                return None
+            emb = model.bert.embeddings
+            layers = [_Layer(l.attention.self.query, l.attention.self.key, l.attention.self.value,
+                             l.attention.output.dense, l.attention.output.LayerNorm, l.intermediate.dense,
+                             l.intermediate.intermediate_act_fn, l.output.dense, l.output.LayerNorm)
+                      for l in model.bert.encoder.layer]
+
+            def embed(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+                # HF's order: (word + token type 0) + position, then LayerNorm (dropout is off in eval)
+                x = emb.word_embeddings(ids) + emb.token_type_embeddings.weight[0]
+                return emb.LayerNorm(x + emb.position_embeddings(pos))
+
+            return cls(embed, layers, model.cls.predictions.transform, cfg.num_attention_heads, "bert")
+        if kind == "distilbert" and hasattr(model, "distilbert") and hasattr(model, "vocab_transform"):
+            emb = model.distilbert.embeddings
+            layers = [_Layer(l.attention.q_lin, l.attention.k_lin, l.attention.v_lin, l.attention.out_lin,
+                             l.sa_layer_norm, l.ffn.lin1, l.ffn.activation, l.ffn.lin2, l.output_layer_norm)
+                      for l in model.distilbert.transformer.layer]
+
+            def embed(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+                return emb.LayerNorm(emb.word_embeddings(ids) + emb.position_embeddings(pos))
+
+            def transform(x: torch.Tensor) -> torch.Tensor:
+                return model.vocab_layer_norm(model.activation(model.vocab_transform(x)))
+
+            return cls(embed, layers, transform, cfg.n_heads, "distilbert")
+        return None
+
+    def _qkv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Concatenated Q/K/V weights [3D, D] and biases [3D], rebuilt when a source tensor changed."""
+        sources = [t for l in self.layers for m in (l.q, l.k, l.v) for t in (m.weight, m.bias)]
+        versions = [t._version for t in sources] + [t.data_ptr() for t in sources]
+        if versions != self._versions:
+            with torch.no_grad():
+                self._fused = [(torch.cat([l.q.weight, l.k.weight, l.v.weight]), torch.cat([l.q.bias, l.k.bias, l.v.bias]))
+                               for l in self.layers]
+            self._versions = versions
+        return self._fused
+
+    def compile(self) -> None:
+        """torch.compile the forward (dynamic shapes); the Q/K/V check stays outside the graph."""
+        self._run = torch.compile(self._forward, dynamic=True)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int) -> torch.Tensor:
+        """ids int64 [T] (texts back to back), positions int64 [T] (0-based within each text),
+        cu_seqlens int32 [B+1] (text b is rows cu[b]:cu[b+1]), max_len (host int, >= the longest text)
+        -> [T, D] transformed hidden states (the model's dtype)."""
+        return self._run(ids, positions, cu_seqlens, max_len, self._qkv())
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                 qkv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = self._embed(ids, positions)
+        T, D = x.shape
+        heads = self.heads
+        for layer, (w_qkv, b_qkv) in zip(self.layers, qkv):
+            qkv = F.linear(x, w_qkv, b_qkv).view(T, 3, heads, D // heads)
+            a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len).reshape(T, D)
+            x = _add_norm(layer.norm1, F.linear(a, layer.out.weight, layer.out.bias), x)
+            h = layer.act(F.linear(x, layer.up.weight, layer.up.bias))
+            x = _add_norm(layer.norm2, F.linear(h, layer.down.weight, layer.down.bias), x)
+        return self._transform(x)
+
+
+def _add_norm(norm: nn.Module, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """norm(h + x), in one fused kernel on CUDA for a plain LayerNorm over the last dim."""
+    if isinstance(norm, nn.LayerNorm) and norm.normalized_shape == (h.shape[-1],):
+        return add_layer_norm(h, x, norm.weight, norm.bias, norm.eps)
+    return norm(h + x)
+
+
+def pack_batch(input_ids: torch.Tensor, lengths: torch.Tensor, n_tokens: int) -> dict[str, Any]:
+    """Padded batch -> packed inputs, on input_ids' device without a host sync.
+
+    input_ids [B, L] (text b in row b, its first lengths[b] positions real), lengths int [B] (same
+    device), n_tokens = sum(lengths) known on the host -> dict(ids [T] int64, positions [T] int64,
+    segments [T] int32 (text of each token), cu_seqlens [B+1] int32, max_len L)."""
+    B, L = input_ids.shape
+    dev = input_ids.device
+    lengths = lengths.to(torch.int64)
+    cu = torch.zeros(B + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    seg = torch.repeat_interleave(torch.arange(B, device=dev), lengths, output_size=n_tokens)
+    pos = torch.arange(n_tokens, device=dev) - cu[seg]
+    return {"ids": input_ids[seg, pos], "positions": pos, "segments": seg.to(torch.int32),
+            "cu_seqlens": cu.to(torch.int32), "max_len": L}

@@ -1,0 +1,152 @@
+"""Padding-free BERT / DistilBERT forward (lsr.encode.varlen_body) against Hugging Face's padded forward,
+its attention twin against per-text sdpa, and the encoder's use of it (CPU: the sdpa twin; GPU: flash)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers_models import save_tiny_mlm
+
+transformers = pytest.importorskip("transformers")
+
+from lsr.encode import splade  # noqa: E402
+from lsr.encode.varlen_body import VarlenBody, pack_batch, torch_varlen_attention, varlen_attention  # noqa: E402
+from tests.test_splade import TEXTS  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, data_dir) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("tiny-varlen")
+    return {k: str(save_tiny_mlm(k, root / k, data_dir)) for k in ("bert", "distilbert", "roberta")}
+
+
+def packed_case(lengths: list[int], H: int = 2, Dh: int = 8, seed: int = 0, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, H, Dh, generator=g).to(dtype).to(device) for _ in range(3))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return q, k, v, cu
+
+
+def test_attention_twin_matches_per_text_sdpa():
+    lengths = [3, 1, 0, 7, 5]  # an empty text between others
+    q, k, v, cu = packed_case(lengths)
+    out = torch_varlen_attention(q, k, v, cu, max_len=9)  # max_len above the longest is allowed
+    for b, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if hi == lo:
+            continue
+        want = F.scaled_dot_product_attention(*(t[lo:hi].transpose(0, 1)[None] for t in (q, k, v)))[0].transpose(0, 1)
+        torch.testing.assert_close(out[lo:hi], want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(varlen_attention(q, k, v, cu, 9), out)  # CPU fp32: the twin
+    assert torch_varlen_attention(q[:0], k[:0], v[:0], torch.zeros(1, dtype=torch.int32), 1).shape == (0, 2, 8)
+
+
+def test_pack_batch():
+    ids = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [0, 0, 0, 0], [1, 2, 3, 4]])
+    p = pack_batch(ids, torch.tensor([3, 1, 0, 4], dtype=torch.int32), 8)
+    assert p["ids"].tolist() == [5, 6, 7, 8, 1, 2, 3, 4]
+    assert p["positions"].tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert p["segments"].tolist() == [0, 0, 0, 1, 3, 3, 3, 3] and p["segments"].dtype == torch.int32
+    assert p["cu_seqlens"].tolist() == [0, 3, 4, 4, 8] and p["cu_seqlens"].dtype == torch.int32
+    assert p["max_len"] == 4
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+def test_body_matches_hf_at_real_positions(models, kind):
+    model = transformers.AutoModelForMaskedLM.from_pretrained(models[kind], dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(models[kind])
+    enc = tok(TEXTS, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = model.base_model(**enc).last_hidden_state
+        want = (model.cls.predictions.transform(hidden) if kind == "bert"
+                else model.vocab_layer_norm(model.activation(model.vocab_transform(hidden))))
+        body = VarlenBody.from_model(model)
+        lengths = enc["attention_mask"].sum(1)
+        p = pack_batch(enc["input_ids"], lengths, int(lengths.sum()))
+        got = body(p["ids"], p["positions"], p["cu_seqlens"], p["max_len"])
+    real = enc["attention_mask"].bool()
+    assert got.shape == (int(real.sum()), model.config.to_dict().get("hidden_size", 32))
+    torch.testing.assert_close(got, want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_architectures_and_weight_updates(models):
+    roberta = transformers.AutoModelForMaskedLM.from_pretrained(models["roberta"], dtype=torch.float32).eval()
+    assert VarlenBody.from_model(roberta) is None
+    assert VarlenBody.from_model(torch.nn.Linear(2, 2)) is None
+    model = transformers.AutoModelForMaskedLM.from_pretrained(models["bert"], dtype=torch.float32).eval()
+    body = VarlenBody.from_model(model)
+    ids = torch.tensor([[101, 2054, 2003, 102]])
+    p = pack_batch(ids, torch.tensor([4]), 4)
+    with torch.inference_mode():
+        before = body(p["ids"], p["positions"], p["cu_seqlens"], 4)
+    with torch.no_grad():  # an in-place change of a Q weight must reach the fused Q/K/V copy
+        model.bert.encoder.layer[0].attention.self.query.weight.mul_(3.0)
+    with torch.inference_mode():
+        after = body(p["ids"], p["positions"], p["cu_seqlens"], 4)
+        want = model.cls.predictions.transform(model.bert(input_ids=ids).last_hidden_state)[0]
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+def test_encoder_varlen_matches_padded(models, kind, monkeypatch):
+    calls = []
+    real = VarlenBody.__call__
+
+    def spy(self, *a, **k):
+        calls.append(a[0].shape[0])
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(VarlenBody, "__call__", spy)
+    out = {}
+    for varlen in (None, False, True):  # None on the CPU: HF's forward (no flash attention here)
+        enc = splade.SpladeEncoder.from_pretrained(models[kind], device="cpu", backend="torch", batch_size=2,
+                                                   varlen=varlen)
+        calls.clear()
+        out[varlen] = enc.encode_documents(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
+        assert bool(calls) is (varlen is True)
+    assert out[True].nnz > 0 and out[True].ids == out[False].ids
+    torch.testing.assert_close(out[True].to_dense(), out[False].to_dense(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[None].to_dense(), out[False].to_dense(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- GPU only: flash attention, bf16
+@pytest.mark.gpu
+def test_gpu_flash_matches_twin():
+    lengths = [1, 77, 0, 128, 33, 256, 5]
+    q, k, v, cu = packed_case(lengths, H=12, Dh=64, seed=3, dtype=torch.bfloat16, device="cuda")
+    with torch.inference_mode():
+        flash = varlen_attention(q, k, v, cu, 256)
+        twin = torch_varlen_attention(q.float(), k.float(), v.float(), cu, 256)
+        again = varlen_attention(q, k, v, cu, 256)
+    assert torch.equal(flash, again)
+    assert (flash.float() - twin).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_encoder_varlen_error_within_padded_bf16(tmp_path, data_dir):
+    """bf16 on the GPU: the padding-free encoder's error against an fp32 HF reference is at most twice
+    the padded HF bf16 path's (DESIGN §4), and reruns are bit-identical."""
+    from tests.helpers_models import calibrate_sparsity
+
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                  intermediate_size=1024)
+    model = transformers.BertForMaskedLM(cfg).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased")
+    texts = [t for t in TEXTS if t] * 40 + ["a " * n for n in range(1, 200, 7)]
+    calibrate_sparsity(model, tok, texts[:8])
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    runs = {}
+    for name, dt, varlen in (("ref", torch.float32, False), ("hf", torch.bfloat16, False), ("varlen", torch.bfloat16, True)):
+        enc = splade.SpladeEncoder.from_pretrained(tmp_path / "m", device="cuda", dtype=dt, varlen=varlen, batch_size=64)
+        runs[name] = enc.encode_documents(texts).to_dense().double()
+        if name == "varlen":
+            assert torch.equal(enc.encode_documents(texts).to_dense().double(), runs[name])
+    err = (runs["varlen"] - runs["ref"]).abs().max().item()
+    hf_err = (runs["hf"] - runs["ref"]).abs().max().item()
+    assert (runs["ref"] > 0).sum() > len(texts) and err <= 2 * hf_err + 1e-6, (err, hf_err)
