@@ -170,6 +170,8 @@ class Searcher:
         if qb <= 0:
             raise ValueError(f"query_batch must be positive, got {query_batch}")
         queries = queries.to(self.device)
+        if n_q <= qb and queries.nnz > 0:  # one batch (e.g. a single query): no progress bar, no copies
+            return self._search_batch(queries, k)
         out_s = torch.zeros(n_q, k, dtype=torch.float32, device=self.device)
         out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=self.device)
         starts = range(0, n_q, qb)

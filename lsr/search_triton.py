@@ -79,6 +79,8 @@ class BlockConfig:
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
     coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
     coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
+    coarse_min_batch: int = 8  # smaller batches take the exact pass 2: a lone query pays more for the
+                               # rescoring's selection than the coarse sums save (H200, docs/benchmarks-search.md)
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -240,7 +242,7 @@ def _block_search(index, indptr, terms, weights, k, cfg: BlockConfig, max_terms:
     cfg = replace(cfg, span=span)
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
-    cspan = _coarse_span(cfg, index, score)
+    cspan = _coarse_span(cfg, index, score) if B >= cfg.coarse_min_batch else None
     coarse = (cspan, span_offsets(index, cspan)) if cspan else None
     if cfg.group > 1:  # queries ordered by work (sum of df) so that a group's queries end together
         row = torch.repeat_interleave(torch.arange(B, device=indptr.device), indptr.diff())

@@ -207,7 +207,8 @@ def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tok
             return {"pps": m / seconds, "nnz_per_doc": round(stats["nnz"] / m, 1),
                     "tokens_per_doc": round(stats["tokens"] / m, 1),
                     "padding": round(stats["padded_tokens"] / stats["tokens"] - 1, 4),
-                    "first_window_s": round(stats["first_window_s"], 2), "encode_s": round(stats["encode_s"], 2)}
+                    "first_window_s": round(stats["first_window_s"], 2), "encode_s": round(stats["encode_s"], 2),
+                    "wait_input_s": round(stats["wait_input_s"], 2), "wait_writer_s": round(stats["wait_writer_s"], 2)}
         enc.pad_multiple = cfg.get("pad_multiple", 1)
         run_case(rows, args.out, env, dev, {"data": data, "method": method, "batch": cfg["batch"],
                                             "max_tokens": cfg["max_tokens"], "pad_multiple": enc.pad_multiple,

@@ -227,7 +227,7 @@ def label(cfg: BlockConfig) -> str:
     """Short name of a block config: the CUDA kernel's span, warps/CTA, chunks/step; the Triton kernel's
     span, group, rows x chunk, programs/SM, warps."""
     if cfg.kernel == "cuda":
-        pass2 = f"coarse s{cfg.coarse_span}" if cfg.coarse else "exact"
+        pass2 = f"coarse s{cfg.coarse_span} b>={cfg.coarse_min_batch}" if cfg.coarse else "exact"
         return f"blk-cuda s{cfg.cuda_span} w{cfg.cuda_warps} u{cfg.cuda_step} {pass2}"
     return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 

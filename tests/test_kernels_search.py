@@ -321,15 +321,17 @@ def test_coarse_twin_and_floor(gen):
 
 def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
-    pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots)."""
+    pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
+    below ``coarse_min_batch`` skip it."""
     import functools
+    from dataclasses import replace
 
     import lsr.search_triton as st
     docs = rand_vectors(600, 30, 0.2, gen)
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
-    cfg = BlockConfig(span=64, sample_every=2)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, f64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
@@ -347,6 +349,10 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     got = triton_search(index, q, k, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert redo[0] is not None and int(redo[0].sum()) >= 2, "the checks sent queries back"
+    redo.clear()
+    got = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=8))  # 7 queries < 8
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert redo == [None], "no coarse pass, so nothing to redo"
 
 
 def test_search_query_terms_outside_index_vocab(gen):
