@@ -79,8 +79,9 @@ class BlockConfig:
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
     coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
     coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
-    coarse_min_batch: int = 8  # smaller batches take the exact pass 2: a lone query pays more for the
-                               # rescoring's selection than the coarse sums save (H200, docs/benchmarks-search.md)
+    coarse_min_batch: int = 12  # smaller batches take the exact pass 2: there the coarse rescoring's selection
+                                # costs more than the coarse sums save (H200: exact faster at B <= 8, coarse
+                                # at B >= 16; docs/benchmarks-search.md)
 
 
 _SPAN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
