@@ -114,6 +114,22 @@ ax.set_title('Tokenizing in worker processes vs a thread (H200, BERT-base, bf16)
 plt.tight_layout(); plt.savefig(FIG / 'encode_workers.png', dpi=110); plt.show()
 workers"""
 
+VARLEN = """prof = json.loads((BENCH / 'extra' / 'profile_encode_varlen_200k_09c00a9.json').read_text())
+e2e1m = json.loads((BENCH / 'extra' / 'profile_encode_varlen_e2e_1m_09c00a9.json').read_text())
+cols = {'body_pps': 'backbone', 'body_head_pps': 'backbone + head', 'encode_prepared_pps': 'encode_prepared',
+        'contended_pool_pps': 'encode_prepared + tokenizer processes'}
+table = pd.DataFrame({body: {label: r[key] for key, label in cols.items()} for body, r in prof['varlen'].items()})
+for r in e2e1m['e2e']:
+    table.loc['encode_corpus, 1M passages', 'varlen' if r['varlen'] else 'hf'] = r['pps']
+table = table.rename(columns={'varlen': 'padding-free (varlen_body)', 'hf': 'HF padded forward'})
+ax = table.plot.barh(figsize=(10, 4))
+ax.axvline(22000, color='k', ls='--', lw=1, label='target 22k p/s')
+ax.legend(loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=8)
+ax.set_xlabel('passages / s (MS MARCO lengths; 200K pre-tokenized, or 1M end to end)')
+ax.set_title('Padding-free backbone vs HF forward (H200, bf16)')
+plt.tight_layout(); plt.savefig(FIG / 'encode_varlen.png', dpi=110); plt.show()
+table"""
+
 E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
 steps = dict(e2e['timed_s'])
 ax = pd.Series(steps).plot.barh(figsize=(7, 3))
@@ -131,6 +147,8 @@ BENCHMARKS = [
     new_code_cell(SEARCH),
     new_markdown_cell("## Corpus encoding throughput"),
     new_code_cell(ENCODE),
+    new_markdown_cell("## Padding-free backbone: packed tokens, flash attention, fused add + LayerNorm"),
+    new_code_cell(VARLEN),
     new_markdown_cell("## Packed Sparton head (inference): texts share 128-token tiles"),
     new_code_cell(PACKED),
     new_markdown_cell("## Corpus encoding: tokenizer processes vs a tokenizing thread (same run, 1M passages)"),
