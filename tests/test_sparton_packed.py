@@ -189,6 +189,8 @@ def test_tokens_entry_errors():
         triton_packed_tokens_fwd(t, seg[:5], 3, w, None)
     with pytest.raises(ValueError, match="tokens"):
         triton_packed_tokens_fwd(t[:, :8], seg, 3, w, None)
+    with pytest.raises(ValueError, match="bias"):
+        triton_packed_tokens_fwd(t, seg, 3, w, torch.zeros(8, device=DEV))
     with pytest.raises(RuntimeError, match="inference-only"):
         packed_tokens_sparton_head(t.requires_grad_(), seg, 3, w, None, backend="torch")
     t = t.detach()

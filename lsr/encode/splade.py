@@ -15,7 +15,9 @@ an architecture table; ``lsr.kernels.sparton.sparton_head`` then pools without b
 Batch calls tokenize once (fast Rust tokenizer, truncation to the query / document max length), sort
 the texts by length so each batch pads little, and restore the input order at the end.
 ``prepare`` / ``encode_prepared`` expose the two halves so ``lsr.encode.corpus`` can tokenize the
-next window on a CPU thread while the GPU encodes this one.
+next window on a CPU thread while the GPU encodes this one. On CUDA with fp16/bf16, BERT and DistilBERT
+checkpoints skip the padding altogether: ``lsr.encode.varlen_body`` runs them on the batch's packed
+tokens and the packed head pools those directly (``varlen=False`` keeps HF's padded forward).
 """
 
 from __future__ import annotations
@@ -240,9 +242,9 @@ class SpladeEncoder:
         backbones on packed tokens with flash attention, no padding (None: where flash attention runs, i.e.
         CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
-        ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used):
-        faster encoding after 30-45 s of compiling on an H200, so it pays off only for runs of several
-        million passages (docs/benchmarks.md).
+        ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used).
+        HF's padded forward gained ~7% after 30-45 s of compiling on an H200; the padding-free one showed
+        no gain (docs/benchmarks.md).
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = _dtype(dtype, dev)

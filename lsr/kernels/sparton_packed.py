@@ -195,6 +195,8 @@ def triton_packed_tokens_fwd(tokens: torch.Tensor, segments: torch.Tensor, n_tex
         raise ValueError(f"tokens [T,D] and weight [V,D] expected, got {tuple(tokens.shape)} / {tuple(weight.shape)}")
     if segments.shape != tokens.shape[:1]:
         raise ValueError(f"segments must be [T] = [{tokens.shape[0]}], got {tuple(segments.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be [V]={weight.shape[0]}, got {tuple(bias.shape)}")
     if tokens.shape[0] >= 2**31:
         raise ValueError("T must be < 2**31")
     return _packed_fwd(tokens.contiguous(), None, segments.to(torch.int32), n_texts, weight, bias, _blocks)
