@@ -367,11 +367,8 @@ class SpladeEncoder:
         if self._uses_varlen(tower, batch):
             packed = pack_batch(input_ids, batch.lengths.to(self.device, non_blocking=True), batch.n_tokens)
             states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"])
-            if not head:
+            if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
                 return states
-            if states.shape[-1] != tower.weight.shape[1]:
-                raise NotImplementedError(f"{tower.architecture}: transformed states of width {states.shape[-1]} "
-                                          f"do not match the decoder's {tower.weight.shape[1]}")
             return packed_tokens_sparton_head(states, packed["segments"], input_ids.shape[0], tower.weight,
                                               tower.bias, backend=self.backend)
         mask = batch.attention_mask.to(self.device, non_blocking=True)

@@ -39,6 +39,14 @@ __all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "torch_varlen_a
 _FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin is used)
 
 
+def _segments(cu: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu int64 [B+1] start offsets -> (text of each token int64 [T], its position in the text int64 [T]),
+    without a host sync (``n_tokens`` = cu[-1], known by the caller)."""
+    lengths = cu[1:] - cu[:-1]
+    seg = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=cu.device), lengths, output_size=n_tokens)
+    return seg, torch.arange(n_tokens, device=cu.device) - cu[seg]
+
+
 def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                            max_len: int) -> torch.Tensor:
     """Torch twin: bidirectional softmax attention inside each packed sequence.
@@ -52,16 +60,14 @@ def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if T == 0 or B == 0:
         return q.new_empty(T, H, Dh)
     cu = cu_seqlens.to(q.device, torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    seg = torch.repeat_interleave(torch.arange(B, device=q.device), lengths, output_size=T)
-    pos = torch.arange(T, device=q.device) - cu[seg]
+    seg, pos = _segments(cu, T)
 
     def pad(x: torch.Tensor) -> torch.Tensor:
         out = x.new_zeros(B, max_len, H, Dh)
         out[seg, pos] = x
         return out.transpose(1, 2)  # [B, H, L, Dh]
 
-    keep = torch.arange(max_len, device=q.device)[None, :] < lengths[:, None]  # [B, L] real keys
+    keep = torch.arange(max_len, device=q.device)[None, :] < (cu[1:] - cu[:-1])[:, None]  # [B, L] real keys
     out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=keep[:, None, None, :])
     return out.transpose(1, 2)[seg, pos]
 
@@ -213,10 +219,8 @@ def pack_batch(input_ids: torch.Tensor, lengths: torch.Tensor, n_tokens: int) ->
     segments [T] int32 (text of each token), cu_seqlens [B+1] int32, max_len L)."""
     B, L = input_ids.shape
     dev = input_ids.device
-    lengths = lengths.to(torch.int64)
     cu = torch.zeros(B + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(lengths, 0, out=cu[1:])
-    seg = torch.repeat_interleave(torch.arange(B, device=dev), lengths, output_size=n_tokens)
-    pos = torch.arange(n_tokens, device=dev) - cu[seg]
+    torch.cumsum(lengths.to(torch.int64), 0, out=cu[1:])
+    seg, pos = _segments(cu, n_tokens)
     return {"ids": input_ids[seg, pos], "positions": pos, "segments": seg.to(torch.int32),
             "cu_seqlens": cu.to(torch.int32), "max_len": L}

@@ -265,7 +265,7 @@ def torch_packed_tokens_head(tokens: torch.Tensor, segments: torch.Tensor, n_tex
                              bias: torch.Tensor | None = None) -> torch.Tensor:
     """Torch twin of ``triton_packed_tokens_fwd``: a segmented max of the fp32 logits (rows of at most
     256 MiB at a time) -> [n_texts, V] in tokens' dtype; texts without tokens are 0."""
-    T, D = tokens.shape
+    T = tokens.shape[0]
     V = weight.shape[0]
     cdt = torch.float64 if tokens.dtype == torch.float64 else torch.float32
     w = weight.to(cdt)
