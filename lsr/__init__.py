@@ -15,13 +15,16 @@ __version__ = "0.1.0"
 _LAZY = {
     "SparseVectors": "lsr.sparse",
     "InvertedIndex": "lsr.index.inverted",
-    "Searcher": "lsr.search",
+    "Searcher": "lsr.search.searcher",
     "SpladeEncoder": "lsr.encode.splade",
     "LexicalEncoder": "lsr.encode.lexical",
-    "evaluate": "lsr.evaluate",
+    "evaluate": "lsr.evaluation.measures",
     "load_dataset": "lsr.data",
 }
-_SUBMODULES = {"kernels", "interop", "data", "runs", "encode", "index", "config", "shards", "cli"}
+_SUBMODULES = {
+    "cli", "config", "data", "encode", "evaluation", "index", "interop", "io", "pipeline", "runs", "search", "shards",
+    "sparse", "synth",
+}
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -29,9 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.data import load_dataset
     from lsr.encode.lexical import LexicalEncoder
     from lsr.encode.splade import SpladeEncoder
-    from lsr.evaluate import evaluate
+    from lsr.evaluation.measures import evaluate
     from lsr.index.inverted import InvertedIndex
-    from lsr.search import Searcher
+    from lsr.search.searcher import Searcher
     from lsr.sparse import SparseVectors
 
 

@@ -83,7 +83,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr import runs
     from lsr.index.inverted import InvertedIndex
     from lsr.pipeline import load_query_vectors, resolve_device
-    from lsr.search import Searcher
+    from lsr.search.searcher import Searcher
 
     device = resolve_device(args.device)
     index = InvertedIndex.load(args.index, device=device)
@@ -107,7 +107,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lsr.evaluate import evaluate
+    from lsr.evaluation.measures import evaluate
 
     _print_metrics(evaluate(args.run, args.qrels, metrics=tuple(args.metrics)), args.json)
     return 0

@@ -66,7 +66,7 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
     p = Path(path)
     if p.is_dir():
         return read_vectors(p)
-    from lsr.interop import read_anserini_queries
+    from lsr.interop.anserini import read_anserini_queries
 
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
@@ -88,9 +88,9 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
     from lsr import runs
     from lsr.data import load_dataset
     from lsr.index.inverted import InvertedIndex
-    from lsr.search import Searcher
+    from lsr.search.searcher import Searcher
     from lsr.shards import read_vectors
-    from lsr.topk_metrics import evaluate_topk
+    from lsr.evaluation.topk import evaluate_topk
 
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
@@ -172,6 +172,6 @@ def _read_doc_vectors(path: str, vocab: str | None) -> Any:
         return read_vectors(p)
     if vocab is None:
         raise ValueError("pre-encoded JSON document vectors need search.vocab (vocab.txt or a tokenizer folder)")
-    from lsr.interop import read_anserini_documents
+    from lsr.interop.anserini import read_anserini_documents
 
     return read_anserini_documents(p, vocab)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
 
 D = 768
 FWD_CASES = [(320, 512, 30522), (128, 2048, 30522), (32, 512, 250002)]
@@ -165,7 +165,7 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
         "gemm_floor": fwd(lambda h, w, b, m: w @ h.view(-1, D).t()),
     }
     if train:
-        from lsr.kernels.sparton_bwd import triton_sparton_bwd
+        from lsr.encode.kernels.sparton_bwd import triton_sparton_bwd
 
         with torch.no_grad():
             _, y32, arg = triton_sparton_fwd(h, w, b, m, need_fp32=True)
@@ -234,7 +234,7 @@ def environment() -> dict:
 
 
 def tuned_configs() -> dict:
-    from lsr.kernels import sparton
+    from lsr.encode.kernels import sparton
 
     out = {}
     for i, tuner in enumerate(getattr(sparton, "_FWD_TUNERS", [])):

@@ -35,8 +35,8 @@ except ImportError:  # a bare GPU image: building an index in memory never touch
     for _name in ("pyarrow", "pyarrow.parquet"):
         sys.modules[_name] = types.ModuleType(_name)
 from lsr.index.inverted import InvertedIndex
-from lsr.kernels.scatter import triton_scatter_scores
-from lsr.search_triton import BlockConfig, default_config, triton_search
+from lsr.search.kernels.scatter import triton_scatter_scores
+from lsr.search.triton_backend import BlockConfig, default_config, triton_search
 from lsr.sparse import SparseVectors
 from lsr.synth import (
     SynthSpec,
@@ -61,7 +61,7 @@ def parse_size(s: str) -> int:
 
 def read_real_queries() -> SparseVectors:
     try:
-        from lsr.interop import read_anserini_queries
+        from lsr.interop.anserini import read_anserini_queries
         return read_anserini_queries(REAL_QUERIES, VOCAB)
     except ImportError:  # older tree: parse "qid\ttok tok ..." inline (weight = count / 1000)
         import gzip

@@ -55,8 +55,8 @@ from bench_encode import MAX_LEN, build_model, common_args, environment, median_
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
 from lsr.encode.tokenize_pool import default_workers
-from lsr.kernels.sparton import sparton_head
-from lsr.kernels.sparton_packed import packed_sparton_head
+from lsr.encode.kernels.sparton import sparton_head
+from lsr.encode.kernels.sparton_packed import packed_sparton_head
 
 
 def timed(fn, dev: torch.device) -> float:

@@ -1,7 +1,7 @@
 """Test setup shared by the whole suite.
 
 Without a GPU, Triton kernels run in interpreter mode. TRITON_INTERPRET is read when a kernel is
-decorated, so it is set here, before any lsr.kernels module is imported.
+decorated, so it is set here, before any kernel module is imported.
 """
 
 from __future__ import annotations

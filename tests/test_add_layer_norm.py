@@ -1,4 +1,4 @@
-"""Fused residual add + LayerNorm (lsr.kernels.add_layer_norm): Triton kernel vs its torch twin.
+"""Fused residual add + LayerNorm (lsr.encode.kernels.add_layer_norm): Triton kernel vs its torch twin.
 
 On CPU the kernel runs under TRITON_INTERPRET=1 (conftest). Shapes are awkward (D not a power of two,
 rows not a multiple of the row block); outputs are poisoned so an unwritten element cannot pass."""
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from lsr.kernels.add_layer_norm import add_layer_norm, torch_add_layer_norm, triton_add_layer_norm  # noqa: E402
+from lsr.encode.kernels.add_layer_norm import add_layer_norm, torch_add_layer_norm, triton_add_layer_norm  # noqa: E402
 from tests.test_sparton import DEV, poison  # noqa: E402, F401 - poison: a fixture
 
 HAS_CUDA = torch.cuda.is_available()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from lsr import runs
-from lsr.evaluate import DL_METRICS, MSMARCO_METRICS, evaluate, per_query
+from lsr.evaluation.measures import DL_METRICS, MSMARCO_METRICS, evaluate, per_query
 
 # Pyserini 2CR published nDCG@10 (data/msmarco-passage/SOURCE.md)
 PUBLISHED = [

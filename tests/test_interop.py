@@ -10,7 +10,7 @@ import pytest
 
 from lsr import interop
 from lsr.data import read_topics_tsv
-from lsr.interop import (
+from lsr.interop.anserini import (
     load_vocab,
     read_anserini_documents,
     read_anserini_queries,

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
-from lsr.kernels import block, csr, scatter, topk
-from lsr.kernels.fixed import FIXED_BITS, query_scales
-from lsr.search_triton import BlockConfig, span_offsets, triton_search
+from lsr.search.kernels import block, csr, scatter, topk
+from lsr.search.kernels.fixed import FIXED_BITS, query_scales
+from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -279,7 +279,7 @@ def test_search_k_beyond_matches_and_single_query(gen):
 
 
 def test_search_overflow_is_rescored(gen, monkeypatch):
-    import lsr.search_triton as st
+    import lsr.search.triton_backend as st
     docs = rand_vectors(256, 12, 0.5, gen, quantized=True)  # few distinct scores: huge tie groups
     q = rand_vectors(3, 12, 0.5, gen, quantized=True)
     index = build_index(docs, 64)
@@ -326,7 +326,7 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     import functools
     from dataclasses import replace
 
-    import lsr.search_triton as st
+    import lsr.search.triton_backend as st
     docs = rand_vectors(600, 30, 0.2, gen)
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
@@ -376,8 +376,8 @@ def test_search_rejects_bad_arguments(gen):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
-    from lsr.kernels import block_cuda
-    from lsr.search_triton import _block_kernel
+    from lsr.search.kernels import block_cuda
+    from lsr.search.triton_backend import _block_kernel
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
@@ -416,7 +416,7 @@ def test_gpu_block_search_synthetic(cfg):
 @pytest.mark.parametrize("bs,span,warps,step,terms", [(32, 64, 1, 2, 256), (64, 128, 2, 1, 32), (2048, 2048, 8, 2, 256),
                                                       (4096, 1024, 4, 4, 64), (2048, 8192, 8, 2, 32)])
 def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, step, terms):
-    from lsr.kernels import block_cuda
+    from lsr.search.kernels import block_cuda
     assert block_cuda.available()
     monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
     g = torch.Generator(device="cpu").manual_seed(7)
@@ -451,7 +451,7 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, s
 
 @pytest.mark.gpu
 def test_gpu_cuda_rescore_matches_twin(gen):
-    from lsr.kernels import rescore_cuda
+    from lsr.search.kernels import rescore_cuda
     docs = rand_vectors(3000, 200, 0.2, gen)
     q = rand_vectors(7, 200, 0.2, gen, empty_rows=1)
     scale, inv = query_scales(*csr_of(q), torch.ones(200, device="cuda") * 40)
@@ -466,7 +466,7 @@ def test_gpu_cuda_rescore_matches_twin(gen):
 def test_gpu_block_graphs_match_eager(monkeypatch):
     """Batches up to GRAPH_MAX_B replay a captured CUDA graph: same bits as the eager path, with the
     graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""
-    import lsr.search_triton as st
+    import lsr.search.triton_backend as st
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(40_000, device="cuda")
     index = build_index(docs, 2048)

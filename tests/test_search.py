@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lsr.index import InvertedIndex
-from lsr.search import Searcher, check_compatible, exact_topk
+from lsr.search.searcher import Searcher, check_compatible, exact_topk
 from lsr.sparse import SparseVectors
 from tests.test_index import random_collection
 
@@ -178,18 +178,18 @@ def test_backend_dispatch(monkeypatch):
     docs, queries = make_case(40, 5, 20, 14, quantized=True)
     index = InvertedIndex.build(docs, block_size=8)
     assert Searcher(index, backend="auto").backend == "torch"  # CPU: the torch twin
-    monkeypatch.setitem(sys.modules, "lsr.search_triton", None)  # import fails
+    monkeypatch.setitem(sys.modules, "lsr.search.triton_backend", None)  # import fails
     with pytest.raises(RuntimeError, match="triton"):
         Searcher(index, backend="triton")
     calls = []
-    fake = types.ModuleType("lsr.search_triton")
+    fake = types.ModuleType("lsr.search.triton_backend")
 
     def triton_search(idx, q, k):
         calls.append(len(q))
         return Searcher(idx, backend="torch").search(q, k)
 
     fake.triton_search = triton_search
-    monkeypatch.setitem(sys.modules, "lsr.search_triton", fake)
+    monkeypatch.setitem(sys.modules, "lsr.search.triton_backend", fake)
     searcher = Searcher(index, backend="triton")
     assert searcher.backend == "triton"
     got = searcher.search(queries, k=4, query_batch=2)

@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from lsr.kernels import sparton, sparton_bwd  # noqa: E402
-from lsr.kernels.sparton import SpartonHead, sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+from lsr.encode.kernels import sparton, sparton_bwd  # noqa: E402
+from lsr.encode.kernels.sparton import SpartonHead, sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"

@@ -17,8 +17,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from lsr.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
-from lsr.kernels.sparton_packed import (  # noqa: E402
+from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+from lsr.encode.kernels.sparton_packed import (  # noqa: E402
     packed_sparton_head,
     packed_tokens_sparton_head,
     packing_pays,

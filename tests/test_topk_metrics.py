@@ -6,7 +6,7 @@ import ir_measures
 import numpy as np
 import pytest
 
-from lsr.topk_metrics import evaluate_topk
+from lsr.evaluation.topk import evaluate_topk
 
 METRICS = ["RR@10", "nDCG@10", "nDCG@5", "nDCG", "R@20", "R(rel=2)@20", "P@5", "P(rel=2)@3", "AP",
            "AP(rel=2)", "AP@7", "RR(rel=2)", "Judged@10"]

@@ -10,7 +10,7 @@ backbone's hidden states, T the checkpoint's own MLM transform (BERT ``cls.predi
 DistilBERT ``vocab_transform → act → vocab_layer_norm``, RoBERTa/XLM-R ``lm_head.dense → gelu →
 layer_norm``, ModernBERT ``head``) and (E, b) its decoder. T runs by calling the masked LM with its
 output embedding replaced by an identity, so any head that ends in its decoder Linear works without
-an architecture table; ``lsr.kernels.sparton.sparton_head`` then pools without building [B, S, V].
+an architecture table; ``lsr.encode.kernels.sparton.sparton_head`` then pools without building [B, S, V].
 
 Batch calls tokenize once (fast Rust tokenizer, truncation to the query / document max length), sort
 the texts by length so each batch pads little, and restore the input order at the end.
@@ -39,8 +39,8 @@ from torch import nn
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
 from lsr.encode.varlen_body import VarlenBody, pack_batch
-from lsr.kernels.sparton import sparton_head
-from lsr.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
+from lsr.encode.kernels.sparton import sparton_head
+from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lsr.kernels.add_layer_norm import add_layer_norm
+from lsr.encode.kernels.add_layer_norm import add_layer_norm
 
 __all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "torch_varlen_attention", "varlen_attention"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.evaluate import parse_metrics
+from lsr.evaluation.measures import parse_metrics
 from lsr.io import arrow_strings, to_numpy
 
 __all__ = ["FAST_MEASURES", "evaluate_topk"]

@@ -1,13 +1,13 @@
 """Exact scores of candidate (query, doc) cells in CUDA C++: one warp per cell walks the doc's CSR row.
 
-Same contract and outputs as ``lsr.kernels.csr.triton_csr_scores`` with a candidate list (its torch twin
-is ``lsr.kernels.csr.torch_csr_scores``): the int64 fixed-point sum of lsr.kernels.fixed, so the
+Same contract and outputs as ``lsr.search.kernels.csr.triton_csr_scores`` with a candidate list (its torch twin
+is ``lsr.search.kernels.csr.torch_csr_scores``): the int64 fixed-point sum of lsr.search.kernels.fixed, so the
 scores are bit-identical to every other scorer. Why a second kernel: the block path rescored ~1,000
 candidates for each of 500 queries at 8.8M docs in 3.9 ms with the Triton kernel (a [4, 64] tile of
 cells gathers one posting per cell and step); a warp per cell reads the doc's terms and weights as
 coalesced runs, looks the query weights up in a dense [B, V] matrix and sums with shuffles.
 
-Compiled at first use with NVRTC (``torch.cuda._compile_kernel``), like lsr.kernels.block_cuda; not
+Compiled at first use with NVRTC (``torch.cuda._compile_kernel``), like lsr.search.kernels.block_cuda; not
 runnable under TRITON_INTERPRET (CPU CI tests the twin; the ``gpu`` tests compare bit for bit).
 """
 
@@ -38,7 +38,7 @@ extern "C" __global__ void lsr_rescore(const i64* __restrict__ indptr, const int
         const i64 a = indptr[doc], b = indptr[doc + 1];
         const double sc = scale[q];
         const float* row = qd + (i64)q * stride_qd;
-        i64 acc = 0;                           // lsr.kernels.fixed.to_fixed: (w_query * w_doc * scale) -> int64
+        i64 acc = 0;                           // lsr.search.kernels.fixed.to_fixed: (w_query * w_doc * scale) -> int64
         for (i64 p = a + lane; p < b; p += 32) acc += (i64)((double)row[terms[p]] * (double)weights[p] * sc);
         #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -63,8 +63,8 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
 
     Args:
         doc_indptr / doc_terms / doc_weights: int64 [N+1] / int32 [nnz] / float32 [nnz] doc CSR.
-        qdense: float32 [B, V] dense queries (``lsr.kernels.csr.dense_queries``), rows contiguous.
-        scale, inv_scale: float64 [B] fixed-point scales (``lsr.kernels.fixed.query_scales``).
+        qdense: float32 [B, V] dense queries (``lsr.search.kernels.csr.dense_queries``), rows contiguous.
+        scale, inv_scale: float64 [B] fixed-point scales (``lsr.search.kernels.fixed.query_scales``).
         doc_idx: int32/int64 [B, C] docs to score per query (-1 = none).
     Returns:
         float32 [B, C]; 0 for -1 cells.

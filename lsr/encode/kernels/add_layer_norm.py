@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lsr.kernels.sparton import _INTERPRET, _use_triton, triton
+from lsr.encode.kernels.sparton import _INTERPRET, _use_triton, triton
 
 if triton is not None:
     import triton.language as tl

@@ -2,7 +2,7 @@
 
 A cell (q, d) walks document d's CSR row (its terms ascending) and looks each term up in a dense
 [B, V] query matrix (0 = the query lacks the term). No atomics and no shared output: every cell is one
-program's private sum, accumulated in fixed point (lsr.kernels.fixed), so the result is deterministic
+program's private sum, accumulated in fixed point (lsr.search.kernels.fixed), so the result is deterministic
 and bit-identical to the other scorers.
 
 Work is sum over cells of the doc length (~127 lookups per cell for SPLADE) whether or not the query
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
 __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
 
@@ -70,7 +70,7 @@ def triton_csr_scores(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_wei
     Args:
         doc_indptr / doc_terms / doc_weights: int64 [N+1] / int32 [nnz] / float32 [nnz] doc CSR.
         qdense: float32 [B, V] dense queries (``dense_queries``), rows contiguous.
-        scale, inv_scale: float64 [B] fixed-point scales (``lsr.kernels.fixed.query_scales``).
+        scale, inv_scale: float64 [B] fixed-point scales (``lsr.search.kernels.fixed.query_scales``).
         doc_idx: int32/int64 [B, C] docs to score per query (-1 = none), or None for all N docs.
     Returns:
         float32 [B, C] (or [B, N]); 0 for -1 cells.

@@ -39,7 +39,7 @@ import warnings
 
 import torch
 
-from lsr.kernels.sparton import _INTERPRET, _prepare, _use_triton, sparton_head, triton
+from lsr.encode.kernels.sparton import _INTERPRET, _prepare, _use_triton, sparton_head, triton
 
 if triton is not None:
     import triton.language as tl

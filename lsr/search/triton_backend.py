@@ -1,6 +1,6 @@
 """Exact top-k search with the Triton kernels: ``triton_search(index, queries, k, path=...)``.
 
-Paths (all exact and deterministic: every score is the fixed-point sum of lsr.kernels.fixed, so the
+Paths (all exact and deterministic: every score is the fixed-point sum of lsr.search.kernels.fixed, so the
 three give bit-identical results):
 
 * ``"block"``: the path at scale. Pass 1 scores a sample of doc spans and keeps the best doc of
@@ -9,15 +9,15 @@ three give bit-identical results):
   (query, span) whose slots overflowed is rescored with all its docs >= theta. The exact top-k of the
   candidates is the answer. Memory: candidates B * n_spans * cap * 8 bytes, never [B, N]; spans finer
   than the index blocks add a cached table of run starts (``span_offsets``). The scorer is the CUDA
-  kernel lsr.kernels.block_cuda (shared-memory accumulation, NVRTC-compiled) where it can run, else the
-  Triton kernel lsr.kernels.block (L2 atomics: 2.2K QPS at 8.8M docs on an H200); ``BlockConfig.kernel``
+  kernel lsr.search.kernels.block_cuda (shared-memory accumulation, NVRTC-compiled) where it can run, else the
+  Triton kernel lsr.search.kernels.block (L2 atomics: 2.2K QPS at 8.8M docs on an H200); ``BlockConfig.kernel``
   forces one. Both give the same bits. With the CUDA kernel, pass 2 sums coarse uint32 fixed point
   (one shared atomic per posting) and the best k + margin docs are rescored exactly
-  (lsr.kernels.rescore_cuda); queries its checks cannot settle take the exact pass 2 (``_chunk_body``).
+  (lsr.search.kernels.rescore_cuda); queries its checks cannot settle take the exact pass 2 (``_chunk_body``).
   H200, 8.8M docs, B=500, k=1000: 22.6K QPS (exact pass 2: 14.6K).
-* ``"scatter"`` (lsr.kernels.scatter, fixed-point atomics) + lsr.kernels.topk: dense [B, N] scores
+* ``"scatter"`` (lsr.search.kernels.scatter, fixed-point atomics) + lsr.search.kernels.topk: dense [B, N] scores
   in query chunks; the small-collection path.
-* ``"csr"`` (lsr.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
+* ``"csr"`` (lsr.search.kernels.csr): doc-parallel, dense [B, N] in query chunks; for small collections and
   as an independent check (its cost grows with the doc lengths, not the postings touched).
 
 ``"auto"`` takes "block" (whose batches of up to GRAPH_MAX_B queries replay a captured CUDA graph),
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lsr.kernels import block_cuda, rescore_cuda
-from lsr.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
-from lsr.kernels.csr import dense_queries, triton_csr_scores
-from lsr.kernels.fixed import query_scales
-from lsr.kernels.scatter import triton_scatter_scores
-from lsr.kernels.topk import ROW, kth_threshold, pack_keys, topk_keys, triton_topk, unpack_keys
+from lsr.search.kernels import block_cuda, rescore_cuda
+from lsr.search.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
+from lsr.search.kernels.csr import dense_queries, triton_csr_scores
+from lsr.search.kernels.fixed import query_scales
+from lsr.search.kernels.scatter import triton_scatter_scores
+from lsr.search.kernels.topk import ROW, kth_threshold, pack_keys, topk_keys, triton_topk, unpack_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -72,7 +72,7 @@ class BlockConfig:
     per_sm: int = 8           # resident programs per SM (persistent grid)
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
-    kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.kernels.block_cuda) | "triton" | "auto"
+    kernel: str = "auto"      # "cuda" (shared-memory tiles, lsr.search.kernels.block_cuda) | "triton" | "auto"
     cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
     cuda_step: int = block_cuda.STEP    # CUDA kernel: 128-posting steps whose loads are issued together

@@ -8,7 +8,7 @@ B * N buffer in HBM. It stays useful as the small-N path (the buffer is small an
 Two accumulators (``fixed``):
 * False -- float32 atomics, exactly the seed design; the order of the adds (and so the last bits)
   depends on scheduling: NOT deterministic on a GPU.
-* True -- int64 fixed-point atomics (lsr.kernels.fixed): integer adds commute, so the result is
+* True -- int64 fixed-point atomics (lsr.search.kernels.fixed): integer adds commute, so the result is
   bit-identical on every run and equal to every other lsr scoring kernel. This is the default.
 """
 
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
 __all__ = ["torch_scatter_scores", "triton_scatter_scores"]
 

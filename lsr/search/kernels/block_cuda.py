@@ -1,6 +1,6 @@
 """Block scorer in CUDA C++ with shared-memory tiles: the fast exact path at scale.
 
-Same contract as ``lsr.kernels.block.triton_block_candidates`` (group = 1) and the same torch twin,
+Same contract as ``lsr.search.kernels.block.triton_block_candidates`` (group = 1) and the same torch twin,
 ``torch_block_candidates``; the outputs are bit-identical. Why a CUDA kernel next to the Triton one:
 Triton cannot address shared memory, so its scratch tile lives in L2 and every add is an L2 atomic
 (~42 G adds/s on an H200: 2.2K QPS at 8.8M docs). Here a CTA accumulates one (query, span of SPAN
@@ -12,20 +12,20 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
 * a step reads 128 postings as 16-byte vectors (4 per lane, from a 16-byte aligned start; out-of-run
   positions are masked); a warp keeps its run in registers and issues the next step's loads before
   this step's adds (two steps in flight);
-* sums are lsr.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
+* sums are lsr.search.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
   between normalisations cannot overflow a limb;
 * the read-out converts a row of 64 docs only if one of them can reach theta (an integer bound on the
   fixed-point sum), and writes either every 32-doc row's best key (``theta is None``) or the docs >=
-  theta into CAP slots in ascending doc order + a count (lsr.kernels.topk's contract);
+  theta into CAP slots in ascending doc order + a count (lsr.search.kernels.topk's contract);
 * CTAs take items in order from a global counter (the next one is claimed while this one is scored).
   Items are span-major, so the CTAs work on one or two spans at a time and the span's postings are
   read from HBM once and from L2 by every query of the batch (a fixed item stride let slow CTAs drift
   many spans apart: 50 GB of HBM reads per 500-query batch instead of 7.5 GB).
 
 Compiled at first use with NVRTC (``torch.cuda._compile_kernel``, no nvcc or build step needed);
-``usable()`` says whether it serves a given index here, and lsr.search_triton falls back to the Triton
+``usable()`` says whether it serves a given index here, and lsr.search.triton_backend falls back to the Triton
 kernel when it does not. Not runnable under TRITON_INTERPRET: CPU CI tests the twin and the Triton
 kernel, the ``gpu`` tests compare this one with the twin bit for bit.
 """
@@ -36,8 +36,8 @@ import functools
 
 import torch
 
-from lsr.kernels.block import COARSE_SHIFT, check_block_args
-from lsr.kernels.topk import ROW
+from lsr.search.kernels.block import COARSE_SHIFT, check_block_args
+from lsr.search.kernels.topk import ROW
 
 __all__ = ["MAX_SPAN", "SPAN", "available", "cuda_block_candidates", "programs_per_sm", "usable"]
 
@@ -49,7 +49,7 @@ typedef unsigned long long u64;
 #define RPW (SPAN / 64 / WARPS)   // read-out rows of 64 docs per warp
 
 __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
-    // lsr.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
+    // lsr.search.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
     return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
 }
 
@@ -425,12 +425,12 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shared-memory block scorer over work items; emits candidate keys.
 
-    Args: as ``lsr.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
+    Args: as ``lsr.search.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored), plus
         warps: warps per CTA; step: accepted and unused (two steps are always in flight).
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
             shared memory per CTA; span * 4 in coarse mode).
-        coarse_lo: int64 [B] or None: coarse mode (lsr.kernels.block.torch_block_candidates' contract):
+        coarse_lo: int64 [B] or None: coarse mode (lsr.search.kernels.block.torch_block_candidates' contract):
             one uint32 cell per doc sums (contribution >> COARSE_SHIFT) with one shared atomic per
             posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
             coarse keys into cap slots (+ counts); theta is not used.

@@ -1,7 +1,7 @@
 """Block-accumulating scorer: per (query, doc span) scores accumulated in a private scratch tile,
 then only the top candidates go to HBM.
 
-Why: term-parallel scatter (lsr.kernels.scatter) does one random read-modify-write in a [B, N] HBM
+Why: term-parallel scatter (lsr.search.kernels.scatter) does one random read-modify-write in a [B, N] HBM
 buffer per touched posting (~2.2 N per SPLADE query). Here a program owns the scores of G queries on
 a span of SPAN docs ([span * SPAN, (span + 1) * SPAN); the block-aligned index makes every term's
 postings for it one contiguous run) in a private int64 scratch tile of G * SPAN cells, which stays in
@@ -13,7 +13,7 @@ CHUNK-wide chunks numbered consecutively; a step takes R consecutive chunks (an 
 short runs of rare terms and long runs of frequent ones mix freely), each finding its run by a binary
 search over the cumulative chunk counts, kept with the run bounds in a small per-program table. The
 next step's chunks are located and loaded before the current one is accumulated (a hand-made
-two-stage pipeline). Accumulation is exact and deterministic: int64 fixed point (lsr.kernels.fixed)
+two-stage pipeline). Accumulation is exact and deterministic: int64 fixed point (lsr.search.kernels.fixed)
 with atomics -- chunks of different terms may hit one cell in a step, and integer adds commute.
 
 Measured on an H200 (docs/notes-search.md): the L2 atomic units cap this at ~40 G adds/s, the rate of
@@ -23,7 +23,7 @@ load/add/store and a CTA barrier per step) was slower in every configuration tri
 keep the scratch in shared memory, and each step waits for an L2 round trip.
 
 Then the tile is read back as [RB, 32] rows of docs (and zeroed for the next item) and turned into
-candidates (lsr.kernels.topk): ``ROWMAX`` writes the best key of every 32 docs (the sample pass that
+candidates (lsr.search.kernels.topk): ``ROWMAX`` writes the best key of every 32 docs (the sample pass that
 bounds the k-th score), otherwise every doc with score >= theta[q] goes to CAP slots (+ a count,
 which flags overflow). The grid is persistent: program p owns scratch slot p and items p, p + P, ...
 """
@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
-from lsr.kernels.topk import (
+from lsr.search.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.topk import (
     DOC_MASK,
     ROW,
     emit_tile,

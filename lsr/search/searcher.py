@@ -6,7 +6,7 @@ Two backends share query batching, checks and docno mapping:
   block^T in float32, computed as a weighted ``embedding_bag`` sum (deterministic on CUDA, unlike
   cuSPARSE SpMM), then the chunk's exact top-k is merged into the running top-k. Chunk sizes follow
   ``max_memory_bytes``.
-* ``"triton"``: ``lsr.search_triton.triton_search`` over the term-major postings (CUDA, or CPU under
+* ``"triton"``: ``lsr.search.triton_backend.triton_search`` over the term-major postings (CUDA, or CPU under
   TRITON_INTERPRET=1). ``"auto"`` picks it on CUDA when it imports, the torch path otherwise.
 
 Results: scores float32 [B, k] descending, doc_idx int64 [B, k]; ties by ascending doc index; -1 / 0.0
@@ -132,10 +132,10 @@ class Searcher:
         self._triton: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
         if backend == "triton" or (backend == "auto" and self.device.type == "cuda"):
             try:
-                from lsr.search_triton import triton_search
+                from lsr.search.triton_backend import triton_search
             except ImportError as e:
                 if backend == "triton":
-                    raise RuntimeError(f"backend='triton' needs lsr.search_triton and triton ({e}); "
+                    raise RuntimeError(f"backend='triton' needs lsr.search.triton_backend and triton ({e}); "
                                        "use backend='torch'") from e
                 log.info("Triton search unavailable (%s); using the torch backend", e)
             else:

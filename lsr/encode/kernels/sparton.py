@@ -277,7 +277,7 @@ class SpartonHeadFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        from lsr.kernels.sparton_bwd import triton_sparton_bwd
+        from lsr.encode.kernels.sparton_bwd import triton_sparton_bwd
 
         hidden, weight, y32, arg = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]

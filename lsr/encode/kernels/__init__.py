@@ -1,0 +1,8 @@
+"""Encoder kernels, each a Triton kernel with its launcher and torch twin in one module.
+
+* ``sparton``: the fused SPLADE head ``sparton_head`` (max over tokens of log1p(relu(H Eᵀ + b))) on padded
+  [B, S, D] states, forward, and the autograd function whose backward routes through the saved argmax.
+* ``sparton_bwd``: the backward kernels of that head.
+* ``sparton_packed``: the head over packed (padding-free) tokens.
+* ``add_layer_norm``: residual add + LayerNorm in one pass, for the padding-free body.
+"""
