@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lsr import interop
+from lsr.interop import anserini
 from lsr.data import read_topics_tsv
 from lsr.interop.anserini import (
     load_vocab,
@@ -145,7 +145,7 @@ def test_anserini_queries_round_trip(tmp_path, data_dir, vocab_list):
 def test_chunked_reading_gives_the_same_vectors(monkeypatch, data_dir, vocab_list):
     path = data_dir / ENCODED / "topics.dl19-passage.splade-pp-ed.tsv.gz"
     whole = read_anserini_queries(path, vocab_list)
-    monkeypatch.setattr(interop, "_CHUNK_ROWS", 5)  # 43 queries -> 9 chunks
+    monkeypatch.setattr(anserini, "_CHUNK_ROWS", 5)  # 43 queries -> 9 chunks
     assert read_anserini_queries(path, vocab_list).equal(whole)
     with pytest.raises(ValueError, match="duplicate id '0'"):  # the same docs in two chunks
         read_anserini_documents([data_dir / TOY / "documents.jsonl"] * 2, vocab_list)
