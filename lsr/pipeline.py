@@ -87,10 +87,10 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
 
     from lsr import runs
     from lsr.data import load_dataset
+    from lsr.evaluation.topk import evaluate_topk
     from lsr.index.inverted import InvertedIndex
     from lsr.search.searcher import Searcher
     from lsr.shards import read_vectors
-    from lsr.evaluation.topk import evaluate_topk
 
     device = resolve_device(cfg.device)
     out = Path(cfg.output)

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lsr.ragged import ragged_positions, segment_ids
+
 __all__ = ["SparseVectors"]
 
 TensorLike = Any  # torch.Tensor | np.ndarray | Sequence
@@ -145,7 +147,7 @@ class SparseVectors:
 
     def row_ids(self) -> torch.Tensor:
         """int64 [nnz] row of every non-zero (COO row index)."""
-        return torch.repeat_interleave(torch.arange(len(self), device=self.device), self.lengths)
+        return segment_ids(self.lengths)
 
     def to(self, device: str | torch.device) -> SparseVectors:
         return SparseVectors(self.indptr.to(device), self.indices.to(device), self.values.to(device),
@@ -174,8 +176,7 @@ class SparseVectors:
         lens = self.lengths[sel]
         new_ptr = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(lens, 0, out=new_ptr[1:])
-        src = self.indptr[sel].repeat_interleave(lens) + (
-            torch.arange(int(new_ptr[-1]), device=self.device) - new_ptr[:-1].repeat_interleave(lens))
+        _, src = ragged_positions(self.indptr[sel], lens)
         ids = [self.ids[i] for i in sel.tolist()]
         return SparseVectors(new_ptr, self.indices[src], self.values[src], ids, self.vocab_size, validate=False)
 
@@ -326,7 +327,7 @@ class SparseVectors:
         # order by (row, -weight, term): a stable sort on weight, then a stable sort on row
         order = torch.sort(self.values, descending=True, stable=True).indices
         order = order[torch.sort(row[order], stable=True).indices]
-        rank = torch.arange(self.nnz, device=self.device) - self.indptr[:-1].repeat_interleave(self.lengths)
+        _, rank = ragged_positions(torch.zeros_like(self.lengths), self.lengths, self.nnz)
         keep = order[rank < k]
         return SparseVectors.from_coo(row[keep], self.indices[keep], self.values[keep], len(self), self.ids,
                                       self.vocab_size)

@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr import runs  # noqa: E402
 from lsr.data import load_dataset  # noqa: E402
+from lsr.evaluation.topk import evaluate_topk  # noqa: E402
 from lsr.index.inverted import InvertedIndex  # noqa: E402
 from lsr.interop.anserini import read_anserini_queries  # noqa: E402
 from lsr.search.searcher import Searcher  # noqa: E402
 from lsr.synth import SynthSpec, synth_docs  # noqa: E402
-from lsr.evaluation.topk import evaluate_topk  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"

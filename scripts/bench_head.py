@@ -24,8 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 

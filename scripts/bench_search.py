@@ -228,7 +228,7 @@ def label(cfg: BlockConfig) -> str:
     span, group, rows x chunk, programs/SM, warps."""
     if cfg.kernel == "cuda":
         pass2 = f"coarse s{cfg.coarse_span} b>={cfg.coarse_min_batch}" if cfg.coarse else "exact"
-        return f"blk-cuda s{cfg.cuda_span} w{cfg.cuda_warps} u{cfg.cuda_step} {pass2}"
+        return f"blk-cuda s{cfg.cuda_span} w{cfg.cuda_warps} {pass2}"
     return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 
 

@@ -53,10 +53,10 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 from bench_encode import MAX_LEN, build_model, common_args, environment, median_seconds, sync, synth_texts
 
 from lsr.encode.corpus import encode_corpus
-from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
-from lsr.encode.tokenize_pool import default_workers
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head
+from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
+from lsr.encode.tokenize_pool import default_workers
 
 
 def timed(fn, dev: torch.device) -> float:

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lsr.interop import anserini
 from lsr.data import read_topics_tsv
+from lsr.interop import anserini
 from lsr.interop.anserini import (
     load_vocab,
     read_anserini_documents,

@@ -279,11 +279,11 @@ def test_search_k_beyond_matches_and_single_query(gen):
 
 
 def test_search_overflow_is_rescored(gen, monkeypatch):
-    import lsr.search.triton_backend as st
+    import lsr.search.block_path as bp
     docs = rand_vectors(256, 12, 0.5, gen, quantized=True)  # few distinct scores: huge tie groups
     q = rand_vectors(3, 12, 0.5, gen, quantized=True)
     index = build_index(docs, 64)
-    monkeypatch.setattr(st, "_cap", lambda k, n: 2)      # every busy span overflows its 2 slots
+    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 2)      # every busy span overflows its 2 slots
     s, d = triton_search(index, q, 40, path="block", config=BlockConfig(span=64, sample_every=4))
     assert_exact_topk(s, d, f64_scores(q, docs), 40)
 
@@ -326,7 +326,7 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     import functools
     from dataclasses import replace
 
-    import lsr.search.triton_backend as st
+    import lsr.search.block_path as bp
     docs = rand_vectors(600, 30, 0.2, gen)
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
@@ -335,16 +335,16 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, f64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(st, "_block_kernel", lambda c, index: (twin, 64))
-    monkeypatch.setattr(st, "_coarse_span", lambda c, index, score: 128)
+    monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (twin, 64))
+    monkeypatch.setattr(bp, "_coarse_span", lambda c, index, scorer: 128)
     redo = []
-    real = st._finish
-    monkeypatch.setattr(st, "_finish", lambda *a: (lambda out: redo.append(out[1]) or out)(real(*a)))
+    real = bp._settle
+    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redo.append(out[1]) or out)(real(*a)))
     got = triton_search(index, q, k, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert redo[0] is None or int(redo[0].sum()) <= 1, "only the empty query (no theta) needs the exact pass"
-    monkeypatch.setattr(st, "_margin", lambda k: 0)
-    monkeypatch.setattr(st, "_cap", lambda k, n: 2)
+    monkeypatch.setattr(bp, "_coarse_margin", lambda k: 0)
+    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 2)
     redo.clear()
     got = triton_search(index, q, k, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -377,11 +377,11 @@ def test_search_rejects_bad_arguments(gen):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
     from lsr.search.kernels import block_cuda
-    from lsr.search.triton_backend import _block_kernel
+    from lsr.search.block_path import _select_span_scorer
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
-    score, span = _block_kernel(BlockConfig(), index)
+    score, span = _select_span_scorer(BlockConfig(), index)
     assert score.func is block.triton_block_candidates and span == 256   # the collection, rounded up
     q = rand_vectors(3, 28, 0.3, gen)
     with pytest.raises(RuntimeError, match="kernel='cuda'"):
@@ -395,7 +395,7 @@ def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
 @pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
                                  BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(cuda_span=1024, cuda_warps=4),
                                  BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 BlockConfig(cuda_span=16384, cuda_step=1), BlockConfig(coarse=False),
+                                 BlockConfig(cuda_span=16384), BlockConfig(coarse=False),
                                  BlockConfig(coarse_span=8192)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.synth import synth_docs, synth_queries
@@ -413,9 +413,9 @@ def test_gpu_block_search_synthetic(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,span,warps,step,terms", [(32, 64, 1, 2, 256), (64, 128, 2, 1, 32), (2048, 2048, 8, 2, 256),
-                                                      (4096, 1024, 4, 4, 64), (2048, 8192, 8, 2, 32)])
-def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, step, terms):
+@pytest.mark.parametrize("bs,span,warps,terms", [(32, 64, 1, 256), (64, 128, 2, 32), (2048, 2048, 8, 256),
+                                                      (4096, 1024, 4, 64), (2048, 8192, 8, 32)])
+def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, terms):
     from lsr.search.kernels import block_cuda
     assert block_cuda.available()
     monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
@@ -429,14 +429,14 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, s
     spans = torch.arange(off.shape[1] - 1, device="cuda")
     width = span // topk.ROW
     items = block.span_items(9, spans, 1, width)
-    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps, step=step)
+    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps)
     want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width)
     assert torch.equal(got, want)
     theta = topk.kth_threshold(got.view(9, -1), 40)
     for cap in (8, span):     # 8 overflows in places (the count says so); span never does
         items = block.span_items(9, spans, 1, cap)
         got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap,
-                                               warps=warps, step=step)
+                                               warps=warps)
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert bool((got[1] > 0).any())
@@ -444,7 +444,7 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, s
     for cap in (8, span):
         items = block.span_items(9, spans, 1, cap)
         got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor,
-                                               warps=warps, step=step)
+                                               warps=warps)
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -466,7 +466,8 @@ def test_gpu_cuda_rescore_matches_twin(gen):
 def test_gpu_block_graphs_match_eager(monkeypatch):
     """Batches up to GRAPH_MAX_B replay a captured CUDA graph: same bits as the eager path, with the
     graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""
-    import lsr.search.triton_backend as st
+    import lsr.search.block_path as bp
+    import lsr.search.graphs as sg
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(40_000, device="cuda")
     index = build_index(docs, 2048)
@@ -479,11 +480,11 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
             want = triton_search(index, q, k, path="block", config=eager)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
             assert_exact_topk(*got, f64_scores(q, docs), k)
-    assert st._GRAPHS[index] and all(g is not None for g in st._GRAPHS[index].values()), "captured, not eager"
+    assert sg._GRAPHS[index] and all(g is not None for g in sg._GRAPHS[index].values()), "captured, not eager"
     alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]
     batch = triton_search(index, queries[:4], 50, path="block")
     assert torch.equal(torch.cat([a[0] for a in alone]), batch[0]) and torch.equal(torch.cat([a[1] for a in alone]), batch[1])
-    monkeypatch.setattr(st, "_cap", lambda k, n: 8)    # most spans overflow: the host-side fix runs
+    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 8)    # most spans overflow: the host-side fix runs
     q = queries[:2]
     got = triton_search(index, q, 200, path="block")
     want = triton_search(index, q, 200, path="block", config=eager)

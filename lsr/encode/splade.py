@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from lsr.encode.kernels.sparton import sparton_head
+from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
 from lsr.encode.varlen_body import VarlenBody, pack_batch
-from lsr.encode.kernels.sparton import sparton_head
-from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]

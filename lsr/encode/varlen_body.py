@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lsr.encode.kernels.add_layer_norm import add_layer_norm
+from lsr.ragged import ragged_positions
 
 __all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "torch_varlen_attention", "varlen_attention"]
 
@@ -42,9 +43,7 @@ _FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin i
 def _segments(cu: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cu int64 [B+1] start offsets -> (text of each token int64 [T], its position in the text int64 [T]),
     without a host sync (``n_tokens`` = cu[-1], known by the caller)."""
-    lengths = cu[1:] - cu[:-1]
-    seg = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=cu.device), lengths, output_size=n_tokens)
-    return seg, torch.arange(n_tokens, device=cu.device) - cu[seg]
+    return ragged_positions(torch.zeros_like(cu[1:]), cu[1:] - cu[:-1], n_tokens)
 
 
 def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

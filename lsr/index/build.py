@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from lsr.ragged import segment_ids
 from lsr.sparse import SparseVectors
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "PAD", "POSTING_TENSORS", "PostingArrays", "build_postings", "check_block_size",
@@ -123,8 +124,7 @@ def _chunks(indptr: torch.Tensor, per_chunk: int) -> list[tuple[int, int, int, i
 def _chunk_docs(vectors: SparseVectors, r0: int, r1: int, p0: int, p1: int) -> torch.Tensor:
     """int32 [p1 - p0] doc id of every posting of rows [r0, r1) (output_size avoids a device sync)."""
     lens = vectors.indptr[r0 + 1:r1 + 1] - vectors.indptr[r0:r1]
-    docs = torch.arange(r0, r1, dtype=torch.int32, device=vectors.device)
-    return torch.repeat_interleave(docs, lens, output_size=p1 - p0)
+    return segment_ids(lens, p1 - p0, dtype=torch.int32, start=r0)
 
 
 def _segment_keys(terms: torch.Tensor, docs: torch.Tensor, n_blocks: int, shift: int,

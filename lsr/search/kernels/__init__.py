@@ -7,4 +7,16 @@
 * ``block``: the span scorer of the block path (Triton) and its torch twin.
 * ``block_cuda`` / ``rescore_cuda``: the CUDA versions of the span scorer and the exact rescoring, compiled
   from ``cuda/*.cu`` at first use by NVRTC.
+
+The CUDA C++ sources are package resources (``cuda_source``), plain ``.cu`` files so that editors,
+formatters and readers see them as C++.
 """
+
+from importlib import resources
+
+__all__ = ["cuda_source"]
+
+
+def cuda_source(name: str) -> str:
+    """The text of ``lsr/search/kernels/cuda/<name>`` (a package resource, so installed wheels have it)."""
+    return resources.files(__name__).joinpath("cuda", name).read_text(encoding="utf-8")

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (
     DOC_MASK,
@@ -313,12 +314,11 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     # dense fixed-point scores of every (query, doc) from the span table
     t = q_terms.long()
     lens = span_off[t, -1] - span_off[t, 0]
-    entry = torch.repeat_interleave(torch.arange(t.numel(), device=dev), lens)
-    pos = span_off[t, 0][entry] + torch.arange(entry.numel(), device=dev) - (torch.cumsum(lens, 0) - lens)[entry]
+    entry, pos = ragged_positions(span_off[t, 0], lens)
     doc = post_doc[pos].long()
     keep = doc >= 0
     entry, doc, w = entry[keep], doc[keep], post_w[pos][keep]
-    row = torch.repeat_interleave(torch.arange(B, device=dev), q_indptr.diff())[entry]
+    row = segment_ids(q_indptr.diff())[entry]
     acc = torch.zeros((B + group) * n_spans * span, dtype=torch.int64, device=dev)
     contrib = torch_to_fixed(q_weights[entry], w, scale[row])
     acc.index_add_(0, row * (n_spans * span) + doc, contrib >> COARSE_SHIFT if coarse_lo is not None else contrib)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.ragged import ragged_positions
 from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
 __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
@@ -115,9 +116,7 @@ def torch_csr_scores(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weig
     d = torch.where(valid, doc, 0)
     lens = torch.where(valid, doc_indptr[d + 1] - doc_indptr[d], 0)
     row = torch.arange(B, device=dev).unsqueeze(1).expand_as(d)
-    cell = torch.repeat_interleave(torch.arange(d.numel(), device=dev), lens.flatten())
-    first = torch.cumsum(lens.flatten(), 0) - lens.flatten()
-    pos = doc_indptr[d.flatten()][cell] + torch.arange(cell.numel(), device=dev) - first[cell]
+    cell, pos = ragged_positions(doc_indptr[d.flatten()], lens.flatten())
     r = row.flatten()[cell]
     contrib = torch_to_fixed(qdense[r, doc_terms[pos].long()], doc_weights[pos], scale[r])
     acc = torch.zeros(d.numel(), dtype=torch.int64, device=dev).index_add_(0, cell, contrib)

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
 __all__ = ["torch_scatter_scores", "triton_scatter_scores"]
@@ -95,8 +96,7 @@ def triton_scatter_scores(post_doc: torch.Tensor, post_w: torch.Tensor, offsets:
     acc = torch.zeros((B, n_docs), dtype=torch.int64 if fixed else torch.float32, device=dev)
     nnz = q_terms.numel()
     if nnz and n_docs:
-        rows = torch.repeat_interleave(torch.arange(B, device=dev, dtype=torch.int32), q_indptr.diff(),
-                                       output_size=nnz)
+        rows = segment_ids(q_indptr.diff(), nnz, dtype=torch.int32)
         longest = int(padded_lengths[q_terms.long()].max())
         n_split = max(1, min(max_split, triton.cdiv(longest, chunk)))
         _scatter_kernel[(nnz, n_split)](post_doc, post_w, offsets, padded_lengths, rows, q_terms, q_weights,
@@ -122,13 +122,11 @@ def torch_scatter_scores(post_doc: torch.Tensor, post_w: torch.Tensor, offsets: 
     B = q_indptr.numel() - 1
     t = q_terms.long()
     lens = padded_lengths[t].long()
-    entry = torch.repeat_interleave(torch.arange(t.numel(), device=dev), lens)
-    first = torch.cumsum(lens, 0) - lens
-    pos = offsets[t][entry] + torch.arange(entry.numel(), device=dev) - first[entry]
+    entry, pos = ragged_positions(offsets[t], lens)
     doc = post_doc[pos].long()
     keep = doc >= 0
     entry, doc, w = entry[keep], doc[keep], post_w[pos][keep]
-    row = torch.repeat_interleave(torch.arange(B, device=dev), q_indptr.diff())[entry]
+    row = segment_ids(q_indptr.diff())[entry]
     flat = row * n_docs + doc
     if scale is None:
         out = torch.zeros(B * n_docs, dtype=torch.float32, device=dev)

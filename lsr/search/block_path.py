@@ -1,0 +1,362 @@
+"""The block path of ``triton_search``: exact top-k at scale without a dense [B, N] score matrix.
+
+Pass 1 scores a sample of doc spans and keeps the best doc of every 32 (row maxima); the k-th best of
+those is a valid lower bound ``theta`` of each query's k-th score. Pass 2 scores every span and emits
+the docs >= theta (a few per span) to fixed slots; a (query, span) whose slots overflowed is rescored
+with all its docs >= theta. The exact top-k of the candidates is the answer. Memory: candidates
+B * n_spans * cap * 8 bytes, never [B, N].
+
+The span scorer is the CUDA kernel (``kernels.block_cuda``, shared-memory accumulation, NVRTC-compiled)
+where it can run, else the Triton kernel (``kernels.block``); ``BlockConfig.kernel`` forces one. Both
+give the same bits. With the CUDA kernel, pass 2 may sum coarse uint32 fixed point (one shared atomic
+per posting) and rescore the best k + margin docs exactly (``kernels.rescore_cuda``); queries whose
+checks cannot settle take the exact pass 2. docs/notes-search.md explains each choice.
+
+``BlockPlan`` holds what every query chunk of one search shares (index arrays, the chosen scorer and
+span, slots per span, ...), so the helpers below take one plan instead of a dozen arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from lsr.ragged import ragged_positions, segment_ids
+from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
+from lsr.search.kernels import block_cuda, rescore_cuda
+from lsr.search.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
+from lsr.search.kernels.csr import dense_queries, triton_csr_scores
+from lsr.search.kernels.fixed import query_scales
+from lsr.search.kernels.topk import ROW, kth_threshold, pack_keys, topk_keys, unpack_keys
+from lsr.search.spans import span_limit, span_offsets
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.index.inverted import InvertedIndex
+
+__all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span", "default_config"]
+
+CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
+
+SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tuning of the block path (defaults and the sweeps behind them: docs/benchmarks-search.md)."""
+
+    span: int = 2048          # Triton kernel: docs per work item (power of two dividing or multiple of the index block)
+    group: int = 1            # queries per work item
+    rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
+    chunk: int = 32           # postings per chunk
+    readout: int = 1024       # cells per read-out tile
+    per_sm: int = 8           # resident programs per SM (persistent grid)
+    num_warps: int = 4
+    sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
+    kernel: str = "auto"      # "cuda" (shared-memory tiles, kernels.block_cuda) | "triton" | "auto"
+    cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
+    cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
+    graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
+    coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
+    coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
+    coarse_min_batch: int = 12  # smaller batches take the exact pass 2: for them the selection of the best
+                                # k + margin coarse keys costs more than the coarse sums save
+
+
+def default_config(n_queries: int) -> BlockConfig:
+    """Block-path tuning by batch size: wide [32, 32] steps with 8 warps for batches, more and smaller
+    programs for a few queries (more items in flight). The sweep is in docs/notes-search.md."""
+    if n_queries >= 16:
+        return BlockConfig(rows=32, num_warps=8, per_sm=2)
+    return BlockConfig()
+
+
+class QueryCSR(NamedTuple):
+    """Queries as CSR on the index's device: int64 [B+1], int32 [nnz], float32 [nnz].
+
+    ``terms`` / ``weights`` may run past ``indptr[-1]`` (a CUDA graph's fixed buffers): only rows read them.
+    """
+
+    indptr: torch.Tensor
+    terms: torch.Tensor
+    weights: torch.Tensor
+
+    def select(self, sel: torch.Tensor) -> QueryCSR:
+        """The queries ``sel`` (int64 indices), in that order."""
+        lens = self.indptr.diff()[sel]
+        ip = torch.zeros(sel.numel() + 1, dtype=torch.int64, device=sel.device)
+        torch.cumsum(lens, 0, out=ip[1:])
+        _, src = ragged_positions(self.indptr[sel], lens)
+        return QueryCSR(ip, self.terms[src].contiguous(), self.weights[src].contiguous())
+
+
+class CoarseSpans(NamedTuple):
+    """The coarse pass 2's span and its span offsets."""
+
+    span: int
+    offsets: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class BlockPlan:
+    """What every query chunk of one block-path search shares."""
+
+    index: InvertedIndex
+    cfg: BlockConfig           # group and span resolved for this search
+    scorer: SpanScorer         # the span scorer with its tuning bound
+    span_off: torch.Tensor     # int64 [V, n_spans + 1] span offsets for cfg.span
+    k: int
+    n_sample: int              # spans scored by pass 1
+    cap: int                   # candidate slots per (query, span) in pass 2
+    max_terms: int             # query-length bucket: one compile and one CUDA graph per bucket
+    coarse: CoarseSpans | None  # the coarse pass 2, where it runs
+
+    @property
+    def n_spans(self) -> int:
+        return self.span_off.shape[1] - 1
+
+    def graph_key(self, n_queries: int) -> tuple:
+        return (n_queries, self.max_terms, self.k, self.cfg, self.n_sample, self.cap)
+
+
+class ScoreArgs(NamedTuple):
+    """The span scorer's leading arguments for one chunk of queries."""
+
+    doc_ids: torch.Tensor
+    scores: torch.Tensor
+    span_off: torch.Tensor
+    indptr: torch.Tensor
+    terms: torch.Tensor
+    weights: torch.Tensor
+    scale: torch.Tensor
+    inv_scale: torch.Tensor
+    span: int
+
+
+class ChunkResult(NamedTuple):
+    """Both passes of one chunk, before the host-side repairs of ``_settle``."""
+
+    best: torch.Tensor                 # int64 [B, k] best keys, overflowed (query, span) pairs left out
+    overflow: torch.Tensor | None      # bool [B, n_spans] pairs whose slots overflowed (exact pass 2)
+    theta: torch.Tensor                # float32 [B] pass 1's lower bound of the k-th score
+    args: ScoreArgs
+    redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle
+
+
+def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
+                 max_terms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k over query chunks that keep the candidate slots within CAND_BUDGET.
+
+    ``max_terms`` bounds the longest query (its bucket picks the compiled kernel and CUDA graph).
+    """
+    B = queries.indptr.numel() - 1
+    plan = _make_plan(index, B, k, cfg, max_terms)
+    group = plan.cfg.group
+    step = max(group, int(CAND_BUDGET // (plan.n_spans * plan.cap * 8)) // group * group)
+    if group == 1 and B <= step:  # the common case: one chunk, queries in their own order
+        return _search_chunk(plan, queries)
+    order = _work_order(index, queries) if group > 1 else torch.arange(B, device=queries.indptr.device)
+    out_s = torch.empty((B, k), dtype=torch.float32, device=queries.indptr.device)
+    out_d = torch.empty((B, k), dtype=torch.int64, device=queries.indptr.device)
+    for c0 in range(0, B, step):
+        sel = order[c0:c0 + step]
+        out_s[sel], out_d[sel] = _search_chunk(plan, queries.select(sel))
+    return out_s, out_d
+
+
+def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> BlockPlan:
+    cfg = replace(cfg, group=min(cfg.group, 1 << (B - 1).bit_length()))
+    scorer, span = _select_span_scorer(cfg, index)
+    cfg = replace(cfg, span=span)
+    span_off = span_offsets(index, span)
+    n_spans = span_off.shape[1] - 1
+    cspan = _coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None
+    n_sample = _pass1_spans(n_spans, span, k, cfg.sample_every)
+    return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
+                     cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),
+                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
+
+
+def _work_order(index: InvertedIndex, queries: QueryCSR) -> torch.Tensor:
+    """Queries by decreasing work (sum of df), so that a group's queries end together."""
+    indptr = queries.indptr
+    B = indptr.numel() - 1
+    row = segment_ids(indptr.diff())
+    cost = torch.zeros(B, dtype=torch.int64, device=indptr.device)
+    cost.index_add_(0, row, index.lengths.to(torch.int64)[queries.terms[:row.numel()].long()])
+    return torch.sort(cost, descending=True, stable=True).indices
+
+
+def _pass1_spans(n_spans: int, span: int, k: int, every: int) -> int:
+    """Spans of pass 1: ~1/every of them, but enough row maxima (4k) for a tight bound."""
+    return min(n_spans, max(math.ceil(4 * k / (span // ROW)), math.ceil(n_spans / every)))
+
+
+def _slots_per_span(k: int, n_sample: int) -> int:
+    """Slots per (query, span): theta keeps ~k docs of the n_sample sampled spans, so ~k / n_sample per
+    span; 3x that + 8 makes overflow (rescored, still exact) rare."""
+    need = 3 * k / max(n_sample, 1) + 8
+    return 1 << max(3, math.ceil(math.log2(need)))
+
+
+def _coarse_margin(k: int) -> int:
+    """Coarse keys kept beyond k for the exact rescoring (the completeness test rarely needs more)."""
+    return max(32, k // 8)
+
+
+def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph for small batches),
+    then the host-side repairs and, for the rare queries the coarse pass could not settle, the exact pass."""
+    B = queries.indptr.numel() - 1
+    body = functools.partial(_score_chunk, plan)
+    out = None
+    if (plan.cfg.graphs and queries.indptr.is_cuda and B <= GRAPH_MAX_B
+            and not torch.cuda.is_current_stream_capturing()):
+        graph = cached_chunk_graph(plan.index, body, B, B * plan.max_terms, plan.graph_key(B))
+        if graph is not None:
+            with graph.lock:
+                out = _settle(plan, graph(*queries))
+    if out is None:
+        out = _settle(plan, body(*queries))
+    best, redo = out
+    if redo is not None:
+        sel = torch.nonzero(redo).flatten()
+        exact = replace(plan, coarse=None)
+        best[sel], _ = _settle(exact, _score_chunk(exact, *queries.select(sel)))
+    return unpack_keys(best)
+
+
+def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> ChunkResult:
+    """Both passes and the merge, free of host syncs (so a CUDA graph can hold them).
+
+    With ``plan.coarse``, pass 2 runs on coarse sums (``coarse_floor``: a doc reaching theta has a
+    coarse sum >= the query's floor, so no candidate is lost), takes the best k + margin coarse keys,
+    rescores them exactly and keeps the top k. That list holds the exact top k when it also holds
+    every doc whose coarse sum reaches the floor of the k-th coarse key's score (k docs score at least
+    that); a query where this fails, or whose coarse slots overflowed, is flagged for the exact pass 2.
+    """
+    B = indptr.numel() - 1
+    dev = indptr.device
+    cfg, index = plan.cfg, plan.index
+    scale, inv = query_scales(indptr, terms, weights, index.max_scores)
+    kw = {"group": cfg.group, "max_terms": plan.max_terms}
+    args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
+    # pass 1: row maxima of sampled spans -> theta
+    sample = (torch.arange(plan.n_sample, device=dev) * plan.n_spans) // plan.n_sample
+    width = cfg.span // ROW
+    maxima, _ = plan.scorer(*args, span_items(B, sample, cfg.group, width), B * plan.n_sample * width, **kw)
+    theta = kth_threshold(maxima.view(B, -1), plan.k)
+    if plan.coarse is not None:
+        best, redo = _coarse_pass2(plan, args, theta, kw)
+        return ChunkResult(best, None, theta, args, redo)
+    # pass 2: every span, docs >= theta into cap slots
+    cap = plan.cap
+    items = span_items(B, torch.arange(plan.n_spans, device=dev), cfg.group, cap)
+    cand, counts = plan.scorer(*args, items, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
+    over = counts.view(B, plan.n_spans) > cap
+    # an overflowed (query, span) holds only its first cap docs: drop them; _settle rescores it whole
+    cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1)
+    return ChunkResult(topk_keys(cand.view(B, -1), plan.k), over, theta, args, None)
+
+
+def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
+                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coarse pass 2 + exact rescoring (see ``_score_chunk``): (best keys [B, k], redo bool [B])."""
+    indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
+    B = indptr.numel() - 1
+    cspan, coff = plan.coarse
+    cap = plan.cap * cspan // plan.cfg.span
+    n_spans = coff.shape[1] - 1
+    floor = coarse_floor(theta, scale, indptr)
+    items = span_items(B, torch.arange(n_spans, device=indptr.device), 1, cap)
+    cand, counts = plan.scorer(*args._replace(span_off=coff, span=cspan), items, B * n_spans * cap, cap=cap,
+                               coarse_lo=floor, **kw)
+    over = (counts.view(B, n_spans) > cap).any(1)
+    cand = cand.view(B, -1)
+    top = topk_keys(cand, min(k + _coarse_margin(k), cand.shape[1]))
+    # the k-th coarse key: k docs have int64 sums >= its coarse sum << 30, so the k-th exact score is at
+    # least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
+    kth = top[:, min(k, top.shape[1]) - 1]
+    s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
+    last = top[:, -1]
+    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
+    _, docs = unpack_keys(top)   # coarse keys hold docs like exact ones
+    best = topk_keys(pack_keys(_exact_scores(plan.index, args, docs), docs), k)  # -1: score 0
+    return best, over | ~complete | (floor < 1)
+
+
+def _exact_scores(index: InvertedIndex, args: ScoreArgs, docs: torch.Tensor) -> torch.Tensor:
+    """Exact float32 scores of candidate docs [B, C] (-1 = none: 0.0), free of host syncs."""
+    dev = args.indptr.device
+    qd = dense_queries(args.indptr, args.terms, args.weights, index.vocab_size)
+    csr = index.docs
+    if dev.type == "cuda" and block_cuda.available(dev.index or 0):
+        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, args.scale, args.inv_scale, docs)
+    return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, args.scale, args.inv_scale, docs)
+
+
+def _settle(plan: BlockPlan, result: ChunkResult) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rescore the (rare) overflowed (query, span) pairs (host side): (best keys [B, k], the queries
+    to redo with the exact pass 2 as a bool mask, or None). The outputs are copies (a graph's outputs
+    are overwritten by its next replay)."""
+    best, over, redo = result.best, result.overflow, result.redo
+    if over is not None and bool(over.any()):
+        best = _rescore_overflow(plan, result, torch.nonzero(over))
+    if redo is not None:
+        redo = redo.clone() if bool(redo.any()) else None
+    return best.clone(), redo
+
+
+def _rescore_overflow(plan: BlockPlan, result: ChunkResult, over: torch.Tensor) -> torch.Tensor:
+    """Score every overflowed (query, span) pair ``over`` [n, 2] whole and merge its docs >= theta."""
+    span, k, best = result.args.span, plan.k, result.best
+    n_fix = over.shape[0]
+    items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
+             torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
+    keys, _ = plan.scorer(*result.args, items, n_fix * span, theta=result.theta, cap=span, group=1)
+    keys = topk_keys(keys.view(n_fix, span), min(k, span))
+    # append every fixed pair's keys to its query's row, then take the top k again
+    q = over[:, 0]
+    rank = torch.arange(n_fix, device=q.device) - torch.searchsorted(q, q)   # pairs come sorted by query
+    extra = torch.full((best.shape[0], int(rank.max()) + 1, keys.shape[1]), -1, dtype=torch.int64,
+                       device=q.device)
+    extra[q, rank] = keys
+    return topk_keys(torch.cat([best, extra.view(best.shape[0], -1)], 1), k)
+
+
+def _select_span_scorer(cfg: BlockConfig, index: InvertedIndex) -> tuple[SpanScorer, int]:
+    """(span scorer with its tuning bound, span) for ``cfg.kernel``: "auto" takes the CUDA kernel where
+    it serves (CUDA device with NVRTC, group 1, aligned postings, a collection of at least one CUDA
+    span), else the Triton one. Spans never exceed the collection rounded up to a power of two."""
+    if cfg.kernel not in ("auto", "cuda", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
+    span = cuda_span(cfg, index) if cfg.kernel != "triton" else None
+    if cfg.kernel == "cuda" and span is None:
+        raise RuntimeError("kernel='cuda' needs a CUDA device with NVRTC, group=1, 16-byte aligned postings "
+                           "and at least cuda_span docs")
+    if span is not None:
+        return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps), span
+    scorer = functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
+                               num_warps=cfg.num_warps, n_programs=default_programs(index.device, cfg.per_sm))
+    return scorer, min(cfg.span, span_limit(index))
+
+
+def cuda_span(cfg: BlockConfig, index: InvertedIndex) -> int | None:
+    """cfg.cuda_span where the CUDA kernel serves this index (group 1, a collection of at least one CUDA
+    span, a CUDA device with NVRTC, aligned postings), else None."""
+    ok = cfg.group == 1 and min(cfg.cuda_span, span_limit(index)) == cfg.cuda_span \
+        and block_cuda.usable(index.doc_ids, index.scores, cfg.cuda_span, cfg.cuda_warps)
+    return cfg.cuda_span if ok else None
+
+
+def _coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> int | None:
+    """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
+    if not cfg.coarse or getattr(scorer, "func", None) is not block_cuda.cuda_block_candidates:
+        return None
+    cspan = max(cfg.span, min(cfg.coarse_span, span_limit(index), block_cuda.MAX_SPAN))
+    bs = index.block_size
+    return cspan if cspan % bs == 0 or bs % cspan == 0 else None

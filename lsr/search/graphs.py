@@ -1,0 +1,75 @@
+"""CUDA graphs of the block path: one captured chunk per (batch size, query-length bucket, k, plan).
+
+A small batch spends more time launching the block path's dozen kernels than running them; replaying a
+captured graph removes that host cost. Graphs are cached per index (least recently used dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.index.inverted import InvertedIndex
+
+__all__ = ["GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph"]
+
+GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
+GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
+
+ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
+
+
+class ChunkGraph:
+    """A chunk body captured once as a CUDA graph for a fixed batch size and query-term buffer; a call
+    copies the queries into the graph's input buffers and replays it. The outputs live in the graph's
+    memory until the next replay (``lock`` serialises callers, who copy what they keep)."""
+
+    def __init__(self, body: ChunkBody, B: int, n_terms: int, device: torch.device) -> None:
+        self.indptr = torch.zeros(B + 1, dtype=torch.int64, device=device)
+        self.terms = torch.zeros(n_terms, dtype=torch.int32, device=device)
+        self.weights = torch.zeros(n_terms, dtype=torch.float32, device=device)
+        self.lock = threading.Lock()
+        main = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # compile / autotune every kernel outside the capture
+            body(self.indptr, self.terms, self.weights)
+        main.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = body(self.indptr, self.terms, self.weights)
+
+    def __call__(self, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> Any:
+        n = terms.numel()
+        self.indptr.copy_(indptr)
+        self.terms[:n].copy_(terms)
+        self.weights[:n].copy_(weights)
+        self.graph.replay()
+        return self.out
+
+
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
+    """The cached graph for ``key`` (least recently used beyond GRAPH_CACHE dropped); None where capture
+    failed (then the caller runs eagerly, as it does for every later call with that key)."""
+    graphs = _GRAPHS.setdefault(index, OrderedDict())
+    if key not in graphs:
+        try:
+            graphs[key] = ChunkGraph(body, B, n_terms, index.device)
+        except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
+            warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
+                          "running it eagerly", RuntimeWarning, stacklevel=3)
+            graphs[key] = None
+        while len(graphs) > GRAPH_CACHE:
+            graphs.popitem(last=False)
+    graphs.move_to_end(key)
+    return graphs[key]

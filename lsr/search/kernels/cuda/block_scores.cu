@@ -1,0 +1,317 @@
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define NT (WARPS * 32)
+#define RPW (SPAN / 64 / WARPS)   // read-out rows of 64 docs per warp
+
+__device__ __forceinline__ i64 pack_key(float s, i64 doc) {
+    // lsr.search.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
+    return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
+}
+
+// the int64 sums of cells 2i and 2i + 1 from their limbs (limb sums may exceed 24 bits: shifts add them)
+__device__ __forceinline__ longlong2 peek(const unsigned* h, const unsigned* m, const unsigned* l, int i) {
+    const uint2 a = reinterpret_cast<const uint2*>(h)[i], b = reinterpret_cast<const uint2*>(m)[i],
+                c = reinterpret_cast<const uint2*>(l)[i];
+    return make_longlong2(((i64)a.x << 48) + ((i64)b.x << 24) + (i64)c.x, ((i64)a.y << 48) + ((i64)b.y << 24) + (i64)c.y);
+}
+
+__device__ __forceinline__ longlong2 take(unsigned* h, unsigned* m, unsigned* l, int i) {   // read and zero
+    const longlong2 v = peek(h, m, l, i);
+    reinterpret_cast<uint2*>(h)[i] = make_uint2(0u, 0u);
+    reinterpret_cast<uint2*>(m)[i] = make_uint2(0u, 0u);
+    reinterpret_cast<uint2*>(l)[i] = make_uint2(0u, 0u);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2)
+lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
+                 const i64* __restrict__ span_off, int stride_so,
+                 const i64* __restrict__ q_indptr, const int* __restrict__ q_terms,
+                 const float* __restrict__ q_w, const double* __restrict__ scale,
+                 const double* __restrict__ inv_scale, const float* __restrict__ theta,
+                 const long long* __restrict__ coarse_lo,
+                 const int* __restrict__ item_q, const int* __restrict__ item_span,
+                 const i64* __restrict__ item_out, int n_items,
+                 i64* __restrict__ out, int* __restrict__ counts, int* __restrict__ next_item)
+{
+    // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
+    // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
+    // term, so TG <= 256 adds of < 2^24 never overflow a limb between normalisations
+    // COARSE: one uint32 cell per doc holding the sum of (contribution >> CSHIFT) (< 2^31: no carries)
+    extern __shared__ __align__(16) i64 smem[];
+    unsigned* t_hi24 = (unsigned*)smem;
+    unsigned* t_mid = t_hi24 + SPAN;
+    unsigned* t_low = t_mid + SPAN;
+    i64* t_base = (i64*)(t_hi24 + LIMBS * SPAN);   // per run: where its step c reads (base + 128 c)
+    double* t_wq = (double*)(t_base + TG);     // query weight * scale
+    int* t_lo = (int*)(t_wq + TG);             // run [base + lo, base + hi) in the postings
+    int* t_hi = t_lo + TG;
+    int* t_cum = t_hi + TG;                    // inclusive prefix sum of steps per run
+    int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
+    int* s_item = w_count + WARPS;             // the item this CTA works on
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < LIMBS * SPAN; i += NT) t_hi24[i] = 0u;
+    __syncthreads();
+    // items are taken in order from a global counter, so the CTAs work on neighbouring items (one or two
+    // spans) at any time and the span's postings stay in L2 for all the queries that read them (a fixed
+    // stride lets slow CTAs fall behind by many spans)
+    // (the next item is claimed while this one is scored: the counter's latency stays off the path)
+    if (tid == 0) *s_item = atomicAdd(next_item, 1);
+    __syncthreads();
+    for (;;) {
+        const int item = *s_item;
+        if (item >= n_items) break;
+        int next = 0;
+        if (tid == 0) next = atomicAdd(next_item, 1);
+        const int q = item_q[item];
+        const int span = item_span[item];
+        const i64 out0 = item_out[item];
+        const i64 doc0 = (i64)span * SPAN;
+        const i64 qs = q_indptr[q], qe = q_indptr[q + 1];
+        const double sc = scale[q];
+        for (i64 g = qs; g < qe; g += TG) {
+            // ---- the runs of terms g.. in this span, read in 16-byte aligned steps of 128 postings
+            for (int i = tid; i < TG; i += NT) {
+                i64 rs = 0, re = 0;
+                double wqs = 0.0;
+                if (g + i < qe) {
+                    const i64* so = span_off + (i64)q_terms[g + i] * stride_so + span;
+                    rs = so[0];
+                    re = so[1];
+                    wqs = (double)q_w[g + i] * sc;
+                }
+                const i64 a = rs & ~3LL;       // 16-byte aligned start; lo and hi are relative to it
+                t_base[i] = a;
+                t_lo[i] = (int)(rs - a);
+                t_hi[i] = (int)(re - a);
+                t_wq[i] = wqs;
+                t_cum[i] = re > rs ? (int)((re - a + 127) >> 7) : 0;
+            }
+            __syncthreads();
+            if (warp == 0) {                   // inclusive scan of t_cum: TG / 32 entries per lane
+                int run = 0;
+                #pragma unroll
+                for (int j = 0; j < TG / 32; ++j) run += t_cum[lane * (TG / 32) + j];
+                int inc = run;
+                #pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int y = __shfl_up_sync(FULL, inc, d);
+                    if (lane >= d) inc += y;
+                }
+                int acc = inc - run;
+                #pragma unroll
+                for (int j = 0; j < TG / 32; ++j) {
+                    const int n = t_cum[lane * (TG / 32) + j];
+                    // step c of the run reads base + 128 c: bounds move by the steps before the run
+                    t_base[lane * (TG / 32) + j] -= (i64)acc * 128;
+                    t_lo[lane * (TG / 32) + j] += acc * 128;
+                    t_hi[lane * (TG / 32) + j] += acc * 128;
+                    acc += n;
+                    t_cum[lane * (TG / 32) + j] = acc;
+                }
+            }
+            __syncthreads();
+            // ---- warp w takes a contiguous range of the steps; shared atomics: runs of different terms
+            // may hit one doc at the same time (integer adds commute: the sums are exact and deterministic).
+            // The step's run is warp-uniform and kept in registers, and the next step's loads are issued
+            // before this step's adds.
+            const int total = t_cum[TG - 1];
+            const int c_end = (int)((i64)total * (warp + 1) / WARPS);
+            int c = (int)((i64)total * warp / WARPS);
+            if (c < c_end) {
+                int r = 0;
+                {
+                    int lo = 0, hi = TG - 1;   // first run with t_cum > c
+                    while (lo < hi) { const int mid = (lo + hi) >> 1; if (t_cum[mid] > c) hi = mid; else lo = mid + 1; }
+                    r = lo;
+                }
+                int bound = t_cum[r], rlo = t_lo[r], rhi = t_hi[r];
+                double wq = t_wq[r];
+                const int* pd = post_doc + t_base[r];
+                const float* pw = post_w + t_base[r];
+                // step cc: the lane reads postings x0 .. x0 + 3 of its run (from pd / pw); bit e of the
+                // mask: x0 + e lies in the run [rlo, rhi). A lane with nothing to read loads the run's start.
+                auto load = [&](int cc, int4& d, float4& w, unsigned& m, double& q) {
+                    while (cc >= bound) {      // warp-uniform: the next run
+                        ++r;
+                        bound = t_cum[r];
+                        rlo = t_lo[r];
+                        rhi = t_hi[r];
+                        wq = t_wq[r];
+                        pd = post_doc + t_base[r];
+                        pw = post_w + t_base[r];
+                    }
+                    const int x0 = cc * 128 + 4 * lane;
+                    const int a = max(rlo - x0, 0), b = min(rhi - x0, 4);
+                    m = b > a ? (1u << b) - (1u << a) : 0u;
+                    const int xs = m ? x0 : (rlo & ~3);
+                    d = __ldg(reinterpret_cast<const int4*>(pd + xs));
+                    w = __ldg(reinterpret_cast<const float4*>(pw + xs));
+                    q = wq;
+                };
+                // postings outside the run (another run's docs) and -1 padding are skipped; the run's own
+                // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
+                // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
+                auto add = [&](const int4& d, const float4& w, unsigned m, double q) {
+                    const int dd[4] = {d.x, d.y, d.z, d.w};
+                    const float ww[4] = {w.x, w.y, w.z, w.w};
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const bool ok = (m & (1u << e)) && dd[e] >= 0;
+                        const u64 v = (u64)(i64)((double)ww[e] * q);
+                        unsigned* cell = t_hi24 + (dd[e] & (SPAN - 1));
+                        if (ok) {
+#if COARSE
+                            atomicAdd(cell, (unsigned)(v >> CSHIFT));
+#else
+                            atomicAdd(cell, (unsigned)(v >> 48));
+                            atomicAdd(cell + SPAN, (unsigned)(v >> 24) & 0xffffffu);
+                            atomicAdd(cell + 2 * SPAN, (unsigned)v & 0xffffffu);
+#endif
+                        }
+                    }
+                };
+                // two steps in flight: the next step's loads are issued before this step's adds
+                int4 dA, dB;
+                float4 wA, wB;
+                unsigned mA, mB;
+                double qA, qB;
+                load(c, dA, wA, mA, qA);
+                for (;; c += 2) {
+                    const bool more1 = c + 1 < c_end;
+                    if (more1) load(c + 1, dB, wB, mB, qB);
+                    add(dA, wA, mA, qA);
+                    if (!more1) break;
+                    const bool more2 = c + 2 < c_end;
+                    if (more2) load(c + 2, dA, wA, mA, qA);
+                    add(dB, wB, mB, qB);
+                    if (!more2) break;
+                }
+            }
+            __syncthreads();                   // all adds land; the run table may be refilled
+            if (!COARSE && g + TG < qe) {      // more terms follow: carry the limbs (keeps them < 2^25)
+                for (int i = tid; i < SPAN; i += NT) {
+                    const unsigned l = t_low[i], m = t_mid[i] + (l >> 24);
+                    t_low[i] = l & 0xffffffu;
+                    t_mid[i] = m & 0xffffffu;
+                    t_hi24[i] += m >> 24;
+                }
+                __syncthreads();
+            }
+        }
+        // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
+        const double inv = inv_scale[q];
+        const int R = SPAN / 64 / WARPS;
+#if COARSE
+        // coarse keys (sum << 31 | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
+        // in ascending doc order + a count, as below
+        const unsigned clo = (unsigned)coarse_lo[q];
+        const unsigned below = (1u << lane) - 1u;
+        int n_hit = 0;
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
+            n_hit += __popc(__ballot_sync(FULL, a.x >= clo)) + __popc(__ballot_sync(FULL, a.y >= clo));
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
+            reinterpret_cast<uint2*>(t_hi24)[j * 32 + lane] = make_uint2(0u, 0u);
+            const bool h0 = a.x >= clo, h1 = a.y >= clo;
+            const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
+            if (base < CAP && (m0 | m1)) {
+                const int slot = base + __popc(m0 & below) + __popc(m1 & below);
+                const i64 d = doc0 + j * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = ((i64)a.x << 31) | (0x7fffffffLL - d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = ((i64)a.y << 31) | (0x7fffffffLL - d - 1);
+            }
+            base += __popc(m0) + __popc(m1);
+        }
+        if (tid == 0) counts[out0 / CAP] = all;
+#elif ROWMAX
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
+            const i64 d = doc0 + j * 64 + 2 * lane;
+            i64 best = max(pack_key((float)((double)a.x * inv), d), pack_key((float)((double)a.y * inv), d + 1));
+            #pragma unroll
+            for (int m = 8; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));  // 16 lanes = 32 docs
+            if ((lane & 15) == 0) out[out0 + 2 * j + (lane >> 4)] = best;
+        }
+#else
+        // acc < alo implies score < theta (scores are monotone in acc): most rows skip the conversion.
+        // Hits are counted per warp, then written after the hits of the warps before it, so the slots
+        // hold the first CAP hits in ascending doc order whatever the warp timing.
+        const float th = theta[q];
+        const double lim = (double)nextafterf(th, 0.f) * sc * (1.0 - 0x1p-50);
+        const i64 alo = th > 0.f ? (lim >= 0x1p62 ? 0x7fffffffffffffffLL : max((i64)lim, 1LL)) : 1LL;
+        const unsigned below = (1u << lane) - 1u;
+        int n_hit = 0;
+#if RPW <= 8
+        // one pass over the tile: each warp keeps its rows' hit masks and scores in registers
+        unsigned hm0[RPW], hm1[RPW];
+        float hs0[RPW], hs1[RPW];
+        #pragma unroll
+        for (int jj = 0; jj < RPW; ++jj) {
+            const longlong2 a = take(t_hi24, t_mid, t_low, (warp * RPW + jj) * 32 + lane);
+            hm0[jj] = hm1[jj] = 0u;
+            hs0[jj] = hs1[jj] = 0.f;
+            if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                hs0[jj] = (float)((double)a.x * inv);
+                hs1[jj] = (float)((double)a.y * inv);
+                hm0[jj] = __ballot_sync(FULL, hs0[jj] > 0.f && hs0[jj] >= th);
+                hm1[jj] = __ballot_sync(FULL, hs1[jj] > 0.f && hs1[jj] >= th);
+                n_hit += __popc(hm0[jj]) + __popc(hm1[jj]);
+            }
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        #pragma unroll
+        for (int jj = 0; jj < RPW; ++jj) {
+            if (base < CAP && (hm0[jj] | hm1[jj])) {
+                const bool h0 = (hm0[jj] >> lane) & 1u, h1 = (hm1[jj] >> lane) & 1u;
+                const int slot = base + __popc(hm0[jj] & below) + __popc(hm1[jj] & below);
+                const i64 d = doc0 + (warp * RPW + jj) * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = pack_key(hs0[jj], d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = pack_key(hs1[jj], d + 1);
+                base += __popc(hm0[jj]) + __popc(hm1[jj]);
+            }
+        }
+#else
+        // many rows per warp: count first, then read again to write (registers would spill)
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = peek(t_hi24, t_mid, t_low, j * 32 + lane);
+            if (__any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
+                n_hit += __popc(__ballot_sync(FULL, s0 > 0.f && s0 >= th)) + __popc(__ballot_sync(FULL, s1 > 0.f && s1 >= th));
+            }
+        }
+        if (lane == 0) w_count[warp] = n_hit;
+        __syncthreads();
+        int base = 0, all = 0;
+        for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
+            if (base < CAP && __any_sync(FULL, a.x >= alo || a.y >= alo)) {
+                const float s0 = (float)((double)a.x * inv), s1 = (float)((double)a.y * inv);
+                const bool h0 = s0 > 0.f && s0 >= th, h1 = s1 > 0.f && s1 >= th;
+                const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
+                const int slot = base + __popc(m0 & below) + __popc(m1 & below);
+                const i64 d = doc0 + j * 64 + 2 * lane;
+                if (h0 && slot < CAP) out[out0 + slot] = pack_key(s0, d);
+                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = pack_key(s1, d + 1);
+                base += __popc(m0) + __popc(m1);
+            }
+        }
+#endif
+        if (tid == 0) counts[out0 / CAP] = all;
+#endif
+        __syncthreads();                       // zeros, w_count and s_item reads finish before the next item
+        if (tid == 0) *s_item = next;
+        __syncthreads();
+    }
+}
