@@ -36,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.kernel_utils import check_tensor
 from lsr.ragged import ragged_positions, segment_ids
-from lsr.search.kernels.fixed import from_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (
     DOC_MASK,
     ROW,
@@ -221,19 +222,16 @@ def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: tor
     """Dtype / shape / device checks shared by the block scorers (Triton and CUDA); returns B."""
     dev = post_doc.device
     item_q, item_span, item_out, _ = items
-    if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
-        raise ValueError("post_doc must be int32 and post_w float32 of one shape [P]")
-    if span_off.dtype != torch.int64 or span_off.dim() != 2 or span_off.stride(1) != 1:
-        raise ValueError("span_off must be int64 [V, n_spans + 1] with contiguous rows")
-    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
-                        ("q_weights", q_weights, torch.float32), ("scale", scale, torch.float64),
-                        ("inv_scale", inv_scale, torch.float64), ("item_q", item_q, torch.int32),
-                        ("item_span", item_span, torch.int32), ("item_out", item_out, torch.int64)):
-        if t.dtype != dt or t.dim() != 1 or not t.is_contiguous() or t.device != dev:
-            raise ValueError(f"{name} must be a contiguous 1-D {dt} tensor on {dev}")
-    B = q_indptr.numel() - 1
-    if theta is not None and (theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != dev):
-        raise ValueError("theta must be float32 [B] on the postings' device")
+    check_tensor("post_doc", post_doc, dtype=torch.int32, ndim=1)
+    check_tensor("post_w", post_w, dtype=torch.float32, shape=tuple(post_doc.shape), device=dev)
+    check_tensor("span_off", span_off, dtype=torch.int64, ndim=2, device=dev, rows_contiguous=True)
+    B = check_query_csr(q_indptr, q_terms, q_weights, dev)
+    check_scales(scale, inv_scale, B, dev)
+    for name, t, dt in (("item_q", item_q, torch.int32), ("item_span", item_span, torch.int32),
+                        ("item_out", item_out, torch.int64)):
+        check_tensor(name, t, dtype=dt, ndim=1, device=dev, contiguous=True)
+    if theta is not None:
+        check_tensor("theta", theta, dtype=torch.float32, shape=(B,), device=dev)
     return B
 
 

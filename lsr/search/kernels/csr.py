@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.kernel_utils import check_tensor
 from lsr.ragged import ragged_positions
-from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.fixed import check_scales, from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
 
 __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
 
@@ -77,21 +78,17 @@ def triton_csr_scores(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_wei
         float32 [B, C] (or [B, N]); 0 for -1 cells.
     """
     dev = qdense.device
-    if doc_indptr.dtype != torch.int64 or doc_terms.dtype != torch.int32 or doc_weights.dtype != torch.float32:
-        raise ValueError("doc CSR must be int64 indptr, int32 terms, float32 weights")
-    if qdense.dim() != 2 or qdense.dtype != torch.float32 or qdense.stride(1) != 1:
-        raise ValueError("qdense must be float32 [B, V] with contiguous rows")
-    if any(t.device != dev for t in (doc_indptr, doc_terms, doc_weights, scale, inv_scale)):
-        raise ValueError("all tensors must be on one device")
-    if scale.shape != (qdense.shape[0],) or scale.dtype != torch.float64 or inv_scale.dtype != torch.float64:
-        raise ValueError("scale and inv_scale must be float64 [B]")
+    check_tensor("qdense", qdense, dtype=torch.float32, ndim=2, rows_contiguous=True)
+    for name, t, dt in (("doc_indptr", doc_indptr, torch.int64), ("doc_terms", doc_terms, torch.int32),
+                        ("doc_weights", doc_weights, torch.float32)):
+        check_tensor(name, t, dtype=dt, ndim=1, device=dev)
     B = qdense.shape[0]
+    check_scales(scale, inv_scale, B, dev)
     n_docs = doc_indptr.numel() - 1
     if doc_idx is None:
         # all docs for every query: a [B, N] view of one arange (stride 0 along B)
         doc_idx = torch.arange(n_docs, device=dev).unsqueeze(0).expand(B, n_docs)
-    if doc_idx.dim() != 2 or doc_idx.shape[0] != B or doc_idx.device != dev:
-        raise ValueError("doc_idx must be [B, C] on the queries' device")
+    check_tensor("doc_idx", doc_idx, dtype=(torch.int32, torch.int64), shape=(B, None), device=dev)
     C = doc_idx.shape[1]
     out = torch.empty((B, C), dtype=torch.float32, device=dev)
     if B and C:

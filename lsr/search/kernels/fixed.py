@@ -20,7 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FIXED_BITS", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed", "torch_to_fixed"]
+from lsr.kernel_utils import check_tensor
+
+__all__ = ["FIXED_BITS", "check_query_csr", "check_scales", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed",
+           "torch_to_fixed"]
 
 FIXED_BITS = 61  # partial sums stay below 2**61: 4x headroom under int64's 2**63
 _MAX_EXP = 1000  # keep 2**e finite in float64 for degenerate bounds (empty or tiny queries)
@@ -82,3 +85,18 @@ def to_fixed(w_query, w_doc, scale):
 def from_fixed(acc, inv_scale):
     """float32 score of an int64 sum (``inv_scale`` = 2**-e, float64)."""
     return (acc.to(tl.float64) * inv_scale).to(tl.float32)
+
+
+def check_query_csr(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
+                    device: torch.device) -> int:
+    """Launcher check of a query CSR (int64 / int32 / float32, 1-D, contiguous, on ``device``); returns B."""
+    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
+                        ("q_weights", q_weights, torch.float32)):
+        check_tensor(name, t, dtype=dt, ndim=1, device=device, contiguous=True)
+    return q_indptr.numel() - 1
+
+
+def check_scales(scale: torch.Tensor, inv_scale: torch.Tensor, n_queries: int, device: torch.device) -> None:
+    """Launcher check of the fixed-point scales from ``query_scales``: float64 [B] each, on ``device``."""
+    for name, t in (("scale", scale), ("inv_scale", inv_scale)):
+        check_tensor(name, t, dtype=torch.float64, shape=(n_queries,), device=device, contiguous=True)

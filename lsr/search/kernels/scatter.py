@@ -18,8 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.kernel_utils import check_tensor
 from lsr.ragged import ragged_positions, segment_ids
-from lsr.search.kernels.fixed import from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
+from lsr.search.kernels.fixed import (
+    check_query_csr,
+    check_scales,
+    from_fixed,
+    to_fixed,
+    torch_from_fixed,
+    torch_to_fixed,
+)
 
 __all__ = ["torch_scatter_scores", "triton_scatter_scores"]
 
@@ -60,14 +68,6 @@ def _fixed_to_float_kernel(acc_ptr, inv_ptr, out_ptr, N, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * N + cols, from_fixed(acc, tl.load(inv_ptr + row)), mask=m)
 
 
-def _check_queries(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
-                   device: torch.device) -> None:
-    for name, t, dt in (("q_indptr", q_indptr, torch.int64), ("q_terms", q_terms, torch.int32),
-                        ("q_weights", q_weights, torch.float32)):
-        if t.dtype != dt or t.dim() != 1 or not t.is_contiguous() or t.device != device:
-            raise ValueError(f"{name} must be a contiguous 1-D {dt} tensor on {device}")
-
-
 def triton_scatter_scores(post_doc: torch.Tensor, post_w: torch.Tensor, offsets: torch.Tensor,
                           padded_lengths: torch.Tensor, q_indptr: torch.Tensor, q_terms: torch.Tensor,
                           q_weights: torch.Tensor, n_docs: int, scale: torch.Tensor | None = None,
@@ -84,15 +84,14 @@ def triton_scatter_scores(post_doc: torch.Tensor, post_w: torch.Tensor, offsets:
         chunk: postings per program step; max_split: programs per (query, term) at most.
     """
     dev = post_doc.device
-    if post_doc.dtype != torch.int32 or post_w.dtype != torch.float32 or post_doc.shape != post_w.shape:
-        raise ValueError("post_doc must be int32 and post_w float32 of the same shape [P]")
-    if offsets.dtype != torch.int64 or padded_lengths.dtype != torch.int32 or offsets.shape != padded_lengths.shape:
-        raise ValueError("offsets must be int64 [V] and padded_lengths int32 [V]")
-    _check_queries(q_indptr, q_terms, q_weights, dev)
+    check_tensor("post_doc", post_doc, dtype=torch.int32, ndim=1, device=dev)
+    check_tensor("post_w", post_w, dtype=torch.float32, shape=tuple(post_doc.shape), device=dev)
+    check_tensor("offsets", offsets, dtype=torch.int64, ndim=1, device=dev)
+    check_tensor("padded_lengths", padded_lengths, dtype=torch.int32, shape=tuple(offsets.shape), device=dev)
+    B = check_query_csr(q_indptr, q_terms, q_weights, dev)
     fixed = scale is not None
-    if fixed and (inv_scale is None or scale.dtype != torch.float64 or inv_scale.dtype != torch.float64):
-        raise ValueError("scale and inv_scale must both be float64 [B]")
-    B = q_indptr.numel() - 1
+    if fixed:
+        check_scales(scale, inv_scale, B, dev)
     acc = torch.zeros((B, n_docs), dtype=torch.int64 if fixed else torch.float32, device=dev)
     nnz = q_terms.numel()
     if nnz and n_docs:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.kernel_utils import check_tensor
+
 __all__ = [
     "DOC_MASK",
     "ROW",
@@ -185,8 +187,7 @@ def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int =
         theta None: (row-maximum keys int64 [B, ceil(N/chunk) * chunk/32], None).
         otherwise: (candidate keys int64 [B, n_chunks, cap] (-1 = empty), counts int32 [B, n_chunks]).
     """
-    if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
-        raise ValueError("scores must be float32 [B, N] with contiguous rows")
+    check_tensor("scores", scores, dtype=torch.float32, ndim=2, rows_contiguous=True)
     if chunk < ROW or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two >= {ROW}")
     B, N = scores.shape
@@ -198,8 +199,7 @@ def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int =
             _select_kernel[grid](scores, scores.stride(0), scores, out, out, N, n_chunks,
                                  CHUNK=chunk, CAP=1, ROWMAX=True)
         return out, None
-    if theta.shape != (B,) or theta.dtype != torch.float32 or theta.device != scores.device:
-        raise ValueError("theta must be float32 [B] on the scores' device")
+    check_tensor("theta", theta, dtype=torch.float32, shape=(B,), device=scores.device)
     out = torch.full((B, n_chunks, cap), -1, dtype=torch.int64, device=scores.device)
     counts = torch.empty((B, n_chunks), dtype=torch.int32, device=scores.device)
     if B:
