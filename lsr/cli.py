@@ -1,29 +1,42 @@
 """Command line: ``lsr encode | index | search | evaluate | run``.
 
-Every command prints its result and exits non-zero with a one-line message on bad input.
+Every command prints its result. Errors are one line on stderr (``lsr <command>: error: ...``), never a
+traceback (``-v`` prints it too), with exit code 2 for usage errors (bad options or config values) and
+1 for runtime errors (missing or bad files, a full disk, a failed step); an interrupt exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["main"]
+from lsr import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.encode.base import Encoder
+
+__all__ = ["UsageError", "main"]
+
+
+class UsageError(ValueError):
+    """A bad option or config value: exit code 2."""
 
 
 def _print_metrics(metrics: dict[str, float], json_out: str | None) -> None:
+    from lsr.io import atomic_write_text
+
     for name, value in metrics.items():
         print(f"{name}\t{value:.4f}")
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(metrics, indent=1))
+        atomic_write_text(json_out, json.dumps(metrics, indent=1))
 
 
-def _encoder_from_args(args: argparse.Namespace, device: str) -> Any:
+def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
     """BM25: ``--model`` is a fitted encoder folder; SPLADE: a Hugging Face id or local path."""
     from lsr.config import EncoderConfig
     from lsr.pipeline import build_encoder
@@ -49,11 +62,11 @@ def cmd_encode(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.queries:
         if args.encoder == "bm25" and not args.model:
-            raise SystemExit("lsr encode --queries with bm25 needs --model FOLDER of the fitted encoder "
+            raise UsageError("--queries with --encoder bm25 needs --model FOLDER of the fitted encoder "
                              "(written by lsr encode as OUT/encoder)")
         enc = _encoder_from_args(args, device)
         qids = list(ds.queries)
-        vecs = enc.encode_queries([ds.queries[q] for q in qids], ids=qids)
+        vecs = enc.encode_query([ds.queries[q] for q in qids], ids=qids)
         write_vectors(out, vecs, enc.describe())
         print(f"wrote {len(vecs)} query vectors to {out}")
         return 0
@@ -97,7 +110,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         enc = _encoder_from_args(args, device)
         ds = load_dataset(args.queries, args.split)
         qids = list(ds.queries)
-        queries = enc.encode_queries([ds.queries[q] for q in qids], ids=qids)
+        queries = enc.encode_query([ds.queries[q] for q in qids], ids=qids)
         query_meta = enc.describe()
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
@@ -117,7 +130,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lsr.config import load_config
     from lsr.pipeline import run_pipeline
 
-    cfg = load_config(args.config, args.set or ())
+    try:
+        cfg = load_config(args.config, args.set or ())
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from e
     result = run_pipeline(cfg)
     print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
           f"run written to {result['files']['run_trec']}")
@@ -133,69 +149,90 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_encoder_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25")
-    p.add_argument("--model", help="SPLADE: HF id or local path; bm25: folder of a fitted encoder")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--max-length-query", type=int, default=64)
-    p.add_argument("--max-length-doc", type=int, default=256)
-    p.add_argument("--split", default=None)
+    p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25", help="encoder kind")
+    p.add_argument("--model", help="SPLADE: Hugging Face id or local path; bm25: folder of a fitted encoder")
+    p.add_argument("--batch-size", type=int, default=None, help="texts per batch (default: the encoder's own)")
+    p.add_argument("--max-length-query", type=int, default=64, help="SPLADE: query tokens kept")
+    p.add_argument("--max-length-doc", type=int, default=256, help="SPLADE: document tokens kept")
+    p.add_argument("--split", default=None, help="dataset split (e.g. test, dev) for local BEIR folders")
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval")
-    ap.add_argument("-v", "--verbose", action="store_true", help="log each step")
-    sub = ap.add_subparsers(dest="command", required=True)
+def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
-    p = sub.add_parser("encode", help="encode a corpus (or its queries) to Parquet vector shards")
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval: encode, index, search, evaluate",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"lsr {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log each step (and the traceback of an error)")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards")
     p.add_argument("--dataset", required=True, help="ir_datasets id or local folder")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="vector directory to write (resumed when it exists)")
     p.add_argument("--queries", action="store_true", help="encode the queries instead of the documents")
-    p.add_argument("--shard-rows", type=int, default=100_000)
-    p.add_argument("--doc-top-k", type=int, default=None)
+    p.add_argument("--shard-rows", type=int, default=100_000, help="documents per shard (the resume granularity)")
+    p.add_argument("--doc-top-k", type=int, default=None, help="keep each document's k largest weights")
     p.add_argument("--tokenize-workers", type=int, default=None,
-                   help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; 0 = in-process)")
-    p.add_argument("--device", default="auto")
+                   help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
+                        "0 = in-process)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     _add_encoder_args(p)
     p.set_defaults(func=cmd_encode)
 
-    p = sub.add_parser("index", help="build a GPU inverted index from document vectors")
+    p = _command(sub, "index", "build a GPU inverted index from document vectors")
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
-    p.add_argument("--out", required=True)
-    p.add_argument("--block-size", type=int, default=65536)
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True, help="index directory to write")
+    p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("search", help="batch-search queries and write a run")
-    p.add_argument("--index", required=True)
+    p = _command(sub, "search", "batch-search queries and write a run")
+    p.add_argument("--index", required=True, help="index directory written by lsr index")
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
     p.add_argument("--out", required=True, help="run file to write")
-    p.add_argument("--k", type=int, default=1000)
-    p.add_argument("--format", choices=("trec", "msmarco"), default="trec")
-    p.add_argument("--tag", default="lsr")
+    p.add_argument("--k", type=int, default=1000, help="results per query")
+    p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
+    p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
-    p.add_argument("--query-scale", type=float, default=None)
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
-    p.add_argument("--device", default="auto")
+    p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     _add_encoder_args(p)
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("evaluate", help="evaluate a run with ir-measures")
+    p = _command(sub, "evaluate", "evaluate a run with ir-measures")
     p.add_argument("--run", required=True, help="TREC or MS MARCO run file")
     p.add_argument("--qrels", required=True, help="qrels file, BEIR folder or ir_datasets id")
-    p.add_argument("--metrics", nargs="+", default=["RR@10", "nDCG@10", "R@1000"])
+    p.add_argument("--metrics", nargs="+", default=["RR@10", "nDCG@10", "R@1000"], help="ir-measures metric strings")
     p.add_argument("--json", help="also write {metric: value} here")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("run", help="encode -> index -> search -> evaluate from a YAML config")
-    p.add_argument("config")
+    p = _command(sub, "run", "encode -> index -> search -> evaluate from a YAML config")
+    p.add_argument("config", help="YAML config (see configs/)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--json", help="also write {metric: value} here")
     p.add_argument("--check", action="store_true", help="exit 1 if metrics miss the config's expected values")
     p.set_defaults(func=cmd_run)
     return ap
+
+
+def _one_line(e: BaseException) -> str:
+    """The error as one line; a full disk and a denied permission say so and what to do."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f" writing {e.filename}" if e.filename else ""
+        return f"no space left on the device{where}: free disk space or write elsewhere"
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied: {e.filename or e} (check its permissions or choose another path)"
+    if isinstance(e, IsADirectoryError):
+        return f"{e.filename} is a directory; a file was expected"
+    text = " ".join(str(e).split()) or type(e).__name__
+    known = (ValueError, OSError, RuntimeError, LookupError, ImportError, NotImplementedError)
+    return text if isinstance(e, known) else f"{type(e).__name__}: {text}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-        print(f"lsr {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"lsr {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every error leaves as one line, never a traceback
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"lsr {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

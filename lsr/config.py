@@ -7,6 +7,8 @@ A config describes one reproducible run of the pipeline (encode -> index -> sear
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +16,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["EncoderConfig", "IndexConfig", "SearchConfig", "RunConfig", "load_config", "apply_overrides"]
+__all__ = ["EncoderConfig", "IndexConfig", "RunConfig", "SearchConfig", "apply_overrides", "load_config",
+           "validate_config"]
 
 
 @dataclass(frozen=True)
@@ -75,25 +78,91 @@ class RunConfig:
         return d
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        from lsr.io import atomic_write_text
+
+        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 _SECTIONS = {"encoder": EncoderConfig, "index": IndexConfig, "search": SearchConfig}
 
 
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    """``value`` if it has the type ``hint`` (int accepted for float), else ValueError naming ``where``."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return value
+        base = typing.get_origin(option) or option
+        if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if base is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if base in (str, bool) and isinstance(value, base):
+            return value
+        if base is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if base is Mapping and isinstance(value, Mapping) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+            return {str(k): float(v) for k, v in value.items()}
+    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of metric to number"}
+    want = " or ".join(names.get(typing.get_origin(o) or o, getattr(o, "__name__", str(o))) for o in options)
+    raise ValueError(f"{where} must be {want}, got {value!r}")
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping of keys to values, got {data!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
         raise ValueError(f"unknown key(s) in {where}: {sorted(unknown)} (known: {sorted(names)})")
+    hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():
         if key in _SECTIONS and cls is RunConfig:
             value = _build(_SECTIONS[key], value or {}, f"{where}.{key}")
-        elif key == "metrics":
-            value = tuple([value] if isinstance(value, str) else value)
+        else:
+            if key == "metrics" and isinstance(value, str):
+                value = [value]
+            value = _check_type(value, hints[key], f"{where}.{key}")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _positive(where: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{where} must be >= 1, got {value}")
+
+
+def validate_config(cfg: RunConfig) -> RunConfig:
+    """Check a whole config before any work (so a bad metric cannot fail after encoding); returns it."""
+    from lsr.evaluation.measures import parse_metrics
+    from lsr.index.build import check_block_size
+
+    enc, search = cfg.encoder, cfg.search
+    if enc.kind not in ("bm25", "splade"):
+        raise ValueError(f"config.encoder.kind must be 'bm25' or 'splade', got {enc.kind!r}")
+    if enc.kind == "splade" and not enc.model and not search.doc_vectors:
+        raise ValueError("config.encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
+    if enc.dtype not in (None, "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"):
+        raise ValueError(f"config.encoder.dtype must be bfloat16, float16 or float32, got {enc.dtype!r}")
+    for name in ("max_length_query", "max_length_doc", "batch_size", "doc_top_k", "shard_rows"):
+        _positive(f"config.encoder.{name}", getattr(enc, name))
+    if enc.k1 < 0 or not 0 <= enc.b <= 1:
+        raise ValueError(f"config.encoder: bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={enc.k1}, b={enc.b}")
+    _positive("config.search.k", search.k)
+    _positive("config.search.query_batch", search.query_batch)
+    if search.backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"config.search.backend must be auto, torch or triton, got {search.backend!r}")
+    check_block_size(cfg.index.block_size)
+    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+        raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.tolerance < 0:
+        raise ValueError(f"config.tolerance must be >= 0, got {cfg.tolerance}")
+    parse_metrics(cfg.metrics)
+    if cfg.expected:
+        parse_metrics(tuple(cfg.expected))
+    return cfg
 
 
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
@@ -112,7 +181,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ValueError(f"--set {item}: the value is not valid YAML (quote strings: key='[x')") from None
     return data
 
 
@@ -123,7 +195,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"config {p} not found")
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8-sig")) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{p}: a config is a YAML mapping")
-    return from_dict(apply_overrides(data, overrides))
+    return validate_config(from_dict(apply_overrides(data, overrides)))

@@ -1,7 +1,8 @@
 """Small file helpers shared by the readers and writers of lsr (runs, data, interop).
 
 One gzip-aware opener and one atomic writer, so every module treats ``.gz`` and partial
-writes the same way.
+writes the same way: a file lsr writes appears whole (temporary file, flushed and fsynced, renamed into
+place, the directory fsynced) with the permissions the user's umask gives new files, or not at all.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import gzip
 import io
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["PathLike", "arrow_strings", "atomic_write", "atomic_write_bytes", "count_lines", "iter_lines",
-           "iter_tsv_pairs", "open_binary", "open_text", "to_numpy"]
+__all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_write", "atomic_write_bytes", "atomic_write_text",
+           "count_lines", "fsync_dir", "fsynced_write", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text",
+           "to_numpy"]
 
 PathLike = str | os.PathLike
 
@@ -60,12 +62,43 @@ def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:
         yield n, key.strip(), value.strip()
 
 
+def _umask() -> int:
+    mask = os.umask(0)   # the only portable way to read it: set and restore at once
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: PathLike, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open`` / ``mkdir`` would (mkstemp / mkdtemp create 0600 / 0700)."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Flush a directory entry (a rename into it) to disk where the platform allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsynced_write(path: PathLike, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write a new file through ``write(fileobj)`` and fsync it (files inside a temporary directory that
+    is published by one rename, like an index, need no rename of their own)."""
+    with open(path, "wb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 @contextlib.contextmanager
 def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
     """Write a binary file atomically: into a temporary file next to ``path``, renamed on success.
 
-    A ``.gz`` path is gzip-compressed. On an exception the temporary file is removed and ``path``
-    is left as it was, so readers never see a half-written run or vector file.
+    A ``.gz`` path is gzip-compressed. The data is fsynced before the rename, so a crash leaves either
+    the old file or the whole new one. On any exception (KeyboardInterrupt too) the temporary file is
+    removed and ``path`` is left as it was, so readers never see a half-written run or vector file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,18 +111,31 @@ def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
                     yield zipped
             else:
                 yield raw
+            raw.flush()
+            os.fsync(raw.fileno())
+        apply_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
 def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
     """Write a text file atomically (see ``atomic_write_bytes``; ``.gz`` paths are gzip-compressed)."""
-    with atomic_write_bytes(path) as binary, io.TextIOWrapper(binary, encoding=encoding, newline="\n") as text:
+    with atomic_write_bytes(path) as binary:
+        text = io.TextIOWrapper(binary, encoding=encoding, newline="\n")
         yield text
+        text.flush()
+        text.detach()  # the binary file stays open for atomic_write_bytes to fsync and close
+
+
+def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` atomically (see ``atomic_write_bytes``)."""
+    with atomic_write(path, encoding) as f:
+        f.write(text)
 
 
 def to_numpy(x: Any) -> np.ndarray:

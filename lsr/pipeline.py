@@ -126,7 +126,7 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
         else:
             if encoder is None:
                 raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
-            queries = encoder.encode_queries([dataset.queries[q] for q in qids], ids=qids)
+            queries = encoder.encode_query([dataset.queries[q] for q in qids], ids=qids)
     with _step("search", timings):
         searcher = Searcher(index, device=device, backend=cfg.search.backend)
         scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch,

@@ -1,4 +1,4 @@
-"""Parquet shards of sparse vectors, with a manifest (DESIGN §3).
+"""Parquet shards of sparse vectors, with a manifest (contract: docs/architecture.md).
 
 A vector directory holds ``part-00000.parquet`` ... (columns ``id`` string, ``indices`` list<int32>,
 ``values`` list<float32>) and ``manifest.json``::
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from lsr.io import atomic_write, atomic_write_bytes
+from lsr.io import atomic_write_bytes, atomic_write_text
 from lsr.sparse import SparseVectors
 
 __all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "sha256_file"]
@@ -42,11 +42,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    with atomic_write(path) as f:
-        f.write(text)
 
 
 def vectors_to_table(vectors: SparseVectors) -> pa.Table:
@@ -164,7 +159,7 @@ class ShardWriter:
                                         "sha256": sha256_file(self.path / name)})
         self.manifest["n_rows"] += len(vectors)
         self.manifest["nnz"] += vectors.nnz
-        _atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
+        atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
 
     def close(self) -> dict[str, Any]:
         """Flush the last partial shard and mark the directory complete; returns the manifest."""
@@ -172,7 +167,7 @@ class ShardWriter:
             self._write(SparseVectors.concat(self._buffer))
             self._buffer, self._buffered = [], 0
         self.manifest["complete"] = True
-        _atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
+        atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
         return self.manifest
 
 

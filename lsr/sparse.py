@@ -1,6 +1,6 @@
 """SparseVectors: the CSR container every stage of lsr exchanges.
 
-Contract (DESIGN §3): ``indptr`` int64 [n+1], ``indices`` int32 [nnz] unique and ascending within a
+Contract (docs/architecture.md): ``indptr`` int64 [n+1], ``indices`` int32 [nnz] unique and ascending within a
 row, ``values`` float32 [nnz] > 0 and finite, string ``ids`` (unique), and ``vocab_size`` > every
 index. Tensors live on one device (CPU or CUDA); validation runs on that device without Python loops.
 """

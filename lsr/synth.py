@@ -1,9 +1,9 @@
 """Seeded synthetic SPLADE-like collections (documents and queries) for benchmarks and tests, in torch.
 
-Calibrated to the statistics that set the cost of exact sparse search on MS MARCO with SPLADE++ ED
-(DESIGN §5): ~127 non-zeros per document, 44-50 per query, the most frequent term in ~52% of the
-documents, ~2.2 N postings touched per query, and weights shaped like log1p of a lognormal (SPLADE
-weights are log(1 + relu(logit))). ``synth_stats`` measures these numbers on any pair of collections.
+Calibrated to the statistics that set the cost of exact sparse search on MS MARCO with SPLADE++ ED:
+~127 non-zeros per document, 44-50 per query, the most frequent term in ~52% of the documents,
+~2.2 N postings touched per query, and weights shaped like log1p of a lognormal (SPLADE weights are
+log(1 + relu(logit))). ``synth_stats`` measures these numbers on any pair of collections.
 
 Model:
 * Term popularity: a Zipf-Mandelbrot law over frequency ranks, p(r) ~ (r + offset)^-exponent, mapped to

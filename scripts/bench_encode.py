@@ -150,7 +150,7 @@ def hf_encode(model, tokenizer, texts: list[str], batch: int, device: torch.devi
 def lsr_encode(enc: SpladeEncoder, texts: list[str], batch: int, max_tokens: int | None, stats: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         encode_corpus(enc, ((str(i), t) for i, t in enumerate(texts)), Path(tmp) / "vec", batch_size=batch,
-                      max_tokens=max_tokens, shard_rows=100_000, progress=False, resume=False, stats=stats)
+                      max_tokens=max_tokens, shard_rows=100_000, show_progress_bar=False, resume=False, stats=stats)
 
 
 def run_case(rows: list, out: Path, env: dict, device: torch.device, fields: dict, fn: Callable[[], dict]) -> None:
@@ -346,7 +346,7 @@ def main() -> None:
         with torch.inference_mode():  # exactness on real text: lsr vs the HF computation, same dtype
             e = tokenizer(check, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="pt").to(args.device)
             ref = hf_head(hf_model, e["input_ids"], e["attention_mask"]).float().cpu()
-        got = enc.encode_documents(check).to_dense()
+        got = enc.encode_document(check).to_dense()
         env["check_max_abs_diff"] = float((got - ref).abs().max())
         env["check_max_ref"] = float(ref.max())
         fixed_length_cases(args, rows, env, hf_model, enc, fixed_batch)

@@ -27,9 +27,9 @@ QUICKSTART = [
                   "ds = load_dataset('data/scifact', 'test')\n"
                   "ids, texts = zip(*ds.docs_iter())\nlen(ids), len(ds.queries), sum(map(len, ds.qrels.values()))"),
     new_code_cell("t0 = time.time()\nenc = LexicalEncoder(k1=0.9, b=0.4)\n"
-                  "docs = enc.fit_encode_documents(texts, ids=list(ids))\n"
+                  "docs = enc.fit_encode_document(texts, ids=list(ids))\n"
                   "index = lsr.InvertedIndex.build(docs, device='cpu')\n"
-                  "qids = list(ds.queries)\nqueries = enc.encode_queries([ds.queries[q] for q in qids], ids=qids)\n"
+                  "qids = list(ds.queries)\nqueries = enc.encode_query([ds.queries[q] for q in qids], ids=qids)\n"
                   "scores, doc_idx = lsr.Searcher(index).search(queries, k=1000)\n"
                   "print(f'{len(docs)} docs, {docs.nnz} postings, searched in {time.time() - t0:.1f}s')"),
     new_code_cell("from lsr import runs\nrun = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)\n"

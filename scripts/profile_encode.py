@@ -218,7 +218,7 @@ def e2e_part(enc: SpladeEncoder, dev: torch.device, texts: list[str], window: in
     def run(docs: list[str], stats: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             encode_corpus(enc, ((str(i), t) for i, t in enumerate(docs)), Path(tmp) / "vec", batch_size=batch,
-                          max_tokens=max_tokens, shard_rows=100_000, sort_window=window, progress=False,
+                          max_tokens=max_tokens, shard_rows=100_000, sort_window=window, show_progress_bar=False,
                           resume=False, tokenize_workers=workers, stats=stats)
 
     run(texts[:warm], {})

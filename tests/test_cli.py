@@ -58,9 +58,11 @@ def test_encode_index_search_commands(tmp_path, capsys):
 
 
 def test_bad_input_gives_one_line_error(tmp_path, capsys):
-    assert main(["index", "--vectors", str(tmp_path / "none"), "--out", str(tmp_path / "i"), "--device", "cpu"]) == 2
-    assert "error" in capsys.readouterr().err
-    assert main(["evaluate", "--run", str(tmp_path / "missing.trec"), "--qrels", str(DATA / "scifact")]) == 2
+    # missing inputs are runtime errors (exit 1), reported in one line
+    assert main(["index", "--vectors", str(tmp_path / "none"), "--out", str(tmp_path / "i"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "error" in err and err.count("\n") == 1
+    assert main(["evaluate", "--run", str(tmp_path / "missing.trec"), "--qrels", str(DATA / "scifact")]) == 1
 
 
 def test_run_with_pre_encoded_anserini_queries_and_pyserini_documents(tmp_path):

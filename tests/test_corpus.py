@@ -70,7 +70,7 @@ def test_stream_order_and_equality_with_direct_encoding(tmp_path, data_dir, docs
     assert manifest["complete"] and [s["rows"] for s in manifest["shards"]] == [64, 64, 32]
     assert manifest["metadata"] == enc.describe() and manifest["vocab_size"] == 30522
     got = read_vectors(tmp_path / "vec")
-    want = enc.encode_documents([t for _, t in docs], ids=[i for i, _ in docs])
+    want = enc.encode_document([t for _, t in docs], ids=[i for i, _ in docs])
     assert got.ids == [i for i, _ in docs]
     torch.testing.assert_close(got.to_dense(), want.to_dense(), atol=1e-5, rtol=1e-4)
 
@@ -111,7 +111,7 @@ def stream():
 
 enc = SpladeEncoder.from_pretrained(model, device="cpu", max_length_doc=64)
 encode_corpus(enc, stream(), out, batch_size=int(batch), shard_rows=int(shard), sort_window=int(window),
-              progress=False)
+              show_progress_bar=False)
 """
 
 
@@ -168,7 +168,7 @@ def test_generic_encoder_path_with_bm25(tmp_path, docs):
     enc = LexicalEncoder().fit(t for _, t in docs)
     manifest = encode_corpus(enc, docs, tmp_path / "bm25", **SETTINGS)
     assert manifest["complete"] and manifest["metadata"] == enc.describe()
-    want = enc.encode_documents([t for _, t in docs], ids=[i for i, _ in docs])
+    want = enc.encode_document([t for _, t in docs], ids=[i for i, _ in docs])
     assert read_vectors(tmp_path / "bm25").equal(want)
 
 

@@ -376,8 +376,8 @@ def test_search_rejects_bad_arguments(gen):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
-    from lsr.search.kernels import block_cuda
     from lsr.search.block_path import _select_span_scorer
+    from lsr.search.kernels import block_cuda
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)

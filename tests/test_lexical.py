@@ -106,7 +106,7 @@ def test_lucene_norm_lengths_match_smallfloat() -> None:
 def test_document_weights_equal_float64_bm25(lucene: bool) -> None:
     k1, b = 1.2, 0.75
     enc = LexicalEncoder(k1, b, lucene_lengths=lucene)
-    vecs = enc.fit_encode_documents(TINY, ids=[f"d{i}" for i in range(len(TINY))])
+    vecs = enc.fit_encode_document(TINY, ids=[f"d{i}" for i in range(len(TINY))])
     terms = [EnglishAnalyzer()(t) for t in TINY]
     n, avgdl = len(terms), sum(map(len, terms)) / len(terms)
     df = Counter(t for doc in terms for t in set(doc))
@@ -121,13 +121,13 @@ def test_document_weights_equal_float64_bm25(lucene: bool) -> None:
             assert row[t] == pytest.approx(w, rel=1e-6)
     assert vecs.ids == [f"d{i}" for i in range(len(TINY))] and bool((vecs.values > 0).all())
     long_row = got[3]["cat"]
-    exact = LexicalEncoder(k1, b, lucene_lengths=not lucene).fit_encode_documents(TINY)
+    exact = LexicalEncoder(k1, b, lucene_lengths=not lucene).fit_encode_document(TINY)
     assert long_row != exact.to_dicts(enc.vocab)[3]["cat"]  # the option matters for a long document
 
 
 def test_queries_are_term_counts_oov_dropped_empty_rows() -> None:
     enc = LexicalEncoder().fit(TINY)
-    q = enc.encode_queries(["running runs RUN cat", "zebra unicorn", "", "the of and"], ids=["a", "b", "c", "d"])
+    q = enc.encode_query(["running runs RUN cat", "zebra unicorn", "", "the of and"], ids=["a", "b", "c", "d"])
     assert q.ids == ["a", "b", "c", "d"] and q.vocab_size == enc.vocab_size
     assert q.lengths.tolist() == [2, 0, 0, 0]
     assert enc.decode(q) == [[("run", 3.0), ("cat", 1.0)], [], [], []]
@@ -136,35 +136,35 @@ def test_queries_are_term_counts_oov_dropped_empty_rows() -> None:
 
 def test_fit_is_order_and_batch_independent() -> None:
     ids = [f"d{i}" for i in range(len(TINY))]
-    base = LexicalEncoder().fit_encode_documents(TINY, ids)
+    base = LexicalEncoder().fit_encode_document(TINY, ids)
     perm = list(range(len(TINY)))
     random.Random(0).shuffle(perm)
-    shuffled = LexicalEncoder(batch_size=1).fit_encode_documents((TINY[i] for i in perm), [ids[i] for i in perm])
+    shuffled = LexicalEncoder(batch_size=1).fit_encode_document((TINY[i] for i in perm), [ids[i] for i in perm])
     assert shuffled.vocab_size == base.vocab_size
     assert shuffled[np.argsort(perm).tolist()].equal(base)
     fitted = LexicalEncoder(batch_size=3).fit(iter(TINY))
-    assert fitted.encode_documents(TINY, ids).equal(base)
+    assert fitted.encode_document(TINY, ids).equal(base)
 
 
 def test_encoding_unseen_documents_drops_oov_but_counts_their_length() -> None:
     enc = LexicalEncoder().fit(TINY)
-    vecs = enc.encode_documents(["cat", "cat zebra unicorn"])
+    vecs = enc.encode_document(["cat", "cat zebra unicorn"])
     short, longer = vecs.to_dicts(enc.vocab)
     assert short.keys() == longer.keys() == {"cat"} and short["cat"] > longer["cat"]
-    assert len(enc.encode_documents([])) == 0
+    assert len(enc.encode_document([])) == 0
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:
     enc = LexicalEncoder(k1=1.1, b=0.5)
-    docs = enc.fit_encode_documents(TINY)
+    docs = enc.fit_encode_document(TINY)
     queries = ["cat running", "IL-6 levels", "nothing known here"]
     enc.save(tmp_path / "bm25")
     loaded = LexicalEncoder.load(tmp_path / "bm25")
     assert loaded.describe() == enc.describe()
     json.dumps(loaded.describe())
     assert loaded.describe()["kind"] == "bm25" and loaded.vocab == enc.vocab
-    assert loaded.encode_documents(TINY).equal(docs)
-    assert loaded.encode_queries(queries).equal(enc.encode_queries(queries))
+    assert loaded.encode_document(TINY).equal(docs)
+    assert loaded.encode_query(queries).equal(enc.encode_query(queries))
     state = json.loads((tmp_path / "bm25" / "lexical.json").read_text())
     state["vocab"][0] = "tampered"
     (tmp_path / "bm25" / "lexical.json").write_text(json.dumps(state))
@@ -176,7 +176,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
 
 def test_errors() -> None:
     enc = LexicalEncoder()
-    for call in (lambda: enc.encode_documents(["x"]), lambda: enc.encode_queries(["x"]), lambda: enc.save("/tmp")):
+    for call in (lambda: enc.encode_document(["x"]), lambda: enc.encode_query(["x"]), lambda: enc.save("/tmp")):
         with pytest.raises(RuntimeError, match="fit"):
             call()
     with pytest.raises(ValueError, match="empty corpus"):
@@ -186,7 +186,7 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="b must"):
         LexicalEncoder(b=1.5)
     with pytest.raises(ValueError, match="duplicate id"):
-        LexicalEncoder().fit_encode_documents(["a b", "c d"], ids=["x", "x"])
+        LexicalEncoder().fit_encode_document(["a b", "c d"], ids=["x", "x"])
 
 
 # ------------------------------------------------------------------------------------------ quality
@@ -203,10 +203,10 @@ def test_scifact_bm25_quality(data_dir: Path) -> None:
     ir_measures = pytest.importorskip("ir_measures")
     texts, docnos, queries, qrels = _scifact(data_dir)
     enc = LexicalEncoder()
-    docs = enc.fit_encode_documents(texts, docnos)
+    docs = enc.fit_encode_document(texts, docnos)
     assert len(docs) == 5183
     qids = sorted(qrels, key=int)
-    run = _exact_run(docs, enc.encode_queries([queries[q] for q in qids], qids), k=1000)
+    run = _exact_run(docs, enc.encode_query([queries[q] for q in qids], qids), k=1000)
     m = ir_measures.calc_aggregate([ir_measures.parse_measure(s) for s in ("nDCG@10", "RR@10", "R@100", "R@1000")],
                                  qrels, run)
     got = {str(k): v for k, v in m.items()}

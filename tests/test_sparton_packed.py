@@ -223,7 +223,7 @@ def test_encoder_packed_matches_padded(tmp_path, data_dir, monkeypatch):
         enc = splade.SpladeEncoder.from_pretrained(path, device=DEV, dtype=torch.float32, backend="triton",
                                                    batch_size=8, packed=packed)
         assert enc.packed is packed
-        out[packed] = enc.encode_documents(TEXTS)
+        out[packed] = enc.encode_document(TEXTS)
         assert bool(calls) is packed  # the padded run never calls the packed head, the packed run does
     assert out[True].nnz > 0 and out[True].ids == out[False].ids
     torch.testing.assert_close(out[True].to_dense(), out[False].to_dense(), rtol=1e-6, atol=1e-6)

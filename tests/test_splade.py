@@ -46,7 +46,7 @@ def hf_reference(path: str, texts: list[str], max_length: int) -> torch.Tensor:
 def test_matches_hf_masked_lm(models, kind):
     enc = SpladeEncoder.from_pretrained(models[kind], device="cpu", backend="torch", batch_size=2)
     ids = [f"d{i}" for i in range(len(TEXTS))]
-    vec = enc.encode_documents(TEXTS, ids=ids)
+    vec = enc.encode_document(TEXTS, ids=ids)
     assert vec.ids == ids and vec.vocab_size == enc.vocab_size and vec.device.type == "cpu"
     vec.validate()
     ref = hf_reference(models[kind], TEXTS, enc.max_length_doc)
@@ -62,7 +62,7 @@ def test_triton_backend_matches_hf(models):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     enc = SpladeEncoder.from_pretrained(models["roberta"], device="cpu", backend="triton")
-    vec = enc.encode_queries(TEXTS)
+    vec = enc.encode_query(TEXTS)
     ref = hf_reference(models["roberta"], TEXTS, enc.max_length_query)
     torch.testing.assert_close(vec.to_dense(), ref, atol=1e-5, rtol=1e-4)
 
@@ -70,9 +70,9 @@ def test_triton_backend_matches_hf(models):
 def test_query_and_document_max_lengths(models):
     enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", max_length_query=6, max_length_doc=12)
     long = [TEXTS[0], TEXTS[4]]
-    torch.testing.assert_close(enc.encode_queries(long).to_dense(), hf_reference(models["bert"], long, 6),
+    torch.testing.assert_close(enc.encode_query(long).to_dense(), hf_reference(models["bert"], long, 6),
                                atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(enc.encode_documents(long).to_dense(), hf_reference(models["bert"], long, 12),
+    torch.testing.assert_close(enc.encode_document(long).to_dense(), hf_reference(models["bert"], long, 12),
                                atol=1e-5, rtol=1e-4)
     prepared = enc.prepare(long, "query")
     assert prepared.n_tokens == 12 and all(b.input_ids.shape[1] <= 6 for b in prepared.batches)
@@ -84,8 +84,8 @@ def test_batching_and_length_sorting_keep_order(models):
     enc = SpladeEncoder.from_pretrained(models["distilbert"], device="cpu")
     texts = TEXTS * 3
     ids = [str(i) for i in range(len(texts))]
-    one = enc.encode_documents(texts, ids=ids, batch_size=64)
-    small = enc.encode_documents(texts, ids=ids, batch_size=2)
+    one = enc.encode_document(texts, ids=ids, batch_size=64)
+    small = enc.encode_document(texts, ids=ids, batch_size=2)
     assert small.ids == ids
     torch.testing.assert_close(small.to_dense(), one.to_dense(), atol=1e-5, rtol=1e-4)
     prepared = enc.prepare(texts, "doc", batch_size=4)
@@ -93,16 +93,16 @@ def test_batching_and_length_sorting_keep_order(models):
     assert widths == sorted(widths, reverse=True)  # longest first
     assert sorted(torch.cat([b.rows for b in prepared.batches]).tolist()) == list(range(len(texts)))
     assert prepared.n_slots < 1.3 * prepared.n_tokens  # sorting keeps padding small
-    assert len(enc.encode_documents([])) == 0
+    assert len(enc.encode_document([])) == 0
 
 
 def test_doc_top_k_prunes_documents_only(models):
     full = SpladeEncoder.from_pretrained(models["bert"], device="cpu")
     pruned = SpladeEncoder.from_pretrained(models["bert"], device="cpu", doc_top_k=5)
-    docs = pruned.encode_documents(TEXTS)
+    docs = pruned.encode_document(TEXTS)
     assert int(docs.lengths.max()) == 5
-    assert docs.equal(full.encode_documents(TEXTS).prune_top_k(5))
-    assert pruned.encode_queries(TEXTS).equal(full.encode_queries(TEXTS))
+    assert docs.equal(full.encode_document(TEXTS).prune_top_k(5))
+    assert pruned.encode_query(TEXTS).equal(full.encode_query(TEXTS))
     assert pruned.describe()["doc_top_k"] == 5
     with pytest.raises(ValueError):
         SpladeEncoder.from_pretrained(models["bert"], device="cpu", doc_top_k=0)
@@ -110,7 +110,7 @@ def test_doc_top_k_prunes_documents_only(models):
 
 def test_decode(models):
     enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu")
-    vec = enc.encode_queries(TEXTS[:2])
+    vec = enc.encode_query(TEXTS[:2])
     rows = enc.decode(vec)
     assert len(rows) == 2 and len(rows[0]) == int(vec.lengths[0])
     weights = [w for _, w in rows[0]]
@@ -124,9 +124,9 @@ def test_decode(models):
 
 def test_separate_query_model(models):
     enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", query_model=models["distilbert"])
-    torch.testing.assert_close(enc.encode_queries(TEXTS).to_dense(),
+    torch.testing.assert_close(enc.encode_query(TEXTS).to_dense(),
                                hf_reference(models["distilbert"], TEXTS, enc.max_length_query), atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(enc.encode_documents(TEXTS).to_dense(),
+    torch.testing.assert_close(enc.encode_document(TEXTS).to_dense(),
                                hf_reference(models["bert"], TEXTS, enc.max_length_doc), atol=1e-5, rtol=1e-4)
     d = enc.describe()
     assert d["query_model"] == models["distilbert"] and d["architecture"] == "BertForMaskedLM"
@@ -141,9 +141,9 @@ def test_describe_is_json_and_ids_are_checked(models):
     assert len(d["vocab_hash"]) == 64 and d["model"] == models["roberta"]
     assert enc.vocab[1] == "<pad>"
     with pytest.raises(ValueError, match="unique"):
-        enc.encode_documents(["a", "b"], ids=["x", "x"])
+        enc.encode_document(["a", "b"], ids=["x", "x"])
     with pytest.raises(ValueError, match="ids"):
-        enc.encode_documents(["a", "b"], ids=["x"])
+        enc.encode_document(["a", "b"], ids=["x"])
 
 
 def test_offline_hub_id_fails_fast(monkeypatch):

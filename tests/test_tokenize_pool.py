@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from lsr.encode.splade import SpladeEncoder, _Tokenize
+from lsr.encode.checkpoint import TextTokenizer
+from lsr.encode.splade import SpladeEncoder
 from lsr.encode.tokenize_pool import CHUNK, TokenizerPool, default_workers
 from tests.helpers_models import save_tiny_mlm
 
@@ -29,7 +30,7 @@ def texts(data_dir) -> list[str]:
 def test_pool_matches_in_process_tokenization(data_dir, texts):
     from transformers import AutoTokenizer
 
-    tok = _Tokenize(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 128)
+    tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 128)
     flat, lengths = tok(texts)
     assert flat.dtype == np.int32 and lengths.dtype == np.int64 and len(lengths) == len(texts)
     assert lengths.max() == 128 and lengths[7] == 2  # truncation on; [CLS] [SEP] for the empty text
@@ -63,7 +64,7 @@ def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
 def test_worker_errors_are_raised_not_lost(data_dir):
     from transformers import AutoTokenizer
 
-    tok = _Tokenize(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
+    tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
     pool = tok.pool(1)
     try:
         with pytest.raises(RuntimeError, match="tokenizer worker: TypeError"):

@@ -107,7 +107,7 @@ def test_encoder_varlen_matches_padded(models, kind, monkeypatch):
         enc = splade.SpladeEncoder.from_pretrained(models[kind], device="cpu", backend="torch", batch_size=2,
                                                    varlen=varlen)
         calls.clear()
-        out[varlen] = enc.encode_documents(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
+        out[varlen] = enc.encode_document(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
         assert bool(calls) is (varlen is True)
     assert out[True].nnz > 0 and out[True].ids == out[False].ids
     torch.testing.assert_close(out[True].to_dense(), out[False].to_dense(), rtol=1e-5, atol=1e-5)
@@ -144,9 +144,9 @@ def test_gpu_encoder_varlen_error_within_padded_bf16(tmp_path, data_dir):
     runs = {}
     for name, dt, varlen in (("ref", torch.float32, False), ("hf", torch.bfloat16, False), ("varlen", torch.bfloat16, True)):
         enc = splade.SpladeEncoder.from_pretrained(tmp_path / "m", device="cuda", dtype=dt, varlen=varlen, batch_size=64)
-        runs[name] = enc.encode_documents(texts).to_dense().double()
+        runs[name] = enc.encode_document(texts).to_dense().double()
         if name == "varlen":
-            assert torch.equal(enc.encode_documents(texts).to_dense().double(), runs[name])
+            assert torch.equal(enc.encode_document(texts).to_dense().double(), runs[name])
     err = (runs["varlen"] - runs["ref"]).abs().max().item()
     hf_err = (runs["hf"] - runs["ref"]).abs().max().item()
     assert (runs["ref"] > 0).sum() > len(texts) and err <= 2 * hf_err + 1e-6, (err, hf_err)

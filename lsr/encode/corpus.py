@@ -20,7 +20,7 @@ Design (simplest one that is resumable and exact):
   launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s, docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
-with ``encode_documents(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
+with ``encode_document(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from lsr.encode.base import Encoder
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -157,15 +159,16 @@ def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None
                          "pass the same documents in the same order, or start a new directory")
 
 
-def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
+def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
                   batch_size: int | None = None, shard_rows: int = 100_000, resume: bool = True,
-                  n_docs: int | None = None, progress: bool = True, sort_window: int | None = None,
+                  n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
-                  tokenize_workers: int | None = None, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+                  tokenize_workers: int | None = None, stats: dict[str, Any] | None = None,
+                  progress: bool | None = None) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
     Args:
-        encoder: SpladeEncoder (fast path) or any encoder with ``encode_documents``, ``vocab_size`` and
+        encoder: SpladeEncoder (fast path) or any encoder with ``encode_document``, ``vocab_size`` and
             ``describe()`` (fit a LexicalEncoder first).
         docs: iterable of (doc_id, text); ids must be unique.
         out_dir: output directory.
@@ -174,7 +177,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
         resume: continue an interrupted directory written with the same encoder settings (a complete
             one is returned as is); False refuses a non-empty directory.
         n_docs: total number of documents, for the progress bar's ETA only.
-        progress: show a tqdm bar (docs/s, ETA, padding waste).
+        show_progress_bar: show a tqdm bar (docs/s, ETA, padding waste).
         sort_window: documents sorted by length together (default: shard_rows split into equal windows
             of at most 65,536; larger windows pad less but delay the first batch).
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
@@ -189,10 +192,15 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
             model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
             tokenized_by_workers (documents the worker processes tokenized).
+        progress: deprecated name of ``show_progress_bar`` (kept for one release).
     """
+    if progress is not None:
+        warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
+                      stacklevel=2)
+        show_progress_bar = progress
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
-    # ~2.7% padding on MS MARCO-like lengths with 65,536-document windows and 1,024-text batches (13% at 16,384)
+    # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/benchmarks.md)
     sort_window = sort_window or -(-shard_rows // -(-shard_rows // 65536))
     metadata = dict(encoder.describe())
     if doc_top_k is not None:
@@ -233,7 +241,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not progress,
+    bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
     prefetcher = _Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
@@ -252,7 +260,7 @@ def encode_corpus(encoder: Any, docs: Iterable[tuple[str, str]], out_dir: str | 
             else:
                 parts = []
                 for i in range(0, len(ids), batch_size):
-                    part = encoder.encode_documents(payload[i:i + batch_size], ids=ids[i:i + batch_size])
+                    part = encoder.encode_document(payload[i:i + batch_size], ids=ids[i:i + batch_size])
                     parts.append(part.prune_top_k(doc_top_k) if doc_top_k is not None else part)
                     bar.update(len(part))
                 vectors = SparseVectors.concat(parts)

@@ -6,8 +6,8 @@ Lucene >= 8 drops; rankings are unchanged). Text is analysed like Lucene's ``Eng
 :mod:`lsr.encode.analyzer`), so results track Anserini / Pyserini BM25.
 
     enc = LexicalEncoder()                       # k1=0.9, b=0.4 (Pyserini defaults)
-    docs = enc.fit_encode_documents(texts, ids)  # vocabulary, document frequencies, weights
-    queries = enc.encode_queries(query_texts, query_ids)
+    docs = enc.fit_encode_document(texts, ids)  # vocabulary, document frequencies, weights
+    queries = enc.encode_query(query_texts, query_ids)
     enc.save("bm25/")                            # JSON; LexicalEncoder.load("bm25/") encodes queries later
 """
 
@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 import os
-import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from lsr.encode.analyzer import EnglishAnalyzer
+from lsr.encode.base import PluralAliases
+from lsr.io import atomic_write_text
 from lsr.sparse import SparseVectors
 
 __all__ = ["LexicalEncoder", "decode_rows", "lucene_norm_lengths", "vocab_hash"]
@@ -105,7 +107,7 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-class LexicalEncoder:
+class LexicalEncoder(PluralAliases):
     """BM25 sparse encoder.
 
     Args:
@@ -168,7 +170,7 @@ class LexicalEncoder:
     def _require_fitted(self, what: str) -> None:
         if not self.fitted:
             raise RuntimeError(f"LexicalEncoder.{what} needs corpus statistics: call fit(texts) or "
-                               "fit_encode_documents(texts) first, or LexicalEncoder.load(dir)")
+                               "fit_encode_document(texts) first, or LexicalEncoder.load(dir)")
 
     # ------------------------------------------------------------------ fitting
     def _analyze(self, batch: list[str]) -> list[list[str]]:
@@ -176,7 +178,7 @@ class LexicalEncoder:
 
     def _fit_counts(self, texts: Iterable[str], keep: bool) -> tuple[np.ndarray, list[_Counts]]:
         """Collect document frequencies in first-occurrence ids; returns old id -> sorted id and,
-        with ``keep``, every batch's counts (in first-occurrence ids) for fit_encode_documents."""
+        with ``keep``, every batch's counts (in first-occurrence ids) for fit_encode_document."""
         growing = _Growing()
         df = np.zeros(1024, dtype=np.int64)
         kept: list[_Counts] = []
@@ -205,14 +207,19 @@ class LexicalEncoder:
         self._fit_counts(texts, keep=False)
         return self
 
-    def fit_encode_documents(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
-        """``fit(texts)`` then ``encode_documents(texts, ids)``, analysing every text once."""
+    def fit_encode_document(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+        """``fit(texts)`` then ``encode_document(texts, ids)``, analysing every text once."""
         new_id, kept = self._fit_counts(texts, keep=True)
         for c in kept:  # renumber into sorted ids, then restore (row, term) order
             c.terms = new_id[c.terms]
             order = np.lexsort((c.terms, c.rows))
             c.rows, c.terms, c.tf = c.rows[order], c.terms[order], c.tf[order]
         return self._assemble(kept, ids, self._bm25)
+
+    def fit_encode_documents(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+        """Deprecated name of ``fit_encode_document`` (kept for one release)."""
+        warnings.warn("fit_encode_documents() is deprecated; use fit_encode_document()", DeprecationWarning, stacklevel=2)
+        return self.fit_encode_document(texts, ids)
 
     # ------------------------------------------------------------------ encoding
     def _bm25(self, c: _Counts) -> np.ndarray:
@@ -234,19 +241,19 @@ class LexicalEncoder:
         values = np.concatenate([weigh(c) for c in parts]).astype(np.float32)
         return SparseVectors(indptr, indices, values, ids, self.vocab_size)
 
-    def encode_documents(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+    def encode_document(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
         """BM25 document vectors: idf(t) · tf·(k1+1) / (tf + k1·(1 - b + b·dl/avgdl)).
 
         ``dl`` counts every analysed token of the text; terms outside the fitted vocabulary are
         dropped (they have no document frequency)."""
-        self._require_fitted("encode_documents")
+        self._require_fitted("encode_document")
         parts = [_count(self._analyze(batch), self._term_ids) for batch in _batches(texts, self.batch_size)]
         return self._assemble(parts, ids, self._bm25)
 
-    def encode_queries(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+    def encode_query(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
         """Query vectors: weight = how often the term occurs in the query (Anserini's bag of words).
         Terms outside the vocabulary are dropped; a query left with no term gives an empty row."""
-        self._require_fitted("encode_queries")
+        self._require_fitted("encode_query")
         parts = [_count(self._analyze(batch), self._term_ids) for batch in _batches(texts, self.batch_size)]
         return self._assemble(parts, ids, lambda c: c.tf)
 
@@ -269,14 +276,7 @@ class LexicalEncoder:
         directory.mkdir(parents=True, exist_ok=True)
         state = {"format": _FORMAT, "format_version": _FORMAT_VERSION, **self.describe(),
                  "vocab": self._vocab, "df": self.df.tolist()}
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".lexical-", suffix=".json.tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(state, f, ensure_ascii=False)
-            os.replace(tmp, directory / _FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(directory / _FILE, json.dumps(state, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LexicalEncoder:

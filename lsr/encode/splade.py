@@ -1,8 +1,8 @@
 """SPLADE encoder: a Hugging Face masked LM cut into backbone + MLM transform, then the Sparton head.
 
     enc = SpladeEncoder.from_pretrained("naver/splade-cocondenser-ensembledistil")  # or a local directory
-    docs = enc.encode_documents(texts, ids)     # SparseVectors on the CPU, rows in input order
-    queries = enc.encode_queries(query_texts, qids)
+    docs = enc.encode_document(texts, ids)      # SparseVectors on the CPU, rows in input order
+    queries = enc.encode_query(query_texts, qids)
     enc.decode(queries[:1])                      # [[("token", weight), ...]] best first
 
 For every text Y[v] = max_s log1p(relu(T(H_s)·E_v + b_v)) over its unmasked positions s, where H are the
@@ -22,30 +22,27 @@ tokens and the packed head pools those directly (``varlen=False`` keeps HF's pad
 
 from __future__ import annotations
 
-import itertools
 import os
-import socket
 import threading
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from tqdm.auto import tqdm
 
+from lsr.encode.base import PluralAliases
+from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
-from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
-from lsr.encode.varlen_body import VarlenBody, pack_batch
+from lsr.encode.tokenize_pool import TokenizerPool
+from lsr.encode.varlen_body import pack_batch
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
 
-_TRUE = {"1", "ON", "YES", "TRUE"}
 _TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
 _KEEP = object()  # "use the encoder's doc_top_k"
 
@@ -75,128 +72,7 @@ class PreparedTexts:
     n_slots: int  # padded positions actually computed (sum of B·L): n_slots / n_tokens - 1 = padding waste
 
 
-def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    out = getattr(torch, names.get(dtype, dtype), None)
-    if not isinstance(out, torch.dtype):
-        raise TypeError(f"unknown dtype {dtype!r} (use bfloat16, float16 or float32)")
-    return out
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Can a TCP connection to the hub endpoint be opened within ``timeout`` s? (no HTTP request)."""
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True  # a proxy decides; huggingface_hub's own timeouts apply
-    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
-                                      timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _local_files_only(name: str, local_files_only: bool | None, revision: str | None) -> bool:
-    """Decide whether to load ``name`` from disk only; fail fast with a clear message when the model
-    is neither a directory nor cached and downloading is impossible (instead of hub retries)."""
-    p = Path(name).expanduser()
-    if p.is_dir():
-        return True
-    if p.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"{name!r} is not a model directory (expected a save_pretrained() folder "
-                                "with config.json, the weights and the tokenizer files)")
-    why = "local_files_only=True"
-    if local_files_only is None:
-        offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(k, "").upper() in _TRUE]
-        why = f"{offline[0]}=1" if offline else "the Hugging Face hub is unreachable"
-        local_files_only = bool(offline) or not _hub_reachable()
-    if not local_files_only:
-        return False
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(name, revision=revision, local_files_only=True)
-    except OSError as e:
-        from huggingface_hub import constants
-
-        raise OSError(f"model {name!r} is not a local directory and is not in the Hugging Face cache "
-                      f"({constants.HF_HUB_CACHE}), and downloads are off ({why}). Download it where the hub "
-                      f"is reachable (`hf download {name}`) and copy the cache or a save_pretrained() "
-                      "directory here, then pass that path (or unset HF_HUB_OFFLINE when online).") from e
-    return True
-
-
-class _Tokenize:
-    """texts -> token ids truncated to ``max_length`` with the tokenizer's special tokens.
-
-    Uses a private copy of the Rust tokenizer configured once (truncation on, padding off), so
-    calls from a worker thread never race with the HF wrapper mutating its settings; ``pool`` starts
-    worker processes holding the same copy."""
-
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
-        self.tokenizer, self.max_length = tokenizer, max_length
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._fast = None
-        if backend is not None:
-            self._fast = load_tokenizer(backend.to_str(), max_length)
-
-    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""
-        texts = texts if isinstance(texts, list) else list(texts)
-        if self._fast is not None:
-            return token_arrays(self._fast, texts)  # Rust, parallel, releases the GIL while tokenizing
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
-
-    def pool(self, workers: int) -> TokenizerPool | None:
-        """Worker processes tokenizing like this object (None for a slow, Python-only tokenizer)."""
-        return None if self._fast is None else TokenizerPool(self._fast.to_str(), self.max_length, workers)
-
-
-class _Tower:
-    """One masked-LM checkpoint: ``body`` (backbone + MLM transform: the model with its decoder
-    replaced by an identity, so ``.logits`` are the transformed hidden states [B, S, D]) and the
-    decoder's ``weight`` [V, D] / ``bias`` [V]."""
-
-    def __init__(self, name: str, device: torch.device, dtype: torch.dtype, local_files_only: bool | None,
-                 revision: str | None, attn_implementation: str | None) -> None:
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-        kw = {"revision": revision, "local_files_only": _local_files_only(name, local_files_only, revision)}
-        self.name = name
-        self.tokenizer = AutoTokenizer.from_pretrained(name, **kw)
-        try:
-            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, **kw)
-        except (ValueError, ImportError):  # this architecture has no such attention implementation
-            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, **kw)
-        model.to(device).eval()
-        decoder = model.get_output_embeddings()
-        if not isinstance(decoder, nn.Linear):
-            raise NotImplementedError(f"{type(model).__name__}: the output embedding is {type(decoder).__name__}, "
-                                      "not a Linear decoder; cannot build a SPLADE head")
-        self.weight, self.bias = decoder.weight.detach(), (decoder.bias.detach() if decoder.bias is not None else None)
-        for module in model.modules():  # detach the decoder; the rest of the head stays in place
-            for child_name, child in module.named_children():
-                if child is decoder:
-                    setattr(module, child_name, nn.Identity())
-        self.body = model
-        self.varlen = VarlenBody.from_model(model)  # padding-free forward, None for other architectures
-        self.architecture = type(model).__name__
-        self.revision = getattr(model.config, "_commit_hash", None) or revision
-        V = self.weight.shape[0]
-        inverse = {i: t for t, i in self.tokenizer.get_vocab().items()}
-        self.vocab = [inverse.get(i, f"[id{i}]") for i in range(V)]  # decoders may pad V past the tokenizer
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        limit = self.tokenizer.model_max_length
-        self.max_positions = int(limit) if limit and limit < 1_000_000 else None
-
-
-class SpladeEncoder:
+class SpladeEncoder(PluralAliases):
     """SPLADE document / query encoder (build it with ``from_pretrained``).
 
     Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
@@ -209,7 +85,7 @@ class SpladeEncoder:
     architectures it covers; True: wherever it covers the architecture; False: HF's padded forward).
     """
 
-    def __init__(self, doc: _Tower, query: _Tower, *, device: torch.device, dtype: torch.dtype,
+    def __init__(self, doc: MaskedLMTower, query: MaskedLMTower, *, device: torch.device, dtype: torch.dtype,
                  max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
                  batch_size: int, max_tokens: int | None, packed: bool = True, varlen: bool | None = None) -> None:
         if query.vocab != doc.vocab:
@@ -221,14 +97,14 @@ class SpladeEncoder:
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
-        self._tokenizers: dict[str, _Tokenize] = {}
+        self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, device: str | torch.device | None = None,
+    def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
                         dtype: torch.dtype | str | None = None, query_model: str | os.PathLike | None = None,
                         max_length_query: int = 64, max_length_doc: int = 256, doc_top_k: int | None = None,
-                        backend: str = "auto", local_files_only: bool | None = None, *, revision: str | None = None,
+                        backend: str = "auto", local_files_only: bool | None = None, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
                         attn_implementation: str | None = "sdpa", compile: bool = False,
                         packed: bool = True, varlen: bool | None = None) -> SpladeEncoder:
@@ -242,14 +118,13 @@ class SpladeEncoder:
         backbones on packed tokens with flash attention, no padding (None: where flash attention runs, i.e.
         CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
-        ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used).
-        HF's padded forward gained ~7% after 30-45 s of compiling on an H200; the padding-free one showed
-        no gain (docs/benchmarks.md).
+        ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used); what
+        it gains per backbone is measured in docs/benchmarks.md.
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dt = _dtype(dtype, dev)
-        doc = _Tower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
-        query = doc if query_model is None else _Tower(str(query_model), dev, dt, local_files_only, None,
+        dt = resolve_dtype(dtype, dev)
+        doc = MaskedLMTower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
+        query = doc if query_model is None else MaskedLMTower(str(query_model), dev, dt, local_files_only, None,
                                                        attn_implementation)
         for tower, length in ((doc, max_length_doc), (query, max_length_query)):
             if tower.max_positions is not None and length > tower.max_positions:
@@ -289,13 +164,13 @@ class SpladeEncoder:
                 f"max_length_doc={self.max_length_doc}, max_length_query={self.max_length_query})")
 
     # ------------------------------------------------------------------ tokenize + batch (CPU, thread-safe)
-    def _tokenizer(self, kind: str) -> _Tokenize:
+    def _tokenizer(self, kind: str) -> TextTokenizer:
         with self._lock:
             if kind not in self._tokenizers:
                 if kind not in self._towers:
                     raise ValueError(f"kind must be 'query' or 'doc', got {kind!r}")
                 length = self.max_length_doc if kind == "doc" else self.max_length_query
-                self._tokenizers[kind] = _Tokenize(self._towers[kind].tokenizer, length)
+                self._tokenizers[kind] = TextTokenizer(self._towers[kind].tokenizer, length)
             return self._tokenizers[kind]
 
     def tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
@@ -341,7 +216,7 @@ class SpladeEncoder:
         return PreparedTexts(kind, batches, len(lengths), int(lengths.sum()), slots)
 
     # ------------------------------------------------------------------ encode (device)
-    def _head(self, tower: _Tower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _head(self, tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, L, D] transformed states -> [B, V] SPLADE weights (hidden's dtype)."""
         if hidden.shape[-1] != tower.weight.shape[1]:
             raise NotImplementedError(f"{tower.architecture}: the MLM head does not end in its decoder Linear "
@@ -355,12 +230,12 @@ class SpladeEncoder:
         return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
                           for i in range(0, B, rows)])
 
-    def _uses_varlen(self, tower: _Tower, batch: TokenBatch) -> bool:
+    def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
         if tower.varlen is None or self.varlen is False or batch.lengths is None or torch.is_grad_enabled():
             return False
         return self.varlen or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
 
-    def _encode_batch(self, tower: _Tower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
+    def _encode_batch(self, tower: MaskedLMTower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
         """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D]
         packed or [B, L, D] padded, for profiling)."""
         input_ids = batch.input_ids.to(self.device, non_blocking=True)
@@ -408,19 +283,22 @@ class SpladeEncoder:
         position[order] = torch.arange(prepared.n)
         return by_length[position.to(counts.device)].to("cpu")
 
-    def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None) -> SparseVectors:
-        return self.encode_prepared(self.prepare(texts, kind, batch_size), ids)
+    def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
+                show_progress_bar: bool) -> SparseVectors:
+        prepared = self.prepare(texts, kind, batch_size)
+        with tqdm(total=prepared.n, unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
+            return self.encode_prepared(prepared, ids, on_batch=bar.update)
 
-    def encode_documents(self, texts: Sequence[str], ids: Sequence[str] | None = None,
-                         batch_size: int | None = None) -> SparseVectors:
+    def encode_document(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
+                        batch_size: int | None = None, show_progress_bar: bool = False) -> SparseVectors:
         """Document texts -> SparseVectors (CPU, input order), truncated to ``max_length_doc`` tokens,
         pruned to ``doc_top_k`` terms when set."""
-        return self._encode(texts, ids, "doc", batch_size)
+        return self._encode(texts, ids, "doc", batch_size, show_progress_bar)
 
-    def encode_queries(self, texts: Sequence[str], ids: Sequence[str] | None = None,
-                       batch_size: int | None = None) -> SparseVectors:
+    def encode_query(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
+                     batch_size: int | None = None, show_progress_bar: bool = False) -> SparseVectors:
         """Query texts -> SparseVectors (CPU, input order), truncated to ``max_length_query`` tokens."""
-        return self._encode(texts, ids, "query", batch_size)
+        return self._encode(texts, ids, "query", batch_size, show_progress_bar)
 
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""

@@ -39,6 +39,7 @@ from lsr.index.build import (
     check_block_size,
     n_blocks_for,
 )
+from lsr.io import apply_umask, fsync_dir, fsynced_write
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -59,14 +60,6 @@ def _expected_arrays(meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[in
     return {"doc_ids": (i32, (P,)), "scores": (f32, (P,)), "offsets": (i64, (V,)), "lengths": (i32, (V,)),
             "padded_lengths": (i32, (V,)), "max_scores": (f32, (V,)), "block_offsets": (i64, (V, nb + 1)),
             "doc_indptr": (i64, (n + 1,)), "doc_indices": (i32, (nnz,)), "doc_values": (f32, (nnz,))}
-
-
-def _fsynced_write(path: Path, write: Any) -> None:
-    """Write a file through ``write(fileobj)`` and fsync it, so the later rename publishes durable data."""
-    with open(path, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int, ...], mmap: bool,
@@ -221,6 +214,7 @@ class InvertedIndex(PostingArrays):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-", dir=path.parent))
         try:
+            apply_umask(tmp, directory=True)
             self._write_files(tmp)
             self._publish(tmp, path)
         except BaseException:
@@ -233,7 +227,7 @@ class InvertedIndex(PostingArrays):
         for name, t in self._tensors().items():
             arr = t.detach().cpu().numpy()
             f = d / f"{name}.npy"
-            _fsynced_write(f, lambda fh, a=arr: np.save(fh, a, allow_pickle=False))
+            fsynced_write(f, lambda fh, a=arr: np.save(fh, a, allow_pickle=False))
             files[f.name] = {"sha256": sha256_file(f), "dtype": str(arr.dtype), "shape": list(arr.shape)}
         table = pa.table({"docno": pa.array(self.docnos, type=pa.large_string())})
 
@@ -241,19 +235,20 @@ class InvertedIndex(PostingArrays):
             with pa.ipc.new_file(fh, table.schema) as writer:
                 writer.write_table(table)
 
-        _fsynced_write(d / DOCNOS, write_arrow)
+        fsynced_write(d / DOCNOS, write_arrow)
         files[DOCNOS] = {"sha256": sha256_file(d / DOCNOS), "dtype": "large_string", "shape": [self.n_docs]}
         meta = {"format": FORMAT, "version": VERSION, "vocab_size": self.vocab_size, "n_docs": self.n_docs,
                 "n_postings": self.n_postings, "n_padded_postings": self.n_padded_postings,
                 "weight_dtype": "float32", "padding": PAD, "block_size": self.block_size, "n_blocks": self.n_blocks,
                 "metadata": self.metadata, "files": files}
-        _fsynced_write(d / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
+        fsynced_write(d / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
 
     @staticmethod
     def _publish(tmp: Path, path: Path) -> None:
         """Rename the finished ``tmp`` to ``path``, moving an old index aside first and deleting it last."""
         if not path.exists():
             os.rename(tmp, path)
+            fsync_dir(path.parent)
             return
         old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))
         os.rmdir(old)  # reserve a unique name; rename needs it free
@@ -263,6 +258,7 @@ class InvertedIndex(PostingArrays):
         except BaseException:
             os.rename(old, path)
             raise
+        fsync_dir(path.parent)
         shutil.rmtree(old, ignore_errors=True)
 
     @classmethod

@@ -145,7 +145,7 @@ class Searcher:
     # ------------------------------------------------------------------ public
     def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
                query_metadata: Mapping[str, Any] | None = None,
-               show_progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k documents of every query.
 
         Args:
@@ -153,7 +153,7 @@ class Searcher:
             k: hits per query (> 0; may exceed n_docs, the rest is padding).
             query_batch: queries per batch (default: bounded by ``max_memory_bytes``, at most 256).
             query_metadata: encoder description of the queries, checked against the index's.
-            show_progress: tqdm bar over batches (default: when there are several batches and a tty).
+            show_progress_bar: tqdm bar over batches (default: when there are several batches and a tty).
 
         Returns:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
@@ -175,10 +175,10 @@ class Searcher:
         out_s = torch.zeros(n_q, k, dtype=torch.float32, device=self.device)
         out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=self.device)
         starts = range(0, n_q, qb)
-        if show_progress is None:
+        if show_progress_bar is None:
             disable = None if len(starts) >= 4 else True  # None: tqdm hides itself when not on a tty
         else:
-            disable = not show_progress
+            disable = not show_progress_bar
         for a in tqdm(starts, desc="search", unit="batch", disable=disable):
             batch = queries[a:a + qb]
             if batch.nnz == 0:
@@ -190,11 +190,11 @@ class Searcher:
 
     def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
                    query_metadata: Mapping[str, Any] | None = None,
-                   show_progress: bool | None = None) -> dict[str, dict[str, float]]:
+                   show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first."""
         from lsr.runs import from_topk
 
-        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress)
+        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
 
     # ------------------------------------------------------------------ internals

@@ -19,10 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lsr.encode.kernels.sparton import _INTERPRET, _use_triton, triton
-
-if triton is not None:
-    import triton.language as tl
+from lsr.kernel_utils import INTERPRET, tl, triton, use_triton
 
 __all__ = ["add_layer_norm", "torch_add_layer_norm", "triton_add_layer_norm"]
 
@@ -89,7 +86,7 @@ def triton_add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch
         r2 = r2.contiguous()
     R = x2.shape[0]
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
-    y = torch.empty(R, D, dtype=torch.float32 if _INTERPRET else x.dtype, device=x.device)
+    y = torch.empty(R, D, dtype=torch.float32 if INTERPRET else x.dtype, device=x.device)
     if R and D:
         block_d = triton.next_power_of_2(D)
         block_r = max(1, min(16, 4096 // block_d))  # ~4K elements per program: 8 warps, no spills at D=768
@@ -98,7 +95,7 @@ def triton_add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch
             x2.stride(0), r2.stride(0), y.stride(0),
             HAS_W=weight is not None, HAS_B=bias is not None,
             ROUND_SUM={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
-            BLOCK_R=block_r, BLOCK_D=block_d, **({} if _INTERPRET else {"num_warps": 8}))
+            BLOCK_R=block_r, BLOCK_D=block_d, **({} if INTERPRET else {"num_warps": 8}))
     return y.to(x.dtype).reshape(x.shape)
 
 
@@ -107,6 +104,6 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     """LayerNorm(x + residual) over the last dim. ``backend``: "auto" (Triton on CUDA without autograd,
     the torch twin elsewhere), "triton", "torch"."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
-    if needs_grad or not _use_triton(backend, x.device):
+    if needs_grad or not use_triton(backend, x.device):
         return torch_add_layer_norm(x, residual, weight, bias, eps)
     return triton_add_layer_norm(x, residual, weight, bias, eps)

@@ -12,22 +12,17 @@ running max + argmax on chip. [B, S, V] is never materialised.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 from torch import nn
 
-try:  # triton is optional on CPU (only the interpreter-mode tests need it)
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from lsr.kernel_utils import INTERPRET, grouped_program_ids, tl, triton, use_triton
 
-__all__ = ["sparton_head", "torch_sparton_head", "triton_sparton_fwd", "SpartonHead", "SpartonHeadFunction"]
+__all__ = ["SpartonHead", "SpartonHeadFunction", "check_head_args", "sparton_head", "torch_sparton_head", "triton_sparton_fwd"]
 
 
-def _prepare(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def check_head_args(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              mask: torch.Tensor | None) -> torch.Tensor:
     """Validate shapes/devices; return the mask as bool [B, S] (all-true when None)."""
     if hidden.dim() != 3 or weight.dim() != 2:
@@ -56,7 +51,7 @@ def torch_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     ``upcast=False`` keeps the logits in the input precision (what an eager HF head does).
     Masked positions are −inf; a fully masked row gives 0.
     """
-    mask = _prepare(hidden, weight, bias, mask)
+    mask = check_head_args(hidden, weight, bias, mask)
     cdt = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     h, w = (hidden.to(cdt), weight.to(cdt)) if upcast else (hidden, weight.to(hidden.dtype))
     logits = h @ w.t()
@@ -65,21 +60,6 @@ def torch_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     logits = logits.masked_fill(~mask[:, :, None], float("-inf"))
     return torch.log1p(torch.relu(logits.amax(dim=1))).to(hidden.dtype)
 
-
-def _use_triton(backend: str, device: torch.device) -> bool:
-    if backend == "torch":
-        return False
-    if backend == "auto":
-        return device.type == "cuda"
-    if backend != "triton":
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("backend='triton' needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU "
-                           "(interpreter mode, set before lsr.kernels.sparton_triton is imported)")
-    return True
-
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
 
@@ -95,13 +75,7 @@ if triton is not None:
     ):
         # Grouped order: GROUP_B batch rows share each E tile while it is in L2, and each H[b] is
         # reused by the ~all vocab tiles running next to it.
-        pid = tl.program_id(0)
-        n_vt = tl.cdiv(V, BLOCK_V)
-        per_group = GROUP_B * n_vt
-        first_b = (pid // per_group) * GROUP_B
-        group_size = tl.minimum(B - first_b, GROUP_B)
-        b = first_b + (pid % per_group) % group_size
-        vt = (pid % per_group) // group_size
+        b, vt = grouped_program_ids(tl.program_id(0), B, tl.cdiv(V, BLOCK_V), GROUP_B)
 
         offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
         v_ok = offs_v < V
@@ -214,7 +188,7 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     bias = bias.contiguous() if bias is not None else None
     dev = hidden.device
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
-    y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else hidden.dtype, device=dev)
+    y = torch.empty(B, V, dtype=torch.float32 if INTERPRET else hidden.dtype, device=dev)
     arg = torch.empty(B, V, dtype=torch.int32, device=dev) if need_argmax else None
     y32 = torch.empty(B, V, dtype=torch.float32, device=dev) if need_fp32 else None
     if B == 0 or V == 0:
@@ -239,14 +213,14 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
             y32 if need_fp32 else y, arg if need_argmax else lengths, B, S, V, D, s_key,
             hidden.stride(0), hidden.stride(1), weight.stride(0), mask.stride(0), y.stride(0))
     flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32, "STORE_ARGMAX": need_argmax,
-             "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32",
-             "DOT_FP32": _INTERPRET}
-    if _blocks is not None or _INTERPRET or not big:
-        blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2} if _INTERPRET else
+             "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32",
+             "DOT_FP32": INTERPRET}
+    if _blocks is not None or INTERPRET or not big:
+        blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2} if INTERPRET else
                                   {"BLOCK_V": 64, "BLOCK_S": min(max(s_key, 16), 64), "BLOCK_D": 64, "GROUP_B": 8}))
         blocks.setdefault("FLATTEN", False)
         blocks.setdefault("USE_TMA", False)
-        launch = {} if _INTERPRET else {"num_warps": 4, "num_stages": 3}
+        launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
         _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](*args, **flags, **blocks, **launch)
     else:
         grid = lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
@@ -305,10 +279,10 @@ def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         hidden, weight = hidden.to(dt), weight.to(dt)
     if weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)  # differentiable cast; the kernels want one input dtype
-    if not _use_triton(backend, hidden.device):
+    if not use_triton(backend, hidden.device):
         with torch.autocast(hidden.device.type, enabled=False):
             return torch_sparton_head(hidden, weight, bias, mask)
-    mask = _prepare(hidden, weight, bias, mask)
+    mask = check_head_args(hidden, weight, bias, mask)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:  # inference: no fp32 copy of y, no autograd node
         return triton_sparton_fwd(hidden, weight, bias, mask, need_argmax=False)[0]

@@ -23,13 +23,11 @@ with a stable torch.sort instead, so every gradient is bit-identical run to run.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from lsr.kernel_utils import INTERPRET
 
 
 @triton.jit
@@ -219,23 +217,23 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
                 cursor = offsets[:-1].clone()
                 _bwd_bucket_kernel[(B, triton.cdiv(V, blk))](g, arg, cursor, v_sorted, g_sorted, S, V, n_rows,
                                                              chunk_v, BLOCK=blk)
-        dh = torch.empty_like(hidden, dtype=torch.float32 if _INTERPRET else None)  # see _cast
+        dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)  # see _cast
         part = torch.empty(n_rows, D, dtype=torch.float32, device=dev) if n_chunks > 1 else dh
-        rows_per, block_n, block_d = (16, 16, 16) if _INTERPRET else (16, 64, 128)
+        rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 64, 128)
         if n_rows and D:
             grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
-            prec = "ieee" if hidden.dtype == torch.float32 or _INTERPRET else "tf32x3"
+            prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
             split = weight.dtype == torch.bfloat16
             for c in range(n_chunks):  # in order: the fp32 partial makes the sum order fixed
                 _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
                                      weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
-                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=_INTERPRET,
-                                     NUM_STAGES=1 if _INTERPRET else 3,
+                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=INTERPRET,
+                                     NUM_STAGES=1 if INTERPRET else 3,
                                      ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
     if need_dw or need_db:
-        dw = torch.empty_like(weight, dtype=torch.float32 if _INTERPRET else None) if need_dw else None
+        dw = torch.empty_like(weight, dtype=torch.float32 if INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
-        block_v, block_d = (16, 32) if _INTERPRET else (32, 128)
+        block_v, block_d = (16, 32) if INTERPRET else (32, 128)
         if V and D:
             grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if need_dw else 1)
             _bwd_de_kernel[grid](hidden, g, arg, dw if need_dw else g, db if need_db else g, B, V, D,

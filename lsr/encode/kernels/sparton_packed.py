@@ -39,10 +39,8 @@ import warnings
 
 import torch
 
-from lsr.encode.kernels.sparton import _INTERPRET, _prepare, _use_triton, sparton_head, triton
-
-if triton is not None:
-    import triton.language as tl
+from lsr.encode.kernels.sparton import check_head_args, sparton_head
+from lsr.kernel_utils import INTERPRET, grouped_program_ids, tl, triton, use_triton
 
 __all__ = ["PACK_MAX_FILL", "packed_sparton_head", "packed_tokens_sparton_head", "packing_pays",
            "torch_packed_tokens_head", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
@@ -73,14 +71,7 @@ if triton is not None:
     ):
         # Grouped order: GROUP_T token tiles share each E tile while it is in L2; each H tile is reused
         # by the vocab tiles running next to it.
-        pid = tl.program_id(0)
-        n_vt = tl.cdiv(V, BLOCK_V)
-        n_tt = tl.cdiv(T, BLOCK_T)
-        per_group = GROUP_T * n_vt
-        first_t = (pid // per_group) * GROUP_T
-        group_size = tl.minimum(n_tt - first_t, GROUP_T)
-        tt = first_t + (pid % per_group) % group_size
-        vt = (pid % per_group) // group_size
+        tt, vt = grouped_program_ids(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.cdiv(V, BLOCK_V), GROUP_T)
 
         offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
         v_ok = offs_v < V
@@ -172,7 +163,7 @@ def triton_packed_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: 
     unmasked positions are 0. One host sync: the number of real tokens sets the grid.
     ``_blocks`` pins a kernel config (tests): BLOCK_V, BLOCK_T, BLOCK_D, GROUP_T.
     """
-    mask = _prepare(hidden, weight, bias, mask)
+    mask = check_head_args(hidden, weight, bias, mask)
     _check(hidden, weight, bias)
     B, S, D = hidden.shape
     if B * S >= 2**31:
@@ -214,7 +205,7 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
     bias = bias.contiguous() if bias is not None else None
     dev = src.device
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): store fp32, cast here
-    y = torch.empty(B, V, dtype=torch.float32 if _INTERPRET else src.dtype, device=dev)
+    y = torch.empty(B, V, dtype=torch.float32 if INTERPRET else src.dtype, device=dev)
     if B * V == 0:
         return y.to(src.dtype)
     bits = torch.zeros(B, V, dtype=torch.int32, device=dev)  # fp32 bits of the running relu'd max
@@ -222,19 +213,19 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
     if T > 0:
         rows = tok_row if tok_row is not None else torch.arange(T, dtype=torch.int32, device=dev)
         flags = {"HAS_BIAS": bias is not None,
-                 "INPUT_PRECISION": "ieee" if src.dtype == torch.float32 or _INTERPRET else "tf32",
-                 "DOT_FP32": _INTERPRET}
-        small = _blocks is not None or _INTERPRET or T * V < 2**25  # a fixed config, no tuning run per V
+                 "INPUT_PRECISION": "ieee" if src.dtype == torch.float32 or INTERPRET else "tf32",
+                 "DOT_FP32": INTERPRET}
+        small = _blocks is not None or INTERPRET or T * V < 2**25  # a fixed config, no tuning run per V
 
         def args(descs: tuple) -> tuple:
             return (src, weight, *descs, bias if bias is not None else weight, rows, seg, bits, T, V, D,
                     src.stride(0), weight.stride(0), bits.stride(0))
 
         if small:
-            blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_T": 16, "BLOCK_D": 16, "GROUP_T": 2} if _INTERPRET else
+            blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_T": 16, "BLOCK_D": 16, "GROUP_T": 2} if INTERPRET else
                                       {"BLOCK_V": 64, "BLOCK_T": 64, "BLOCK_D": 64, "GROUP_T": 8}))
             blocks.setdefault("USE_TMA", False)
-            launch = {} if _INTERPRET else {"num_warps": 4, "num_stages": 3}
+            launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
             grid = (triton.cdiv(T, blocks["BLOCK_T"]) * triton.cdiv(V, blocks["BLOCK_V"]),)
             _packed_fwd_kernel[grid](*args((None, None)), **flags, **blocks, **launch)
         else:
@@ -290,7 +281,7 @@ def packed_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
     the torch twin elsewhere), "triton", "torch".
     """
     _refuse_grad(hidden, weight, bias)
-    if not _use_triton(backend, hidden.device):
+    if not use_triton(backend, hidden.device):
         return sparton_head(hidden, weight, bias, mask, backend="torch")
     dev = hidden.device.type
     if torch.is_autocast_enabled(dev):  # the head is a matmul: run it in the autocast dtype
@@ -309,6 +300,6 @@ def packed_tokens_sparton_head(tokens: torch.Tensor, segments: torch.Tensor, n_t
     "triton", "torch".
     """
     _refuse_grad(tokens, weight, bias)
-    if not _use_triton(backend, tokens.device):
+    if not use_triton(backend, tokens.device):
         return torch_packed_tokens_head(tokens, segments, n_texts, weight, bias)
     return triton_packed_tokens_fwd(tokens, segments, n_texts, weight.to(tokens.dtype), bias)
