@@ -99,3 +99,16 @@ def test_sparton_head_auto_uses_the_cpu_head_for_inference_only(monkeypatch):
     w = weight.clone().requires_grad_()
     sparton_head(hidden, w, bias, mask).sum().backward()  # needs a gradient: the differentiable twin
     assert calls == [1] and w.grad is not None and w.grad.abs().sum() > 0
+
+
+def test_transposed_weight_is_reused_only_while_the_weight_is_unchanged():
+    hidden, weight, bias, mask = _inputs(2, 6, 8, 30, seed=5)
+    first = cpu_sparton_head(hidden, weight, bias, mask)
+    key = id(weight)
+    assert key in sparton_cpu._TRANSPOSED
+    weight.mul_(-2.0)  # in place: the cached Eᵀ is stale
+    second = cpu_sparton_head(hidden, weight, bias, mask)
+    torch.testing.assert_close(second, torch_sparton_head(hidden, weight, bias, mask), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(first, second)
+    del weight
+    assert key not in sparton_cpu._TRANSPOSED  # dropped with its weight

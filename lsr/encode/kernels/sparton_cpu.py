@@ -14,14 +14,17 @@ matmul, take most of the time. Here:
   fp32 rounding is monotone, so max_s fl(x_s + b) == fl(max_s x_s + b) exactly, and log1p∘relu is
   monotone too (the GPU kernel does the same).
 
-The product is E_tile @ Hᵀ (E rows are contiguous, no copy of the weight), so each text's max is a
-reduction along the rows of the [tile, block] product. Equal to the twin within fp32 rounding (the
-matmul may sum in another order); not differentiable (inference only: ``sparton_head`` sends
-autograd to the twin).
+The product is H_block @ Eᵀ_tile, [block, tile]: a text's max is then a reduction over rows, which
+torch vectorises across the tile's columns (the max along a row of the transposed product is several
+times slower). Eᵀ is made contiguous once per weight and kept while that weight lives, so each tile is
+a plain row-major GEMM operand (a transposed operand makes MKL repack it on every call).
+Equal to the twin within fp32 rounding (the matmul may sum in another order); not differentiable
+(inference only: ``sparton_head`` sends autograd to the twin).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -30,8 +33,26 @@ from lsr.encode.kernels.sparton import _prepare
 
 __all__ = ["cpu_sparton_head"]
 
-VOCAB_TILE = 4096  # E rows per product: [4096, 2048] fp32 logits = 32 MiB, within a server L3 share
+VOCAB_TILE = 2048  # columns of Eᵀ per product
 TOKEN_TILE = 2048  # tokens per block (several texts of up to 512 tokens)
+
+_TRANSPOSED: dict[int, tuple] = {}  # id(weight) -> (weakref to it, version, dtype, Eᵀ); dropped with the weight
+
+
+def _transposed(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [V, D] as a contiguous [D, V] in ``dtype``, reused while ``weight`` is alive and unchanged."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor has no version counter: do not cache it
+        return weight.to(dtype).t().contiguous()
+    key = id(weight)
+    hit = _TRANSPOSED.get(key)
+    if hit is not None and hit[0]() is weight and hit[1:3] == (version, dtype):
+        return hit[3]
+    wt = weight.to(dtype).t().contiguous()
+    ref = weakref.ref(weight, lambda _, key=key: _TRANSPOSED.pop(key, None))
+    _TRANSPOSED[key] = (ref, version, dtype, wt)
+    return wt
 
 
 def _token_blocks(counts: list[int], token_tile: int) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
@@ -73,19 +94,19 @@ def cpu_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     cdt = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     pooled = torch.full((B, V), float("-inf"), dtype=cdt, device=hidden.device)
     tokens = hidden[mask].to(cdt)  # [T, D] real tokens, row after row
-    w = weight.to(cdt)
+    wt = _transposed(weight, cdt)  # [D, V]
     counts = mask.sum(1).tolist()
     for first, end, pieces in _token_blocks(counts, token_tile):
-        block_t = tokens[first:end].t().contiguous()  # [D, block]: E_tile @ block_t is a plain row-major GEMM
+        block = tokens[first:end]
         whole = [(row, a, b) for row, a, b in pieces if b - a == counts[row]]
         split = [(row, a, b) for row, a, b in pieces if b - a != counts[row]]
         for v0 in range(0, V, vocab_tile):
             v1 = min(V, v0 + vocab_tile)
-            logits = torch.mm(w[v0:v1], block_t)  # [tile, block]
+            logits = torch.mm(block, wt[:, v0:v1])  # [block, tile]
             for row, a, b in whole:
-                torch.amax(logits[:, a:b], dim=1, out=pooled[row, v0:v1])
+                torch.amax(logits[a:b], dim=0, out=pooled[row, v0:v1])
             for row, a, b in split:  # a text longer than a block: running max over its blocks
-                torch.maximum(pooled[row, v0:v1], logits[:, a:b].amax(dim=1), out=pooled[row, v0:v1])
+                torch.maximum(pooled[row, v0:v1], logits[a:b].amax(dim=0), out=pooled[row, v0:v1])
     if bias is not None:
         pooled += bias.to(cdt)
     return pooled.relu_().log1p_().to(hidden.dtype)
