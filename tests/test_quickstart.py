@@ -37,8 +37,8 @@ def test_quickstart_config_is_the_splade_job_on_the_shipped_model():
 
 
 def test_shipped_model_matches_its_source_md():
-    listed = dict((name, digest) for digest, name in
-                  re.findall(r"^([0-9a-f]{64})  (\S+)$", (MODEL / "SOURCE.md").read_text(), re.M))
+    found = re.findall(r"^([0-9a-f]{64})  (\S+)$", (MODEL / "SOURCE.md").read_text(), re.MULTILINE)
+    listed = {name: digest for digest, name in found}
     assert set(listed) == {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"}
     for name, digest in listed.items():
         assert hashlib.sha256((MODEL / name).read_bytes()).hexdigest() == digest, name
