@@ -11,6 +11,7 @@ import argparse
 import errno
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -236,6 +237,9 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # idle OpenMP threads sleep instead of spinning: on a CPU shared with other processes a spinning
+    # thread takes the core a working one needs (read when torch loads, i.e. later than this)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")

@@ -20,8 +20,9 @@ NB = REPO / "notebooks"
 QUICKSTART = [
     new_markdown_cell("# lsr quickstart: BM25 on SciFact, offline\n\nEncode the shipped SciFact corpus with the "
                       "BM25 lexical encoder, build the inverted index, search the 300 test queries and evaluate "
-                      "with ir-measures. The same job is `lsr run configs/quickstart.yaml`; for SPLADE swap the "
-                      "encoder for `lsr.SpladeEncoder.from_pretrained(...)`."),
+                      "with ir-measures. The same job is `lsr run configs/scifact-bm25.yaml`; for SPLADE swap the "
+                      "encoder for `lsr.SpladeEncoder.from_pretrained('data/models/splade-tiny')` (the shipped "
+                      "model that `lsr run configs/quickstart.yaml` uses)."),
     new_code_cell("import os, time\nos.chdir('..')  # repository root: data/ lives there\n"
                   "import lsr\nfrom lsr.data import load_dataset\nfrom lsr.encode.lexical import LexicalEncoder\n"
                   "ds = load_dataset('data/scifact', 'test')\n"

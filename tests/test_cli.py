@@ -15,12 +15,12 @@ from tests.conftest import DATA, REPO
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
     out = tmp_path_factory.mktemp("qs")
-    rc = main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"output={out}",
+    rc = main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"output={out}",
                "--json", str(out / "m.json"), "--check"])
     return rc, out
 
 
-def test_quickstart_reaches_pyserini_bm25(quickstart, capsys):
+def test_scifact_bm25_reaches_pyserini_bm25(quickstart, capsys):
     rc, out = quickstart
     assert rc == 0
     metrics = json.loads((out / "m.json").read_text())

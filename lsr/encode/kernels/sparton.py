@@ -270,7 +270,8 @@ def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
     hidden [B,S,D] (bf16/fp16/fp32), weight [V,D], bias [V] | None, mask [B,S] (bool/int) -> [B,V]
     in hidden's dtype (under autocast: the autocast dtype), computed with float32 accumulation.
-    ``backend``: "auto" (Triton on CUDA, torch twin elsewhere), "triton", "torch".
+    ``backend``: "auto" (Triton on CUDA; on the CPU the tiled ``sparton_cpu.cpu_sparton_head`` for
+    inference and the torch twin when a gradient is needed), "triton", "torch" (the twin).
     ``deterministic=True`` makes the Triton backward bit-identical run to run.
     """
     dev = hidden.device.type
@@ -279,11 +280,15 @@ def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         hidden, weight = hidden.to(dt), weight.to(dt)
     if weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)  # differentiable cast; the kernels want one input dtype
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not use_triton(backend, hidden.device):
         with torch.autocast(hidden.device.type, enabled=False):
+            if backend == "auto" and hidden.device.type == "cpu" and not needs_grad:
+                from lsr.encode.kernels.sparton_cpu import cpu_sparton_head  # (imports this module)
+
+                return cpu_sparton_head(hidden, weight, bias, mask)  # tiled: never builds [B, S, V]
             return torch_sparton_head(hidden, weight, bias, mask)
     mask = check_head_args(hidden, weight, bias, mask)
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:  # inference: no fp32 copy of y, no autograd node
         return triton_sparton_fwd(hidden, weight, bias, mask, need_argmax=False)[0]
     return SpartonHeadFunction.apply(hidden, weight, bias, mask, deterministic)
