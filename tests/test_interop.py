@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lsr import interop
+from lsr.interop import anserini as interop
 from lsr.data import read_topics_tsv
 from lsr.interop.anserini import (
     load_vocab,
