@@ -18,8 +18,10 @@
    ``LSR_OFFLINE``, ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set (or ``download=False``);
    a missing file raises :class:`DatasetUnavailableError` naming the files to place and where.
 
-Text fields are stripped of surrounding whitespace. Duplicate doc ids, query ids or
-(query, doc) judgements raise ``ValueError`` naming the id.
+Text fields are stripped of surrounding whitespace; files may start with a UTF-8 BOM and use CRLF line
+ends. Duplicate doc ids, query ids or (query, doc) judgements raise ``ValueError`` naming the id, and
+so do ids that a run file cannot hold (empty, whitespace, control or invisible characters: see
+:func:`lsr.io.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lsr.io import PathLike, count_lines, iter_lines, iter_tsv_pairs
+from lsr.io import PathLike, check_id, count_lines, iter_lines, iter_tsv_pairs
 
 __all__ = [
     "BUILTIN",
@@ -93,6 +95,7 @@ def read_topics_tsv(path: PathLike) -> dict[str, str]:
     """``qid<TAB>text`` lines -> {qid: text}."""
     out: dict[str, str] = {}
     for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
+        check_id(qid, "query id", f"{path}:{n}")
         _check_new(out, qid, "query id", f"{path}:{n}")
         out[qid] = text
     return out
@@ -112,6 +115,7 @@ def read_beir_queries(path: PathLike) -> dict[str, str]:
     out: dict[str, str] = {}
     for n, obj in _read_jsonl(path):
         qid = str(obj["_id"])
+        check_id(qid, "query id", f"{path}:{n}")
         _check_new(out, qid, "query id", f"{path}:{n}")
         out[qid] = str(obj.get("text", "")).strip()
     return out
@@ -120,6 +124,9 @@ def read_beir_queries(path: PathLike) -> dict[str, str]:
 def _qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
     qrels: Qrels = {}
     for n, qid, docno, grade in rows:
+        where = f"{path}:{n}" if n else str(path)
+        check_id(qid, "query id", where)
+        check_id(docno, f"doc id (judged for query {qid!r})", where)
         try:
             rel = int(grade)
         except ValueError:
@@ -175,13 +182,15 @@ def _unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
 
 
 def _beir_corpus(path: Path) -> DocsIter:
-    for _, obj in _read_jsonl(path):
-        title, text = str(obj.get("title") or ""), str(obj.get("text") or "")
-        yield str(obj["_id"]), f"{title} {text}".strip()
+    for n, obj in _read_jsonl(path):
+        title, text, doc_id = str(obj.get("title") or ""), str(obj.get("text") or ""), str(obj["_id"])
+        check_id(doc_id, "doc id", f"{path}:{n}")
+        yield doc_id, f"{title} {text}".strip()
 
 
 def _tsv_collection(path: Path) -> DocsIter:
-    for _, docno, text in iter_tsv_pairs(path, "docno<TAB>text"):
+    for n, docno, text in iter_tsv_pairs(path, "docno<TAB>text"):
+        check_id(docno, "doc id", f"{path}:{n}")
         yield docno, text
 
 
@@ -370,6 +379,7 @@ def _ir_docs(spec: str, download: bool, hint: str = "") -> DocsIter:
     if first is None:
         return
     for doc in itertools.chain([first], it):
+        check_id(doc.doc_id, "doc id", spec)
         yield doc.doc_id, doc.default_text().strip()
 
 
@@ -385,6 +395,7 @@ def _load_ir_datasets(spec: str, download: bool) -> Dataset:
     if ds.has_queries():
         with _ir_datasets_guard(spec, "queries", download):
             for q in ds.queries_iter():
+                check_id(q.query_id, "query id", spec)
                 _check_new(queries, q.query_id, "query id", spec)
                 queries[q.query_id] = q.default_text().strip()
     if ds.has_qrels():

@@ -3,6 +3,8 @@
 One gzip-aware opener and one atomic writer, so every module treats ``.gz`` and partial
 writes the same way: a file lsr writes appears whole (temporary file, flushed and fsynced, renamed into
 place, the directory fsynced) with the permissions the user's umask gives new files, or not at all.
+Text is read as UTF-8 with an optional byte-order mark (BOM) and LF or CRLF line ends.
+``check_id`` / ``first_bad_id`` are the one rule for ids that go into run files.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import gzip
 import io
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 __all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_write", "atomic_write_bytes", "atomic_write_text",
-           "count_lines", "fsync_dir", "fsynced_write", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text",
-           "to_numpy"]
+           "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
+           "id_problem", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text", "to_numpy"]
 
 PathLike = str | os.PathLike
 
@@ -31,16 +34,18 @@ def open_binary(path: PathLike) -> IO[bytes]:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def open_text(path: PathLike, encoding: str = "utf-8") -> IO[str]:
-    """Open a text file for reading (``.gz`` ok). Lines split at LF only, so a stray CR inside a
-    text field does not cut a record in two."""
+def open_text(path: PathLike, encoding: str = "utf-8-sig") -> IO[str]:
+    """Open a text file for reading (``.gz`` ok). The default ``utf-8-sig`` drops a UTF-8 BOM at the
+    start of the file (editors on Windows write one; it would otherwise become part of the first id).
+    Lines split at LF only, so a stray CR or U+2028 inside a text field does not cut a record in two."""
     return io.TextIOWrapper(open_binary(path), encoding=encoding, newline="\n")
 
 
 def count_lines(path: PathLike) -> int:
-    """Number of non-blank lines (fast: bytes, no decoding)."""
+    """Number of non-blank lines (fast: bytes, no decoding; a leading BOM is not content)."""
     with open_binary(path) as f:
-        return sum(1 for line in f if line.strip())
+        first = f.readline().removeprefix(_BOM)
+        return int(bool(first.strip())) + sum(1 for line in f if line.strip())
 
 
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
@@ -90,6 +95,68 @@ def fsynced_write(path: PathLike, write: Callable[[IO[bytes]], Any]) -> None:
         write(fh)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+# ---------------------------------------------------------------------------------------- ids
+_BOM = b"\xef\xbb\xbf"
+ID_RULE = ("ids in TREC / MS MARCO run and qrels files are whitespace-separated columns, so an id must be "
+           "non-empty and printable (no whitespace, control, invisible or unassigned characters); fix the id "
+           "in the input (e.g. replace those characters with '_')")
+
+
+def _clean(text: str) -> bool:
+    # str.isprintable() is False for every Unicode separator (Z*) but the ASCII space, and for every
+    # control, format (invisible), surrogate, private-use or unassigned code point (C*).
+    return text.isprintable() and " " not in text
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a query or document id in a run file, or None when it can."""
+    if not value:
+        return "is empty"
+    if _clean(value):
+        return None
+    pos, c = next((i, c) for i, c in enumerate(value) if not _clean(c))
+    category = unicodedata.category(c)
+    name = unicodedata.name(c, "control character" if category == "Cc" else f"category {category}").lower()
+    return f"contains U+{ord(c):04X} ({name}) at position {pos}"
+
+
+def check_id(value: str, what: str, where: str) -> None:
+    """Raise ValueError ``"<where>: <what> <value> <problem>; <rule and fix>"`` for an invalid id."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(f"{where}: {what} {value!r} {problem}; {ID_RULE}")
+
+
+def first_bad_id(ids: Sequence[str]) -> int | None:
+    """Position of the first id that fails :func:`id_problem`, or None; one C-level pass over all ids."""
+    if not ids:
+        return None
+    if all(ids) and _clean("".join(ids)):
+        return None
+    return next(i for i, v in enumerate(ids) if id_problem(v) is not None)
+
+
+def first_bad_arrow_id(ids: Any) -> int | None:
+    """:func:`first_bad_id` for a pyarrow string array: a numpy pass over Arrow's byte buffer vouches
+    for plain printable-ASCII ids without making Python strings; anything else is judged in Python."""
+    import pyarrow as pa
+
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    n = len(ids)
+    if n == 0:
+        return None
+    if ids.null_count == 0 and ids.type in (pa.string(), pa.large_string()):
+        _, offsets_buf, data_buf = ids.buffers()
+        width = 8 if ids.type == pa.large_string() else 4
+        offsets = np.frombuffer(offsets_buf, np.int32 if width == 4 else np.int64, count=n + 1,
+                                offset=ids.offset * width)
+        data = np.frombuffer(data_buf, np.uint8)[offsets[0]:offsets[-1]] if data_buf is not None else np.empty(0)
+        if (offsets[1:] > offsets[:-1]).all() and ((data > 0x20) & (data < 0x7F)).all():
+            return None
+    return first_bad_id([v or "" for v in ids.to_pylist()])
 
 
 @contextlib.contextmanager

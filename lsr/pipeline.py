@@ -141,7 +141,7 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
         runs.write_topk({"trec": out / "run.trec", "msmarco": out / "run.msmarco.tsv"}, queries.ids, docnos,
                         scores, doc_idx, tag=cfg.name)
     with _step("evaluate", timings):
-        metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics)
+        metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics, scores=scores)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
               "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
               "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),

@@ -19,7 +19,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lsr.io import PathLike, arrow_strings, atomic_write, atomic_write_bytes, iter_lines, to_numpy
+from lsr.io import (
+    PathLike,
+    arrow_strings,
+    atomic_write,
+    atomic_write_bytes,
+    check_id,
+    first_bad_arrow_id,
+    first_bad_id,
+    iter_lines,
+    to_numpy,
+)
 
 __all__ = [
     "Run",
@@ -70,9 +80,7 @@ def _ranked(run: Mapping[str, Mapping[str, float]]):
             yield str(qid), rank, str(docno), float(score)
 
 
-def _check_token(value: str, what: str) -> None:
-    if not value or any(c.isspace() for c in value):
-        raise ValueError(f"{what} {value!r} is empty or contains whitespace; run files cannot hold it")
+_FINITE_FIX = "run files need finite scores: check the vectors for huge weights (a dot product overflowed)"
 
 
 def write_trec(run: Mapping[str, Mapping[str, float]], path: PathLike, tag: str = "lsr") -> None:
@@ -82,14 +90,14 @@ def write_trec(run: Mapping[str, Mapping[str, float]], path: PathLike, tag: str 
     are written with ``repr``: the shortest text that reads back to the same float (>= 6 significant
     digits, exact round trip), so near-ties are never collapsed by rounding.
     """
-    _check_token(tag, "run tag")
+    check_id(tag, "run tag", str(path))
     with atomic_write(path) as f:
         for qid, rank, docno, score in _ranked(run):
             if rank == 1:
-                _check_token(qid, "query id")
-            _check_token(docno, "docno")
+                check_id(qid, "query id", str(path))
+            check_id(docno, f"docno (query {qid!r})", str(path))
             if not math.isfinite(score):
-                raise ValueError(f"score of ({qid}, {docno}) is {score}; run files need finite scores")
+                raise ValueError(f"{path}: query {qid!r}, doc {docno!r} has score {score}; {_FINITE_FIX}")
             f.write(f"{qid} Q0 {docno} {rank} {score!r} {tag}\n")
 
 
@@ -116,20 +124,28 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     s, d = to_numpy(scores).astype(np.float32), to_numpy(doc_idx).astype(np.int64)
     if s.ndim != 2 or s.shape != d.shape or len(qids) != s.shape[0]:
         raise ValueError(f"scores {s.shape} / doc_idx {d.shape} must be [B, k] with B = {len(qids)} qids")
-    _check_token(tag, "run tag")
-    for q in qids:
-        _check_token(str(q), "query id")
-    if len(set(map(str, qids))) != len(qids):
-        raise ValueError("duplicate query ids")
+    where = ", ".join(map(str, targets.values()))
+    check_id(tag, "run tag", where)
+    qid_strs = [str(q) for q in qids]
+    bad = first_bad_id(qid_strs)
+    if bad is not None:
+        check_id(qid_strs[bad], f"query id (row {bad})", where)
+    if len(set(qid_strs)) != len(qids):
+        raise ValueError(f"{where}: duplicate query ids")
     valid = d >= 0
-    if not np.isfinite(s[valid]).all():
-        raise ValueError("run files need finite scores")
+    finite = np.isfinite(s) | ~valid
+    if not finite.all():
+        row, col = (int(x[0]) for x in np.nonzero(~finite))
+        raise ValueError(f"{where}: query {qid_strs[row]!r} has score {s[row, col]} at rank {col + 1}; {_FINITE_FIX}")
     doc_arr = arrow_strings(docnos)
     flat = d[valid]
     if flat.size and int(flat.max()) >= len(doc_arr):
         raise ValueError(f"doc index {int(flat.max())} is out of range for {len(doc_arr)} docnos")
+    bad = first_bad_arrow_id(doc_arr)
+    if bad is not None:
+        check_id(doc_arr[bad].as_py() or "", f"docno (doc index {bad})", where)
     n = len(flat)
-    qid_arr = pa.array([str(q) for q in qids], pa.string())
+    qid_arr = pa.array(qid_strs, pa.string())
     counts = valid.sum(1)
     row_start = np.concatenate([[0], np.cumsum(counts)])
     # Slices of whole queries are formatted in parallel threads (Arrow's take / cast / CSV writer
@@ -192,8 +208,8 @@ def write_msmarco(run: Mapping[str, Mapping[str, float]], path: PathLike) -> Non
     with atomic_write(path) as f:
         for qid, rank, docno, _ in _ranked(run):
             if rank == 1:
-                _check_token(qid, "query id")
-            _check_token(docno, "docno")
+                check_id(qid, "query id", str(path))
+            check_id(docno, f"docno (query {qid!r})", str(path))
             f.write(f"{qid}\t{docno}\t{rank}\n")
 
 
@@ -218,6 +234,8 @@ def _rows(path: PathLike, n_cols: int, fmt: str):
             continue
         if len(parts) != n_cols:
             raise ValueError(f"{path}:{n}: expected {n_cols} columns for a {fmt} run, got {len(parts)}: {line!r}")
+        check_id(parts[0], "query id", f"{path}:{n}")
+        check_id(parts[2 if n_cols == 6 else 1], "docno", f"{path}:{n}")
         yield n, parts
 
 
@@ -229,6 +247,9 @@ def read_trec(path: PathLike) -> Run:
             value = float(score)
         except ValueError:
             raise ValueError(f"{path}:{n}: score {score!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{path}:{n}: score {score!r} of query {qid!r}, doc {docno!r} is not finite; "
+                             "evaluation tools cannot rank it: fix or drop the line")
         rows.append((qid, docno, value, n))
     return _build(rows, path)
 

@@ -3,6 +3,11 @@
 Contract (docs/architecture.md): ``indptr`` int64 [n+1], ``indices`` int32 [nnz] unique and ascending within a
 row, ``values`` float32 [nnz] > 0 and finite, string ``ids`` (unique), and ``vocab_size`` > every
 index. Tensors live on one device (CPU or CUDA); validation runs on that device without Python loops.
+
+Inputs are range-checked before they are narrowed (int64 term ids to int32, float64 weights to
+float32), so an out-of-range value raises instead of wrapping. Weights are bounded by
+:func:`weight_limit` so that no dot product of two vectors can overflow float32, and ids must be
+ids a run file can hold (:func:`lsr.io.check_id`).
 """
 
 from __future__ import annotations
@@ -13,21 +18,73 @@ from typing import Any
 import numpy as np
 import torch
 
+from lsr.io import check_id, first_bad_id
 from lsr.ragged import ragged_positions, segment_ids
 
-__all__ = ["SparseVectors"]
+__all__ = ["SparseVectors", "weight_limit"]
 
 TensorLike = Any  # torch.Tensor | np.ndarray | Sequence
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_VOCAB_SIZE = 2**31  # term ids are int32
 
 
-def _as_tensor(x: TensorLike, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+def weight_limit(vocab_size: int) -> float:
+    """Largest weight a vector may hold: ``sqrt(float32 max / (2 * vocab_size))``.
+
+    A dot product sums at most ``vocab_size`` products of two weights, so with both below this limit
+    it stays below half the float32 maximum (the other half is headroom for rounding) and a search
+    score can never become ``inf`` (for a 30,522-term vocabulary the limit is about 7.5e16).
+    """
+    return float(np.sqrt(_FLOAT32_MAX / (2.0 * max(int(vocab_size), 1))))
+
+
+_FIX = {torch.int32: "term ids are stored as int32, so they must be < 2**31",
+        torch.int64: "offsets and rows are stored as int64", torch.float32: "rescale the weights"}
+
+
+def _range_error(name: str, value: float, dtype: torch.dtype) -> ValueError:
+    return ValueError(f"{name}: value {value} does not fit {str(dtype).removeprefix('torch.')} (a cast would "
+                      f"silently change it); {_FIX[dtype]}")
+
+
+def _check_fits(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise when narrowing ``t`` to ``dtype`` would change a value (wrap an integer, turn a float into
+    inf); NaN / inf are left to :meth:`SparseVectors.validate`, which names their row."""
+    if t.dtype in (dtype, torch.bool) or t.numel() == 0 or t.dtype.is_floating_point != dtype.is_floating_point:
+        return
+    if dtype.is_floating_point:
+        if torch.finfo(t.dtype).max > _FLOAT32_MAX:
+            high = float(t.abs().max())
+            if np.isfinite(high) and high > _FLOAT32_MAX:
+                raise _range_error(name, high, dtype)
+        return
+    info = torch.iinfo(dtype)
+    if torch.iinfo(t.dtype).bits > info.bits:
+        low, high = int(t.min()), int(t.max())
+        if low < info.min or high > info.max:
+            raise _range_error(name, low if low < info.min else high, dtype)
+
+
+def _as_tensor(x: TensorLike, dtype: torch.dtype, device: torch.device | None, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         t = x
     else:
-        t = torch.as_tensor(np.asarray(x))
+        arr = np.asarray(x)
+        if arr.dtype == np.uint64 and arr.size:  # torch has no min / max for uint64: check it here
+            if int(arr.max()) > np.iinfo(np.int64).max:
+                raise _range_error(name, int(arr.max()), dtype)
+            arr = arr.astype(np.int64)
+        t = torch.as_tensor(arr)
     if t.dtype.is_floating_point != dtype.is_floating_point and t.numel() > 0:
-        raise ValueError(f"expected a {'floating' if dtype.is_floating_point else 'integer'} array, got {t.dtype}")
+        raise ValueError(f"{name}: expected a {'floating' if dtype.is_floating_point else 'integer'} array, "
+                         f"got {t.dtype}")
+    _check_fits(name, t, dtype)
     return t.to(device=device if device is not None else t.device, dtype=dtype).contiguous()
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    if not 0 <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size {vocab_size} must lie in [0, 2**31]: term ids are stored as int32")
 
 
 class SparseVectors:
@@ -59,10 +116,10 @@ class SparseVectors:
         validate: bool = True,
     ) -> None:
         dev = torch.device(device) if device is not None else None
-        self.indptr = _as_tensor(indptr, torch.int64, dev)
+        self.indptr = _as_tensor(indptr, torch.int64, dev, "indptr")
         dev = self.indptr.device
-        self.indices = _as_tensor(indices, torch.int32, dev)
-        self.values = _as_tensor(values, torch.float32, dev)
+        self.indices = _as_tensor(indices, torch.int32, dev, "indices")
+        self.values = _as_tensor(values, torch.float32, dev, "values")
         n = self.indptr.numel() - 1
         if ids is None:
             ids = [str(i) for i in range(max(n, 0))]
@@ -89,6 +146,10 @@ class SparseVectors:
             raise ValueError(f"indptr decreases at row {int(torch.nonzero(lengths < 0)[0])}")
         if len(self.ids) != n:
             raise ValueError(f"got {len(self.ids)} ids for {n} rows")
+        bad_id = first_bad_id(self.ids)
+        if bad_id is not None:
+            check_id(self.ids[bad_id], "id", f"row {bad_id}")
+        _check_vocab_size(self.vocab_size)
         if len(set(self.ids)) != n:
             seen: set[str] = set()
             dup = next(i for i in self.ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -98,6 +159,12 @@ class SparseVectors:
         bad = ~torch.isfinite(val)
         if bool(bad.any()):
             raise ValueError(f"non-finite weight (NaN/Inf) in row {self._row_of(bad)}")
+        limit = weight_limit(self.vocab_size)
+        bad = val > limit
+        if bool(bad.any()):
+            raise ValueError(f"weight {float(val[bad][0]):.4g} in row {self._row_of(bad)} is above {limit:.4g} = "
+                             f"sqrt(float32 max / (2 x vocab_size {self.vocab_size})): a dot product of such weights "
+                             "could overflow float32 to inf; rescale the weights")
         bad = val <= 0
         if bool(bad.any()):
             raise ValueError(f"weights must be > 0; row {self._row_of(bad)} has {float(val[bad][0])}"
@@ -214,13 +281,18 @@ class SparseVectors:
         """Build from unsorted (row, term, weight) triples; duplicates are merged by ``reduce``
         ("sum" or "max"); zero weights are dropped. Negative or NaN weights still raise."""
         dev = torch.device(device) if device is not None else None
-        r = _as_tensor(rows, torch.int64, dev)
-        c = _as_tensor(cols, torch.int64, r.device)
-        v = _as_tensor(vals, torch.float32, r.device)
+        r = _as_tensor(rows, torch.int64, dev, "rows")
+        c = _as_tensor(cols, torch.int64, r.device, "cols")
+        v = _as_tensor(vals, torch.float32, r.device, "vals")
         if vocab_size is None:
             vocab_size = int(c.max()) + 1 if c.numel() else 0
+        _check_vocab_size(vocab_size)
         if c.numel() and (int(c.min()) < 0 or int(c.max()) >= vocab_size):
             raise ValueError(f"term ids must lie in [0, {vocab_size})")
+        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= n_rows):
+            raise ValueError(f"row indices must lie in [0, {n_rows}), got {int(r.min())}..{int(r.max())}")
+        if n_rows * max(vocab_size, 1) >= 2**63:
+            raise ValueError(f"{n_rows} rows x {vocab_size} terms overflow the int64 (row, term) key; split the rows")
         key = r * max(vocab_size, 1) + c
         uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
         merged = torch.zeros(uniq.numel(), dtype=torch.float32, device=r.device)

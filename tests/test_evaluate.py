@@ -82,3 +82,26 @@ def test_empty_qrels_rejected(tmp_path):
     (tmp_path / "q.txt").write_text("")
     with pytest.raises(ValueError, match="no relevance judgements"):
         evaluate({"1": {"a": 1.0}}, tmp_path / "q.txt")
+
+
+def test_pipeline_metrics_equal_evaluate_on_its_run_file_with_ties(tmp_path):
+    # two identical documents tie; trec_eval ranks the larger docno (z9) first, so a1 sits at rank 2
+    import json
+
+    from lsr.config import from_dict
+    from lsr.pipeline import run_pipeline
+
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    docs = [("a1", "apple pie"), ("z9", "apple pie"), ("m3", "banana bread")]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n"
+                                                 for i, t in docs))
+    (folder / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "apple"}) + "\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta1\t1\n")
+    metrics = ["RR@10", "RR", "nDCG@10", "P@1", "AP"]
+    cfg = from_dict({"dataset": str(folder), "output": str(tmp_path / "out"), "device": "cpu",
+                     "metrics": metrics})
+    result = run_pipeline(cfg)
+    on_file = evaluate(result["files"]["run_trec"], folder / "qrels" / "test.tsv", metrics)
+    assert result["metrics"] == pytest.approx(on_file, abs=1e-12)
+    assert on_file["nDCG@10"] == pytest.approx(0.6309, abs=1e-4)  # the red-team case: 1.0 before

@@ -286,7 +286,7 @@ class LexicalEncoder(PluralAliases):
             file = file / _FILE
         if not file.is_file():
             raise FileNotFoundError(f"no saved LexicalEncoder at {file}")
-        state = json.loads(file.read_text(encoding="utf-8"))
+        state = json.loads(file.read_text(encoding="utf-8-sig"))
         if state.get("format") != _FORMAT or state.get("format_version") != _FORMAT_VERSION:
             raise ValueError(f"{file} is not an {_FORMAT} v{_FORMAT_VERSION} file "
                              f"(format={state.get('format')!r}, version={state.get('format_version')!r})")

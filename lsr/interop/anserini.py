@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.io import PathLike, atomic_write, iter_lines, iter_tsv_pairs
+from lsr.io import PathLike, atomic_write, check_id, iter_lines, iter_tsv_pairs
 from lsr.sparse import SparseVectors
 
 __all__ = [
@@ -60,7 +60,7 @@ def load_vocab(vocab: VocabLike) -> dict[str, int]:
             if (path / "vocab.txt").is_file():
                 path = path / "vocab.txt"
             elif (path / "tokenizer.json").is_file():
-                model = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+                model = json.loads((path / "tokenizer.json").read_text(encoding="utf-8-sig"))["model"]
                 raw = model["vocab"]  # WordPiece / BPE: {token: id}; Unigram: [[token, score], ...]
                 return dict(raw) if isinstance(raw, dict) else {tok: i for i, (tok, _) in enumerate(raw)}
             else:
@@ -107,6 +107,7 @@ class _Builder:
         self.ids: list[str] = []
 
     def add(self, row_id: str, weights: Mapping[str, float], where: str) -> None:
+        check_id(row_id, "id", where)
         tokens = list(weights)
         cols = [self.vocab.get(t) for t in tokens]
         vals = list(weights.values())
