@@ -4,20 +4,5 @@
   repeated or weighted, ``.gz`` accepted) to and from ``SparseVectors``.
 """
 
-from lsr.interop.anserini import (
-    ANSERINI_QUERY_SCALE,
-    load_vocab,
-    read_anserini_documents,
-    read_anserini_queries,
-    write_anserini_queries,
-    write_jsonl_vectors,
-)
-
-__all__ = [
-    "ANSERINI_QUERY_SCALE",
-    "load_vocab",
-    "read_anserini_documents",
-    "read_anserini_queries",
-    "write_anserini_queries",
-    "write_jsonl_vectors",
-]
+from lsr.interop.anserini import *  # noqa: F403 - the package re-exports the Anserini adapters
+from lsr.interop.anserini import __all__  # noqa: F401
