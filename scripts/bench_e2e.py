@@ -9,24 +9,22 @@ real qrels (the metric values themselves are meaningless on synthetic documents)
 Timed, wall clock, after one warm-up pass: Searcher.search (default path) -> TREC + MS MARCO run files
 (runs.write_topk) -> RR@10 / nDCG@10 / R@1000 (topk_metrics.evaluate_topk). Baseline in the same run:
 the same search output through the generic path (runs.from_topk dict -> runs.write_trec ->
-ir_measures.calc_aggregate). Writes OUT/bench_e2e.json and prints a short table last.
+ir_measures.calc_aggregate). Writes OUT/bench_e2e_BACKEND.json + .csv (lsr.bench schema) and prints a short
+table last.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr import runs  # noqa: E402
+from lsr.bench import PeakMemory, Results, environment, timed  # noqa: E402
 from lsr.data import load_dataset  # noqa: E402
 from lsr.evaluation.topk import evaluate_topk  # noqa: E402
 from lsr.index.inverted import InvertedIndex  # noqa: E402
@@ -38,26 +36,6 @@ REPO = Path(__file__).resolve().parents[1]
 QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
 VOCAB = REPO / "data/bert-base-uncased/vocab.txt"
 METRICS = ("RR@10", "nDCG@10", "R@1000")
-
-
-def commit() -> str:
-    if os.environ.get("LSR_COMMIT"):
-        return os.environ["LSR_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def timed(fn, sync: bool = True):
-    if sync and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if sync and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -88,10 +66,8 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     t = {}
-    torch.cuda.reset_peak_memory_stats() if dev.startswith("cuda") else None
-    base_mem = torch.cuda.memory_allocated() if dev.startswith("cuda") else 0
-    (scores, doc_idx), t["search"] = timed(lambda: searcher.search(qdev, k=args.k, query_batch=args.query_batch))
-    peak = (torch.cuda.max_memory_allocated() - base_mem) if dev.startswith("cuda") else 0
+    with PeakMemory() as peak:
+        (scores, doc_idx), t["search"] = timed(lambda: searcher.search(qdev, k=args.k, query_batch=args.query_batch))
     (s_cpu, i_cpu), t["to_host"] = timed(lambda: (scores.cpu(), doc_idx.cpu()))
     _, t["write_runs"] = timed(lambda: runs.write_topk({"trec": tmp / "run.trec", "msmarco": tmp / "run.msmarco.tsv"},
                                                        queries.ids, docnos, s_cpu, i_cpu), sync=False)
@@ -111,17 +87,20 @@ def main() -> None:
         agg, base["ir_measures"] = timed(lambda: ir_measures.calc_aggregate(parsed, qrels, run), sync=False)
         base["metrics"] = {str(m): float(v) for m, v in agg.items()}
 
-    result = {
-        "meta": {"gpu": torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu",
-                 "torch": torch.__version__, "triton": _triton_version(), "commit": commit(),
-                 "n_docs": args.n_docs, "n_queries": len(queries), "k": args.k, "backend": searcher.backend},
+    results = Results(out, f"bench_e2e_{args.backend}", environment(dev), {
+        "n_docs": args.n_docs, "n_queries": len(queries), "k": args.k, "backend": searcher.backend})
+    results.summary = {
         "setup_s": {"synth": t_gen, "index_build": t_build, "read_queries": t_read},
         "timed_s": t, "total_s": total, "search_qps": len(queries) / t["search"],
-        "peak_extra_gpu_bytes": peak, "bit_identical_rerun": identical,
+        "peak_extra_mb": peak.extra_mb, "bit_identical_rerun": identical,
         "metrics": metrics, "baseline_s": {k: v for k, v in base.items() if k != "metrics"},
         "baseline_metrics": base.get("metrics"),
     }
-    (out / f"bench_e2e_{args.backend}.json").write_text(json.dumps(result, indent=1))
+    for name, seconds in t.items():
+        results.add({"method": "lsr", "step": name, "ms": seconds * 1000, "repeats": 1,
+                     "bit_identical": identical if name == "search" else None}, echo=False)
+    for name, seconds in results.summary["baseline_s"].items():
+        results.add({"method": "baseline", "step": name, "ms": seconds * 1000, "repeats": 1}, echo=False)
     print(f"\n{'step':<22}{'seconds':>10}")
     for k, v in {**{"index build (setup)": t_build}, **t}.items():
         print(f"{k:<22}{v:>10.3f}")
@@ -131,16 +110,8 @@ def main() -> None:
         print(f"{'baseline runs+eval':<22}{b:>10.3f}   (dict run + write_trec + ir_measures)")
         same = all(abs(metrics[m] - base["metrics"][m]) < 1e-9 for m in METRICS)
         print(f"metrics equal to ir_measures: {same}")
-    print(f"search QPS {result['search_qps']:.0f}, peak extra GPU {peak / 2**30:.2f} GiB, bit-identical rerun: {identical}")
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return "n/a"
+    print(f"search QPS {results.summary['search_qps']:.0f}, peak extra GPU {peak.extra_mb or 0:.0f} MB, "
+          f"bit-identical rerun: {identical}")
 
 
 if __name__ == "__main__":

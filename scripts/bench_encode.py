@@ -1,7 +1,7 @@
 """Encoding throughput: Hugging Face masked LM + torch SPLADE head vs lsr's SpladeEncoder, same run (DESIGN §5).
 
 Model: BERT-base (BertForMaskedLM from BertConfig(), random weights, sdpa, bf16 on CUDA), its decoder
-bias shifted so a passage activates ~127 terms like a trained SPLADE model (tests/helpers_models.py
+bias shifted so a passage activates ~127 terms like a trained SPLADE model (lsr/testing.py
 ``calibrate_sparsity``), saved once and loaded by both sides: identical weights.
 
 Data: ``synth`` = passages of whole-word vocabulary tokens whose token counts follow a lognormal
@@ -25,7 +25,7 @@ Cases (passages/s):
 Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS; all texts
 for lsr, 4 batches for hf);
 median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-of-memory and other
-failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv to
+failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv (lsr.bench schema) to
 --out after every case; prints a table last.
 
     PYTHONPATH=. python scripts/bench_encode.py --out results/encode            # H200, ~6 min
@@ -36,16 +36,10 @@ failures are recorded per case and the run goes on. Writes bench_encode.json + b
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
 import gc
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -55,37 +49,16 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from lsr.bench import PeakMemory, Results, environment, quantiles, time_calls
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch
-from tests.helpers_models import calibrate_sparsity, tiny_config
+from lsr.testing import calibrate_sparsity, tiny_config
 
 TARGET_PPS, TARGET_RATIO = 22_000, 1.5
 MAX_LEN = 256
 
 
 # ---------------------------------------------------------------------------------------------- setup
-def environment(device: torch.device) -> dict:
-    import transformers
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    commit = os.environ.get("LSR_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                    cwd=REPO).stdout.strip()
-        except Exception:  # noqa: BLE001
-            commit = "unknown"
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
-            "cuda": torch.version.cuda, "python": sys.version.split()[0], "cpus": os.cpu_count(), "commit": commit,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-
-
 def build_model(out: Path, tiny: bool, device: torch.device, dtype: torch.dtype, tokenizer) -> dict:
     """Random BERT-base (or tiny) masked LM, sparsity-calibrated, saved with the tokenizer to ``out``."""
     from transformers import AutoModelForMaskedLM, BertConfig
@@ -117,21 +90,12 @@ def scifact_texts(path: Path, limit: int | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- cases
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: Callable[[], object]) -> float:
+def measure(fn: Callable[[], object], repeats: int, warmup: Callable[[], object], n: int) -> dict:
+    """Row fields of ``repeats`` timed calls of ``fn`` (after ``warmup()``) that encode ``n`` passages each:
+    time quantiles and passages/s at the median."""
     warmup()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    q = quantiles(time_calls(lambda i: fn(), repeats, warmup=0))
+    return q | {"pps": n / q["ms"] * 1000}
 
 
 def hf_head(model, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -153,28 +117,27 @@ def lsr_encode(enc: SpladeEncoder, texts: list[str], batch: int, max_tokens: int
                       max_tokens=max_tokens, shard_rows=100_000, show_progress_bar=False, resume=False, stats=stats)
 
 
-def run_case(rows: list, out: Path, env: dict, device: torch.device, fields: dict, fn: Callable[[], dict]) -> None:
+def run_case(results: Results, fields: dict, fn: Callable[[], dict]) -> None:
     """Run one measurement; an OOM or any error is recorded and the benchmark goes on."""
-    row = dict(fields, status="ok")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    row = dict(fields)
     try:
-        row.update(fn())
+        with PeakMemory() as peak:
+            row.update(fn())
+        row["peak_extra_mb"] = peak.extra_mb
     except torch.cuda.OutOfMemoryError:
         row["status"] = "oom"
     except Exception as e:  # noqa: BLE001 - a failed case must not end the run
-        row["status"] = f"error: {type(e).__name__}: {e}"[:300]
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
         traceback.print_exc()
     gc.collect()
-    if device.type == "cuda":
-        row["max_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    rows.append(row)
-    print(fmt(row), flush=True)
-    save(out, env, rows)
+    results.add(row)
+    results.summary = summary(results.rows)
+    results.save()
 
 
-def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder,
+def end_to_end_cases(args, results: Results, data: str, texts: list[str], hf_model, tokenizer, enc: SpladeEncoder,
                      hf_batches: list[int], hf_sorted_batch: int | None, lsr_configs: list[dict],
                      method: str = "lsr", lsr_texts: list[str] | None = None) -> None:
     """HF on ``texts``; lsr on ``lsr_texts`` (default the same): a longer stream, so that lsr's rate is its
@@ -186,15 +149,13 @@ def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tok
         lengths = [len(x) for x in tokenizer(texts, truncation=True, max_length=MAX_LEN)["input_ids"]]
         cases.append(("hf_sorted", hf_sorted_batch, [texts[i] for i in np.argsort(lengths, kind="stable")[::-1]]))
     for name, b, stream in cases:
-        run_case(rows, args.out, env, dev, {"data": data, "method": name, "batch": b, "passages": n},
-                 lambda b=b, stream=stream: {"pps": n / median_seconds(
-                     lambda: hf_encode(hf_model, tokenizer, stream, b, dev), dev, args.repeats,
-                     lambda: hf_encode(hf_model, tokenizer, warm, b, dev))})
+        run_case(results, {"data": data, "method": name, "batch": b, "passages": n},
+                 lambda b=b, stream=stream: measure(lambda: hf_encode(hf_model, tokenizer, stream, b, dev), args.repeats,
+                                                    lambda: hf_encode(hf_model, tokenizer, warm, b, dev), n))
     if lsr_configs and method == "lsr":  # the CPU side alone: can tokenization + batching keep up with the GPU?
-        run_case(rows, args.out, env, dev, {"data": data, "method": "lsr_tokenize_only", "batch": lsr_configs[0]["batch"],
-                                            "passages": n},
-                 lambda: {"pps": n / median_seconds(lambda: enc.prepare(texts, "doc", lsr_configs[0]["batch"]), dev,
-                                                    args.repeats, lambda: enc.prepare(warm, "doc"))})
+        run_case(results, {"data": data, "method": "lsr_tokenize_only", "batch": lsr_configs[0]["batch"], "passages": n},
+                 lambda: measure(lambda: enc.prepare(texts, "doc", lsr_configs[0]["batch"]), args.repeats,
+                                 lambda: enc.prepare(warm, "doc"), n))
     lsr_texts = texts if lsr_texts is None else lsr_texts
     m = len(lsr_texts)
     for cfg in lsr_configs:
@@ -202,21 +163,20 @@ def end_to_end_cases(args, rows, env, data: str, texts: list[str], hf_model, tok
             stats: dict = {}
             # warm-up on up to 200K texts (4 windows): Triton autotunes once per sequence-length bucket,
             # and the shortest buckets only show up at the end of each length-sorted window
-            seconds = median_seconds(lambda: lsr_encode(enc, lsr_texts, b, tokens, stats), dev, args.repeats,
-                                     lambda: lsr_encode(enc, lsr_texts[:200_000], b, tokens, {}))
-            return {"pps": m / seconds, "nnz_per_doc": round(stats["nnz"] / m, 1),
+            timing = measure(lambda: lsr_encode(enc, lsr_texts, b, tokens, stats), args.repeats,
+                             lambda: lsr_encode(enc, lsr_texts[:200_000], b, tokens, {}), m)
+            return timing | {"nnz_per_doc": round(stats["nnz"] / m, 1),
                     "tokens_per_doc": round(stats["tokens"] / m, 1),
                     "padding": round(stats["padded_tokens"] / stats["tokens"] - 1, 4),
                     "first_window_s": round(stats["first_window_s"], 2), "encode_s": round(stats["encode_s"], 2),
                     "wait_input_s": round(stats["wait_input_s"], 2), "wait_writer_s": round(stats["wait_writer_s"], 2)}
         enc.pad_multiple = cfg.get("pad_multiple", 1)
-        run_case(rows, args.out, env, dev, {"data": data, "method": method, "batch": cfg["batch"],
-                                            "max_tokens": cfg["max_tokens"], "pad_multiple": enc.pad_multiple,
-                                            "passages": m}, case)
+        run_case(results, {"data": data, "method": method, "batch": cfg["batch"], "max_tokens": cfg["max_tokens"],
+                           "pad_multiple": enc.pad_multiple, "passages": m}, case)
         enc.pad_multiple = 1
 
 
-def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int, length: int = 80) -> None:
+def fixed_length_cases(args, results: Results, hf_model, enc: SpladeEncoder, batch: int, length: int = 80) -> None:
     dev = args.device
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (batch, length), generator=gen)
@@ -231,22 +191,11 @@ def fixed_length_cases(args, rows, env, hf_model, enc: SpladeEncoder, batch: int
     for name, fn in impls.items():
         def case(fn=fn) -> dict:
             with torch.inference_mode():
-                return {"pps": batch / median_seconds(fn, dev, max(3, args.repeats * 5), fn)}
-        run_case(rows, args.out, env, dev, {"data": f"fixed{length}", "method": name, "batch": batch,
-                                            "passages": batch}, case)
+                return measure(fn, max(3, args.repeats * 5), fn, batch)
+        run_case(results, {"data": f"fixed{length}", "method": name, "batch": batch, "passages": batch}, case)
 
 
 # ---------------------------------------------------------------------------------------------- output
-FIELDS = ["data", "method", "batch", "max_tokens", "pad_multiple", "passages", "pps", "nnz_per_doc", "tokens_per_doc", "padding",
-          "max_mem_gb", "status"]
-
-
-def fmt(row: dict) -> str:
-    pps = f"{row['pps']:,.0f} p/s" if row.get("pps") else row["status"]
-    extra = "".join(f" {k}={row[k]}" for k in ("max_tokens", "padding", "nnz_per_doc", "max_mem_gb") if row.get(k) is not None)
-    return f"{row['data']:>8} {row['method']:<12} B={row['batch']:<5} {pps}{extra}"
-
-
 def best_rows(rows: list) -> dict[str, dict[str, dict]]:
     """data -> method -> the fastest successful row."""
     best: dict[str, dict[str, dict]] = {}
@@ -266,16 +215,6 @@ def summary(rows: list) -> dict:
             s["meets_targets"] = bool(best["lsr"]["pps"] >= TARGET_PPS and s["lsr_over_hf"] >= TARGET_RATIO)
         out[data] = s
     return out
-
-
-def save(out: Path, env: dict, rows: list) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_encode.json").write_text(json.dumps({"env": env, "targets": {"pps": TARGET_PPS, "ratio": TARGET_RATIO},
-                                                       "summary": summary(rows), "results": rows}, indent=1))
-    with open(out / "bench_encode.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        wr.writeheader()
-        wr.writerows(rows)
 
 
 def table(rows: list) -> str:
@@ -333,13 +272,14 @@ def main() -> None:
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     env = environment(args.device)
-    env.update(quick=args.quick, tiny=args.tiny, dtype=str(dtype), passages=args.passages,
-               lsr_passages=args.lsr_passages, repeats=args.repeats)
+    results = Results(args.out, "bench_encode", env, {
+        "quick": args.quick, "tiny": args.tiny, "dtype": str(dtype), "passages": args.passages,
+        "lsr_passages": args.lsr_passages, "repeats": args.repeats,
+        "targets": {"pps": TARGET_PPS, "ratio": TARGET_RATIO}})
     print(json.dumps(env), flush=True)
     tokenizer = AutoTokenizer.from_pretrained(args.data / "bert-base-uncased")
-    rows: list = []
     with tempfile.TemporaryDirectory() as tmp:
-        env["model"] = build_model(Path(tmp), args.tiny, args.device, dtype, tokenizer)
+        results.config["model"] = build_model(Path(tmp), args.tiny, args.device, dtype, tokenizer)
         hf_model = AutoModelForMaskedLM.from_pretrained(tmp, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
         enc = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN)
         check = scifact_texts(args.data / "scifact" / "corpus.jsonl", 32)
@@ -347,26 +287,25 @@ def main() -> None:
             e = tokenizer(check, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="pt").to(args.device)
             ref = hf_head(hf_model, e["input_ids"], e["attention_mask"]).float().cpu()
         got = enc.encode_document(check).to_dense()
-        env["check_max_abs_diff"] = float((got - ref).abs().max())
-        env["check_max_ref"] = float(ref.max())
-        fixed_length_cases(args, rows, env, hf_model, enc, fixed_batch)
+        check = results.config["check"] = {"max_abs_diff": float((got - ref).abs().max()), "max_ref": float(ref.max())}
+        fixed_length_cases(args, results, hf_model, enc, fixed_batch)
         long, _ = synth_texts(max(args.passages, args.lsr_passages), tokenizer, np.random.default_rng(0))
         synth = long[:args.passages]
-        end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
+        end_to_end_cases(args, results, "synth", synth, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
                          lsr_configs, lsr_texts=long[:args.lsr_passages])
         scifact = scifact_texts(args.data / "scifact" / "corpus.jsonl", 32 if small else None)
-        end_to_end_cases(args, rows, env, "scifact", scifact, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
+        end_to_end_cases(args, results, "scifact", scifact, hf_model, tokenizer, enc, hf_batches, hf_sorted_batch,
                          lsr_configs)
         if args.compile:
             compiled = SpladeEncoder.from_pretrained(tmp, device=args.device, dtype=dtype, max_length_doc=MAX_LEN,
                                                      compile=True)
-            end_to_end_cases(args, rows, env, "synth", synth, hf_model, tokenizer, compiled, [], None, lsr_configs[:1],
+            end_to_end_cases(args, results, "synth", synth, hf_model, tokenizer, compiled, [], None, lsr_configs[:1],
                              method="lsr_compile", lsr_texts=long[:args.lsr_passages])
-    save(args.out, env, rows)
-    print(json.dumps(summary(rows)))
-    print(f"exactness on 32 SciFact docs: max |lsr - hf| = {env['check_max_abs_diff']:.3g} "
-          f"(largest weight {env['check_max_ref']:.3g}, {dtype})")
-    print(table(rows))
+    results.save()
+    print(json.dumps(results.summary))
+    print(f"exactness on 32 SciFact docs: max |lsr - hf| = {check['max_abs_diff']:.3g} "
+          f"(largest weight {check['max_ref']:.3g}, {dtype})")
+    print(table(results.rows))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ vocab-tiled head (chunks of V; checkpointed per chunk for training), and the bar
 floor). Plus BERT-base (BertForMaskedLM from a config, random weights, sdpa) forward with the HF head
 vs the Sparton head. Time: median of CUDA-event timings after warm-up, L2 flushed per repeat. Memory:
 peak torch.cuda.max_memory_allocated during one call minus what was allocated before it (inputs), so
-outputs and gradients count. Results go to --out as bench_head.json + bench_head.csv, rewritten after
+outputs and gradients count. Results go to --out as bench_head.json + bench_head.csv (lsr.bench schema), rewritten after
 every case so a killed run keeps what it measured.
 
     PYTHONPATH=. python scripts/bench_head.py --out results/ [--only fwd,train,bert] [--skip compile]
@@ -15,12 +15,9 @@ every case so a killed run keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -30,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+from lsr.bench import PeakMemory, Results, environment, quantiles, time_for
+from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd
 
 D = 768
 FWD_CASES = [(320, 512, 30522), (128, 2048, 30522), (32, 512, 250002)]
@@ -66,53 +64,29 @@ def cleanup() -> None:
     torch.cuda.empty_cache()
 
 
-def time_ms(fn: Callable[[], object], rep_ms: float, min_reps: int = 5, max_reps: int = 100) -> float:
-    """Median of CUDA-event timings, L2 flushed before each repeat (like triton.testing.do_bench)."""
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(2):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    est = start.elapsed_time(end) / 2
-    times = []
-    for _ in range(int(min(max_reps, max(min_reps, rep_ms / max(est, 1e-3))))):
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def measure(fn: Callable[[], object], rep_ms: float) -> tuple[float, float]:
-    """(median ms, peak extra MB) of fn; raises on OOM."""
+def measure(fn: Callable[[], object], rep_ms: float) -> dict:
+    """Time quantiles (L2 flushed per repeat) and peak extra MB of one call of fn; raises on OOM."""
     out = fn()  # compile / autotune / first-touch outside the measurements
     del out
     cleanup()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+    with PeakMemory() as peak:
+        out = fn()
     del out
     cleanup()
-    return time_ms(fn, rep_ms), peak_mb
+    return quantiles(time_for(fn, rep_ms)) | {"peak_extra_mb": peak.extra_mb}
 
 
 def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[[], object]], args, rows: list,
               flops: float, deadline: float) -> None:
     B, S, V = shape
     for name, fn in impls.items():
-        row = {"mode": mode, "B": B, "S": S, "V": V, "D": D, "impl": name, "ms": None, "peak_extra_mb": None,
-               "tflops": None, "status": "ok"}
+        row = {"mode": mode, "B": B, "S": S, "V": V, "D": D, "impl": name, "method": name, "ms": None,
+               "peak_extra_mb": None, "tflops": None, "status": "ok"}
         if time.time() > deadline:
             row["status"] = "skipped (time budget)"
         else:
             try:
-                row["ms"], row["peak_extra_mb"] = measure(fn, args.rep)
+                row.update(measure(fn, args.rep))
                 row["tflops"] = flops / row["ms"] / 1e9 if flops else None
             except torch.OutOfMemoryError:
                 row["status"] = "OOM"
@@ -218,21 +192,6 @@ def bert_case(args, rows, deadline, B: int = 320, S: int = 512) -> None:
               args, rows, 0.0, deadline)
 
 
-def environment() -> dict:
-    import triton
-
-    commit = os.environ.get("LSR_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                    cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-        except Exception:  # noqa: BLE001
-            commit = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "python": sys.version.split()[0], "commit": commit,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "dtype": "bfloat16", "D": D}
-
-
 def tuned_configs() -> dict:
     from lsr.encode.kernels import sparton
 
@@ -245,19 +204,14 @@ def tuned_configs() -> dict:
     return out
 
 
-def save(out: Path, env: dict, rows: list, configs: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def save(results: Results, rows: list, configs: dict) -> None:
     for r in rows:
         t = TARGETS.get((r["mode"], r["B"], r["S"], r["V"]))
         r["target_ms"], r["target_mb"] = t if t else (None, None)
-    (out / "bench_head.json").write_text(json.dumps({"env": env, "fwd_configs": configs, "results": rows},
-                                                    indent=1))
-    with open(out / "bench_head.csv", "w", newline="") as f:
-        fields = ["mode", "B", "S", "V", "D", "impl", "ms", "peak_extra_mb", "tflops", "status",
-                  "target_ms", "target_mb"]
-        wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        wr.writeheader()
-        wr.writerows(rows)
+    results.config["fwd_configs"] = configs
+    results.rows = []
+    for r in rows:
+        results.add(r, echo=False)
 
 
 def table(rows: list) -> str:
@@ -311,7 +265,8 @@ def main() -> None:
         return run_case(mode, int(idx), args)
     # each case runs in its own process: a crash (e.g. a sticky CUDA error) costs one case, not the run
     deadline = time.time() + args.budget_s
-    env, rows, configs, only = environment(), [], {}, set(args.only.split(","))
+    env, rows, configs, only = environment(dtype="bfloat16", D=D), [], {}, set(args.only.split(","))
+    results = Results(args.out, "bench_head", env, {"args": vars(args)})
     print(json.dumps(env), flush=True)
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -334,6 +289,7 @@ def main() -> None:
             if proc.returncode:
                 tail = (logs / f"{mode}{idx}.log").read_text().strip().splitlines()[-1:] or ["?"]
                 rows.append({"mode": mode, "B": shape[0], "S": shape[1], "V": shape[2], "D": D, "impl": "case",
+                             "method": "case",
                              "ms": None, "peak_extra_mb": None, "tflops": None,
                              "status": f"crashed (rc {proc.returncode}): {tail[0][:300]}"})
                 # diagnosis only (synchronous launches point at the failing kernel); not recorded as timings
@@ -347,7 +303,7 @@ def main() -> None:
             for r in rows:
                 if (r["mode"], r["B"], r["S"], r["V"]) == (mode, *shape):
                     print(f"  {mode:5s} {r['B']}x{r['S']}x{r['V']} {r['impl']:30s} {fmt(r)}", flush=True)
-            save(args.out, env, rows, configs)
+            save(results, rows, configs)
     print(json.dumps(configs, indent=1))
     print(table(rows))
 

@@ -16,10 +16,6 @@ Writes OUT/bench_search.json (meta + rows) and OUT/bench_search.csv; prints a sh
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -28,12 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-try:
-    import pyarrow  # noqa: F401
-except ImportError:  # a bare GPU image: building an index in memory never touches Arrow/Parquet
-    import types
-    for _name in ("pyarrow", "pyarrow.parquet"):
-        sys.modules[_name] = types.ModuleType(_name)
+from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls, timed
 from lsr.index.inverted import InvertedIndex
 from lsr.search.kernels.scatter import triton_scatter_scores
 from lsr.search.triton_backend import BlockConfig, default_config, triton_search
@@ -46,6 +37,7 @@ from lsr.synth import (
     synth_queries,
     synth_stats,
 )
+from lsr.testing import topk_violations
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
@@ -60,62 +52,9 @@ def parse_size(s: str) -> int:
 
 
 def read_real_queries() -> SparseVectors:
-    try:
-        from lsr.interop.anserini import read_anserini_queries
-        return read_anserini_queries(REAL_QUERIES, VOCAB)
-    except ImportError:  # older tree: parse "qid\ttok tok ..." inline (weight = count / 1000)
-        import gzip
-        from collections import Counter
-        vocab = {t: i for i, t in enumerate(VOCAB.read_text().splitlines())}
-        rows, ids = [], []
-        with gzip.open(REAL_QUERIES, "rt") as fh:
-            for line in fh:
-                qid, _, toks = line.rstrip("\n").partition("\t")
-                ids.append(qid)
-                rows.append({vocab[t]: c / 1000.0 for t, c in Counter(toks.split()).items()})
-        return SparseVectors.from_dicts(rows, ids=ids, vocab_size=len(vocab))
+    from lsr.interop.anserini import read_anserini_queries
 
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def cuda_ms(fn, repeats: int) -> list[float]:
-    """Times (ms) of fn(i) for i in range(repeats) after one warm-up call: CUDA events on a GPU,
-    the wall clock otherwise (CPU dry runs under TRITON_INTERPRET=1)."""
-    fn(repeats)
-    sync()
-    out = []
-    for i in range(repeats):
-        if torch.cuda.is_available():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(i)
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn(i)
-            out.append((time.perf_counter() - t) * 1000)
-    return out
-
-
-def peak_reset() -> int:
-    if not torch.cuda.is_available():
-        return 0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated()
-
-
-def peak_extra(base: int) -> float:
-    return (torch.cuda.max_memory_allocated() - base) / GIB if torch.cuda.is_available() else float("nan")
-
-
-def median(x: list[float]) -> float:
-    return sorted(x)[len(x) // 2]
+    return read_anserini_queries(REAL_QUERIES, VOCAB)
 
 
 def window(queries: SparseVectors, B: int, i: int) -> SparseVectors:
@@ -149,23 +88,9 @@ def float64_scores(compact: Compact, q: SparseVectors) -> torch.Tensor:
     return torch.stack([compact.scores(q, i, torch.float64) for i in range(len(q))])
 
 
-def check_exact(scores: torch.Tensor, docs: torch.Tensor, ref: torch.Tensor, k: int, rtol: float = 1e-6) -> int:
-    """Number of queries whose top-k differs from the float64 ranking beyond ties within rtol."""
-    bad = 0
-    for s, d, r in zip(scores.double(), docs, ref):
-        top = torch.topk(r, min(k, r.numel())).values
-        kth = float(top[-1]) if top.numel() else 0.0
-        n_pos = int((r > 0).sum())
-        valid = d >= 0
-        dv = d[valid]
-        ok = int(valid.sum()) == min(k, n_pos)
-        ok &= bool(torch.all((s[valid] - r[dv]).abs() <= rtol * r[dv].abs() + 1e-30))
-        ok &= bool(torch.all(r[dv] >= kth * (1 - rtol)))                     # nothing below the k-th
-        must = torch.nonzero(r > kth * (1 + rtol)).flatten()                 # everything clearly above
-        ok &= bool(torch.isin(must, dv).all())
-        ok &= bool(torch.all(s[valid][1:] <= s[valid][:-1]))
-        bad += not ok
-    return bad
+def check_exact(scores: torch.Tensor, docs: torch.Tensor, ref: torch.Tensor, k: int) -> int:
+    """Number of queries whose top-k breaks the exactness contract (lsr.testing.topk_violations)."""
+    return sum(bool(topk_violations(s, d, r, k)) for s, d, r in zip(scores, docs, ref))
 
 
 def lsr_method(path: str, cfg: BlockConfig | None = None):
@@ -269,23 +194,9 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
-    import triton
-    commit = os.environ.get("LSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, check=False,
-                                                            text=True, cwd=REPO).stdout.strip() or "unknown"
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET)"
-    meta = {"gpu": gpu, "torch": torch.__version__,
-            "triton": triton.__version__, "commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "args": vars(args), "synth": describe(SynthSpec()), "collections": {}}
-    rows: list[dict] = []
-
-    def save() -> None:
-        (out_dir / "bench_search.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        if rows:
-            keys = sorted({k for r in rows for k in r})
-            with open(out_dir / "bench_search.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+    results = Results(out_dir, "bench_search", environment(dev),
+                      {"args": vars(args), "synth": describe(SynthSpec()), "collections": {}})
+    save, meta = results.save, results.config
 
     def over_budget() -> bool:
         return time.time() - t_start > args.budget_s
@@ -304,7 +215,7 @@ def main() -> None:
             spec = SynthSpec() if dev.type == "cuda" else SynthSpec(block_rows=4096)
             docs = synth_docs(N, spec, device=dev)
             qsets = {"synth": synth_queries(7000, spec, device=dev)} if "synth" in args.queries else {}
-        sync()
+        synchronize()
         gen_s = time.time() - t0
         if real is not None:
             qsets["real"] = real.to(dev)
@@ -312,7 +223,7 @@ def main() -> None:
         for i_bs, bs in enumerate(int(x) for x in args.block_sizes.split(",")):
             t0 = time.time()
             index = InvertedIndex.build(docs, device=dev, block_size=bs)
-            sync()
+            synchronize()
             build_s = time.time() - t0
             coll = {"gen_s": gen_s, "build_s": build_s, "index_gib": index.memory_bytes() / GIB,
                     "padded_over_real": index.n_padded_postings / max(1, index.n_postings)}
@@ -329,19 +240,18 @@ def main() -> None:
                 for case in args.sweep_cases.split(","):
                     B, k = (int(x) for x in case.split(":"))
                     qn = next(iter(qsets))
-                    run_case(rows, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
-                    save()
+                    run_case(results, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
             if i_bs == 0:
                 if args.profile and N == max(sizes):
                     profile_single(index, next(iter(qsets.values())), out_dir / "profile_b1.txt")
-                run_methods(rows, index, qsets, ctx, save)
+                run_methods(results, index, qsets, ctx)
             del index
         del docs, compact
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    meta["elapsed_s"] = time.time() - t_start
+    results.summary["elapsed_s"] = time.time() - t_start
     save()
-    print_table(rows)
+    print_table(results.rows)
 
 
 def profile_single(index, queries, path: Path, n: int = 20) -> None:
@@ -351,12 +261,12 @@ def profile_single(index, queries, path: Path, n: int = 20) -> None:
     import pstats
     for i in range(3):
         triton_search(index, window(queries, 1, i), 1000)
-    sync()
+    synchronize()
     prof = cProfile.Profile()
     prof.enable()
     for i in range(n):
         triton_search(index, window(queries, 1, i), 1000)
-        sync()
+        synchronize()
     prof.disable()
     buf = io.StringIO()
     for key in ("tottime", "cumulative"):
@@ -364,7 +274,7 @@ def profile_single(index, queries, path: Path, n: int = 20) -> None:
     path.write_text(buf.getvalue())
 
 
-def run_methods(rows, index, qsets, ctx, save) -> None:
+def run_methods(results: Results, index, qsets, ctx) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
     methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"), "lsr-block-triton": triton_block,
@@ -389,27 +299,24 @@ def run_methods(rows, index, qsets, ctx, save) -> None:
                     # the slow torch baselines time a few queries: one case per query set is enough
                     if m in ("spare", "torch-spmm") and (B != max(batches) or k != max(ks)):
                         continue
-                    run_case(rows, m, methods[m], index, qsets[qn], qn, B, k, ctx, exact=m.startswith("lsr"))
-                    save()
+                    run_case(results, m, methods[m], index, qsets[qn], qn, B, k, ctx, exact=m.startswith("lsr"))
 
 
-def run_case(rows, name, fn, index, queries, qname, B, k, ctx, exact=True) -> None:
+def run_case(results: Results, name, fn, index, queries, qname, B, k, ctx, exact=True) -> None:
     args, N, compact = ctx["args"], ctx["N"], ctx["compact"]
     base_row = {"method": name, "n_docs": N, "block_size": ctx["block_size"], "queries": qname, "B": B, "k": k}
     if ctx["over_budget"]():
-        rows.append({**base_row, "skipped": "budget"})
+        results.add({**base_row, "status": "skipped: budget"})
         return
     slow = name in ("spare", "torch-spmm")
     repeats = 1 if slow else args.repeats
     nb = min(B, 8) if name == "spare" else min(B, 64) if name == "torch-spmm" else B
     row = {**base_row, "timed_batch": nb}
     try:
-        base = peak_reset()
-        ms = cuda_ms(lambda i: fn(index, window(queries, nb, i), k), repeats)
-        row["peak_extra_gib"] = peak_extra(base)
-        row["ms_batch"] = median(ms)
-        row["ms_spread"] = max(ms) - min(ms)
-        row["qps"] = nb / median(ms) * 1000
+        with PeakMemory() as peak:
+            ms = time_calls(lambda i: fn(index, window(queries, nb, i), k), repeats)
+        row |= quantiles(ms) | {"peak_extra_mb": peak.extra_mb}
+        row["qps"] = nb / row["ms"] * 1000
         if name.startswith(("lsr", "blk")):
             q = window(queries, nb, 0)
             a, b = fn(index, q, k), fn(index, q, k)
@@ -418,37 +325,26 @@ def run_case(rows, name, fn, index, queries, qname, B, k, ctx, exact=True) -> No
                 sub = q[:args.exact_queries]
                 ref = float64_scores(compact, sub)
                 row["exact_fail"] = check_exact(a[0][:len(sub)], a[1][:len(sub)], ref, k)
+                row["exact"] = row["exact_fail"] == 0
                 del ref
             if B == 1:
                 lat = []
                 for i in range(args.latency_queries):
                     qi = window(queries, 1, i + 1)
-                    sync()
-                    t = time.perf_counter()
-                    fn(index, qi, k)
-                    sync()
-                    lat.append((time.perf_counter() - t) * 1000)
-                row["p50_latency_ms"] = median(lat)
+                    lat.append(timed(lambda qi=qi: fn(index, qi, k))[1] * 1000)
+                row["p50_latency_ms"] = quantiles(lat)["ms"]
     except torch.cuda.OutOfMemoryError as e:
         row["error"] = f"OOM: {str(e)[:120]}"
         torch.cuda.empty_cache()  # only raised on CUDA
     except Exception as e:  # noqa: BLE001 - keep benchmarking the other cases; the row records what broke
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    rows.append(row)
-    print(json.dumps(row), flush=True)
+    results.add(row)
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'method':<34}{'bs':>6}{'N':>9}{'q':>6}{'B':>5}{'k':>6}{'ms/batch':>10}{'QPS':>10}{'p50ms':>8}{'GiB':>7}"
-          f"{'exact':>6}{'det':>4}")
-    for r in rows:
-        if "ms_batch" not in r:
-            print(f"{r['method'][:33]:<34}{r['block_size']:>6}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}  "
-                  f"{r.get('error', r.get('skipped', ''))[:60]}")
-            continue
-        print(f"{r['method'][:33]:<34}{r['block_size']:>6}{r['n_docs']:>9}{r['queries']:>6}{r['B']:>5}{r['k']:>6}{r['ms_batch']:>10.2f}"
-              f"{r['qps']:>10.0f}{r.get('p50_latency_ms', float('nan')):>8.2f}{r['peak_extra_gib']:>7.2f}"
-              f"{r.get('exact_fail', '-')!s:>6}{'y' if r.get('bit_identical') else '-':>4}")
+    print()
+    print(format_table(rows, ["method", "block_size", "n_docs", "queries", "B", "k", ("ms", ".2f"), ("qps", ".0f"),
+                              ("p50_latency_ms", ".2f"), ("peak_extra_mb", ".0f"), "exact", "bit_identical"]))
 
 
 if __name__ == "__main__":

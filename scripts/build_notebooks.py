@@ -132,6 +132,8 @@ plt.tight_layout(); plt.savefig(FIG / 'encode_varlen.png', dpi=110); plt.show()
 table"""
 
 E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
+if 'schema' in e2e:  # the lsr.bench layout: the step times are in the summary, the sizes in the config
+    e2e = {**e2e['summary'], 'meta': e2e['config']}
 steps = dict(e2e['timed_s'])
 ax = pd.Series(steps).plot.barh(figsize=(7, 3))
 ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_queries']} queries x {e2e['meta']['n_docs']:,} docs (total {e2e['total_s']:.2f}s)")

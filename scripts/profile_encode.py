@@ -50,8 +50,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-from bench_encode import MAX_LEN, build_model, common_args, environment, median_seconds, sync, synth_texts
+from bench_encode import MAX_LEN, build_model, common_args, measure, synth_texts
 
+from lsr.bench import environment, synchronize
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head
@@ -60,10 +61,10 @@ from lsr.encode.tokenize_pool import default_workers
 
 
 def timed(fn, dev: torch.device) -> float:
-    sync(dev)
+    synchronize()
     t0 = time.perf_counter()
     fn()
-    sync(dev)
+    synchronize()
     return time.perf_counter() - t0
 
 
@@ -112,7 +113,7 @@ def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats
     row = {"S": S, "batch": batch, "nnz_per_doc": round(int((y > 0).sum()) / batch, 1),
            "var_fill": round(float(var.float().mean()), 3)}  # real / padded tokens of the head_var mask
     for name, fn in cases.items():
-        row[f"{name}_ms"] = round(1e3 * median_seconds(fn, dev, repeats, fn), 3)
+        row[f"{name}_ms"] = round(measure(fn, repeats, fn, 1)["ms"], 3)
     row["head_tflops"] = round(flops / row["head_ms"] / 1e9, 2)
     if "gemm_ms" in row:
         row["gemm_tflops"] = round(flops / row["gemm_ms"] / 1e9, 2)
@@ -128,7 +129,7 @@ def warm_head(enc: SpladeEncoder, dev: torch.device, batch: int, max_tokens: int
         B = batch if max_tokens is None else max(1, min(batch, max_tokens // S))
         hidden = torch.randn(B, S, tower.weight.shape[1], device=dev, dtype=enc.dtype)
         enc._head(tower, hidden, torch.ones(B, S, dtype=torch.int64, device=dev))
-    sync(dev)
+    synchronize()
 
 
 def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]], prepared: list[PreparedTexts],
@@ -205,7 +206,7 @@ def compile_part(enc: SpladeEncoder, dev: torch.device, prepared: list[PreparedT
 
     t0 = time.perf_counter()
     full()
-    sync(dev)
+    synchronize()
     first = time.perf_counter() - t0
     out = {"passages": n, "first_pass_s": round(first, 1), "encode_prepared_pps": round(n / timed(full, dev))}
     out["compile_s"] = round(first - n / out["encode_prepared_pps"], 1)  # the first pass's extra time

@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+DEV = "cuda" if HAS_CUDA else "cpu"
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
@@ -43,3 +44,12 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def tokenizer_dir() -> Path:
     return DATA / "bert-base-uncased"
+
+
+@pytest.fixture
+def poison():
+    """torch.empty / empty_like return NaN / junk inside the test (lsr.testing.poisoned_allocations)."""
+    from lsr.testing import poisoned_allocations
+
+    with poisoned_allocations():
+        yield

@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_with_the_right_exit_code(args, code, text, capsys
 def test_full_disk_is_named(monkeypatch, capsys, tmp_path):
     import errno
 
-    import lsr.evaluation.measures as measures
+    from lsr.evaluation import measures
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.json"))

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from lsr.testing import save_tiny_mlm
 from tests.conftest import DATA, REPO
-from tests.helpers_models import save_tiny_mlm
 
 N_DOCS, SHARD = 1200, 100
 

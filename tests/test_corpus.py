@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers_models import save_tiny_mlm
+from lsr.testing import save_tiny_mlm
 
 pytest.importorskip("transformers")
 

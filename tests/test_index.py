@@ -12,35 +12,9 @@ import torch
 from lsr.index import PAD, InvertedIndex, build_postings
 from lsr.shards import write_vectors
 from lsr.sparse import SparseVectors
+from lsr.testing import random_collection
 
 FIELDS = ("doc_ids", "scores", "offsets", "lengths", "padded_lengths", "max_scores", "block_offsets")
-
-
-def random_collection(n: int, vocab: int, seed: int, density: float = 0.1, quantized: bool = False,
-                      device: str = "cpu") -> SparseVectors:
-    """Random docs with awkward features: empty docs, unused terms, and term vocab-1 always in use.
-
-    ``quantized`` draws weights from multiples of 1/8 (many exact score ties; float32 sums stay exact).
-    """
-    g = torch.Generator().manual_seed(seed)
-    nnz_target = max(1, int(n * vocab * density))
-    rows = torch.randint(0, max(n, 1), (nnz_target,), generator=g)
-    # skewed term distribution: a few frequent terms, many rare or unused ones
-    cols = (torch.rand(nnz_target, generator=g) ** 3 * vocab).long().clamp_(max=vocab - 1)
-    if n:
-        rows = torch.cat([rows, torch.randint(0, n, (3,), generator=g)])
-        cols = torch.cat([cols, torch.full((3,), vocab - 1)])
-        empty = torch.randperm(n, generator=g)[: max(1, n // 10)]  # ~10% of docs have no terms
-        keep = ~torch.isin(rows, empty)
-        rows, cols = rows[keep], cols[keep]
-    else:
-        rows, cols = rows[:0], cols[:0]
-    if quantized:
-        vals = torch.randint(1, 17, (rows.numel(),), generator=g).float() / 8
-    else:
-        vals = torch.rand(rows.numel(), generator=g) + 1e-3
-    ids = [f"doc-{seed}-{i}" for i in range(n)]
-    return SparseVectors.from_coo(rows, cols, vals, n, ids, vocab, reduce="max", device=device)
 
 
 def reference_layout(v: SparseVectors, block_size: int) -> dict[str, np.ndarray]:

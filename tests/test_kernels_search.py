@@ -7,7 +7,7 @@ repeat the end-to-end checks at a larger size on CUDA.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import pytest
 import torch
@@ -17,55 +17,13 @@ from lsr.search.kernels import block, csr, scatter, topk
 from lsr.search.kernels.fixed import FIXED_BITS, query_scales
 from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
+from lsr.testing import assert_exact_topk, float64_scores, poisoned_allocations, random_dense_rows, seeded_generator
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+rand_vectors = functools.partial(random_dense_rows, device=DEV)
 
 
 # --------------------------------------------------------------------------------------- helpers
-def rand_vectors(n: int, vocab: int, density: float, gen: torch.Generator, quantized: bool = False,
-                 empty_rows: int = 0) -> SparseVectors:
-    """Random sparse rows (per-row density varies); quantized weights (multiples of 1/4) make ties."""
-    mask = torch.rand(n, vocab, generator=gen) < density * 2 * torch.rand(n, 1, generator=gen)
-    if quantized:
-        w = torch.randint(1, 9, (n, vocab), generator=gen).float() / 4
-    else:
-        w = torch.exp(torch.randn(n, vocab, generator=gen)).log1p() + 0.01
-    dense = torch.where(mask, w, torch.zeros(()))
-    if empty_rows:
-        dense[torch.randperm(n, generator=gen)[:empty_rows]] = 0
-    return SparseVectors.from_dense(dense).to(DEV)
-
-
-def f64_scores(queries: SparseVectors, docs: SparseVectors) -> torch.Tensor:
-    """float64 [B, N] brute-force inner products."""
-    dt = docs.to_torch_sparse().to(torch.float64)
-    return torch.sparse.mm(dt, queries.to_dense(torch.float64).T.contiguous()).T
-
-
-def assert_exact_topk(scores: torch.Tensor, idx: torch.Tensor, ref: torch.Tensor, k: int, rtol: float = 1e-6):
-    """The contract: scores = float64 within rtol, descending, ties by ascending doc, the right set
-    above the k-th score, -1 / 0.0 padding when fewer than k docs score > 0."""
-    assert scores.shape == idx.shape == (ref.shape[0], k)
-    assert scores.dtype == torch.float32 and idx.dtype == torch.int64
-    for s, d, r in zip(scores.double().cpu(), idx.cpu(), ref.cpu()):
-        n_pos = int((r > 0).sum())
-        m = min(k, n_pos)
-        assert bool((d[m:] == -1).all()) and bool((s[m:] == 0).all()), "padding"
-        d, s = d[:m], s[:m]
-        assert bool((d >= 0).all()) and d.unique().numel() == m
-        assert torch.allclose(s, r[d], rtol=rtol, atol=0), "scores equal the float64 inner products"
-        assert bool((s[1:] <= s[:-1]).all()), "descending"
-        same = s[1:] == s[:-1]
-        assert bool((d[1:][same] > d[:-1][same]).all()), "ties by ascending doc index"
-        if m:
-            kth = float(s[-1])
-            must = torch.nonzero(r > kth * (1 + rtol)).flatten()
-            assert bool(torch.isin(must, d).all()), "every doc clearly above the k-th is returned"
-            tied = torch.nonzero((r - kth).abs() <= rtol * kth).flatten()
-            n_tied_in = int(torch.isin(d, tied).sum())
-            assert bool(torch.equal(d[torch.isin(d, tied)], tied[:n_tied_in])), "lowest doc ids among ties"
-
-
 def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
     return InvertedIndex.build(docs, device=DEV, block_size=block_size)
 
@@ -74,25 +32,9 @@ def csr_of(q: SparseVectors):
     return q.indptr, q.indices, q.values
 
 
-@contextlib.contextmanager
-def poisoned_empty():
-    """torch.empty returns NaN / -7777 filled tensors, so unwritten output elements show."""
-    real = torch.empty
-
-    def fake(*a, **kw):
-        t = real(*a, **kw)
-        return t.fill_(float("nan") if t.is_floating_point() else -7777)
-
-    torch.empty = fake
-    try:
-        yield
-    finally:
-        torch.empty = real
-
-
 @pytest.fixture
 def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())  # fresh data every run
+    return seeded_generator()  # fresh data every run; the seed is printed with a failure
 
 
 # --------------------------------------------------------------------------------------- fixed point
@@ -133,10 +75,10 @@ def test_scatter_matches_twin_and_float64(gen, n_docs, block_size):
     index = build_index(docs, block_size)
     args = (index.doc_ids, index.scores, index.offsets, index.padded_lengths, *csr_of(q), index.n_docs)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
-    with poisoned_empty():
+    with poisoned_allocations():
         out = scatter.triton_scatter_scores(*args, scale, inv, chunk=16, max_split=3)
     assert torch.equal(out, scatter.torch_scatter_scores(*args, scale, inv))
-    ref = f64_scores(q, docs)
+    ref = float64_scores(q, docs)
     assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-12)
     seed = scatter.triton_scatter_scores(*args)  # float32 atomics: close, not bit-identical in general
     assert torch.allclose(seed.double(), ref, rtol=1e-5, atol=1e-6)
@@ -152,15 +94,15 @@ def test_csr_matches_twin_scatter_and_float64(gen, B):
     scale, inv = query_scales(*csr_of(q), index.max_scores)
     qd = csr.dense_queries(*csr_of(q), docs.vocab_size)
     dcsr = (docs.indptr, docs.indices, docs.values)
-    with poisoned_empty():
+    with poisoned_allocations():
         full = csr.triton_csr_scores(*dcsr, qd, scale, inv, block_q=2, block_c=16)
     assert torch.equal(full, csr.torch_csr_scores(*dcsr, qd, scale, inv))
-    assert torch.allclose(full.double(), f64_scores(q, docs), rtol=1e-6, atol=1e-12)
+    assert torch.allclose(full.double(), float64_scores(q, docs), rtol=1e-6, atol=1e-12)
     dense = scatter.triton_scatter_scores(index.doc_ids, index.scores, index.offsets, index.padded_lengths,
                                           *csr_of(q), index.n_docs, scale, inv)
     assert torch.equal(full, dense), "doc-parallel and term-parallel sums are bit-identical"
     cand = torch.randint(-1, 45, (B, 13), generator=gen).to(DEV)  # re-scoring lists with -1 holes
-    with poisoned_empty():
+    with poisoned_allocations():
         part = csr.triton_csr_scores(*dcsr, qd, scale, inv, cand, block_q=2, block_c=8)
     want = torch.where(cand >= 0, full.gather(1, cand.clamp_min(0)), torch.zeros((), device=DEV))
     assert torch.equal(part, want)
@@ -185,7 +127,7 @@ def test_topk_dense_matches_twin(gen, N, k, cap):
     scores = (torch.randint(0, 6, (B, N), generator=gen).float() / 4).to(DEV)  # many ties and zeros
     scores[1] = 0                                                                  # nothing matches
     for theta in (None, topk.kth_threshold(topk.torch_select(scores, None, 64)[0], k)):
-        with poisoned_empty():
+        with poisoned_allocations():
             got = topk.triton_select(scores, theta, chunk=64, cap=cap)
         want = topk.torch_select(scores, theta, chunk=64, cap=cap)
         assert torch.equal(got[0], want[0])
@@ -252,7 +194,7 @@ def test_search_all_paths_exact_and_identical(gen, quantized):
     docs = rand_vectors(170, 40, 0.2, gen, quantized=quantized, empty_rows=3)
     q = rand_vectors(5, 40, 0.25, gen, quantized=quantized, empty_rows=1)  # odd B, one empty query
     index = build_index(docs, 32)
-    ref = f64_scores(q, docs)
+    ref = float64_scores(q, docs)
     k = 25
     results = []
     for path, cfg in [("scatter", None), ("csr", None)] + [("block", c) for c in SEARCH_CONFIGS]:
@@ -272,7 +214,7 @@ def test_search_k_beyond_matches_and_single_query(gen):
     k = 120  # more than docs, far more than matching docs
     for path in ("block", "scatter", "auto"):
         s, d = triton_search(index, q, k, path=path, config=BlockConfig(span=32))
-        assert_exact_topk(s, d, f64_scores(q, docs), k)
+        assert_exact_topk(s, d, float64_scores(q, docs), k)
     empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
     s, d = triton_search(index, empty, 5, path="block", config=BlockConfig(span=32))
     assert bool((d == -1).all()) and bool((s == 0).all())
@@ -285,7 +227,7 @@ def test_search_overflow_is_rescored(gen, monkeypatch):
     index = build_index(docs, 64)
     monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 2)      # every busy span overflows its 2 slots
     s, d = triton_search(index, q, 40, path="block", config=BlockConfig(span=64, sample_every=4))
-    assert_exact_topk(s, d, f64_scores(q, docs), 40)
+    assert_exact_topk(s, d, float64_scores(q, docs), 40)
 
 
 def test_coarse_twin_and_floor(gen):
@@ -333,7 +275,7 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
     cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
     want = triton_search(index, q, k, path="block", config=cfg)
-    assert_exact_topk(*want, f64_scores(q, docs), k)
+    assert_exact_topk(*want, float64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
     monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (twin, 64))
     monkeypatch.setattr(bp, "_coarse_span", lambda c, index, scorer: 128)
@@ -360,7 +302,7 @@ def test_search_query_terms_outside_index_vocab(gen):
     index = build_index(docs, 32)
     q = SparseVectors([0, 2, 3], [3, 25, 29], [1.0, 2.0, 0.5], vocab_size=30, device=DEV)
     s, d = triton_search(index, q, 5, path="block", config=BlockConfig(span=32))
-    ref = torch.cat([f64_scores(SparseVectors([0, 1], [3], [1.0], vocab_size=20, device=DEV), docs),
+    ref = torch.cat([float64_scores(SparseVectors([0, 1], [3], [1.0], vocab_size=20, device=DEV), docs),
                      torch.zeros(1, 60, dtype=torch.float64, device=DEV)])
     assert_exact_topk(s, d, ref, 5)
 
@@ -404,7 +346,7 @@ def test_gpu_block_search_synthetic(cfg):
     index = build_index(docs, 2048)
     k = 100
     s, d = triton_search(index, q, k, path="block", config=cfg)
-    ref = f64_scores(q, docs)
+    ref = float64_scores(q, docs)
     assert_exact_topk(s, d, ref, k)
     s2, d2 = triton_search(index, q, k, path="scatter")
     assert torch.equal(s, s2) and torch.equal(d, d2)
@@ -479,7 +421,7 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
             got = triton_search(index, q, k, path="block")
             want = triton_search(index, q, k, path="block", config=eager)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-            assert_exact_topk(*got, f64_scores(q, docs), k)
+            assert_exact_topk(*got, float64_scores(q, docs), k)
     assert sg._GRAPHS[index] and all(g is not None for g in sg._GRAPHS[index].values()), "captured, not eager"
     alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]
     batch = triton_search(index, queries[:4], 50, path="block")
@@ -489,4 +431,4 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
     got = triton_search(index, q, 200, path="block")
     want = triton_search(index, q, 200, path="block", config=eager)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert_exact_topk(*got, f64_scores(q, docs), 200)
+    assert_exact_topk(*got, float64_scores(q, docs), 200)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from lsr.cli import main
+from lsr.testing import save_tiny_mlm
 from tests.conftest import DATA, REPO
-from tests.helpers_models import save_tiny_mlm
 
 
 def test_lsr_run_with_a_tiny_splade_model(tmp_path, capsys):

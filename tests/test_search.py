@@ -12,22 +12,7 @@ import torch
 from lsr.index import InvertedIndex
 from lsr.search.searcher import Searcher, check_compatible, exact_topk
 from lsr.sparse import SparseVectors
-from tests.test_index import random_collection
-
-
-def reference_search(queries: SparseVectors, docs: SparseVectors, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """float64 brute force: scores [B, k], doc idx [B, k], ordered by (-score, doc), -1 / 0 padding."""
-    q = queries.to_dense(torch.float64).numpy()
-    d = docs.to_dense(torch.float64).numpy()
-    full = q @ d.T
-    out_s = np.zeros((len(queries), k))
-    out_i = np.full((len(queries), k), -1, dtype=np.int64)
-    for b, row in enumerate(full):
-        hits = np.nonzero(row > 0)[0]
-        hits = hits[np.lexsort((hits, -row[hits]))][:k]
-        out_s[b, : hits.size] = row[hits]
-        out_i[b, : hits.size] = hits
-    return out_s, out_i
+from lsr.testing import random_collection, reference_topk
 
 
 def make_case(n_docs: int, n_queries: int, vocab: int, seed: int, quantized: bool):
@@ -44,7 +29,7 @@ def test_quantized_weights_match_reference_exactly(seed, block_size, k):
     docs, queries = make_case(400, 13, 60, seed, quantized=True)
     index = InvertedIndex.build(docs, block_size=block_size)
     scores, idx = Searcher(index, backend="torch").search(queries, k=k)
-    ref_s, ref_i = reference_search(queries, docs, k)
+    ref_s, ref_i = reference_topk(queries, docs, k)
     assert scores.dtype == torch.float32 and idx.dtype == torch.int64 and scores.shape == (13, k)
     np.testing.assert_array_equal(idx.numpy(), ref_i)
     np.testing.assert_array_equal(scores.numpy(), ref_s.astype(np.float32))
@@ -55,7 +40,7 @@ def test_continuous_weights_match_reference_up_to_near_ties(seed):
     docs, queries = make_case(500, 9, 80, seed, quantized=False)
     k = 40
     scores, idx = Searcher(InvertedIndex.build(docs, block_size=128), backend="torch").search(queries, k=k)
-    ref_s, ref_i = reference_search(queries, docs, k)
+    ref_s, ref_i = reference_topk(queries, docs, k)
     np.testing.assert_allclose(scores.numpy(), ref_s, rtol=1e-6, atol=0)  # score multisets, in order
     for b in range(len(queries)):
         valid = ref_i[b] >= 0
@@ -73,7 +58,7 @@ def test_k_larger_than_matches_pads_and_never_returns_zero_scores():
     index = InvertedIndex.build(docs, block_size=16)
     k = 200  # > n_docs
     scores, idx = Searcher(index).search(queries, k=k)
-    _, ref_i = reference_search(queries, docs, k)
+    _, ref_i = reference_topk(queries, docs, k)
     np.testing.assert_array_equal(idx.numpy(), ref_i)
     n_hits = (ref_i >= 0).sum(1)
     for b, h in enumerate(n_hits.tolist()):
@@ -92,7 +77,7 @@ def test_empty_queries_give_padding():
                           ["e1", "q", "e2"], 30)
     scores, idx = Searcher(index).search(mixed, k=5, query_batch=1)
     assert bool((idx[[0, 2]] == -1).all())
-    np.testing.assert_array_equal(idx[1].numpy(), reference_search(mixed, docs, 5)[1][1])
+    np.testing.assert_array_equal(idx[1].numpy(), reference_topk(mixed, docs, 5)[1][1])
     assert Searcher(index).search(empty[:0], k=3)[0].shape == (0, 3)
 
 
@@ -207,5 +192,5 @@ def test_cuda_torch_backend_matches_cpu_and_is_deterministic():
     a, b = gpu_searcher.search(queries, k=100), gpu_searcher.search(queries, k=100)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     np.testing.assert_allclose(a[0].cpu().numpy(), cpu[0].numpy(), rtol=1e-6)
-    ref_s, _ = reference_search(queries, docs, 100)
+    ref_s, _ = reference_topk(queries, docs, 100)
     np.testing.assert_allclose(a[0].cpu().numpy(), ref_s, rtol=1e-6)

@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from lsr.shards import ShardWriter, iter_shards, read_manifest, read_vectors, write_vectors
-from tests.test_sparse import random_vectors
+from lsr.testing import random_collection
 
 
 def test_round_trip_in_several_shards(tmp_path):
-    v = random_vectors(23, 64, seed=4)
+    v = random_collection(23, 64, seed=4)
     manifest = write_vectors(tmp_path / "vec", v, {"model": "m", "max_length": 7}, shard_rows=5)
     assert [s["rows"] for s in manifest["shards"]] == [5, 5, 5, 5, 3]
     assert manifest["complete"] and manifest["n_rows"] == 23 and manifest["nnz"] == v.nnz
@@ -28,7 +28,7 @@ def test_round_trip_in_several_shards(tmp_path):
 
 
 def test_resume_continues_without_loss_or_duplicates(tmp_path):
-    v = random_vectors(30, 64, seed=5)
+    v = random_collection(30, 64, seed=5)
     w = ShardWriter(tmp_path / "vec", 64, {"m": 1}, shard_rows=7)
     w.add(v[:10])
     w.add(v[10:16])  # 14 rows complete in 2 shards, 2 buffered rows are lost with the "crash"
@@ -48,7 +48,7 @@ def test_resume_continues_without_loss_or_duplicates(tmp_path):
 
 
 def test_corrupt_or_missing_shards_are_rejected(tmp_path):
-    v = random_vectors(12, 32, seed=6)
+    v = random_collection(12, 32, seed=6)
     write_vectors(tmp_path / "vec", v, shard_rows=4)
     f = tmp_path / "vec" / "part-00001.parquet"
     data = bytearray(f.read_bytes())
@@ -67,7 +67,7 @@ def test_corrupt_or_missing_shards_are_rejected(tmp_path):
 
 
 def test_shard_with_invalid_vectors_is_rejected(tmp_path):
-    v = random_vectors(4, 16, seed=7)
+    v = random_collection(4, 16, seed=7)
     write_vectors(tmp_path / "vec", v, shard_rows=10)
     m = json.loads((tmp_path / "vec" / "manifest.json").read_text())
     m["vocab_size"] = 2  # the stored term ids no longer fit the declared vocabulary

@@ -8,59 +8,24 @@ allocate are poisoned (NaN / junk ints) so an unwritten element cannot pass.
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 
 import pytest
 import torch
 
+from tests.conftest import DEV
+
 pytest.importorskip("triton")
 
-from lsr.encode.kernels import sparton, sparton_bwd  # noqa: E402
-from lsr.encode.kernels.sparton import SpartonHead, sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
+from lsr.encode.kernels import sparton, sparton_bwd
+from lsr.encode.kernels.sparton import SpartonHead, sparton_head, torch_sparton_head, triton_sparton_fwd
+from lsr.testing import max_abs_errors as errors
+from lsr.testing import sparton_case
 
-HAS_CUDA = torch.cuda.is_available()
-DEV = "cuda" if HAS_CUDA else "cpu"
-pytestmark = pytest.mark.skipif(not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+pytestmark = pytest.mark.skipif(DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs CUDA or TRITON_INTERPRET=1")
-
-
-@pytest.fixture
-def poison(monkeypatch):
-    """Make torch.empty / empty_like (as the launchers call them) return NaN- or junk-filled memory."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        if t.dtype == torch.bool:
-            return t
-        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(torch.iinfo(t.dtype).max)
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
-
-
-def make_case(B: int, S: int, V: int, D: int, dtype: torch.dtype, bias: bool, mask_kind: str, seed: int,
-              noncontig: bool = False):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(B, S, D, generator=g)
-    weight = torch.randn(V, D, generator=g) * D ** -0.5
-    b = torch.randn(V, generator=g) * 0.5 if bias else None
-    if mask_kind == "full":
-        mask = torch.ones(B, S, dtype=torch.bool)
-    else:  # right padding with random lengths (row 0 fully masked when B > 1) plus holes
-        lengths = torch.randint(1, S + 1, (B,), generator=g)
-        mask = torch.arange(S)[None, :] < lengths[:, None]
-        if B > 1:
-            mask[0] = False
-        if mask_kind == "holes":
-            mask &= torch.rand(B, S, generator=g) > 0.3
-            mask = mask.to(torch.int64)  # an HF-style attention mask
-    hidden, weight = hidden.to(dtype).to(DEV), weight.to(dtype).to(DEV)
-    if noncontig:  # same values, strided storage
-        hidden = hidden.transpose(0, 1).contiguous().transpose(0, 1)
-        weight = torch.cat([weight, weight[:, :3]], dim=1)[:, :D]
-        assert not hidden.is_contiguous() and not weight.is_contiguous()
-    return hidden, weight, (b.to(DEV) if b is not None else None), mask.to(DEV)
 
 
 def grads_of(fn, hidden, weight, bias, mask, dy, dtype=None):
@@ -72,8 +37,7 @@ def grads_of(fn, hidden, weight, bias, mask, dy, dtype=None):
     return [y.detach()] + [t.grad if t is not None else None for t in leaves]
 
 
-def errors(got, ref):
-    return [(g.double() - r).abs().max().item() if g is not None else 0.0 for g, r in zip(got, ref, strict=False)]
+case_on_dev = functools.partial(sparton_case, device=DEV)
 
 
 # (B, S, V, D, bias, mask kind, non-contiguous): awkward on purpose, tiny for the interpreter
@@ -90,7 +54,7 @@ CASES = [
 def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
     B, S, V, D, bias, kind, noncontig = case
     seed = zlib.crc32(repr((case, str(dtype), deterministic)).encode())
-    hidden, weight, b, mask = make_case(B, S, V, D, dtype, bias, kind, seed, noncontig)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, dtype, bias, kind, seed, noncontig)
     dy = torch.randn(B, V, generator=torch.Generator().manual_seed(seed + 1)).to(DEV)
     dy = dy.to(dtype).to(torch.float64)  # the same upstream values for every implementation
 
@@ -117,7 +81,7 @@ def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_argmax_is_a_valid_maximiser(dtype, poison):
     B, S, V, D = 3, 33, 70, 32
-    hidden, weight, b, mask = make_case(B, S, V, D, dtype, True, "holes", seed=7 + (dtype == torch.bfloat16))
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, dtype, True, "holes", seed=7 + (dtype == torch.bfloat16))
     mask = mask.bool()
     y, y32, arg = triton_sparton_fwd(hidden, weight, b, mask, need_fp32=True)
     assert arg.dtype == torch.int32 and y32.dtype == torch.float32
@@ -140,7 +104,7 @@ def test_argmax_is_a_valid_maximiser(dtype, poison):
 def test_forward_variants(blocks, need_argmax, poison):
     """TMA loads (rows past a sequence's end come from the next one or zero fill) and flattened loops."""
     B, S, V, D = 3, 37, 100, 48
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "holes", seed=17 + need_argmax)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "holes", seed=17 + need_argmax)
     mask = mask.bool()
     y, y32, arg = triton_sparton_fwd(hidden, weight, b, mask, need_fp32=True, need_argmax=need_argmax, _blocks=blocks)
     ref = torch_sparton_head(hidden.double(), weight.double(), b.double(), mask)
@@ -157,7 +121,7 @@ def test_forward_variants(blocks, need_argmax, poison):
 def test_vocab_chunked_dh(deterministic, poison):
     """The large-vocabulary dH path (buckets keyed by (vocab chunk, row), fp32 partial across launches)."""
     B, S, V, D = 3, 23, 150, 32
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.float32, True, "padded", seed=23 + deterministic)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.float32, True, "padded", seed=23 + deterministic)
     dy = torch.randn(B, V, device=DEV, dtype=torch.float64)
     ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
     _, y32, arg = triton_sparton_fwd(hidden, weight, b, mask.bool(), need_fp32=True)
@@ -197,7 +161,7 @@ def test_negative_logits_route_no_gradient(poison):
 def test_deterministic_mode_is_bit_identical(poison):
     # few positions and many vocab entries: every dH row sums many terms, so order would show
     B, S, V, D = 3, 5, 260, 32
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=11)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=11)
     dy = torch.randn(B, V, device=DEV)
     runs = [grads_of(lambda *a: sparton_head(*a, backend="triton", deterministic=True), hidden, weight, b, mask, dy)
             for _ in range(2)]
@@ -207,7 +171,7 @@ def test_deterministic_mode_is_bit_identical(poison):
 
 def test_autocast_and_module():
     B, S, V, D = 2, 19, 90, 32
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.float32, True, "padded", seed=5)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.float32, True, "padded", seed=5)
     head = SpartonHead(V, D, backend="triton", device=DEV)
     with torch.no_grad():
         head.weight.copy_(weight)
@@ -250,7 +214,7 @@ def test_torch_twin_and_backend_choice():
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
     B, S, D = 6, 200, 768
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=3)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=3)
     hidden = hidden * 2  # spread the logits so many max positions compete
     dy = torch.randn(B, V, device=DEV).bfloat16().double()
     ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
@@ -269,7 +233,7 @@ def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
 def test_gpu_large_vocab_weight_grad_only():
     """Frozen hidden states (no dH) with a vocabulary big enough for the chunked dH layout."""
     B, S, V, D = 2, 16, 120000, 256
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=4)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=4)
     w = weight.clone().requires_grad_()
     dy = torch.randn(B, V, device=DEV)
     sparton_head(hidden, w, b, mask).backward(dy.bfloat16())
@@ -281,7 +245,7 @@ def test_gpu_large_vocab_weight_grad_only():
 @pytest.mark.gpu
 def test_gpu_deterministic_bitwise_and_fast_close():
     B, S, V, D = 16, 64, 30522, 768  # few positions: long dH buckets, where atomic order would show
-    hidden, weight, b, mask = make_case(B, S, V, D, torch.bfloat16, True, "padded", seed=9)
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=9)
     dy = torch.randn(B, V, device=DEV)
     det = [grads_of(lambda *a: sparton_head(*a, deterministic=True), hidden, weight, b, mask, dy) for _ in range(3)]
     for run in det[1:]:

@@ -9,6 +9,7 @@ launcher allocates are poisoned (``poison`` from test_sparton) so an unwritten e
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 
@@ -17,8 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd  # noqa: E402
-from lsr.encode.kernels.sparton_packed import (  # noqa: E402
+from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd
+from lsr.encode.kernels.sparton_packed import (
     packed_sparton_head,
     packed_tokens_sparton_head,
     packing_pays,
@@ -26,10 +27,13 @@ from lsr.encode.kernels.sparton_packed import (  # noqa: E402
     triton_packed_sparton_fwd,
     triton_packed_tokens_fwd,
 )
-from tests.test_sparton import DEV, errors, make_case, poison  # noqa: E402, F401 - poison: a fixture
+from lsr.testing import max_abs_errors as errors
+from lsr.testing import sparton_case
+from tests.conftest import DEV
 
-HAS_CUDA = torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+make_case = functools.partial(sparton_case, device=DEV)
+
+pytestmark = pytest.mark.skipif(DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs CUDA or TRITON_INTERPRET=1")
 TILE = {"BLOCK_V": 32, "BLOCK_T": 16, "BLOCK_D": 16, "GROUP_T": 2}  # 16-token tiles make the layouts below
 V, D = 70, 40  # neither a multiple of BLOCK_V nor of BLOCK_D
@@ -207,7 +211,7 @@ def test_encoder_packed_matches_padded(tmp_path, data_dir, monkeypatch):
     """SpladeEncoder(packed=True) routes inference through the packed head and gives the padded vectors."""
     pytest.importorskip("transformers")
     from lsr.encode import splade
-    from tests.helpers_models import save_tiny_mlm
+    from lsr.testing import save_tiny_mlm
     from tests.test_splade import TEXTS
 
     path = save_tiny_mlm("roberta", tmp_path / "roberta", data_dir)  # V=500, D=32: fast under the interpreter

@@ -10,20 +10,12 @@ import time
 import pytest
 import torch
 
-from tests.helpers_models import KINDS, save_tiny_mlm
+from lsr.testing import KINDS, save_tiny_mlm
+from lsr.testing import SAMPLE_TEXTS as TEXTS
 
 transformers = pytest.importorskip("transformers")
 
 from lsr.encode.splade import SpladeEncoder
-
-TEXTS = [
-    ("Alterations of the architecture of cerebral white matter in the developing human brain can affect "
-     "cortical development and result in functional disabilities."),
-    "what is the capital of france",
-    "",
-    "Cells!",
-    "A line scan diffusion-weighted magnetic resonance imaging (MRI) sequence with diffusion tensor analysis.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ pytest.importorskip("tokenizers")
 from lsr.encode.checkpoint import TextTokenizer
 from lsr.encode.splade import SpladeEncoder
 from lsr.encode.tokenize_pool import CHUNK, TokenizerPool, default_workers
-from tests.helpers_models import save_tiny_mlm
+from lsr.testing import save_tiny_mlm
 
 
 @pytest.fixture(scope="module")

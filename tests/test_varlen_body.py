@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers_models import save_tiny_mlm
+from lsr.testing import save_tiny_mlm
 
 transformers = pytest.importorskip("transformers")
 
-from lsr.encode import splade  # noqa: E402
-from lsr.encode.varlen_body import VarlenBody, pack_batch, torch_varlen_attention, varlen_attention  # noqa: E402
-from tests.test_splade import TEXTS  # noqa: E402
+from lsr.encode import splade
+from lsr.encode.varlen_body import VarlenBody, pack_batch, torch_varlen_attention, varlen_attention
+from lsr.testing import SAMPLE_TEXTS as TEXTS
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -131,7 +131,7 @@ def test_gpu_flash_matches_twin():
 def test_gpu_encoder_varlen_error_within_padded_bf16(tmp_path, data_dir):
     """bf16 on the GPU: the padding-free encoder's error against an fp32 HF reference is at most twice
     the padded HF bf16 path's (DESIGN §4), and reruns are bit-identical."""
-    from tests.helpers_models import calibrate_sparsity
+    from lsr.testing import calibrate_sparsity
 
     cfg = transformers.BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                                   intermediate_size=1024)

@@ -142,10 +142,10 @@ class VarlenBody:
                     or getattr(cfg, "position_embedding_type", "absolute") != "absolute"):
                 return None
             emb = model.bert.embeddings
-            layers = [_Layer(l.attention.self.query, l.attention.self.key, l.attention.self.value,
-                             l.attention.output.dense, l.attention.output.LayerNorm, l.intermediate.dense,
-                             l.intermediate.intermediate_act_fn, l.output.dense, l.output.LayerNorm)
-                      for l in model.bert.encoder.layer]
+            layers = [_Layer(layer.attention.self.query, layer.attention.self.key, layer.attention.self.value,
+                             layer.attention.output.dense, layer.attention.output.LayerNorm, layer.intermediate.dense,
+                             layer.intermediate.intermediate_act_fn, layer.output.dense, layer.output.LayerNorm)
+                      for layer in model.bert.encoder.layer]
 
             def embed(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
                 # HF's order: (word + token type 0) + position, then LayerNorm (dropout is off in eval)
@@ -155,9 +155,9 @@ class VarlenBody:
             return cls(embed, layers, model.cls.predictions.transform, cfg.num_attention_heads, "bert")
         if kind == "distilbert" and hasattr(model, "distilbert") and hasattr(model, "vocab_transform"):
             emb = model.distilbert.embeddings
-            layers = [_Layer(l.attention.q_lin, l.attention.k_lin, l.attention.v_lin, l.attention.out_lin,
-                             l.sa_layer_norm, l.ffn.lin1, l.ffn.activation, l.ffn.lin2, l.output_layer_norm)
-                      for l in model.distilbert.transformer.layer]
+            layers = [_Layer(layer.attention.q_lin, layer.attention.k_lin, layer.attention.v_lin, layer.attention.out_lin,
+                             layer.sa_layer_norm, layer.ffn.lin1, layer.ffn.activation, layer.ffn.lin2, layer.output_layer_norm)
+                      for layer in model.distilbert.transformer.layer]
 
             def embed(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
                 return emb.LayerNorm(emb.word_embeddings(ids) + emb.position_embeddings(pos))
@@ -170,12 +170,12 @@ class VarlenBody:
 
     def _qkv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Concatenated Q/K/V weights [3D, D] and biases [3D], rebuilt when a source tensor changed."""
-        sources = [t for l in self.layers for m in (l.q, l.k, l.v) for t in (m.weight, m.bias)]
+        sources = [t for layer in self.layers for m in (layer.q, layer.k, layer.v) for t in (m.weight, m.bias)]
         versions = [t._version for t in sources] + [t.data_ptr() for t in sources]
         if versions != self._versions:
             with torch.no_grad():
-                self._fused = [(torch.cat([l.q.weight, l.k.weight, l.v.weight]), torch.cat([l.q.bias, l.k.bias, l.v.bias]))
-                               for l in self.layers]
+                self._fused = [(torch.cat([layer.q.weight, layer.k.weight, layer.v.weight]), torch.cat([layer.q.bias, layer.k.bias, layer.v.bias]))
+                               for layer in self.layers]
             self._versions = versions
         return self._fused
 
