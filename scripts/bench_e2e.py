@@ -7,7 +7,7 @@ Documents come from lsr.synth (seeded, on the GPU) with docnos "0".."N-1" (the M
 space), so the run is a well-formed dev-small run and evaluation does its real work against the
 real qrels (the metric values themselves are meaningless on synthetic documents).
 Timed, wall clock, after one warm-up pass: Searcher.search (default path) -> TREC + MS MARCO run files
-(runs.write_topk) -> RR@10 / nDCG@10 / R@1000 (topk_metrics.evaluate_topk). Baseline in the same run:
+(runs.write_topk) -> RR@10 / nDCG@10 / R@1000 (lsr.evaluation.topk.evaluate_topk). Baseline in the same run:
 the same search output through the generic path (runs.from_topk dict -> runs.write_trec ->
 ir_measures.calc_aggregate). Writes OUT/bench_e2e_BACKEND.json + .csv (lsr.bench schema) and prints a short
 table last.

@@ -1,4 +1,4 @@
-"""Encoding throughput: Hugging Face masked LM + torch SPLADE head vs lsr's SpladeEncoder, same run (DESIGN §5).
+"""Encoding throughput: Hugging Face masked LM + torch SPLADE head vs lsr's SpladeEncoder, same run.
 
 Model: BERT-base (BertForMaskedLM from BertConfig(), random weights, sdpa, bf16 on CUDA), its decoder
 bias shifted so a passage activates ~127 terms like a trained SPLADE model (lsr/testing.py

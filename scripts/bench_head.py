@@ -1,4 +1,4 @@
-"""Benchmark the Sparton head against its baselines, all measured in the same run (DESIGN §5).
+"""Benchmark the Sparton head against its baselines, all measured in the same run.
 
 Cases (bf16, D=768, full masks): forward (inference, no grad) and forward+backward; baselines per case:
 torch eager head (the twin, bf16 logits like an HF head), torch.compile of it, a plain-torch

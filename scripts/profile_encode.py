@@ -1,4 +1,4 @@
-"""Where does corpus-encoding time go? A diagnosis of encode_corpus vs the GPU path alone (DESIGN §5).
+"""Where does corpus-encoding time go? A diagnosis of encode_corpus vs the GPU path alone.
 
 Same model and data as scripts/bench_encode.py (random BERT-base MLM, sparsity-calibrated, bf16 on CUDA;
 synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:

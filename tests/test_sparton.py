@@ -70,7 +70,7 @@ def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
     if dtype == torch.float32:
         scale = [1.0 + r.abs().max().item() if r is not None else 1.0 for r in ref]
         assert all(e <= 2e-5 * s for e, s in zip(err, scale, strict=False)), err
-    else:  # DESIGN §4: at most 2x the error of the same-precision torch head
+    else:  # the kernels' accuracy rule: at most 2x the error of the same-precision torch head
         same = grads_of(lambda *a: torch_sparton_head(*a, upcast=False), hidden, weight, b, mask, dy)
         torch_err = errors(same, ref)
         assert all(e <= 2 * te + 1e-6 for e, te in zip(err, torch_err, strict=False)), (err, torch_err)

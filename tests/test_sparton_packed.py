@@ -88,7 +88,7 @@ def test_packed_vs_fp64_and_padded(kind, dtype, bias):
     err = errors([y], [ref])[0]
     if dtype == torch.float32:
         assert err <= 2e-5 * (1 + ref.abs().max().item()), err
-    else:  # DESIGN §4: at most 2x the error of the same-precision torch head
+    else:  # the kernels' accuracy rule: at most 2x the error of the same-precision torch head
         torch_err = errors([torch_sparton_head(hidden, weight, b, mask, upcast=False)], [ref])[0]
         assert err <= 2 * torch_err + 1e-6, (err, torch_err)
     empty = ~mask.any(1)

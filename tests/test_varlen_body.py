@@ -130,7 +130,7 @@ def test_gpu_flash_matches_twin():
 @pytest.mark.gpu
 def test_gpu_encoder_varlen_error_within_padded_bf16(tmp_path, data_dir):
     """bf16 on the GPU: the padding-free encoder's error against an fp32 HF reference is at most twice
-    the padded HF bf16 path's (DESIGN §4), and reruns are bit-identical."""
+    the padded HF bf16 path's (the kernels' accuracy rule), and reruns are bit-identical."""
     from lsr.testing import calibrate_sparsity
 
     cfg = transformers.BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,

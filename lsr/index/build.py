@@ -38,8 +38,8 @@ PAD = 32                      # segment padding: one warp
 DEFAULT_BLOCK_SIZE = 1 << 16  # docs per block
 MAX_BLOCK_SIZE = 1 << 20
 # Budgeted temporary bytes per posting of a chunk in pass 2 (int16 sort key and sorted key, int64
-# permutation, radix-sort scratch, gathered doc ids / weights, segment key, int64 destination). About
-# 28 were measured on an H200 (torch 2.11); the rest is slack for allocator fragmentation.
+# permutation, radix-sort scratch, gathered doc ids / weights, segment key, int64 destination), with
+# slack for allocator fragmentation over what docs/benchmarks.md ("Index build memory") records.
 BYTES_PER_POSTING = 56
 _MAX_CHUNK_POSTINGS = (1 << 31) - 1  # keep chunk-local positions and sort sizes within int32
 _INT32_MAX = (1 << 31) - 1

@@ -238,7 +238,7 @@ class Searcher:
                 continue
             # CSR chunk @ dense queries as a weighted embedding-bag sum: one fused kernel that sums each
             # doc's products sequentially in float32, so it is deterministic (cuSPARSE SpMM through
-            # torch.sparse.mm is not: it differed between two identical calls on an H200). int32
+            # torch.sparse.mm is not: two identical calls can differ). int32
             # indices and offsets whenever they fit avoid an int64 copy of the chunk.
             wide = p1 - p0 >= 2**31
             terms = docs.indices[p0:p1].to(torch.int64) if wide else docs.indices[p0:p1]

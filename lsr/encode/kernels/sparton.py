@@ -135,8 +135,8 @@ if triton is not None:
             nargs["e_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_D"]]
 
     def _configs(family: str) -> list:
-        # (BLOCK_V, BLOCK_S, BLOCK_D, warps, stages, flatten, tma); H200 bf16 D=768: 256x128 w8 led (26.0 ms
-        # on 32x512x250002 vs 27.0 for 128x256, 29.2 for 128x128), flattening gained ~1%
+        # (BLOCK_V, BLOCK_S, BLOCK_D, warps, stages, flatten, tma): the shapes that led the autotuning runs
+        # recorded in docs/benchmarks.md ("Sparton tile shapes"), best first
         shapes = {
             "tma": [(256, 128, 64, 8, 3, True, True), (256, 128, 64, 8, 4, True, True),
                     (128, 256, 64, 8, 4, True, True), (256, 128, 128, 8, 2, True, True),
