@@ -1,4 +1,9 @@
-"""The GPU inverted index: ``InvertedIndex`` (lsr.index.inverted) and its builder (lsr.index.build).
+"""The GPU inverted index.
+
+Module map:
+
+* ``inverted``: ``InvertedIndex`` (posting arrays on one device, save / load / check, no pickle).
+* ``build``: ``build_postings``, the chunked GPU (or CPU) build of the warp-padded, block-aligned layout.
 
 ``import lsr`` stays light because lsr resolves ``lsr.index`` lazily; importing this package loads torch.
 """
