@@ -137,7 +137,7 @@ def test_save_never_overwrites_unasked(checkpoints, tmp_path):
 
 
 def _copy_with_modules(src: Path, dst: Path, modules: list[dict]) -> Path:
-    dst.mkdir()
+    dst.mkdir(parents=True)
     for f in src.rglob("*"):
         if f.is_file():
             (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
@@ -166,3 +166,22 @@ def test_shipped_splade_tiny_matches_sentence_transformers(data_dir):
     enc = SpladeEncoder.from_pretrained(path, device="cpu", max_length_query=256, max_length_doc=256)
     for kind in ("query", "document"):
         assert_same_vectors(getattr(enc, f"encode_{kind}")(TEXTS), getattr(ref, f"encode_{kind}")(TEXTS))
+
+
+def test_hub_id_loads_from_the_cache_offline(checkpoints, tmp_path, monkeypatch):
+    """A hub id of an ST repository resolves through the Hugging Face cache (no network: HF_HUB_OFFLINE)."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--org--tiny-splade"
+    _copy_with_modules(checkpoints["sum_log1p"], repo / "snapshots" / commit,
+                       json.loads((checkpoints["sum_log1p"] / "modules.json").read_text()))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    enc = SpladeEncoder.from_pretrained("org/tiny-splade", device="cpu")
+    assert enc.describe()["model"] == "org/tiny-splade" and enc.describe()["pooling"] == "sum"
+    ref = SparseEncoder(str(checkpoints["sum_log1p"]), device="cpu")
+    assert_same_vectors(enc.encode_document(TEXTS), ref.encode_document(TEXTS))
+    with pytest.raises(OSError, match="not in the Hugging Face cache"):
+        SpladeEncoder.from_pretrained("org/absent-model", device="cpu")
