@@ -26,9 +26,11 @@ from torch import nn
 from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
 from lsr.encode.varlen_body import VarlenBody
 
-__all__ = ["MaskedLMTower", "TextTokenizer", "downloads_off", "resolve_dtype", "resolve_local_files_only"]
+__all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "resolve_dtype", "resolve_local_files_only",
+           "tokenizer_facts"]
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
+NO_LIMIT = 1_000_000  # a max length at or above this means "no limit"
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
@@ -91,6 +93,16 @@ def resolve_local_files_only(name: str, local_files_only: bool | None, revision:
                       f"is reachable (`hf download {name}`) and copy the cache or a save_pretrained() "
                       "directory here, then pass that path (or unset HF_HUB_OFFLINE when online).") from e
     return True
+
+
+def tokenizer_facts(tokenizer: Any, vocab_size: int) -> tuple[list[str], int, int | None]:
+    """(term id -> token for ``vocab_size`` ids, padding id, length limit or None) of a HF tokenizer.
+    Ids the tokenizer lacks (decoders may pad V past it) get placeholder names."""
+    inverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    vocab = [inverse.get(i, f"[id{i}]") for i in range(vocab_size)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    limit = tokenizer.model_max_length  # tokenizers without a limit report ~1e30
+    return vocab, pad_id, int(limit) if limit and limit < NO_LIMIT else None
 
 
 class TextTokenizer:
@@ -163,11 +175,7 @@ class MaskedLMTower:
         self.architecture = type(model).__name__
         self.revision = getattr(model.config, "_commit_hash", None) or revision
         V = self.weight.shape[0]
-        inverse = {i: t for t, i in self.tokenizer.get_vocab().items()}
-        self.vocab = [inverse.get(i, f"[id{i}]") for i in range(V)]  # decoders may pad V past the tokenizer
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        limit = self.tokenizer.model_max_length
-        self.max_positions = int(limit) if limit and limit < 1_000_000 else None
+        self.vocab, self.pad_id, self.max_positions = tokenizer_facts(self.tokenizer, V)
 
     def save_pretrained(self, folder: str | os.PathLike) -> None:
         """Write the whole masked LM (decoder included) and the tokenizer with ``save_pretrained``."""

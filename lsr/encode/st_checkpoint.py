@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from lsr.encode.checkpoint import MaskedLMTower, downloads_off
+from lsr.encode.checkpoint import NO_LIMIT, MaskedLMTower, downloads_off, tokenizer_facts
 
 __all__ = ["Route", "StCheckpoint", "StaticTower", "activate", "find_st_folder", "load_route", "load_st_towers",
            "pool_logits", "read_st_checkpoint"]
@@ -37,7 +37,6 @@ __all__ = ["Route", "StCheckpoint", "StaticTower", "activate", "find_st_folder",
 MODULES = "modules.json"
 LSR_CONFIG = "lsr_config.json"  # lsr's own settings (separate query / document max lengths), ignored by ST
 _TRANSFORMERS = {"Transformer", "MLMTransformer"}
-_HUGE = 1_000_000  # tokenizers without a length limit report ~1e30 as model_max_length
 
 
 @dataclass
@@ -190,11 +189,7 @@ class StaticTower:
         self.table = _load_weight(path).to(device=device, dtype=torch.float32)
         if self.table.ndim != 1 or not bool(torch.isfinite(self.table).all()) or bool((self.table < 0).any()):
             raise ValueError(f"{path}: the token weight table must be a finite, non-negative [vocab] vector")
-        inverse = {i: t for t, i in self.tokenizer.get_vocab().items()}
-        self.vocab = [inverse.get(i, f"[id{i}]") for i in range(self.table.shape[0])]
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        limit = self.tokenizer.model_max_length
-        self.max_positions = int(limit) if limit and limit < _HUGE else None
+        self.vocab, self.pad_id, self.max_positions = tokenizer_facts(self.tokenizer, self.table.shape[0])
 
     def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, L] token ids and mask -> [B, V] weights of each row's distinct unmasked tokens."""
@@ -244,7 +239,7 @@ def default_length(route: Route, tower: MaskedLMTower | StaticTower) -> int:
     """The max length sentence-transformers uses for this route (the tokenizer's limit when none is set)."""
     if route.max_length is not None:
         return int(route.max_length)
-    return tower.max_positions or _HUGE
+    return tower.max_positions or NO_LIMIT
 
 
 def load_st_towers(ckpt: StCheckpoint, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
