@@ -48,7 +48,8 @@ def checkpoints(tmp_path_factory, data_dir) -> dict[str, Path]:
     bert, roberta = save_tiny_mlm("bert", root / "bert", data_dir), save_tiny_mlm("roberta", root / "roberta", data_dir)
     out = {"plain": bert}
     models = {"max_relu": _splade(bert, 24, "max", "relu"),
-              "sum_log1p": _splade(bert, 32, "sum", "log1p_relu", legacy=True)}
+              "sum_log1p": _splade(bert, 32, "sum", "log1p_relu", legacy=True),
+              "max_log1p": _splade(bert, 64, "max", "log1p_relu")}
     doc = _splade(roberta, 40, "max", "log1p_relu")
     torch.manual_seed(0)
     table = torch.rand(len(doc[0].tokenizer.get_vocab())) * (torch.rand(len(doc[0].tokenizer.get_vocab())) > 0.2)
@@ -68,10 +69,11 @@ def assert_same_vectors(lsr_out, st_out) -> None:
     assert (a - b).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["max_relu", "sum_log1p", "inference_free"])
-def test_st_checkpoint_matches_sentence_transformers(checkpoints, name):
+@pytest.mark.parametrize(("name", "varlen"), [("max_relu", False), ("sum_log1p", False), ("inference_free", False),
+                                            ("max_log1p", True)])  # varlen: the padding-free body and packed head
+def test_st_checkpoint_matches_sentence_transformers(checkpoints, name, varlen):
     ref = SparseEncoder(str(checkpoints[name]), device="cpu")
-    enc = SpladeEncoder.from_pretrained(checkpoints[name], device="cpu", backend="torch", batch_size=2)
+    enc = SpladeEncoder.from_pretrained(checkpoints[name], device="cpu", backend="torch", batch_size=2, varlen=varlen)
     assert enc.max_length_doc == ref.max_seq_length  # the checkpoint's length, not lsr's 256 default
     for kind in ("query", "document"):
         ours, theirs = getattr(enc, f"encode_{kind}")(TEXTS), getattr(ref, f"encode_{kind}")(TEXTS)
@@ -185,3 +187,14 @@ def test_hub_id_loads_from_the_cache_offline(checkpoints, tmp_path, monkeypatch)
     assert_same_vectors(enc.encode_document(TEXTS), ref.encode_document(TEXTS))
     with pytest.raises(OSError, match="not in the Hugging Face cache"):
         SpladeEncoder.from_pretrained("org/absent-model", device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["max_log1p", "inference_free", "sum_log1p"])
+def test_st_checkpoint_on_cuda(checkpoints, name):
+    """On CUDA in fp32: the Triton (packed) head, the padding-free body and the static table on the device."""
+    ref = SparseEncoder(str(checkpoints[name]), device="cuda")
+    enc = SpladeEncoder.from_pretrained(checkpoints[name], device="cuda", dtype=torch.float32, varlen=True)
+    for kind in ("query", "document"):
+        ours, theirs = getattr(enc, f"encode_{kind}")(TEXTS), getattr(ref, f"encode_{kind}")(TEXTS).cpu()
+        assert_same_vectors(ours, theirs)
