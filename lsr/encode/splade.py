@@ -179,12 +179,13 @@ class SpladeEncoder(PluralAliases):
             extra["prompts"] = dict(self.prompts)
         if query is not doc and not query.static and (query.pooling, query.activation) != (doc.pooling, doc.activation):
             extra["query_pooling"], extra["query_activation"] = query.pooling, _ACTIVATIONS[query.activation]
-        return extra | {"kind": "splade", "model": doc.name, "revision": doc.revision, "architecture": doc.architecture,
-                "query_model": None if query is doc else query.name,
-                "query_revision": None if query is doc else query.revision,
-                "max_length_query": self.max_length_query, "max_length_doc": self.max_length_doc,
-                "doc_top_k": self.doc_top_k, "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self.vocab),
-                "dtype": str(self.dtype).removeprefix("torch."), "pooling": doc.pooling, "activation": _ACTIVATIONS[doc.activation]}
+        return extra | {
+            "kind": "splade", "model": doc.name, "revision": doc.revision, "architecture": doc.architecture,
+            "query_model": None if query is doc else query.name, "query_revision": None if query is doc else query.revision,
+            "max_length_query": self.max_length_query, "max_length_doc": self.max_length_doc,
+            "doc_top_k": self.doc_top_k, "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self.vocab),
+            "dtype": str(self.dtype).removeprefix("torch."), "pooling": doc.pooling,
+            "activation": _ACTIVATIONS[doc.activation]}
 
     def __repr__(self) -> str:
         return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "
@@ -260,7 +261,9 @@ class SpladeEncoder(PluralAliases):
                           for i in range(0, B, rows)])
 
     def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
-        if tower.varlen is None or tower.pooling != "max" or self.varlen is False or batch.lengths is None or torch.is_grad_enabled():
+        if tower.varlen is None or tower.pooling != "max" or self.varlen is False or batch.lengths is None:
+            return False  # (the padding-free path feeds the max-pooling packed head only)
+        if torch.is_grad_enabled():
             return False
         return self.varlen or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
 
