@@ -13,6 +13,7 @@ import contextlib
 import gzip
 import io
 import os
+import shutil
 import tempfile
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,8 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_write", "atomic_write_bytes", "atomic_write_text",
+__all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
+           "atomic_write_text",
            "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
            "id_problem", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text", "to_numpy"]
 
@@ -187,6 +189,42 @@ def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """Build a directory atomically: yields a temporary directory next to ``path``, renamed to ``path``
+    when the block succeeds (an existing ``path`` is moved aside first and deleted last, so a failure at
+    any point leaves the old directory in place) and deleted when it fails. Whether an existing ``path``
+    may be replaced is the caller's decision, made before."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-", dir=path.parent))
+    try:
+        apply_umask(tmp, directory=True)
+        yield tmp
+        _publish(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Rename the finished ``tmp`` to ``path``, moving an old one aside first and deleting it last."""
+    if not path.exists():
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))
+    os.rmdir(old)  # reserve a unique name; rename needs it free
+    os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

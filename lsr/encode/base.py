@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from lsr.sparse import SparseVectors
 
-__all__ = ["Encoder", "PluralAliases"]
+__all__ = ["Encoder", "PluralAliases", "sparse_output"]
 
 
 @runtime_checkable
@@ -57,3 +57,13 @@ class PluralAliases:
         warnings.warn("encode_queries() is deprecated; use encode_query() (sentence-transformers' name)",
                       DeprecationWarning, stacklevel=2)
         return self.encode_query(*args, **kwargs)
+
+
+def sparse_output(vectors: SparseVectors, convert_to_sparse_tensor: bool) -> Any:
+    """``vectors`` as they are, or as the [n, vocab_size] float32 torch sparse COO tensor (coalesced) that
+    sentence-transformers' ``encode_query`` / ``encode_document`` return."""
+    if not convert_to_sparse_tensor:
+        return vectors
+    import torch
+
+    return vectors.to_torch_sparse(torch.sparse_coo)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import urllib.parse
@@ -25,9 +26,11 @@ from torch import nn
 from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
 from lsr.encode.varlen_body import VarlenBody
 
-__all__ = ["MaskedLMTower", "TextTokenizer", "resolve_dtype", "resolve_local_files_only"]
+__all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "resolve_dtype", "resolve_local_files_only",
+           "tokenizer_facts"]
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
+NO_LIMIT = 1_000_000  # a max length at or above this means "no limit"
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
@@ -55,6 +58,17 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def downloads_off(local_files_only: bool | None) -> tuple[bool, str]:
+    """(True, why) when nothing may be downloaded: ``local_files_only=True``, HF_HUB_OFFLINE /
+    TRANSFORMERS_OFFLINE set, or (for None) the hub unreachable."""
+    if local_files_only is not None:
+        return local_files_only, "local_files_only=True"
+    offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(k, "").upper() in _TRUE]
+    if offline:
+        return True, f"{offline[0]}=1"
+    return not _hub_reachable(), "the Hugging Face hub is unreachable"
+
+
 def resolve_local_files_only(name: str, local_files_only: bool | None, revision: str | None) -> bool:
     """Decide whether to load ``name`` from disk only; fail fast with a clear message when the model
     is neither a directory nor cached and downloading is impossible (instead of hub retries)."""
@@ -64,11 +78,7 @@ def resolve_local_files_only(name: str, local_files_only: bool | None, revision:
     if p.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise FileNotFoundError(f"{name!r} is not a model directory (expected a save_pretrained() folder "
                                 "with config.json, the weights and the tokenizer files)")
-    why = "local_files_only=True"
-    if local_files_only is None:
-        offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(k, "").upper() in _TRUE]
-        why = f"{offline[0]}=1" if offline else "the Hugging Face hub is unreachable"
-        local_files_only = bool(offline) or not _hub_reachable()
+    local_files_only, why = downloads_off(local_files_only)
     if not local_files_only:
         return False
     from transformers import AutoConfig
@@ -85,6 +95,16 @@ def resolve_local_files_only(name: str, local_files_only: bool | None, revision:
     return True
 
 
+def tokenizer_facts(tokenizer: Any, vocab_size: int) -> tuple[list[str], int, int | None]:
+    """(term id -> token for ``vocab_size`` ids, padding id, length limit or None) of a HF tokenizer.
+    Ids the tokenizer lacks (decoders may pad V past it) get placeholder names."""
+    inverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    vocab = [inverse.get(i, f"[id{i}]") for i in range(vocab_size)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    limit = tokenizer.model_max_length  # tokenizers without a limit report ~1e30
+    return vocab, pad_id, int(limit) if limit and limit < NO_LIMIT else None
+
+
 class TextTokenizer:
     """texts -> token ids truncated to ``max_length`` with the tokenizer's special tokens.
 
@@ -92,19 +112,23 @@ class TextTokenizer:
     calls from a worker thread never race with the HF wrapper mutating its settings; ``pool`` starts
     worker processes holding the same copy."""
 
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
-        self.tokenizer, self.max_length = tokenizer, max_length
+    def __init__(self, tokenizer: Any, max_length: int, add_special_tokens: bool = True) -> None:
+        self.tokenizer, self.max_length, self.add_special_tokens = tokenizer, max_length, add_special_tokens
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = None
         if backend is not None:
-            self._fast = load_tokenizer(backend.to_str(), max_length)
+            spec = backend.to_str()
+            if not add_special_tokens:  # the post-processor is what adds [CLS] / [SEP] (<s> / </s>)
+                spec = json.dumps({**json.loads(spec), "post_processor": None})
+            self._fast = load_tokenizer(spec, max_length)
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""
         texts = texts if isinstance(texts, list) else list(texts)
         if self._fast is not None:
             return token_arrays(self._fast, texts)  # Rust, parallel, releases the GIL while tokenizing
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length,
+                             add_special_tokens=self.add_special_tokens)["input_ids"]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
 
@@ -116,7 +140,13 @@ class TextTokenizer:
 class MaskedLMTower:
     """One masked-LM checkpoint: ``body`` (backbone + MLM transform: the model with its decoder
     replaced by an identity, so ``.logits`` are the transformed hidden states [B, S, D]) and the
-    decoder's ``weight`` [V, D] / ``bias`` [V]."""
+    decoder's ``weight`` [V, D] / ``bias`` [V].
+
+    ``pooling`` ("max" | "sum") and ``activation`` (sentence-transformers' names: "relu" gives
+    log1p(relu(x)), "log1p_relu" gives log1p(log1p(relu(x)))) say how the encoder pools the logits;
+    plain checkpoints are max / relu, sentence-transformers ``SpladePooling`` configs may differ."""
+
+    static = False  # a model-free (token weight table) tower is ``lsr.encode.st_checkpoint.StaticTower``
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype, local_files_only: bool | None,
                  revision: str | None, attn_implementation: str | None) -> None:
@@ -135,17 +165,25 @@ class MaskedLMTower:
             raise NotImplementedError(f"{type(model).__name__}: the output embedding is {type(decoder).__name__}, "
                                       "not a Linear decoder; cannot build a SPLADE head")
         self.weight, self.bias = decoder.weight.detach(), (decoder.bias.detach() if decoder.bias is not None else None)
-        for module in model.modules():  # detach the decoder; the rest of the head stays in place
-            for child_name, child in module.named_children():
-                if child is decoder:
-                    setattr(module, child_name, nn.Identity())
-        self.body = model
+        self._decoder_slots = [(module, child_name, decoder) for module in model.modules()
+                               for child_name, child in module.named_children() if child is decoder]
+        for module, child_name, _ in self._decoder_slots:  # detach the decoder; the rest of the head stays
+            setattr(module, child_name, nn.Identity())
+        self.model = self.body = model  # ``body`` may become a compiled wrapper; ``model`` stays the module
+        self.pooling, self.activation = "max", "relu"
         self.varlen = VarlenBody.from_model(model)  # padding-free forward, None for other architectures
         self.architecture = type(model).__name__
         self.revision = getattr(model.config, "_commit_hash", None) or revision
         V = self.weight.shape[0]
-        inverse = {i: t for t, i in self.tokenizer.get_vocab().items()}
-        self.vocab = [inverse.get(i, f"[id{i}]") for i in range(V)]  # decoders may pad V past the tokenizer
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        limit = self.tokenizer.model_max_length
-        self.max_positions = int(limit) if limit and limit < 1_000_000 else None
+        self.vocab, self.pad_id, self.max_positions = tokenizer_facts(self.tokenizer, V)
+
+    def save_pretrained(self, folder: str | os.PathLike) -> None:
+        """Write the whole masked LM (decoder included) and the tokenizer with ``save_pretrained``."""
+        for module, child_name, decoder in self._decoder_slots:
+            setattr(module, child_name, decoder)
+        try:
+            self.model.save_pretrained(folder)
+        finally:
+            for module, child_name, _ in self._decoder_slots:
+                setattr(module, child_name, nn.Identity())
+        self.tokenizer.save_pretrained(folder)

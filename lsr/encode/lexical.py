@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lsr.encode.analyzer import EnglishAnalyzer
-from lsr.encode.base import PluralAliases
+from lsr.encode.base import PluralAliases, sparse_output
 from lsr.io import atomic_write_text
 from lsr.sparse import SparseVectors
 
@@ -241,21 +241,24 @@ class LexicalEncoder(PluralAliases):
         values = np.concatenate([weigh(c) for c in parts]).astype(np.float32)
         return SparseVectors(indptr, indices, values, ids, self.vocab_size)
 
-    def encode_document(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+    def encode_document(self, texts: Iterable[str], ids: Sequence[str] | None = None, *,
+                        convert_to_sparse_tensor: bool = False) -> Any:
         """BM25 document vectors: idf(t) · tf·(k1+1) / (tf + k1·(1 - b + b·dl/avgdl)).
 
         ``dl`` counts every analysed token of the text; terms outside the fitted vocabulary are
-        dropped (they have no document frequency)."""
+        dropped (they have no document frequency). ``convert_to_sparse_tensor``: a torch sparse COO
+        tensor instead of SparseVectors."""
         self._require_fitted("encode_document")
         parts = [_count(self._analyze(batch), self._term_ids) for batch in _batches(texts, self.batch_size)]
-        return self._assemble(parts, ids, self._bm25)
+        return sparse_output(self._assemble(parts, ids, self._bm25), convert_to_sparse_tensor)
 
-    def encode_query(self, texts: Iterable[str], ids: Sequence[str] | None = None) -> SparseVectors:
+    def encode_query(self, texts: Iterable[str], ids: Sequence[str] | None = None, *,
+                     convert_to_sparse_tensor: bool = False) -> Any:
         """Query vectors: weight = how often the term occurs in the query (Anserini's bag of words).
         Terms outside the vocabulary are dropped; a query left with no term gives an empty row."""
         self._require_fitted("encode_query")
         parts = [_count(self._analyze(batch), self._term_ids) for batch in _batches(texts, self.batch_size)]
-        return self._assemble(parts, ids, lambda c: c.tf)
+        return sparse_output(self._assemble(parts, ids, lambda c: c.tf), convert_to_sparse_tensor)
 
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(term, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""

@@ -26,17 +26,19 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lsr.encode.base import PluralAliases
+from lsr.encode.base import PluralAliases, sparse_output
 from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
+from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
 from lsr.encode.tokenize_pool import TokenizerPool
 from lsr.encode.varlen_body import pack_batch
 from lsr.sparse import SparseVectors
@@ -45,6 +47,8 @@ __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
 
 _TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
 _KEEP = object()  # "use the encoder's doc_top_k"
+# sentence-transformers' activation names -> the per-position function, as describe() records it
+_ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
 
 
 @dataclass
@@ -85,9 +89,10 @@ class SpladeEncoder(PluralAliases):
     architectures it covers; True: wherever it covers the architecture; False: HF's padded forward).
     """
 
-    def __init__(self, doc: MaskedLMTower, query: MaskedLMTower, *, device: torch.device, dtype: torch.dtype,
-                 max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
-                 batch_size: int, max_tokens: int | None, packed: bool = True, varlen: bool | None = None) -> None:
+    def __init__(self, doc: MaskedLMTower, query: MaskedLMTower | StaticTower, *, device: torch.device,
+                 dtype: torch.dtype, max_length_query: int, max_length_doc: int, doc_top_k: int | None, backend: str,
+                 batch_size: int, max_tokens: int | None, packed: bool = True, varlen: bool | None = None,
+                 prompts: dict[str, str] | None = None) -> None:
         if query.vocab != doc.vocab:
             raise ValueError(f"query model {query.name!r} and document model {doc.name!r} have different vocabularies")
         if doc_top_k is not None and doc_top_k <= 0:
@@ -97,19 +102,25 @@ class SpladeEncoder(PluralAliases):
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
+        self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
                         dtype: torch.dtype | str | None = None, query_model: str | os.PathLike | None = None,
-                        max_length_query: int = 64, max_length_doc: int = 256, doc_top_k: int | None = None,
+                        max_length_query: int | None = None, max_length_doc: int | None = None,
+                        doc_top_k: int | None = None,
                         backend: str = "auto", local_files_only: bool | None = None, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
                         attn_implementation: str | None = "sdpa", compile: bool = False,
                         packed: bool = True, varlen: bool | None = None) -> SpladeEncoder:
         """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
 
+        A sentence-transformers SparseEncoder checkpoint (a folder or hub repository with ``modules.json``)
+        loads with its pooling, activation, max length and prompts, including the inference-free layout
+        whose queries are weighted by a token table (``lsr.encode.st_checkpoint``). ``max_length_query`` /
+        ``max_length_doc``: None = the checkpoint's (sentence-transformers) or 64 / 256 (plain checkpoints).
         ``device``: default CUDA when available. ``dtype``: default bf16 on CUDA, fp32 on CPU.
         ``query_model``: separate checkpoint for queries (same vocabulary). ``local_files_only``: None =
         only when HF_HUB_OFFLINE=1 or the hub is unreachable (a missing model then fails at once).
@@ -123,14 +134,25 @@ class SpladeEncoder(PluralAliases):
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = resolve_dtype(dtype, dev)
-        doc = MaskedLMTower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
-        query = doc if query_model is None else MaskedLMTower(str(query_model), dev, dt, local_files_only, None,
-                                                       attn_implementation)
+        folder, found = find_st_folder(str(name_or_path), local_files_only, revision), {}
+        if folder is not None:
+            doc, query, found = load_st_towers(read_st_checkpoint(folder), dev, dt, attn_implementation)
+            doc.name = str(name_or_path)
+            if query is not doc:
+                query.name = f"{name_or_path} (query route)"
+        else:
+            doc = query = MaskedLMTower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
+        if query_model is not None:
+            query = MaskedLMTower(str(query_model), dev, dt, local_files_only, None, attn_implementation)
+        max_length_doc = max_length_doc or found.get("max_length_doc", 256)
+        max_length_query = max_length_query or found.get("max_length_query", 64)
         for tower, length in ((doc, max_length_doc), (query, max_length_query)):
             if tower.max_positions is not None and length > tower.max_positions:
                 raise ValueError(f"{tower.name}: max_length {length} exceeds the model's {tower.max_positions} positions")
         if compile:
             for tower in {id(doc): doc, id(query): query}.values():
+                if tower.static:
+                    continue
                 tower.body = torch.compile(tower.body, dynamic=True)
                 if tower.varlen is not None:
                     tower.varlen.compile()
@@ -138,7 +160,7 @@ class SpladeEncoder(PluralAliases):
         return cls(doc, query, device=dev, dtype=dt, max_length_query=max_length_query, max_length_doc=max_length_doc,
                    doc_top_k=doc_top_k, backend=backend, batch_size=batch_size or (1024 if cuda else 32),
                    max_tokens=max_tokens if max_tokens is not None else (131072 if cuda else None), packed=packed,
-                   varlen=varlen)
+                   varlen=varlen, prompts=found.get("prompts"))
 
     # ------------------------------------------------------------------ facts
     @property
@@ -152,12 +174,18 @@ class SpladeEncoder(PluralAliases):
     def describe(self) -> dict[str, Any]:
         """JSON facts stored with the vectors (resume and search check them)."""
         doc, query = self._towers["doc"], self._towers["query"]
-        return {"kind": "splade", "model": doc.name, "revision": doc.revision, "architecture": doc.architecture,
-                "query_model": None if query is doc else query.name,
-                "query_revision": None if query is doc else query.revision,
-                "max_length_query": self.max_length_query, "max_length_doc": self.max_length_doc,
-                "doc_top_k": self.doc_top_k, "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self.vocab),
-                "dtype": str(self.dtype).removeprefix("torch."), "pooling": "max", "activation": "log1p_relu"}
+        extra = {"query_encoder": "static"} if query.static else {}
+        if any(self.prompts.values()):
+            extra["prompts"] = dict(self.prompts)
+        if query is not doc and not query.static and (query.pooling, query.activation) != (doc.pooling, doc.activation):
+            extra["query_pooling"], extra["query_activation"] = query.pooling, _ACTIVATIONS[query.activation]
+        return extra | {
+            "kind": "splade", "model": doc.name, "revision": doc.revision, "architecture": doc.architecture,
+            "query_model": None if query is doc else query.name, "query_revision": None if query is doc else query.revision,
+            "max_length_query": self.max_length_query, "max_length_doc": self.max_length_doc,
+            "doc_top_k": self.doc_top_k, "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self.vocab),
+            "dtype": str(self.dtype).removeprefix("torch."), "pooling": doc.pooling,
+            "activation": _ACTIVATIONS[doc.activation]}
 
     def __repr__(self) -> str:
         return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "
@@ -170,7 +198,8 @@ class SpladeEncoder(PluralAliases):
                 if kind not in self._towers:
                     raise ValueError(f"kind must be 'query' or 'doc', got {kind!r}")
                 length = self.max_length_doc if kind == "doc" else self.max_length_query
-                self._tokenizers[kind] = TextTokenizer(self._towers[kind].tokenizer, length)
+                tower = self._towers[kind]
+                self._tokenizers[kind] = TextTokenizer(tower.tokenizer, length, add_special_tokens=not tower.static)
             return self._tokenizers[kind]
 
     def tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
@@ -189,7 +218,8 @@ class SpladeEncoder(PluralAliases):
         if pool is not None and getattr(pool, "tag", None) != kind:
             raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
                              "use tokenizer_pool(kind)")
-        flat, lengths = (pool or self._tokenizer(kind))(texts)
+        prompt = self.prompts.get(kind, "")
+        flat, lengths = (pool or self._tokenizer(kind))([prompt + t for t in texts] if prompt else texts)
         batch_size = batch_size or self.batch_size
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         mult = max(1, self.pad_multiple)
@@ -231,7 +261,9 @@ class SpladeEncoder(PluralAliases):
                           for i in range(0, B, rows)])
 
     def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
-        if tower.varlen is None or self.varlen is False or batch.lengths is None or torch.is_grad_enabled():
+        if tower.varlen is None or tower.pooling != "max" or self.varlen is False or batch.lengths is None:
+            return False  # (the padding-free path feeds the max-pooling packed head only)
+        if torch.is_grad_enabled():
             return False
         return self.varlen or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
 
@@ -239,16 +271,22 @@ class SpladeEncoder(PluralAliases):
         """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D]
         packed or [B, L, D] padded, for profiling)."""
         input_ids = batch.input_ids.to(self.device, non_blocking=True)
+        if tower.static:  # no model: the weights of the text's tokens
+            return tower.encode(input_ids, batch.attention_mask.to(self.device, non_blocking=True))
         if self._uses_varlen(tower, batch):
             packed = pack_batch(input_ids, batch.lengths.to(self.device, non_blocking=True), batch.n_tokens)
             states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"])
             if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
                 return states
-            return packed_tokens_sparton_head(states, packed["segments"], input_ids.shape[0], tower.weight,
-                                              tower.bias, backend=self.backend)
+            return activate(packed_tokens_sparton_head(states, packed["segments"], input_ids.shape[0], tower.weight,
+                                                       tower.bias, backend=self.backend), tower.activation)
         mask = batch.attention_mask.to(self.device, non_blocking=True)
         hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
-        return self._head(tower, hidden, mask) if head else hidden
+        if not head:
+            return hidden
+        if tower.pooling == "sum":
+            return pool_logits(hidden, tower.weight, tower.bias, mask, tower.activation, _TORCH_HEAD_BYTES)
+        return activate(self._head(tower, hidden, mask), tower.activation)
 
     @torch.inference_mode()
     def encode_prepared(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *, top_k: Any = _KEEP,
@@ -284,21 +322,34 @@ class SpladeEncoder(PluralAliases):
         return by_length[position.to(counts.device)].to("cpu")
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
-                show_progress_bar: bool) -> SparseVectors:
+                show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
         prepared = self.prepare(texts, kind, batch_size)
         with tqdm(total=prepared.n, unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            return self.encode_prepared(prepared, ids, on_batch=bar.update)
+            return sparse_output(self.encode_prepared(prepared, ids, on_batch=bar.update), convert_to_sparse_tensor)
 
     def encode_document(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
-                        batch_size: int | None = None, show_progress_bar: bool = False) -> SparseVectors:
+                        batch_size: int | None = None, show_progress_bar: bool = False,
+                        convert_to_sparse_tensor: bool = False) -> SparseVectors | torch.Tensor:
         """Document texts -> SparseVectors (CPU, input order), truncated to ``max_length_doc`` tokens,
-        pruned to ``doc_top_k`` terms when set."""
-        return self._encode(texts, ids, "doc", batch_size, show_progress_bar)
+        pruned to ``doc_top_k`` terms when set; ``convert_to_sparse_tensor``: a [n, V] torch sparse COO
+        tensor instead (sentence-transformers' output)."""
+        return self._encode(texts, ids, "doc", batch_size, show_progress_bar, convert_to_sparse_tensor)
 
     def encode_query(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
-                     batch_size: int | None = None, show_progress_bar: bool = False) -> SparseVectors:
-        """Query texts -> SparseVectors (CPU, input order), truncated to ``max_length_query`` tokens."""
-        return self._encode(texts, ids, "query", batch_size, show_progress_bar)
+                     batch_size: int | None = None, show_progress_bar: bool = False,
+                     convert_to_sparse_tensor: bool = False) -> SparseVectors | torch.Tensor:
+        """Query texts -> SparseVectors (CPU, input order), truncated to ``max_length_query`` tokens
+        (``convert_to_sparse_tensor``: see ``encode_document``)."""
+        return self._encode(texts, ids, "query", batch_size, show_progress_bar, convert_to_sparse_tensor)
+
+    def save_pretrained(self, folder: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write this encoder as a sentence-transformers SparseEncoder checkpoint that ``SparseEncoder(folder)``
+        and ``SpladeEncoder.from_pretrained(folder)`` load (see ``lsr.encode.st_save``); returns the folder."""
+        from lsr.encode.st_save import save_st_checkpoint
+
+        return save_st_checkpoint(folder, self._towers["doc"], self._towers["query"], overwrite=overwrite,
+                                  max_length_doc=self.max_length_doc, max_length_query=self.max_length_query,
+                                  prompts=self.prompts)
 
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,7 @@ from lsr.index.build import (
     check_block_size,
     n_blocks_for,
 )
-from lsr.io import apply_umask, fsync_dir, fsynced_write
+from lsr.io import atomic_directory, fsynced_write
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -211,15 +209,8 @@ class InvertedIndex(PostingArrays):
                 raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
             if not (path / META).is_file() and not (path.is_dir() and not any(path.iterdir())):
                 raise ValueError(f"refusing to overwrite {path}: it is not an lsr index directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-", dir=path.parent))
-        try:
-            apply_umask(tmp, directory=True)
+        with atomic_directory(path) as tmp:
             self._write_files(tmp)
-            self._publish(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
     def _write_files(self, d: Path) -> None:
@@ -242,24 +233,6 @@ class InvertedIndex(PostingArrays):
                 "weight_dtype": "float32", "padding": PAD, "block_size": self.block_size, "n_blocks": self.n_blocks,
                 "metadata": self.metadata, "files": files}
         fsynced_write(d / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
-
-    @staticmethod
-    def _publish(tmp: Path, path: Path) -> None:
-        """Rename the finished ``tmp`` to ``path``, moving an old index aside first and deleting it last."""
-        if not path.exists():
-            os.rename(tmp, path)
-            fsync_dir(path.parent)
-            return
-        old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))
-        os.rmdir(old)  # reserve a unique name; rename needs it free
-        os.rename(path, old)
-        try:
-            os.rename(tmp, path)
-        except BaseException:
-            os.rename(old, path)
-            raise
-        fsync_dir(path.parent)
-        shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu", mmap: bool = True,
