@@ -153,8 +153,10 @@ def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25", help="encoder kind")
     p.add_argument("--model", help="SPLADE: Hugging Face id or local path; bm25: folder of a fitted encoder")
     p.add_argument("--batch-size", type=int, default=None, help="texts per batch (default: the encoder's own)")
-    p.add_argument("--max-length-query", type=int, default=64, help="SPLADE: query tokens kept")
-    p.add_argument("--max-length-doc", type=int, default=256, help="SPLADE: document tokens kept")
+    p.add_argument("--max-length-query", type=int, default=None,
+                   help="SPLADE: query tokens kept (default: the checkpoint's, 64 for a plain masked LM)")
+    p.add_argument("--max-length-doc", type=int, default=None,
+                   help="SPLADE: document tokens kept (default: the checkpoint's, 256 for a plain masked LM)")
     p.add_argument("--split", default=None, help="dataset split (e.g. test, dev) for local BEIR folders")
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
 

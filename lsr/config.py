@@ -27,8 +27,8 @@ class EncoderConfig:
     kind: str = "bm25"
     model: str | None = None            # HF id or local path (splade)
     query_model: str | None = None      # optional separate query encoder (splade)
-    max_length_query: int = 64
-    max_length_doc: int = 256
+    max_length_query: int | None = None  # None: the checkpoint's own (sentence-transformers), else 64
+    max_length_doc: int | None = None    # None: the checkpoint's own (sentence-transformers), else 256
     batch_size: int | None = None       # None: the encoder's own default (token-budgeted batches)
     dtype: str | None = None            # "bfloat16" | "float16" | "float32"; default: bf16 on CUDA, fp32 on CPU
     doc_top_k: int | None = None        # keep the k largest weights per document vector

@@ -212,7 +212,7 @@ def test_encoder_packed_matches_padded(tmp_path, data_dir, monkeypatch):
     pytest.importorskip("transformers")
     from lsr.encode import splade
     from lsr.testing import save_tiny_mlm
-    from tests.test_splade import TEXTS
+    from lsr.testing import SAMPLE_TEXTS as TEXTS
 
     path = save_tiny_mlm("roberta", tmp_path / "roberta", data_dir)  # V=500, D=32: fast under the interpreter
     calls = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers_models import save_tiny_mlm
+from lsr.testing import save_tiny_mlm
 
 st = pytest.importorskip("sentence_transformers")
 from sentence_transformers import SparseEncoder
