@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import logging
 import os
@@ -165,6 +166,15 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.
     return sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
+# Commands defined in their stage's package: each module has ``register(sub, command)`` that adds its
+# parser(s) with ``command(sub, name, help)`` and sets ``func``; imports stay lazy (``lsr --help`` is fast).
+_STAGE_COMMANDS: tuple[str, ...] = ()
+
+
+def _device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval: encode, index, search, evaluate",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -181,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenize-workers", type=int, default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    _device_arg(p)
     _add_encoder_args(p)
     p.set_defaults(func=cmd_encode)
 
@@ -190,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    _device_arg(p)
     p.set_defaults(func=cmd_index)
 
     p = _command(sub, "search", "batch-search queries and write a run")
@@ -204,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    _device_arg(p)
     _add_encoder_args(p)
     p.set_defaults(func=cmd_search)
 
@@ -221,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write {metric: value} here")
     p.add_argument("--check", action="store_true", help="exit 1 if metrics miss the config's expected values")
     p.set_defaults(func=cmd_run)
+    for module in _STAGE_COMMANDS:
+        importlib.import_module(module).register(sub, _command)
     return ap
 
 
