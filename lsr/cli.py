@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
 
@@ -151,6 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_encoder_args(p: argparse.ArgumentParser) -> None:
+    _device_arg(p)
     p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25", help="encoder kind")
     p.add_argument("--model", help="SPLADE: Hugging Face id or local path; bm25: folder of a fitted encoder")
     p.add_argument("--batch-size", type=int, default=None, help="texts per batch (default: the encoder's own)")
@@ -162,8 +163,13 @@ def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
 
 
-def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _command(sub: argparse._SubParsersAction, name: str, text: str, func: Callable[[argparse.Namespace], int] | None = None,
+             ) -> argparse.ArgumentParser:
+    """A sub-command parser whose options show their defaults; ``func`` handles the parsed arguments."""
+    p = sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    if func is not None:
+        p.set_defaults(func=func)
+    return p
 
 
 # Commands defined in their stage's package: each module has ``register(sub, command)`` that adds its
@@ -175,14 +181,8 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval: encode, index, search, evaluate",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"lsr {__version__}")
-    ap.add_argument("-v", "--verbose", action="store_true", help="log each step (and the traceback of an error)")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = _command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards")
+def _add_encode_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards", cmd_encode)
     p.add_argument("--dataset", required=True, help="ir_datasets id or local folder")
     p.add_argument("--out", required=True, help="vector directory to write (resumed when it exists)")
     p.add_argument("--queries", action="store_true", help="encode the queries instead of the documents")
@@ -191,19 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenize-workers", type=int, default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
-    _device_arg(p)
     _add_encoder_args(p)
-    p.set_defaults(func=cmd_encode)
 
-    p = _command(sub, "index", "build a GPU inverted index from document vectors")
+
+def _add_index_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     _device_arg(p)
-    p.set_defaults(func=cmd_index)
 
-    p = _command(sub, "search", "batch-search queries and write a run")
+
+def _add_search_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "search", "batch-search queries and write a run", cmd_search)
     p.add_argument("--index", required=True, help="index directory written by lsr index")
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
@@ -214,23 +215,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
-    _device_arg(p)
     _add_encoder_args(p)
-    p.set_defaults(func=cmd_search)
 
-    p = _command(sub, "evaluate", "evaluate a run with ir-measures")
+
+def _add_evaluate_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "evaluate", "evaluate a run with ir-measures", cmd_evaluate)
     p.add_argument("--run", required=True, help="TREC or MS MARCO run file")
     p.add_argument("--qrels", required=True, help="qrels file, BEIR folder or ir_datasets id")
     p.add_argument("--metrics", nargs="+", default=["RR@10", "nDCG@10", "R@1000"], help="ir-measures metric strings")
     p.add_argument("--json", help="also write {metric: value} here")
-    p.set_defaults(func=cmd_evaluate)
 
-    p = _command(sub, "run", "encode -> index -> search -> evaluate from a YAML config")
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "run", "encode -> index -> search -> evaluate from a YAML config", cmd_run)
     p.add_argument("config", help="YAML config (see configs/)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--json", help="also write {metric: value} here")
     p.add_argument("--check", action="store_true", help="exit 1 if metrics miss the config's expected values")
-    p.set_defaults(func=cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval: encode, index, search, evaluate",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"lsr {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log each step (and the traceback of an error)")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_encode_command(sub)
+    _add_index_command(sub)
+    _add_search_command(sub)
+    _add_evaluate_command(sub)
+    _add_run_command(sub)
     for module in _STAGE_COMMANDS:
         importlib.import_module(module).register(sub, _command)
     return ap
