@@ -164,10 +164,33 @@ def test_missing_local_path(tmp_path):
 
 
 @pytest.mark.parametrize("top_k", [None, 3])
-def test_nan_weights_are_refused_with_and_without_pruning(top_k):
-    from lsr.encode.splade import _to_csr
+def test_nan_weights_are_refused_with_and_without_pruning(models, monkeypatch, top_k):
+    enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", doc_top_k=top_k)
+    real = enc._encode_batch
 
-    y = torch.rand(4, 50)
-    y[2, 7] = float("nan")  # topk pruning would silently zero it: the check comes first
+    def poisoned(tower, batch, head=True):
+        y = real(tower, batch, head)
+        y[-1, 7] = float("nan")  # topk pruning would silently zero it: the check sees the unpruned weights
+        return y
+
+    monkeypatch.setattr(enc, "_encode_batch", poisoned)
     with pytest.raises(FloatingPointError, match="NaN"):
-        _to_csr(y, top_k)
+        enc.encode_document(TEXTS)
+
+
+def test_long_lists_are_encoded_in_windows_with_the_same_vectors(models, monkeypatch):
+    from lsr.encode import stream
+
+    enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", batch_size=3)
+    texts = TEXTS * 3
+    whole = enc.encode_document(texts)
+    monkeypatch.setattr(stream, "WINDOW", 4)
+    monkeypatch.setattr("lsr.encode.splade.WINDOW", 4)
+    windows = stream.encode_windows(enc, texts, None, "doc", 3, window=4)
+    assert windows.ids == whole.ids
+    assert torch.equal(windows.indptr, whole.indptr) and torch.equal(windows.indices, whole.indices)
+    torch.testing.assert_close(windows.values, whole.values, rtol=1e-6, atol=1e-6)
+    through_api = enc.encode_document(texts, ids=[f"d{i}" for i in range(len(texts))])
+    assert through_api.ids[0] == "d0" and torch.equal(through_api.indices, whole.indices)
+    with pytest.raises(ValueError, match="unique"):
+        enc.encode_document(texts, ids=["x"] * len(texts))

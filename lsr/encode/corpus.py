@@ -28,11 +28,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
+from lsr.encode.stream import LazyPool, Prefetch
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -47,7 +46,6 @@ from lsr.sparse import SparseVectors
 __all__ = ["encode_corpus"]
 
 log = logging.getLogger(__name__)
-_END = object()
 
 
 def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -69,77 +67,6 @@ def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int)
             return
         yield ids, texts
         pos += len(ids)
-
-
-class _Prefetch:
-    """Run ``fn`` over ``items`` on a daemon thread, at most ``depth`` results ahead of the consumer.
-    Exceptions (from the document iterator too) are re-raised in the consumer."""
-
-    def __init__(self, items: Iterator[Any], fn: Callable[[Any], Any], depth: int) -> None:
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(items, fn), daemon=True, name="lsr-encode-prefetch")
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, items: Iterator[Any], fn: Callable[[Any], Any]) -> None:
-        try:
-            for item in items:
-                if not self._put(fn(item)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
-            self._put(_Failure(e))
-            return
-        self._put(_END)
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._q.get()
-            if item is _END:
-                return
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)  # it may sit in a slow document iterator; it is a daemon anyway
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-class _LazyPool:
-    """What ``start()`` returns (a TokenizerPool or None), created on first ``get``; ``close`` also
-    stops a later ``get`` (from a prefetch thread that outlived its consumer) from starting one."""
-
-    def __init__(self, start: Callable[[], Any]) -> None:
-        self._start, self._pool, self._closed = start, None, False
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        with self._lock:
-            if self._pool is None and not self._closed:
-                self._pool = self._start()
-                self._closed = self._pool is None  # nothing to start: do not ask again
-            return self._pool
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
 
 
 def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None:
@@ -224,7 +151,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
-    tokenizers = _LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if tokenize_workers > 0 else None)
+    tokenizers = LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if tokenize_workers > 0 else None)
     first, by_workers = [True], [0]
 
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
@@ -243,7 +170,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
 
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
-    prefetcher = _Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
+    prefetcher = Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
     pending: Future | None = None
     t0 = mark = time.perf_counter()

@@ -39,6 +39,7 @@ from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
+from lsr.encode.stream import WINDOW, encode_windows
 from lsr.encode.tokenize_pool import TokenizerPool
 from lsr.encode.varlen_body import pack_batch
 from lsr.sparse import SparseVectors
@@ -303,12 +304,17 @@ class SpladeEncoder(PluralAliases):
         if len(set(ids)) != len(ids):
             raise ValueError("ids must be unique")
         lengths, indices, values, rows = [], [], [], []
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         for batch in prepared.batches:
-            for out, part in zip((lengths, indices, values), _to_csr(self._encode_batch(tower, batch), k)):
+            y = self._encode_batch(tower, batch)
+            finite &= torch.isfinite(y).all()  # read once at the end: no host sync per batch
+            for out, part in zip((lengths, indices, values), _to_csr(y, k)):
                 out.append(part)
             rows.append(batch.rows)
             if on_batch is not None:
                 on_batch(len(batch.rows))
+        if not bool(finite):
+            raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.dtype}; try dtype=torch.float32")
         if not prepared.batches:
             return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], ids, self.vocab_size, validate=False)
         order = torch.cat(rows)  # row j of the sorted result is text order[j]
@@ -323,9 +329,12 @@ class SpladeEncoder(PluralAliases):
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
                 show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
-        prepared = self.prepare(texts, kind, batch_size)
-        with tqdm(total=prepared.n, unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            return sparse_output(self.encode_prepared(prepared, ids, on_batch=bar.update), convert_to_sparse_tensor)
+        with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
+            if len(texts) > WINDOW:  # tokenize the next window while the model encodes this one
+                vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
+            else:
+                vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)
+            return sparse_output(vectors, convert_to_sparse_tensor)
 
     def encode_document(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
                         batch_size: int | None = None, show_progress_bar: bool = False,
@@ -359,9 +368,7 @@ class SpladeEncoder(PluralAliases):
 def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[B, V] weights -> (row lengths int64 [B], term ids int32 [nnz], weights float32 [nnz]), rows in
     order and terms ascending; with ``top_k`` only each row's k largest (ties: lower term id) survive."""
-    B, V = y.shape
-    if not bool(torch.isfinite(y).all()):  # checked before pruning, which could drop a NaN unseen
-        raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {y.dtype}; try dtype=torch.float32")
+    B, V = y.shape  # (the caller checks finiteness before pruning, which could drop a NaN unseen)
     if top_k is not None and top_k < V:
         kth = torch.topk(y, top_k, dim=1).values[:, -1:]
         above, tied = y > kth, y == kth
