@@ -70,3 +70,23 @@ def test_gpu_generation_matches_statistics():
     st = synth_stats(docs, queries)
     assert 122 <= st["doc_nnz_mean"] <= 132 and 44 <= st["query_nnz_mean"] <= 50
     assert 0.45 <= st["max_df_frac"] <= 0.60 and 1.8 <= st["touched_per_query_over_n"] <= 2.6
+
+
+def test_ranking_from_real_queries_makes_them_touch_as_much_as_on_ms_marco(data_dir):
+    from lsr.interop import read_anserini_queries
+    from lsr.synth import ranking_from_queries
+
+    real = read_anserini_queries(data_dir / "msmarco-passage" / "splade-encoded-queries" /
+                                 "topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz",
+                                 data_dir / "bert-base-uncased" / "vocab.txt")
+    real = real[torch.arange(0, len(real), 7)]  # ~1,000 queries keep it quick
+    ranking = ranking_from_queries(real)
+    assert torch.equal(torch.sort(ranking).values, torch.arange(real.vocab_size))
+    assert torch.equal(ranking, ranking_from_queries(real))  # seeded
+    docs = synth_docs(4096, SPEC, "cpu", term_ranking=ranking)
+    shuffled = synth_docs(4096, SPEC, "cpu")
+    assert 1.7 <= synth_stats(docs, real)["touched_per_query_over_n"] <= 2.8   # MS MARCO: ~2.2 N
+    assert synth_stats(shuffled, real)["touched_per_query_over_n"] < 0.4       # the id permutation: ~0.18 N
+    assert synth_stats(docs, synth_queries(100, SPEC, "cpu", term_ranking=ranking))["touched_per_query_over_n"] > 1.5
+    with pytest.raises(ValueError, match="permutation"):
+        synth_docs(10, SPEC, "cpu", term_ranking=torch.zeros(real.vocab_size, dtype=torch.long))
