@@ -37,7 +37,7 @@ from lsr.index.build import (
     check_block_size,
     n_blocks_for,
 )
-from lsr.io import atomic_directory, fsynced_write
+from lsr.io import atomic_directory, fsynced_write, recover_directory
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -209,7 +209,7 @@ class InvertedIndex(PostingArrays):
                 raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
             if not (path / META).is_file() and not (path.is_dir() and not any(path.iterdir())):
                 raise ValueError(f"refusing to overwrite {path}: it is not an lsr index directory")
-        with atomic_directory(path) as tmp:
+        with atomic_directory(path, overwrite=overwrite) as tmp:
             self._write_files(tmp)
         return path
 
@@ -250,6 +250,8 @@ class InvertedIndex(PostingArrays):
             ValueError: a corrupt, truncated or inconsistent file (the message names it).
         """
         path = Path(path)
+        if not path.exists():
+            recover_directory(path)  # an --overwrite publish killed between its two renames: roll back
         meta = cls.read_meta(path)
         try:
             expected = _expected_arrays(meta)
