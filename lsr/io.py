@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -54,9 +55,17 @@ def count_lines(path: PathLike) -> int:
 
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` (1-based, without the trailing newline / CR) of a text file."""
-    with open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            yield n, line.rstrip("\r\n")
+    n = 0
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                yield n, line.rstrip("\r\n")
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: not a complete gzip file after line {n} ({e}); recompress or fetch it again, or "
+                         "drop the .gz suffix of a plain text file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({e.reason} at byte {e.start} of the line's chunk); "
+                         "convert the file to UTF-8") from None
 
 
 def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:

@@ -69,6 +69,9 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
         return read_vectors(p)
     from lsr.interop.anserini import read_anserini_queries
 
+    if vocab is None:
+        raise ValueError(f"{p} holds Anserini token queries: give their vocabulary (--vocab / search.vocab: "
+                         "vocab.txt or a tokenizer folder)")
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 

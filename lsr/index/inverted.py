@@ -196,6 +196,23 @@ class InvertedIndex(PostingArrays):
         if bad:
             raise ValueError("inconsistent inverted index: " + "; ".join(bad))
 
+    def check_ids(self) -> None:
+        """Range checks of every stored id (one vectorised pass): doc ids in the postings within
+        [-1, n_docs) (-1 = padding), term ids of the doc-major CSR within [0, vocab_size), its row
+        pointer non-decreasing from 0 to nnz. Checksums cannot catch a file edited with its checksum."""
+        d, csr = self.doc_ids, self.docs
+        problems = []
+        if d.numel() and (int(d.min()) < -1 or int(d.max()) >= self.n_docs):
+            problems.append(f"posting doc ids span [{int(d.min())}, {int(d.max())}], outside [-1, {self.n_docs})")
+        if csr.indices.numel() and (int(csr.indices.min()) < 0 or int(csr.indices.max()) >= self.vocab_size):
+            problems.append(f"term ids span [{int(csr.indices.min())}, {int(csr.indices.max())}], outside "
+                            f"[0, {self.vocab_size})")
+        ip = csr.indptr
+        if int(ip[0]) != 0 or int(ip[-1]) != csr.indices.numel() or bool((ip[1:] < ip[:-1]).any()):
+            problems.append("the doc-major row pointer is not non-decreasing from 0 to nnz")
+        if problems:
+            raise ValueError("inconsistent inverted index: " + "; ".join(problems))
+
     # ------------------------------------------------------------------ disk
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write the index directory ``path`` atomically (see the module docstring for the format).
@@ -273,6 +290,7 @@ class InvertedIndex(PostingArrays):
                     metadata=meta.get("metadata") or {})
         try:
             index.check()
+            index.check_ids()
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
         return index if torch.device(device) == index.device else index.to(device)
