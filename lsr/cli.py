@@ -62,6 +62,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     ds = load_dataset(args.dataset, args.split)
     out = Path(args.out)
+    _check_encode_out(out, args)
     if args.queries:
         if args.encoder == "bm25" and not args.model:
             raise UsageError("--queries with --encoder bm25 needs --model FOLDER of the fitted encoder "
@@ -73,14 +74,36 @@ def cmd_encode(args: argparse.Namespace) -> int:
         print(f"wrote {len(vecs)} query vectors to {out}")
         return 0
     enc = _encoder_from_args(args, device)
+    if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
+        from lsr.provenance import check_same_origin
+        from lsr.shards import read_manifest
+
+        check_same_origin(read_manifest(out).get("origin"), ds.docs_origin, out)
     if args.encoder == "bm25" and not args.model:
         enc.fit(text for _, text in ds.docs_iter())
         enc.save(out / "encoder")
         print(f"fitted BM25 statistics saved to {out / 'encoder'} (pass it as --model to encode queries)")
     encode_corpus(enc, ds.docs_iter(), out, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers)
+                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers,
+                  origin=ds.docs_origin)
     print(f"document vectors in {out}")
     return 0
+
+
+def _check_encode_out(out: Path, args: argparse.Namespace) -> None:
+    """``lsr encode --out``: not inside an input; a new or empty folder, or a vector folder to resume."""
+    from lsr.provenance import check_not_inside
+
+    check_not_inside(out, [args.dataset, args.dataset.rsplit(":", 1)[0], args.model], "--out")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; give a folder for the vectors")
+    lsr_names = ("manifest.json", "encoder")
+    foreign = [p.name for p in out.iterdir() if p.name not in lsr_names and not p.name.startswith(("part-", "."))]
+    if foreign and not (out / "manifest.json").exists():
+        raise FileExistsError(f"--out {out} holds files lsr did not write ({foreign[0]}, ...); choose a new or "
+                              "empty folder")
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -98,8 +121,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr import runs
     from lsr.index.inverted import InvertedIndex
     from lsr.pipeline import load_query_vectors, resolve_device
+    from lsr.provenance import check_not_inside
     from lsr.search.searcher import Searcher
 
+    check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
+    if Path(args.out).exists() and not args.overwrite:
+        raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
     index = InvertedIndex.load(args.index, device=device)
     qpath = Path(args.queries)
@@ -116,7 +143,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         query_meta = enc.describe()
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
-    runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag)
+    runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
+                    replace=args.overwrite)
     print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
     return 0
 
@@ -136,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.set or ())
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
-    result = run_pipeline(cfg)
+    result = run_pipeline(cfg, overwrite=args.overwrite)
     print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
           f"run written to {result['files']['run_trec']}")
     _print_metrics(result["metrics"], args.json)
@@ -212,6 +240,7 @@ def _add_search_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=1000, help="results per query")
     p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
     p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
@@ -232,6 +261,8 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--json", help="also write {metric: value} here")
     p.add_argument("--check", action="store_true", help="exit 1 if metrics miss the config's expected values")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an output folder lsr did not write, or one made for other documents")
 
 
 def build_parser() -> argparse.ArgumentParser:

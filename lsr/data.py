@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lsr.io import PathLike, check_id, count_lines, iter_lines, iter_tsv_pairs
+from lsr.provenance import file_origin
 
 __all__ = [
     "BUILTIN",
@@ -72,6 +73,9 @@ class Dataset:
     qrels: Qrels
     n_docs: int | None = None
     docs_source: Callable[[], DocsIter] | None = field(default=None, repr=False, compare=False)
+    # where the documents come from (lsr.provenance: file path, size and mtime, or an ir_datasets id),
+    # recorded with every artefact made from them so that none is reused for other documents
+    docs_origin: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def docs_iter(self) -> DocsIter:
         """Iterate ``(doc_id, text)`` in collection order; raises if the documents are unavailable."""
@@ -220,7 +224,8 @@ def _load_beir(folder: Path, split: str | None, explicit: bool) -> Dataset:
         raise FileNotFoundError(f"BEIR folder {folder} has no qrels/ folder for split {split!r}")
     return Dataset(name=f"{folder}:{split}", queries=queries, qrels=qrels,
                    n_docs=count_lines(corpus) if corpus else None,
-                   docs_source=_local_docs(corpus, _beir_corpus) if corpus else None)
+                   docs_source=_local_docs(corpus, _beir_corpus) if corpus else None,
+                   docs_origin=file_origin(corpus) if corpus else {})
 
 
 def _load_tsv(folder: Path, split: str | None) -> Dataset:
@@ -233,7 +238,8 @@ def _load_tsv(folder: Path, split: str | None) -> Dataset:
     return Dataset(name=f"{folder}:{split}" if split else str(folder), queries=read_topics_tsv(queries_file),
                    qrels=read_trec_qrels(qrels_file) if qrels_file else {},
                    n_docs=count_lines(collection) if collection else None,
-                   docs_source=_local_docs(collection, _tsv_collection) if collection else None)
+                   docs_source=_local_docs(collection, _tsv_collection) if collection else None,
+                   docs_origin=file_origin(collection) if collection else {})
 
 
 def _load_folder(folder: Path, split: str | None, explicit: bool) -> Dataset:
@@ -291,8 +297,10 @@ def _load_builtin(spec: str, entry: _Builtin, root: Path, download: bool) -> Dat
     queries, qrels = read_topics_tsv(topics), read_trec_qrels(qrels_file)
     if entry.judged_only:
         queries = {q: t for q, t in queries.items() if q in qrels}
+    collection = _find(folder, "collection.tsv")
     return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=_MSMARCO_PASSAGE_DOCS,
-                   docs_source=lambda: _msmarco_docs(folder, download))
+                   docs_source=lambda: _msmarco_docs(folder, download),
+                   docs_origin=file_origin(collection) if collection else {"ir_datasets": "msmarco-passage"})
 
 
 def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
@@ -407,7 +415,8 @@ def _load_ir_datasets(spec: str, download: bool) -> Dataset:
         with contextlib.suppress(DatasetUnavailableError), _ir_datasets_guard(spec, "document count", download=False):
             n_docs = ds.docs_count()
     return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=n_docs,
-                   docs_source=(lambda: _ir_docs(spec, download)) if ds.has_docs() else None)
+                   docs_source=(lambda: _ir_docs(spec, download)) if ds.has_docs() else None,
+                   docs_origin={"ir_datasets": irds.docs_parent_id(spec)} if ds.has_docs() else {})
 
 
 # ---------------------------------------------------------------------------------------- entry point

@@ -10,12 +10,14 @@ Text is read as UTF-8 with an optional byte-order mark (BOM) and LF or CRLF line
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import os
 import shutil
 import tempfile
 import unicodedata
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +27,8 @@ import numpy as np
 __all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
            "atomic_write_text",
            "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
-           "id_problem", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text", "to_numpy"]
+           "id_problem", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text", "pid_alive", "recover_directory",
+           "remove_stale_temporaries", "to_numpy"]
 
 PathLike = str | os.PathLike
 
@@ -52,9 +55,17 @@ def count_lines(path: PathLike) -> int:
 
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` (1-based, without the trailing newline / CR) of a text file."""
-    with open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            yield n, line.rstrip("\r\n")
+    n = 0
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                yield n, line.rstrip("\r\n")
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: not a complete gzip file after line {n} ({e}); recompress or fetch it again, or "
+                         "drop the .gz suffix of a plain text file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({e.reason} at byte {e.start} of the line's chunk); "
+                         "convert the file to UTF-8") from None
 
 
 def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:
@@ -162,16 +173,20 @@ def first_bad_arrow_id(ids: Any) -> int | None:
 
 
 @contextlib.contextmanager
-def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
+def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[bytes]]:
     """Write a binary file atomically: into a temporary file next to ``path``, renamed on success.
 
     A ``.gz`` path is gzip-compressed. The data is fsynced before the rename, so a crash leaves either
     the old file or the whole new one. On any exception (KeyboardInterrupt too) the temporary file is
     removed and ``path`` is left as it was, so readers never see a half-written run or vector file.
+    ``replace=False`` publishes with a hard link, which fails (FileExistsError) when ``path`` exists,
+    even if another process created it a moment before. The temporary name holds the writer's pid
+    (``.<name>.<pid>-<random>.tmp``): one left by a killed writer is deleted by the next write of ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
             if path.suffix == ".gz":
@@ -183,7 +198,10 @@ def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
             raw.flush()
             os.fsync(raw.fileno())
         apply_umask(tmp)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _link_no_replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -191,31 +209,50 @@ def atomic_write_bytes(path: PathLike) -> Iterator[IO[bytes]]:
     fsync_dir(path.parent)
 
 
+def _link_no_replace(tmp: str, path: Path) -> None:
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists (another process may have written it); "
+                              "pass --overwrite to replace it") from None
+    os.unlink(tmp)
+
+
 @contextlib.contextmanager
-def atomic_directory(path: PathLike) -> Iterator[Path]:
+def atomic_directory(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Build a directory atomically: yields a temporary directory next to ``path``, renamed to ``path``
-    when the block succeeds (an existing ``path`` is moved aside first and deleted last, so a failure at
-    any point leaves the old directory in place) and deleted when it fails. Whether an existing ``path``
-    may be replaced is the caller's decision, made before."""
+    when the block succeeds and deleted when it fails.
+
+    Without ``overwrite`` the rename refuses an existing non-empty ``path`` (FileExistsError), also one
+    another process published meanwhile. With it an existing ``path`` is moved aside first and deleted
+    last, so a failure leaves the old directory in place, and a kill between the two renames is repaired
+    by the next call (or ``InvertedIndex.load``) through :func:`recover_directory`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-", dir=path.parent))
+    recover_directory(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         apply_umask(tmp, directory=True)
         yield tmp
-        _publish(tmp, path)
+        _publish(tmp, path, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _publish(tmp: Path, path: Path) -> None:
+def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` to ``path``, moving an old one aside first and deleting it last."""
-    if not path.exists():
-        os.rename(tmp, path)
+    if not overwrite or not path.exists():
+        try:
+            os.rename(tmp, path)  # never replaces a non-empty directory (ENOTEMPTY / EEXIST) nor a file
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise FileExistsError(f"{path} already exists (another process may have written it); pass "
+                                      "overwrite to replace it") from None
+            raise
         fsync_dir(path.parent)
         return
-    old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))
+    old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-{os.getpid()}-", dir=path.parent))
     os.rmdir(old)  # reserve a unique name; rename needs it free
     os.rename(path, old)
     try:
@@ -225,6 +262,61 @@ def _publish(tmp: Path, path: Path) -> None:
         raise
     fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (a process we may not signal counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _dead_writer(name: str, prefix: str) -> bool:
+    """``name`` is ``<prefix><pid>-...`` and that pid is no longer running."""
+    pid = name[len(prefix):].split("-", 1)[0]
+    return name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid))
+
+
+def remove_stale_temporaries(path: PathLike) -> None:
+    """Delete the temporary files of ``path`` (``.<name>.<pid>-*.tmp``) whose writer is dead."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            if entry.name.endswith(".tmp") and _dead_writer(entry.name, f".{path.name}."):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def recover_directory(path: PathLike) -> None:
+    """Repair what killed writers of the directory ``path`` left: the half-swapped ``<name>.old-<pid>-*``
+    goes back to ``path`` when ``path`` is missing (roll back) and is deleted when the new ``path`` is
+    in place (finish); their ``<name>.tmp-<pid>-*`` folders are deleted. Live writers' are left alone."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    olds, tmps = [], []
+    for entry in sorted(path.parent.iterdir(), key=lambda e: e.name):
+        if _dead_writer(entry.name, f"{path.name}.old-"):
+            olds.append(entry)
+        elif _dead_writer(entry.name, f"{path.name}.tmp-"):
+            tmps.append(entry)
+    for old in olds:
+        if not path.exists():
+            try:
+                os.rename(old, path)
+            except OSError:
+                continue  # leave it for a later call rather than lose the only copy
+            fsync_dir(path.parent)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for tmp in tmps:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lsr.config import EncoderConfig, RunConfig
+from lsr.io import atomic_write_text
 
 __all__ = ["build_encoder", "load_query_vectors", "resolve_device", "run_pipeline"]
 
@@ -68,21 +69,30 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
         return read_vectors(p)
     from lsr.interop.anserini import read_anserini_queries
 
+    if vocab is None:
+        raise ValueError(f"{p} holds Anserini token queries: give their vocabulary (--vocab / search.vocab: "
+                         "vocab.txt or a tokenizer folder)")
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 
-def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path) -> dict[str, Any]:
+def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, origin: dict[str, Any]) -> dict[str, Any]:
     """Write document vectors to ``out`` and return the manifest. A complete directory is reused only
     when it was written with the same encoder settings (encode_corpus / ShardWriter check them)."""
     from lsr.encode.corpus import encode_corpus
 
     return encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
                          shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs,
-                         doc_top_k=cfg.encoder.doc_top_k, tokenize_workers=cfg.encoder.tokenize_workers)
+                         doc_top_k=cfg.encoder.doc_top_k, tokenize_workers=cfg.encoder.tokenize_workers,
+                         origin=origin)
 
 
-def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
-    """Run the whole job; returns {"metrics", "timings", "files", "config"} and writes metrics.json."""
+def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
+    """Run the whole job; returns {"metrics", "timings", "files", "config"} and writes metrics.json.
+
+    ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
+    documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
+    not write or one made for other documents (lsr's own artefacts in it are recomputed).
+    """
     import torch
 
     from lsr import runs
@@ -94,10 +104,10 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
 
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save(out / "config.yaml")
     timings: dict[str, float] = {}
     dataset = load_dataset(cfg.dataset, cfg.split)
+    origin = _claim_output(cfg, dataset, out, overwrite)
+    cfg.save(out / "config.yaml")
     qids = list(dataset.queries)
     encoder = None
 
@@ -108,8 +118,8 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
         else:
             encoder = build_encoder(cfg.encoder, device)
             if cfg.encoder.kind == "bm25":
-                encoder = _fit_lexical(encoder, dataset, out / "encoder")
-            manifest = _encode_docs(cfg, dataset, encoder, out / "doc_vectors")
+                encoder = _fit_lexical(encoder, dataset, out / "encoder", origin)
+            manifest = _encode_docs(cfg, dataset, encoder, out / "doc_vectors", origin)
             docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
             doc_meta = manifest.get("metadata")
     with _step("build index", timings):
@@ -147,20 +157,58 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
               "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),
                                                    "run_msmarco": str(out / "run.msmarco.tsv"),
                                                    "index": str(out / "index")}}
-    (out / "metrics.json").write_text(json.dumps(result, indent=1))
+    atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
 
 
-def _fit_lexical(encoder: Any, dataset: Any, path: Path) -> Any:
-    """Fit BM25 statistics on the corpus (or reuse a saved fit) and keep them with the output."""
+_MARKER = ".lsr-run.json"   # {"writer": "lsr run", "origin": {...}}: this folder is lsr's, made from these documents
+_DERIVED = ("encoder", "doc_vectors")  # reused by a later run of the job, so they must match its documents
+
+
+def _claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> dict[str, Any]:
+    """Refuse an output folder inside an input, one lsr did not write, or one made from other documents
+    (unless ``overwrite``: then stale artefacts are removed); record the documents; returns their origin."""
+    import shutil
+
+    from lsr.provenance import check_not_inside, check_same_origin
+
+    check_not_inside(out, [cfg.dataset, cfg.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
+                           cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
+    origin = ({"doc_vectors": str(Path(cfg.search.doc_vectors).resolve())} if cfg.search.doc_vectors
+              else dict(dataset.docs_origin))
+    marker = out / _MARKER
+    if marker.is_file():
+        recorded = json.loads(marker.read_text(encoding="utf-8")).get("origin")
+        try:
+            check_same_origin(recorded, origin, out, "choose another output folder, or pass --overwrite to "
+                                                      "recompute its vectors")
+        except ValueError:
+            if not overwrite:
+                raise
+            for name in _DERIVED:
+                shutil.rmtree(out / name, ignore_errors=True)
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} exists and was not written by lsr run (no {_MARKER}); choose a new output "
+                              "folder or pass --overwrite to write into it")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(marker, json.dumps({"writer": "lsr run", "origin": origin}, indent=1))
+    return origin
+
+
+def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any]) -> Any:
+    """Fit BM25 statistics on the corpus (or reuse a saved fit of the same documents) and keep them
+    with the output (``origin.json`` beside the fit records which documents)."""
     from lsr.encode.lexical import LexicalEncoder
 
-    if (path / "lexical.json").exists():
+    recorded = path / "origin.json"
+    if (path / "lexical.json").exists() and recorded.is_file():
         saved = LexicalEncoder.load(path)
-        if (saved.k1, saved.b) == (encoder.k1, encoder.b):
+        same_docs = json.loads(recorded.read_text(encoding="utf-8")) == origin
+        if same_docs and (saved.k1, saved.b) == (encoder.k1, encoder.b):
             return saved  # the corpus statistics of an earlier run of this job
     encoder.fit(text for _, text in dataset.docs_iter())
     encoder.save(path)
+    atomic_write_text(recorded, json.dumps(origin, indent=1))
     return encoder
 
 

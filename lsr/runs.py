@@ -102,7 +102,7 @@ def write_trec(run: Mapping[str, Mapping[str, float]], path: PathLike, tag: str 
 
 
 def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], docnos: Any, scores: Any,
-               doc_idx: Any, fmt: str = "trec", tag: str = "lsr") -> int:
+               doc_idx: Any, fmt: str = "trec", tag: str = "lsr", replace: bool = True) -> int:
     """Write search output ([B, k] arrays in rank order) straight to TREC and/or MS MARCO runs.
 
     The vectorised twin of ``write_trec(from_topk(...))`` for large runs: columns are built once with
@@ -112,6 +112,8 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     Args:
         path: the run file, or ``{"trec": path, "msmarco": path}`` to write both from one pass.
         fmt: format of a single ``path``: "trec" or "msmarco".
+        replace: replace existing files; False raises FileExistsError for an existing one, also one
+            that another process creates meanwhile (the file is published by a no-replace link).
     Returns:
         the number of lines written per file.
     """
@@ -180,7 +182,7 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
         with ThreadPoolExecutor(n_parts) as pool:
             parts = list(pool.map(render, range(n_parts)))
     for f, target in targets.items():
-        _write_bytes([p[f] for p in parts], Path(target))
+        _write_bytes([p[f] for p in parts], Path(target), replace)
     return n
 
 
@@ -196,9 +198,9 @@ def _csv_bytes(table: Any, delimiter: str) -> Any:
     return sink.getvalue()
 
 
-def _write_bytes(chunks: Sequence[Any], path: Path) -> None:
+def _write_bytes(chunks: Sequence[Any], path: Path, replace: bool = True) -> None:
     """Write buffers in order to ``path`` (gzip for .gz), atomically."""
-    with atomic_write_bytes(path) as f:
+    with atomic_write_bytes(path, replace=replace) as f:
         for chunk in chunks:
             f.write(memoryview(chunk))
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lsr.io import atomic_write_bytes, atomic_write_text
+from lsr.provenance import check_same_origin
 from lsr.sparse import SparseVectors
 
 __all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "sha256_file"]
@@ -83,14 +84,37 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     if not mf.exists():
         raise FileNotFoundError(f"no {MANIFEST} in {p}: not an lsr vector directory (lsr encode writes one)")
     try:
-        manifest = json.loads(mf.read_text())
-    except json.JSONDecodeError as e:
+        manifest = json.loads(mf.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{mf} is not valid JSON ({e}); the directory is corrupt") from e
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{mf}: format {manifest.get('format')!r} is not {FORMAT!r}")
-    if manifest.get("version", 0) > VERSION:
-        raise ValueError(f"{mf}: format version {manifest['version']} is newer than this lsr ({VERSION})")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{mf}: format {found!r} is not {FORMAT!r}")
+    if not isinstance(manifest.get("version", 0), int) or manifest.get("version", 0) > VERSION:
+        raise ValueError(f"{mf}: format version {manifest['version']!r} is not supported by this lsr (reads up to {VERSION})")
+    _check_manifest(manifest, mf)
     return manifest
+
+
+def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:
+    """Entries and totals: every shard a plain file name inside the folder, rows and nnz adding up."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        raise ValueError(f"{mf}: 'shards' must be a list of shard entries; the directory is corrupt")
+    for key in ("vocab_size", "n_rows", "nnz"):
+        if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
+            raise ValueError(f"{mf}: {key!r} must be a non-negative integer, got {manifest.get(key)!r}")
+    for s in shards:
+        name = s.get("file")
+        if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+            raise ValueError(f"{mf}: shard entry {name!r} is not a file name inside the vector folder")
+        if not all(isinstance(s.get(k), int) and s[k] >= 0 for k in ("rows", "nnz")) or not isinstance(
+                s.get("sha256"), str):
+            raise ValueError(f"{mf}: shard {name} needs non-negative integer 'rows' and 'nnz' and a 'sha256'")
+    rows, nnz = sum(s["rows"] for s in shards), sum(s["nnz"] for s in shards)
+    if (rows, nnz) != (manifest["n_rows"], manifest["nnz"]):
+        raise ValueError(f"{mf}: n_rows / nnz say {manifest['n_rows']} / {manifest['nnz']} but the shards hold "
+                         f"{rows} / {nnz}; the directory is corrupt")
 
 
 class ShardWriter:
@@ -104,10 +128,12 @@ class ShardWriter:
         shard_rows: rows per shard (the last one may be shorter).
         resume: continue a directory whose manifest lists complete shards (``rows_done`` tells how many
             input rows to skip); without it an existing non-empty manifest is an error.
+        origin: where the documents come from (``Dataset.docs_origin``); kept in the manifest, and on
+            resume it must equal the stored one (a folder of other documents is never continued or reused).
     """
 
     def __init__(self, path: str | os.PathLike, vocab_size: int, metadata: Mapping[str, Any] | None = None,
-                 shard_rows: int = 100_000, resume: bool = False) -> None:
+                 shard_rows: int = 100_000, resume: bool = False, origin: Mapping[str, Any] | None = None) -> None:
         if shard_rows <= 0:
             raise ValueError("shard_rows must be positive")
         self.path = Path(path)
@@ -116,10 +142,13 @@ class ShardWriter:
         meta = json.loads(json.dumps(dict(metadata or {})))
         self.manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "vocab_size": int(vocab_size),
                                          "n_rows": 0, "nnz": 0, "complete": False, "metadata": meta, "shards": []}
+        if origin:
+            self.manifest["origin"] = dict(origin)
         if (self.path / MANIFEST).exists():
             old = read_manifest(self.path)
             if not resume:
                 raise FileExistsError(f"{self.path} already holds vectors; pass resume=True or choose a new directory")
+            check_same_origin(old.get("origin"), origin, self.path)
             if old["vocab_size"] != vocab_size or old.get("metadata", {}) != meta:
                 raise ValueError(f"cannot resume {self.path}: it was written with other settings "
                                  f"({old.get('metadata')} vs {meta})")

@@ -91,7 +91,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
                   tokenize_workers: int | None = None, stats: dict[str, Any] | None = None,
-                  progress: bool | None = None) -> dict[str, Any]:
+                  progress: bool | None = None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
     Args:
@@ -120,6 +120,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
             model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
             tokenized_by_workers (documents the worker processes tokenized).
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
+        origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
+            folder made from other documents is refused instead of resumed or reused.
     """
     if progress is not None:
         warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
@@ -133,7 +135,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
-    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume)
+    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin)
     if was_complete:  # the writer re-verified settings and checksums; nothing to do
         log.info("%s is already complete (%d documents)", out_dir, writer.rows_done)
         return writer.close()

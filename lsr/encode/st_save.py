@@ -91,7 +91,7 @@ def save_st_checkpoint(folder: str | os.PathLike, doc: MaskedLMTower, query: Mas
     (an existing non-empty folder only with ``overwrite=True``, and only if it holds a model); returns it."""
     folder = Path(folder)
     _check_target(folder, overwrite)
-    with atomic_directory(folder) as tmp:
+    with atomic_directory(folder, overwrite=overwrite) as tmp:
         if query is doc:
             _save_mlm(doc, tmp, tmp / "1_SpladePooling", max_length_doc)
             _write_json(tmp / MODULES, [

@@ -11,7 +11,7 @@ it back while the other thread loops in Python. Workers return NumPy arrays, whi
 boundary as flat buffers. Each worker tokenizes on one core (the pool is the parallelism; the Rust
 thread pool would otherwise start one thread per core in every worker).
 
-Workers are plain ``python -c`` subprocesses that import only numpy and tokenizers and talk pickle over
+Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and tokenizers and talk pickle over
 their stdin / stdout, not multiprocessing children: those would re-import the caller's ``__main__``
 module (a script that loads a model) and need a ``__main__`` guard in every script.
 """
@@ -35,7 +35,6 @@ import numpy as np
 __all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays"]
 
 CHUNK = 2048  # texts per task: balances 8 workers over a 50K window and amortises the round trip
-_SERVE = "from lsr.encode.tokenize_pool import _serve; _serve()"
 
 
 def load_tokenizer(tokenizer_json: str, max_length: int) -> Any:
@@ -94,13 +93,20 @@ def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
         _send(out, result)
 
 
+def _worker_command() -> list[str]:
+    """``python -I`` (no cwd or script folder on sys.path, no PYTHON* variables) with the caller's
+    absolute sys.path minus the working directory, running this file by path: a ``tokenizers.py`` (or
+    ``numpy.py``) in the working directory is never imported by a worker."""
+    cwd = Path.cwd().resolve()
+    paths = [p for p in sys.path if p and os.path.isabs(p) and Path(p).resolve() != cwd]
+    code = f"import runpy, sys; sys.path[:] = {paths!r}; runpy.run_path({str(Path(__file__).resolve())!r})['_serve']()"
+    return [sys.executable, "-I", "-c", code]
+
+
 class _Worker:
     def __init__(self, tokenizer_json: str, max_length: int) -> None:
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding the lsr package
-        env = dict(os.environ, RAYON_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env)
+        env = dict(os.environ, RAYON_NUM_THREADS="1")
+        self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
         # send it from a thread, so that all workers start at once
         self._header_error: BaseException | None = None

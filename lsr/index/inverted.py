@@ -37,7 +37,7 @@ from lsr.index.build import (
     check_block_size,
     n_blocks_for,
 )
-from lsr.io import atomic_directory, fsynced_write
+from lsr.io import atomic_directory, fsynced_write, recover_directory
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -196,6 +196,23 @@ class InvertedIndex(PostingArrays):
         if bad:
             raise ValueError("inconsistent inverted index: " + "; ".join(bad))
 
+    def check_ids(self) -> None:
+        """Range checks of every stored id (one vectorised pass): doc ids in the postings within
+        [-1, n_docs) (-1 = padding), term ids of the doc-major CSR within [0, vocab_size), its row
+        pointer non-decreasing from 0 to nnz. Checksums cannot catch a file edited with its checksum."""
+        d, csr = self.doc_ids, self.docs
+        problems = []
+        if d.numel() and (int(d.min()) < -1 or int(d.max()) >= self.n_docs):
+            problems.append(f"posting doc ids span [{int(d.min())}, {int(d.max())}], outside [-1, {self.n_docs})")
+        if csr.indices.numel() and (int(csr.indices.min()) < 0 or int(csr.indices.max()) >= self.vocab_size):
+            problems.append(f"term ids span [{int(csr.indices.min())}, {int(csr.indices.max())}], outside "
+                            f"[0, {self.vocab_size})")
+        ip = csr.indptr
+        if int(ip[0]) != 0 or int(ip[-1]) != csr.indices.numel() or bool((ip[1:] < ip[:-1]).any()):
+            problems.append("the doc-major row pointer is not non-decreasing from 0 to nnz")
+        if problems:
+            raise ValueError("inconsistent inverted index: " + "; ".join(problems))
+
     # ------------------------------------------------------------------ disk
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write the index directory ``path`` atomically (see the module docstring for the format).
@@ -209,7 +226,7 @@ class InvertedIndex(PostingArrays):
                 raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
             if not (path / META).is_file() and not (path.is_dir() and not any(path.iterdir())):
                 raise ValueError(f"refusing to overwrite {path}: it is not an lsr index directory")
-        with atomic_directory(path) as tmp:
+        with atomic_directory(path, overwrite=overwrite) as tmp:
             self._write_files(tmp)
         return path
 
@@ -250,6 +267,8 @@ class InvertedIndex(PostingArrays):
             ValueError: a corrupt, truncated or inconsistent file (the message names it).
         """
         path = Path(path)
+        if not path.exists():
+            recover_directory(path)  # an --overwrite publish killed between its two renames: roll back
         meta = cls.read_meta(path)
         try:
             expected = _expected_arrays(meta)
@@ -271,6 +290,7 @@ class InvertedIndex(PostingArrays):
                     metadata=meta.get("metadata") or {})
         try:
             index.check()
+            index.check_ids()
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
         return index if torch.device(device) == index.device else index.to(device)
