@@ -18,10 +18,7 @@ METRICS = ["RR@10", "nDCG@10", "R@1000"]
 
 def _frames(dataset_dir, split="test"):
     ds = load_dataset(str(dataset_dir), split)
-    docs = pd.DataFrame([{"docno": d, "text": t} for d, t in ds.docs_iter()])
-    topics = pd.DataFrame({"qid": list(ds.queries), "query": list(ds.queries.values())})
-    qrels = pd.DataFrame([{"qid": q, "docno": d, "label": g} for q, js in ds.qrels.items() for d, g in js.items()])
-    return docs, topics, qrels
+    return pd.DataFrame(list(lsr_pt.get_corpus_iter(ds))), lsr_pt.get_topics(ds), lsr_pt.get_qrels(ds)
 
 
 def _lsr_run(config, tmp_path, *overrides):
@@ -49,7 +46,7 @@ def test_bm25_experiment_equals_lsr_run(tmp_path):
     expected = _lsr_run("scifact-bm25.yaml", tmp_path)
     docs, topics, qrels = _frames(DATA / "scifact")
     encoder = LexicalEncoder(k1=0.9, b=0.4)
-    index = lsr_pt.LsrIndex(tmp_path / "pt-index")
+    index = lsr_pt.LsrIndex(tmp_path / "new" / "folder" / "pt-index")
     index.indexer(encoder, device="cpu").index(docs)  # fits the encoder on the documents
     retriever = index.retriever(encoder, k=1000, device="cpu")
     got = _experiment(retriever, topics, qrels)

@@ -4,13 +4,14 @@ Nothing here starts Java: the classes are plain ``pt.Transformer`` / ``pt.Indexe
 call lsr's encoders, :class:`~lsr.index.inverted.InvertedIndex` and :class:`~lsr.search.searcher.Searcher`.
 
     import pyterrier as pt
-    from lsr.interop.pyterrier import LsrIndex, query_encoder
-    from lsr.encode.splade import SpladeEncoder
+    from lsr import SpladeEncoder, load_dataset
+    from lsr.interop.pyterrier import LsrIndex, get_corpus_iter, get_qrels, get_topics
 
+    ds = load_dataset("data/scifact", "test")
     enc = SpladeEncoder.from_pretrained("data/models/splade-tiny")
     index = LsrIndex("runs/scifact-pt-index")
-    index.indexer(enc).index(docs)                  # iterable of {"docno", "text"} dicts or a DataFrame
-    pt.Experiment([index.retriever(enc, k=1000)], topics, qrels, ["nDCG@10"])
+    index.indexer(enc).index(get_corpus_iter(ds))   # iterable of {"docno", "text"} dicts or a DataFrame
+    pt.Experiment([index.retriever(enc, k=1000)], get_topics(ds), get_qrels(ds), [pt.measures.nDCG @ 10])
 
 Results are lsr's exact top-k (ties by ascending doc index), with PyTerrier's columns ``qid, docno,
 score, rank`` (rank from 0) plus the query columns. :func:`doc_encoder` / :func:`query_encoder` add
@@ -33,7 +34,24 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import numpy as np
 import pandas as pd
 
-__all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "doc_encoder", "query_encoder"]
+__all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "doc_encoder", "get_corpus_iter",
+           "get_qrels", "get_topics", "query_encoder"]
+
+
+def get_topics(dataset: Any) -> pd.DataFrame:
+    """An :class:`lsr.data.Dataset`'s queries as PyTerrier topics (``qid``, ``query``)."""
+    return pd.DataFrame({"qid": list(dataset.queries), "query": list(dataset.queries.values())})
+
+
+def get_qrels(dataset: Any) -> pd.DataFrame:
+    """An :class:`lsr.data.Dataset`'s judgements as PyTerrier qrels (``qid``, ``docno``, ``label``)."""
+    rows = [(q, d, g) for q, judged in dataset.qrels.items() for d, g in judged.items()]
+    return pd.DataFrame(rows, columns=["qid", "docno", "label"])
+
+
+def get_corpus_iter(dataset: Any) -> Iterator[dict[str, str]]:
+    """An :class:`lsr.data.Dataset`'s documents as ``{"docno", "text"}`` dicts (what indexers take)."""
+    return ({"docno": doc_id, "text": text} for doc_id, text in dataset.docs_iter())
 
 
 def _resolve_encoder(encoder: Any, device: str | None) -> Any:
@@ -145,6 +163,7 @@ class LsrIndexer(pt.Indexer):
             if not _is_fitted(self.encoder):
                 pairs = list(pairs)
                 self.encoder.fit(text for _, text in pairs)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".lsr-vectors-", dir=self.path.parent) as tmp:
                 manifest = encode_corpus(self.encoder, pairs, Path(tmp) / "vectors", batch_size=self.batch_size,
                                          resume=False, show_progress_bar=False)
