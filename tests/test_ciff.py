@@ -48,9 +48,9 @@ def test_round_trip_equals_the_quantised_vectors(tmp_path, scale):
 def _messages_of(path):
     m = ciff.messages()
     with open(path, "rb") as fh:
-        header = ciff._read_delimited(fh, m["Header"], "header")
-        lists = [ciff._read_delimited(fh, m["PostingsList"], "pl") for _ in range(header.num_postings_lists)]
-        docs = [ciff._read_delimited(fh, m["DocRecord"], "doc") for _ in range(header.num_doc_records)]
+        header = ciff.read_delimited(fh, m["Header"], "header")
+        lists = [ciff.read_delimited(fh, m["PostingsList"], "pl") for _ in range(header.num_postings_lists)]
+        docs = [ciff.read_delimited(fh, m["DocRecord"], "doc") for _ in range(header.num_doc_records)]
         assert fh.read() == b""
     return header, lists, docs
 
@@ -87,15 +87,19 @@ def test_foreign_ciff_needs_a_vocabulary_and_keeps_term_frequencies(tmp_path):
     m = ciff.messages()
     path = tmp_path / "lucene.ciff"
     with open(path, "wb") as fh:
-        ciff._write_delimited(fh, m["Header"](version=1, num_postings_lists=2, num_doc_records=3,
+        ciff.write_delimited(fh, m["Header"](version=1, num_postings_lists=2, num_doc_records=3,
                                               description="Anserini export"))
         for term, gaps, tfs in (("zeta", [0, 2], [3, 1]), ("alpha", [1], [2])):
             pl = m["PostingsList"](term=term, df=len(gaps), cf=sum(tfs))
             for g, t in zip(gaps, tfs):
                 pl.postings.add(docid=g, tf=t)
-            ciff._write_delimited(fh, pl)
+            data = pl.SerializeToString()
+            if term == "alpha":  # the postings field first: valid protobuf, read by the fallback parser
+                head = m["PostingsList"](term=term, df=1, cf=2).SerializeToString()
+                data = data[len(head):] + head
+            ciff.write_delimited(fh, data)
         for i, name in enumerate(["D0", "D1", "D2"]):
-            ciff._write_delimited(fh, m["DocRecord"](docid=i, collection_docid=name, doclength=1))
+            ciff.write_delimited(fh, m["DocRecord"](docid=i, collection_docid=name, doclength=1))
     with pytest.raises(ValueError, match="pass the vocabulary"):
         ciff.read_ciff(path)
     vec, info = ciff.read_ciff(path, vocab=["alpha", "beta", "zeta"])
@@ -138,3 +142,33 @@ def test_cli_round_trip_searches_like_the_quantised_index(tmp_path, capsys):
 
     assert read_vectors(tmp_path / "vec").equal(quantised.docs)
     assert json.loads(json.dumps(read_manifest(tmp_path / "vec")["metadata"])) == original.metadata
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bulk_postings_coding_equals_protobuf(seed):
+    from lsr.interop.ciff_postings import decode_postings, encode_postings, split_postings_field
+
+    m = ciff.messages()
+    rng = np.random.default_rng(seed)
+    n = 300
+    big = rng.integers(0, 2**31 - 1, n)  # every varint length, 1 to 5 bytes
+    gaps = np.where(rng.random(n) < 0.5, rng.integers(0, 200, n), big)
+    gaps[0] = 0  # docid 0: proto3 omits the field
+    tfs = np.where(rng.random(n) < 0.3, big[::-1], rng.integers(0, 3, n))  # tf 0 is omitted too
+    pl = m["PostingsList"](term="t\u00e9rm", df=n, cf=int(tfs.sum()))
+    for g, t in zip(gaps.tolist(), tfs.tolist()):
+        pl.postings.add(docid=g, tf=t)
+    want = pl.SerializeToString()
+    head = m["PostingsList"](term="t\u00e9rm", df=n, cf=int(tfs.sum())).SerializeToString()
+    buf, offsets = encode_postings(gaps, tfs)
+    assert head + buf.tobytes() == want and offsets[-1] == buf.size
+    start, end = split_postings_field(want)
+    assert (start, end) == (len(head), len(want))
+    # three lists in one buffer (postings 0..99, none, 100..299), as the reader batches them
+    regions = np.r_[0, offsets[100], offsets[100]]
+    gaps_got, tfs_got, counts = decode_postings(buf, regions)
+    assert (gaps_got == gaps).all() and (tfs_got == tfs).all() and counts.tolist() == [100, 0, 200]
+    assert decode_postings(buf[:-1], np.zeros(1, np.int64)) is None  # cut inside a varint
+    assert decode_postings(buf, np.r_[0, offsets[100] + 1]) is None  # a region starting mid-entry
+    tail = np.frombuffer(head, np.uint8)
+    assert decode_postings(np.r_[buf, tail], np.zeros(1, np.int64)) is None  # other fields after

@@ -5,7 +5,8 @@ A CIFF file is a sequence of varint-length-prefixed protobuf messages: one ``Hea
 gap-encoded: the first absolute, each next one the difference to the previous), then ``num_doc_records``
 ``DocRecord`` messages (docid, collection_docid, doclength). The schema (osirrc/ciff
 ``CommonIndexFileFormat.proto``, package ``io.osirrc.ciff``) is declared here with protobuf's runtime
-descriptor API in a private descriptor pool, so no generated code is needed.
+descriptor API in a private descriptor pool, so no generated code is needed; the postings themselves
+are coded in bulk by :mod:`lsr.interop.ciff_postings` (the same bytes protobuf writes).
 
 Learned sparse weights are floats; CIFF stores integer ``tf``. Export writes impacts
 ``tf = round(weight * scale)`` (postings that round to 0 are dropped), document length = the sum of a
@@ -30,10 +31,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from lsr.interop.ciff_postings import decode_postings, encode_postings, split_postings_field
 from lsr.io import PathLike, atomic_directory, atomic_write_bytes
 from lsr.sparse import SparseVectors
 
-__all__ = ["CIFF_VERSION", "DEFAULT_SCALE", "export_ciff", "import_ciff", "read_ciff", "write_ciff"]
+__all__ = ["CIFF_VERSION", "DEFAULT_SCALE", "export_ciff", "import_ciff", "messages", "read_ciff", "read_delimited",
+           "write_ciff", "write_delimited"]
 
 CIFF_VERSION = 1
 DEFAULT_SCALE = 100.0  # Anserini's impact scale for SPLADE document vectors
@@ -76,8 +79,9 @@ def messages() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ delimited stream
-def _write_delimited(fh: IO[bytes], message: Any) -> None:
-    data = message.SerializeToString()
+def write_delimited(fh: IO[bytes], message: Any) -> None:
+    """One message (or its serialized bytes) with its varint length prefix."""
+    data = message if isinstance(message, bytes) else message.SerializeToString()
     n, prefix = len(data), bytearray()
     while n >= 0x80:
         prefix.append((n & 0x7F) | 0x80)
@@ -87,7 +91,7 @@ def _write_delimited(fh: IO[bytes], message: Any) -> None:
     fh.write(data)
 
 
-def _read_delimited(fh: IO[bytes], cls: Any, what: str) -> Any:
+def _read_frame(fh: IO[bytes], what: str) -> bytes:
     n, shift = 0, 0
     while True:
         b = fh.read(1)
@@ -102,12 +106,21 @@ def _read_delimited(fh: IO[bytes], cls: Any, what: str) -> Any:
     data = fh.read(n)
     if len(data) != n:
         raise ValueError(f"the CIFF file ends inside {what} (truncated)")
+    return data
+
+
+def _parse(cls: Any, data: bytes, what: str) -> Any:
     msg = cls()
     try:
         msg.ParseFromString(data)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError type differs between implementations
         raise ValueError(f"{what} is not a valid CIFF message ({e}): not a CIFF file?") from None
     return msg
+
+
+def read_delimited(fh: IO[bytes], cls: Any, what: str = "a message") -> Any:
+    """The next length-prefixed message of class ``cls`` (ValueError naming ``what`` when absent or bad)."""
+    return _parse(cls, _read_frame(fh, what), what)
 
 
 # ------------------------------------------------------------------------------------ vocabularies
@@ -185,28 +198,72 @@ def write_ciff(vectors: SparseVectors, path: PathLike, *, vocab: Any = None, sca
                          description=f"lsr {__version__} export: impacts tf = round(weight * {scale:g}); "
                                      f"lsr={lsr_info}")
     with atomic_write_bytes(path) as fh:
-        _write_delimited(fh, header)
-        for name, a, b in sorted(zip(names, starts.tolist(), ends.tolist())):  # terms in byte order, as Lucene
-            gaps = np.diff(docs[a:b], prepend=0)
-            plist = m["PostingsList"](term=name, df=b - a, cf=int(impacts[a:b].sum()))
-            for gap, tf in zip(gaps.tolist(), impacts[a:b].tolist()):
-                plist.postings.add(docid=gap, tf=tf)
-            _write_delimited(fh, plist)
+        write_delimited(fh, header)
+        gaps = np.diff(docs, prepend=0)
+        gaps[starts] = docs[starts]  # each list's first docid is absolute
+        buf, offsets = encode_postings(gaps, impacts)
+        cf = np.add.reduceat(impacts, starts) if starts.size else impacts[:0]
+        for name, a, b, c in sorted(zip(names, starts.tolist(), ends.tolist(), cf.tolist())):  # byte order, as Lucene
+            head = m["PostingsList"](term=name, df=b - a, cf=c).SerializeToString()
+            write_delimited(fh, head + buf[offsets[a]:offsets[b]].tobytes())
         for i, (docno, length) in enumerate(zip(vectors.ids, doclen.tolist())):
-            _write_delimited(fh, m["DocRecord"](docid=i, collection_docid=docno, doclength=length))
+            write_delimited(fh, m["DocRecord"](docid=i, collection_docid=docno, doclength=length))
     return {f.name: v for f, v in header.ListFields()}
 
 
 # ------------------------------------------------------------------------------------ read
-def _iter_postings(fh: IO[bytes], n_lists: int) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    m = messages()
+_DECODE_BATCH_BYTES = 1 << 25  # postings bytes decoded together: big enough to amortise NumPy calls
+
+
+def _slow_postings(data: bytes, what: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """One PostingsList through protobuf's parser (files whose layout the bulk decoder does not take)."""
+    plist = _parse(messages()["PostingsList"], data, what)
+    gaps = np.fromiter((p.docid for p in plist.postings), np.int64, len(plist.postings))
+    tfs = np.fromiter((p.tf for p in plist.postings), np.int64, len(plist.postings))
+    return plist.term, gaps, tfs
+
+
+def _decode_batch(batch: list[tuple[bytes, int, str]]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(term, gaps, tfs) of frames whose postings field comes last, decoded together."""
+    regions = [data[start:] for data, start, _ in batch]
+    region_starts = np.r_[0, np.cumsum([len(r) for r in regions])[:-1]].astype(np.int64)
+    decoded = decode_postings(np.frombuffer(b"".join(regions), np.uint8), region_starts)
+    if decoded is None:
+        yield from (_slow_postings(data, what) for data, _, what in batch)
+        return
+    gaps, tfs, counts = decoded
+    bounds = np.r_[0, np.cumsum(counts)].tolist()
+    cls = messages()["PostingsList"]
+    for (data, start, what), a, b in zip(batch, bounds[:-1], bounds[1:]):
+        yield _parse(cls, data[:start], what).term, gaps[a:b], tfs[a:b]
+
+
+def _iter_raw_postings(fh: IO[bytes], n_lists: int) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    batch: list[tuple[bytes, int, str]] = []
+    size = 0
     for i in range(n_lists):
-        plist = _read_delimited(fh, m["PostingsList"], f"postings list {i}")
-        gaps = np.fromiter((p.docid for p in plist.postings), np.int64, len(plist.postings))
-        tfs = np.fromiter((p.tf for p in plist.postings), np.float64, len(plist.postings))
-        if gaps.size and (gaps[0] < 0 or (gaps[1:] <= 0).any()):
-            raise ValueError(f"postings list {i} ({plist.term!r}): docid gaps must be positive (CIFF gap encoding)")
-        yield plist.term, np.cumsum(gaps), tfs
+        what = f"postings list {i}"
+        data = _read_frame(fh, what)
+        region = split_postings_field(data)
+        if region is None:
+            yield from _decode_batch(batch)
+            batch, size = [], 0
+            yield _slow_postings(data, what)
+            continue
+        batch.append((data, region[0], what))
+        size += len(data) - region[0]
+        if size >= _DECODE_BATCH_BYTES:
+            yield from _decode_batch(batch)
+            batch, size = [], 0
+    yield from _decode_batch(batch)
+
+
+def _iter_postings(fh: IO[bytes], n_lists: int) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(term, absolute docids, tfs as float64) of each postings list."""
+    for term, gaps, tfs in _iter_raw_postings(fh, n_lists):
+        if gaps.size > 1 and (gaps[1:] <= 0).any():
+            raise ValueError(f"postings list {term!r}: docid gaps must be positive (CIFF gap encoding)")
+        yield term, np.cumsum(gaps), tfs.astype(np.float64)
 
 
 def _concat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -235,14 +292,14 @@ def read_ciff(path: PathLike, *, vocab: Any = None, scale: float | None = None) 
     tokens = _tokens(vocab, 0)
     tok2id = {t: i for i, t in enumerate(tokens) if t} if tokens is not None else None
     with open(path, "rb") as fh:
-        header = _read_delimited(fh, m["Header"], "the header")
+        header = read_delimited(fh, m["Header"], "the header")
         found = _LSR_DESCRIPTION.search(header.description)
         lsr_info = json.loads(found.group(1)) if found else {}
         scale = float(scale if scale is not None else lsr_info.get("scale", 1.0))
         if not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale}")
         rows, cols, vals = _read_coo(fh, header.num_postings_lists, tok2id, scale)
-        records = [_read_delimited(fh, m["DocRecord"], f"doc record {i}") for i in range(header.num_doc_records)]
+        records = [read_delimited(fh, m["DocRecord"], f"doc record {i}") for i in range(header.num_doc_records)]
     n_docs = max(header.num_doc_records, int(rows.max()) + 1 if rows.size else 0)
     ids = [str(i) for i in range(n_docs)]
     for r in records:
