@@ -172,3 +172,18 @@ def test_bulk_postings_coding_equals_protobuf(seed):
     assert decode_postings(buf, np.r_[0, offsets[100] + 1]) is None  # a region starting mid-entry
     tail = np.frombuffer(head, np.uint8)
     assert decode_postings(np.r_[buf, tail], np.zeros(1, np.int64)) is None  # other fields after
+
+
+def test_splade_vectors_export_with_the_model_vocabulary(tmp_path):
+    pytest.importorskip("transformers")
+    from lsr.encode.splade import SpladeEncoder
+
+    model = DATA / "models" / "splade-tiny"
+    enc = SpladeEncoder.from_pretrained(model, device="cpu")
+    docs = enc.encode_document(["The capital of France is Paris.", "Cells divide by mitosis."], ids=["a", "b"])
+    ciff.write_ciff(docs, tmp_path / "s.ciff", metadata=enc.describe())  # tokens from the model folder
+    _, lists, _ = _messages_of(tmp_path / "s.ciff")
+    terms = {pl.term for pl in lists}
+    assert {"paris", "france", "cells"} <= terms and not any(t.isdigit() for t in terms)
+    back, info = ciff.read_ciff(tmp_path / "s.ciff", vocab=model)
+    assert back.equal(_quantised(docs, 100.0)) and info["metadata"] == enc.describe()

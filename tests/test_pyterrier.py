@@ -91,3 +91,18 @@ def test_unfitted_bm25_retriever_says_what_to_do(tmp_path):
 
     with pytest.raises(ValueError, match="not fitted"):
         lsr_pt.LsrIndex(tmp_path / "i").retriever(LexicalEncoder())
+
+
+@pytest.mark.gpu
+def test_gpu_retriever_equals_cpu_retriever(tmp_path):
+    from lsr.encode.lexical import LexicalEncoder
+
+    write_scifact_slice(tmp_path / "scifact", DATA, n_queries=20, n_other=200)
+    docs, topics, _ = _frames(tmp_path / "scifact")
+    encoder = LexicalEncoder()
+    index = lsr_pt.LsrIndex(tmp_path / "index")
+    index.indexer(encoder, device="cuda").index(docs)
+    cpu = index.retriever(encoder, k=100, device="cpu")(topics)
+    gpu = index.retriever(encoder, k=100, device="cuda")(topics)
+    assert len(cpu) > 0
+    pd.testing.assert_frame_equal(gpu, cpu)
