@@ -11,7 +11,9 @@
    ``queries.tsv`` (``qid<TAB>text``) and optional TREC qrels ``qrels.tsv`` or ``qrels.txt``
    (``qid 0 docno grade``). With a split ``s`` the files are ``queries.s.tsv`` and ``qrels.s.tsv`` /
    ``qrels.s.txt`` (e.g. MS MARCO's ``queries.dev.small.tsv`` + ``qrels.dev.small.tsv``).
-3. **An ir_datasets id** (``msmarco-passage/dev/small``, ``beir/scifact/test``; ``split`` is appended
+3. **A Hugging Face dataset** ``hf:ORG/NAME[?options]`` or a local Parquet / JSONL file with a column
+   mapping (``docs.parquet?text=body&queries=q.jsonl&qrels=test.tsv``): see :mod:`lsr.interop.hf_datasets`.
+4. **An ir_datasets id** (``msmarco-passage/dev/small``, ``beir/scifact/test``; ``split`` is appended
    as ``/<split>``). Topics and qrels of the ids in :data:`BUILTIN` are read from the data folder
    shipped with lsr (``$LSR_DATA``, else the repository's ``data/``) when it is there, so they work
    offline; anything else goes through ir_datasets (imported lazily). Downloads are refused when
@@ -49,6 +51,8 @@ __all__ = [
     "read_qrels",
     "read_topics_tsv",
     "read_trec_qrels",
+    "qrels_from_rows",
+    "unique_docs",
 ]
 
 Qrels = dict[str, dict[str, int]]
@@ -125,7 +129,7 @@ def read_beir_queries(path: PathLike) -> dict[str, str]:
     return out
 
 
-def _qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
+def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
     qrels: Qrels = {}
     for n, qid, docno, grade in rows:
         where = f"{path}:{n}" if n else str(path)
@@ -153,12 +157,12 @@ def _split_rows(path: PathLike, n_cols: int, header: bool) -> Iterator[tuple[int
 
 def read_trec_qrels(path: PathLike) -> Qrels:
     """TREC qrels (``qid iter docno grade``, whitespace separated; the iter column is ignored)."""
-    return _qrels_from_rows(((n, p[0], p[2], p[3]) for n, p in _split_rows(path, 4, False)), path)
+    return qrels_from_rows(((n, p[0], p[2], p[3]) for n, p in _split_rows(path, 4, False)), path)
 
 
 def read_beir_qrels(path: PathLike) -> Qrels:
     """BEIR qrels TSV (``query-id corpus-id score``, header line first)."""
-    return _qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
+    return qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
 
 
 def read_qrels(path: PathLike) -> Qrels:
@@ -177,7 +181,7 @@ def _find(folder: Path, name: str) -> Path | None:
     return None
 
 
-def _unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
+def unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
     seen: set[str] = set()  # ~100 bytes per id: fine for MS MARCO-sized corpora on a GPU host
     for doc_id, text in docs:
         _check_new(seen, doc_id, "doc id", str(source))
@@ -199,7 +203,7 @@ def _tsv_collection(path: Path) -> DocsIter:
 
 
 def _local_docs(path: Path, reader: Callable[[Path], DocsIter]) -> Callable[[], DocsIter]:
-    return lambda: _unique_docs(reader(path), path)
+    return lambda: unique_docs(reader(path), path)
 
 
 def _load_beir(folder: Path, split: str | None, explicit: bool) -> Dataset:
@@ -306,7 +310,7 @@ def _load_builtin(spec: str, entry: _Builtin, root: Path, download: bool) -> Dat
 def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
     collection = _find(folder, "collection.tsv")
     if collection is not None:
-        return _unique_docs(_tsv_collection(collection), collection)
+        return unique_docs(_tsv_collection(collection), collection)
     hint = (f"docs for msmarco-passage need ir_datasets' collection or a local collection.tsv "
             f"(docno<TAB>text, e.g. from MS MARCO's collectionandqueries.tar.gz) at {folder / 'collection.tsv'}")
     return _ir_docs("msmarco-passage", download, hint)
@@ -408,7 +412,7 @@ def _load_ir_datasets(spec: str, download: bool) -> Dataset:
                 queries[q.query_id] = q.default_text().strip()
     if ds.has_qrels():
         with _ir_datasets_guard(spec, "qrels", download):
-            qrels = _qrels_from_rows(((0, q.query_id, q.doc_id, str(q.relevance)) for q in ds.qrels_iter()), spec)
+            qrels = qrels_from_rows(((0, q.query_id, q.doc_id, str(q.relevance)) for q in ds.qrels_iter()), spec)
     n_docs = None
     if ds.has_docs():
         # the count is optional: never download for it
@@ -439,6 +443,10 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
         if split is not None and split != tail:
             raise ValueError(f"split given twice: {tail!r} in {spec!r} and split={split!r}")
         return _load_folder(Path(head).expanduser(), tail, explicit=True)
+    from lsr.interop import hf_datasets  # hf: ids and Parquet / JSONL files (imports `datasets` only when used)
+
+    if hf_datasets.handles(spec):
+        return hf_datasets.load_spec(spec, split, download=(not _offline()) if download is None else download)
     if path.exists() or spec.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
     ds_id = f"{spec.rstrip('/')}/{split}" if split else spec

@@ -32,7 +32,7 @@ from lsr.sparse import SparseVectors
 __all__ = [
     "KINDS", "SAMPLE_TEXTS", "assert_exact_topk", "calibrate_sparsity", "float64_scores", "max_abs_errors",
     "poisoned_allocations", "random_collection", "random_dense_rows", "reference_topk", "save_tiny_mlm",
-    "seeded_generator", "sparton_case", "tiny_config", "topk_violations",
+    "seeded_generator", "sparton_case", "tiny_config", "topk_violations", "write_scifact_slice",
 ]
 
 KINDS = ("bert", "distilbert", "roberta", "modernbert")
@@ -303,3 +303,22 @@ def save_tiny_mlm(kind: str, out_dir: str | Path, data_dir: str | Path, *, seed:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def write_scifact_slice(folder: str | Path, data_dir: str | Path, n_queries: int = 6,
+                        n_other: int = 40) -> tuple[int, int]:
+    """A BEIR folder with SciFact's first test queries, their relevant abstracts and ``n_other`` more
+    (a job small enough for a CPU test); returns (n_docs, n_queries)."""
+    folder, scifact = Path(folder), Path(data_dir) / "scifact"
+    rows = (scifact / "qrels" / "test.tsv").read_text().splitlines()[1:]
+    qids = list(dict.fromkeys(r.split("\t")[0] for r in rows))[:n_queries]
+    qrels = [r for r in rows if r.split("\t")[0] in qids]
+    wanted = {r.split("\t")[1] for r in qrels}
+    docs = [ln for ln in (scifact / "corpus.jsonl").read_text().splitlines()
+            if json.loads(ln)["_id"] in wanted or (n_other := n_other - 1) >= 0]
+    queries = [ln for ln in (scifact / "queries.jsonl").read_text().splitlines() if json.loads(ln)["_id"] in qids]
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("\n".join(docs) + "\n")
+    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(qrels) + "\n")
+    return len(docs), len(qids)

@@ -16,6 +16,7 @@ import torch
 
 from lsr.cli import main
 from lsr.config import load_config
+from lsr.testing import write_scifact_slice
 from tests.conftest import DATA, REPO
 
 pytest.importorskip("transformers")
@@ -54,25 +55,8 @@ def test_shipped_model_is_a_trained_splade_model():
     assert 0 < q.nnz < 100  # sparse, unlike an untrained head
 
 
-def _scifact_slice(folder, n_queries: int = 6, n_other: int = 40):
-    """A BEIR folder with the first test queries, their relevant abstracts and ``n_other`` more."""
-    rows = (DATA / "scifact" / "qrels" / "test.tsv").read_text().splitlines()[1:]
-    qids = list(dict.fromkeys(r.split("\t")[0] for r in rows))[:n_queries]
-    qrels = [r for r in rows if r.split("\t")[0] in qids]
-    wanted = {r.split("\t")[1] for r in qrels}
-    docs = [ln for ln in (DATA / "scifact" / "corpus.jsonl").read_text().splitlines()
-            if json.loads(ln)["_id"] in wanted or (n_other := n_other - 1) >= 0]
-    queries = [ln for ln in (DATA / "scifact" / "queries.jsonl").read_text().splitlines()
-               if json.loads(ln)["_id"] in qids]
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("\n".join(docs) + "\n")
-    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(qrels) + "\n")
-    return len(docs), len(qids)
-
-
 def test_quickstart_pipeline_on_a_scifact_slice(tmp_path):
-    n_docs, n_queries = _scifact_slice(tmp_path / "scifact")
+    n_docs, n_queries = write_scifact_slice(tmp_path / "scifact", DATA)
     out = tmp_path / "run"
     assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"dataset={tmp_path / 'scifact'}",
                  "--set", f"encoder.model={MODEL}", "--set", f"output={out}", "--set", "device=cpu",

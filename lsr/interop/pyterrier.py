@@ -1,0 +1,251 @@
+"""PyTerrier transformers over lsr: index, retrieve and encode inside ``pt.Experiment`` pipelines.
+
+Nothing here starts Java: the classes are plain ``pt.Transformer`` / ``pt.Indexer`` subclasses that
+call lsr's encoders, :class:`~lsr.index.inverted.InvertedIndex` and :class:`~lsr.search.searcher.Searcher`.
+
+    import pyterrier as pt
+    from lsr import SpladeEncoder, load_dataset
+    from lsr.interop.pyterrier import LsrIndex, get_corpus_iter, get_qrels, get_topics
+
+    ds = load_dataset("data/scifact", "test")
+    enc = SpladeEncoder.from_pretrained("data/models/splade-tiny")
+    index = LsrIndex("runs/scifact-pt-index")
+    index.indexer(enc).index(get_corpus_iter(ds))   # iterable of {"docno", "text"} dicts or a DataFrame
+    pt.Experiment([index.retriever(enc, k=1000)], get_topics(ds), get_qrels(ds), [pt.measures.nDCG @ 10])
+
+Results are lsr's exact top-k (ties by ascending doc index), with PyTerrier's columns ``qid, docno,
+score, rank`` (rank from 0) plus the query columns. :func:`doc_encoder` / :func:`query_encoder` add
+``toks`` / ``query_toks`` columns ({token: weight} dicts, as pyt_splade does); the indexer and the
+retriever use such columns when present instead of encoding the text again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    import pyterrier as pt
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("lsr.interop.pyterrier needs PyTerrier: pip install 'lsr-gpu[pyterrier]'") from e
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "doc_encoder", "get_corpus_iter",
+           "get_qrels", "get_topics", "query_encoder"]
+
+
+def get_topics(dataset: Any) -> pd.DataFrame:
+    """An :class:`lsr.data.Dataset`'s queries as PyTerrier topics (``qid``, ``query``)."""
+    return pd.DataFrame({"qid": list(dataset.queries), "query": list(dataset.queries.values())})
+
+
+def get_qrels(dataset: Any) -> pd.DataFrame:
+    """An :class:`lsr.data.Dataset`'s judgements as PyTerrier qrels (``qid``, ``docno``, ``label``)."""
+    rows = [(q, d, g) for q, judged in dataset.qrels.items() for d, g in judged.items()]
+    return pd.DataFrame(rows, columns=["qid", "docno", "label"])
+
+
+def get_corpus_iter(dataset: Any) -> Iterator[dict[str, str]]:
+    """An :class:`lsr.data.Dataset`'s documents as ``{"docno", "text"}`` dicts (what indexers take)."""
+    return ({"docno": doc_id, "text": text} for doc_id, text in dataset.docs_iter())
+
+
+def _resolve_encoder(encoder: Any, device: str | None) -> Any:
+    """An encoder object as is; a SPLADE model path / hub id -> SpladeEncoder (as ``lsr run`` builds it)."""
+    if not isinstance(encoder, str):
+        return encoder
+    from lsr.config import EncoderConfig
+    from lsr.pipeline import build_encoder, resolve_device
+
+    return build_encoder(EncoderConfig(kind="splade", model=encoder), resolve_device(device))
+
+
+def _token_ids(encoder: Any) -> dict[str, int]:
+    cached = getattr(encoder, "_lsr_pt_token_ids", None)
+    if cached is None:
+        cached = {tok: i for i, tok in enumerate(encoder.vocab)}
+        encoder._lsr_pt_token_ids = cached  # the vocabulary of an encoder never changes once fitted
+    return cached
+
+
+def _from_toks(encoder: Any, rows: Iterable[Mapping[str, float]], ids: Sequence[str]) -> Any:
+    from lsr.sparse import SparseVectors
+
+    return SparseVectors.from_dicts(rows, vocab=_token_ids(encoder), ids=list(ids), vocab_size=encoder.vocab_size)
+
+
+def _is_fitted(encoder: Any) -> bool:
+    return getattr(encoder, "fitted", True)
+
+
+class LsrEncoderTransformer(pt.Transformer):
+    """Adds a ``toks`` (documents) or ``query_toks`` (queries) column of {token: weight} dicts."""
+
+    def __init__(self, encoder: Any, side: str, text_field: str | None = None, batch_size: int = 256) -> None:
+        if side not in ("doc", "query"):
+            raise ValueError(f"side must be 'doc' or 'query', got {side!r}")
+        if not _is_fitted(encoder):
+            raise ValueError("the BM25 encoder is not fitted: fit it on the corpus first (encoder.fit(texts)) "
+                             "or let LsrIndex(...).indexer(encoder) fit it")
+        self.encoder, self.side, self.batch_size = encoder, side, batch_size
+        self.text_field = text_field or ("text" if side == "doc" else "query")
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        if self.text_field not in inp.columns:
+            raise ValueError(f"the input has no {self.text_field!r} column (columns: {list(inp.columns)})")
+        encode = self.encoder.encode_document if self.side == "doc" else self.encoder.encode_query
+        texts = inp[self.text_field].astype(str).tolist()
+        toks: list[dict[str, float]] = []
+        for a in range(0, len(texts), self.batch_size):
+            toks.extend(encode(texts[a:a + self.batch_size]).to_dicts(self.encoder.vocab))
+        out = inp.copy()
+        out["toks" if self.side == "doc" else "query_toks"] = toks
+        return out
+
+
+def doc_encoder(encoder: Any, text_field: str = "text", batch_size: int = 256) -> LsrEncoderTransformer:
+    """Documents DataFrame (``docno``, ``text``) -> the same with a ``toks`` column."""
+    return LsrEncoderTransformer(encoder, "doc", text_field, batch_size)
+
+
+def query_encoder(encoder: Any, batch_size: int = 256) -> LsrEncoderTransformer:
+    """Queries DataFrame (``qid``, ``query``) -> the same with a ``query_toks`` column."""
+    return LsrEncoderTransformer(encoder, "query", "query", batch_size)
+
+
+def _doc_rows(docs: Any) -> Iterator[Mapping[str, Any]]:
+    if isinstance(docs, pd.DataFrame):
+        yield from docs.to_dict("records")
+    else:
+        yield from docs
+
+
+class LsrIndexer(pt.Indexer):
+    """Documents (``docno`` + ``text``, or pre-encoded ``toks``) -> an lsr index directory."""
+
+    def __init__(self, path: Path, encoder: Any, *, device: str | None = None, fields: Sequence[str] = ("text",),
+                 block_size: int | None = None, batch_size: int | None = None, overwrite: bool = False) -> None:
+        self.path, self.encoder, self.device, self.fields = path, encoder, device, tuple(fields)
+        self.block_size, self.batch_size, self.overwrite = block_size, batch_size, overwrite
+
+    def _text(self, row: Mapping[str, Any]) -> str:
+        try:
+            return " ".join(str(row[f]) for f in self.fields).strip()
+        except KeyError as e:
+            raise ValueError(f"document {row.get('docno')!r} has no {e.args[0]!r} field (fields={self.fields})") from None
+
+    def index(self, iter_dict: Iterable[Mapping[str, Any]] | pd.DataFrame) -> Path:
+        """Encode and index the documents; the index appears at ``path`` only once complete. A BM25
+        encoder that is not fitted yet is fitted on these documents (in place: use it to retrieve)."""
+        from lsr.encode.corpus import encode_corpus
+        from lsr.index.build import DEFAULT_BLOCK_SIZE
+        from lsr.index.inverted import InvertedIndex
+        from lsr.pipeline import resolve_device
+
+        if self.path.exists() and not self.overwrite:
+            raise FileExistsError(f"{self.path} exists: choose another path or pass overwrite=True")
+        device = resolve_device(self.device)
+        rows = _doc_rows(iter_dict)
+        first = next(rows, None)
+        if first is None:
+            raise ValueError("no documents to index")
+        rows = _chain(first, rows)
+        if "toks" in first:  # pre-encoded by doc_encoder(): no text is read
+            docs = list(rows)
+            vectors = _from_toks(self.encoder, (d["toks"] for d in docs), [str(d["docno"]) for d in docs])
+            meta = self.encoder.describe()
+        else:
+            pairs: Iterable[tuple[str, str]] = ((str(d["docno"]), self._text(d)) for d in rows)
+            if not _is_fitted(self.encoder):
+                pairs = list(pairs)
+                self.encoder.fit(text for _, text in pairs)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=".lsr-vectors-", dir=self.path.parent) as tmp:
+                manifest = encode_corpus(self.encoder, pairs, Path(tmp) / "vectors", batch_size=self.batch_size,
+                                         resume=False, show_progress_bar=False)
+                return self._build(InvertedIndex, Path(tmp) / "vectors", device, manifest.get("metadata"),
+                                   self.block_size or DEFAULT_BLOCK_SIZE)
+        return self._build(InvertedIndex, vectors, device, meta, self.block_size or DEFAULT_BLOCK_SIZE)
+
+    def _build(self, index_cls: Any, vectors: Any, device: str, meta: Any, block_size: int) -> Path:
+        index = index_cls.build(vectors, device=device, block_size=block_size, metadata=meta)
+        return index.save(self.path, overwrite=self.overwrite)
+
+
+def _chain(first: Mapping[str, Any], rest: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    yield first
+    yield from rest
+
+
+class LsrRetriever(pt.Transformer):
+    """Queries (``qid`` + ``query``, or pre-encoded ``query_toks``) -> ``qid, docno, score, rank`` (exact)."""
+
+    def __init__(self, index: LsrIndex, encoder: Any, k: int = 1000, device: str | None = None,
+                 backend: str = "auto") -> None:
+        if not _is_fitted(encoder):
+            raise ValueError("the BM25 encoder is not fitted: index with LsrIndex(...).indexer(encoder) first "
+                             "(it fits the encoder) or load a fitted one with LexicalEncoder.load(dir)")
+        self.lsr_index, self.encoder, self.k, self.device, self.backend = index, encoder, k, device, backend
+        self._searcher: Any = None
+
+    def searcher(self) -> Any:
+        """The lsr Searcher over the loaded index (loaded on first use, then kept)."""
+        if self._searcher is None:
+            from lsr.index.inverted import InvertedIndex
+            from lsr.pipeline import resolve_device
+            from lsr.search.searcher import Searcher
+
+            device = resolve_device(self.device)
+            self._searcher = Searcher(InvertedIndex.load(self.lsr_index.path, device=device), device=device,
+                                      backend=self.backend)
+        return self._searcher
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        if "qid" not in inp.columns:
+            raise ValueError(f"the queries have no 'qid' column (columns: {list(inp.columns)})")
+        qids = inp["qid"].astype(str).tolist()
+        if "query_toks" in inp.columns:
+            queries, meta = _from_toks(self.encoder, inp["query_toks"], qids), None
+        elif "query" in inp.columns:
+            queries = self.encoder.encode_query(inp["query"].astype(str).tolist(), ids=qids)
+            meta = self.encoder.describe()
+        else:
+            raise ValueError(f"the queries need a 'query' or 'query_toks' column (columns: {list(inp.columns)})")
+        searcher = self.searcher()
+        scores, doc_idx = searcher.search(queries.to(searcher.device), k=self.k, query_metadata=meta)
+        return _results_frame(inp, searcher.index.docnos, scores.cpu().numpy(), doc_idx.cpu().numpy())
+
+
+def _results_frame(inp: pd.DataFrame, docnos: Sequence[str], scores: np.ndarray, doc_idx: np.ndarray) -> pd.DataFrame:
+    """[B, k] top-k arrays -> one row per hit, best first within each query, with the query's columns."""
+    q_rows, ranks = np.nonzero(doc_idx >= 0)  # row-major: queries in input order, hits in rank order
+    hits = pd.DataFrame({"docno": np.asarray(docnos, dtype=object)[doc_idx[q_rows, ranks]],
+                         "score": scores[q_rows, ranks].astype(np.float64), "rank": ranks.astype(np.int64)})
+    query_cols = inp.reset_index(drop=True).iloc[q_rows].reset_index(drop=True)
+    query_cols["qid"] = query_cols["qid"].astype(str)
+    return pd.concat([query_cols, hits], axis=1)
+
+
+class LsrIndex:
+    """An lsr index directory seen from PyTerrier: ``.indexer(encoder)`` writes it, ``.retriever(encoder)``
+    searches it. Use the same encoder for both (queries and documents share its vocabulary)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+
+    def indexer(self, encoder: Any, *, device: str | None = None, fields: Sequence[str] = ("text",),
+                block_size: int | None = None, batch_size: int | None = None, overwrite: bool = False) -> LsrIndexer:
+        """A ``pt.Indexer``; ``encoder`` is an lsr encoder or a SPLADE model path / hub id."""
+        return LsrIndexer(self.path, _resolve_encoder(encoder, device), device=device, fields=fields,
+                          block_size=block_size, batch_size=batch_size, overwrite=overwrite)
+
+    def retriever(self, encoder: Any, k: int = 1000, device: str | None = None, backend: str = "auto") -> LsrRetriever:
+        """A ``pt.Transformer`` returning the exact top ``k`` of each query (GPU when available)."""
+        return LsrRetriever(self, _resolve_encoder(encoder, device), k=k, device=device, backend=backend)
+
+    def __repr__(self) -> str:
+        return f"LsrIndex({str(self.path)!r})"
