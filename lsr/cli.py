@@ -72,6 +72,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
         write_vectors(out, vecs, enc.describe())
         print(f"wrote {len(vecs)} query vectors to {out}")
         return 0
+    from lsr.distributed import is_distributed
+
+    if is_distributed():  # every rank of a torchrun job encodes its slice
+        from lsr.encode.distributed import encode_command
+
+        return encode_command(args, ds, device, _encoder_from_args)
     enc = _encoder_from_args(args, device)
     if args.encoder == "bm25" and not args.model:
         enc.fit(text for _, text in ds.docs_iter())

@@ -16,42 +16,21 @@ merged result equals single-process search bit for bit. Every rank gets the merg
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from datetime import timedelta
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lsr.distributed import agree, comm_device, init_distributed, is_distributed
 from lsr.index.sharded import ShardedIndex, read_sharded_manifest
 from lsr.search.searcher import check_compatible
 from lsr.search.sharded import ShardedSearcher, merge_topk
 from lsr.sparse import SparseVectors
 
-__all__ = ["DistributedSearcher", "init_distributed", "is_distributed", "rank_partitions", "search_sharded"]
+__all__ = ["DistributedSearcher", "rank_partitions", "search_sharded"]
 
 DEFAULT_QUERY_BATCH = 1024
-
-
-def is_distributed() -> bool:
-    """Whether this process was started by torchrun with more than one rank."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def init_distributed(device: str) -> torch.device:
-    """Join the process group torchrun describes (gloo for CPU, NCCL for CUDA) and return this rank's
-    device (``cuda:LOCAL_RANK`` modulo the visible GPUs, so several ranks may share one GPU)."""
-    cuda = str(device).startswith("cuda")
-    if cuda:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
-    if not dist.is_initialized():
-        kw: dict[str, Any] = {"device_id": dev} if cuda else {}
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30), **kw)
-    return dev
 
 
 def rank_partitions(n_partitions: int, rank: int, world_size: int) -> list[int]:
@@ -81,27 +60,10 @@ class DistributedSearcher:
             raise ValueError(f"{path} has {n_p} partitions for {self.world_size} ranks: rebuild it with "
                              f"--partitions {self.world_size} (or a multiple), or start fewer ranks")
         mine = rank_partitions(n_p, self.rank, self.world_size)
-        self._comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        with self._agree("load its partitions"):
+        self._comm = comm_device()
+        with agree("load its partitions"):
             self.index = ShardedIndex.load(path, device="cpu", partitions=mine, verify=verify)
             self.local = ShardedSearcher(self.index, self.device, backend, max_memory_bytes, stream)
-
-    @contextmanager
-    def _agree(self, what: str) -> Iterator[None]:
-        """Run a step that may fail on some ranks: if it fails anywhere, it fails everywhere (the rank
-        that failed raises its own error, the others say so) instead of leaving them waiting in a
-        collective."""
-        error: BaseException | None = None
-        try:
-            yield
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks learn of it
-            error = e
-        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self._comm)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if error is not None:
-            raise error
-        if int(flag):
-            raise RuntimeError(f"another rank failed to {what} (its error says why)")
 
     def _broadcast(self, queries: SparseVectors | None) -> SparseVectors:
         """Rank 0's queries on every rank (ids stay on rank 0)."""
@@ -137,7 +99,7 @@ class DistributedSearcher:
         on every rank."""
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        with self._agree("check the queries"):
+        with agree("check the queries"):
             if self.rank == 0:
                 if queries is None:
                     raise ValueError("rank 0 must pass the queries")

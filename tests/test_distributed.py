@@ -1,0 +1,128 @@
+"""Distributed search and encoding on CPU processes (gloo), 2 and 3 ranks spawned with
+torch.multiprocessing: results equal single-process search / encoding bit for bit."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from lsr.index import InvertedIndex
+from lsr.index.sharded import ShardedIndex
+from lsr.search import Searcher
+from lsr.shards import read_vectors, write_vectors
+from lsr.testing import random_collection
+
+N_DOCS, VOCAB, KS = 70, 40, (3, 25, 80)   # k = 25 and 80 exceed a partition's 23-35 docs; 80 > all docs
+ENCODE = {"batch_size": 4, "shard_rows": 10, "sort_window": 4, "show_progress_bar": False}  # 4 does not divide 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _texts(data_dir: Path, n: int) -> list[tuple[str, str]]:
+    with open(data_dir / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in itertools.islice(f, n)]
+    return [(r["_id"], f"{r['title']} {r['text']}"[: 40 + 13 * i]) for i, r in enumerate(rows)]
+
+
+def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from lsr.cli import main
+    from lsr.distributed import init_distributed
+    from lsr.encode.distributed import encode_corpus_distributed
+    from lsr.encode.lexical import LexicalEncoder
+    from lsr.search.distributed import DistributedSearcher
+
+    t = Path(tmp)
+    init_distributed("cpu")
+    for name in ("p_world", "p_more"):  # one partition per rank; more partitions than ranks
+        searcher = DistributedSearcher(t / name, "cpu", backend="torch")
+        queries = read_vectors(t / "q") if rank == 0 else None
+        for k in KS:
+            s, i = searcher.search(queries, k, query_batch=5)
+            np.save(t / f"{name}-k{k}-r{rank}-s.npy", s.numpy())
+            np.save(t / f"{name}-k{k}-r{rank}-i.npy", i.numpy())
+    with pytest.raises(RuntimeError, match="another rank failed") if rank else pytest.raises(ValueError, match="vocab"):
+        bad = random_collection(3, VOCAB + 1, 9) if rank == 0 else None
+        searcher.search(bad, 5)
+    docs = _texts(Path(data_dir), 37)
+    encode_corpus_distributed(LexicalEncoder.load(t / "bm25"), docs, t / "enc-bm25", len(docs), **ENCODE)
+    if splade:
+        from lsr.encode.splade import SpladeEncoder
+
+        enc = SpladeEncoder.from_pretrained(splade, device="cpu", max_length_doc=48)
+        encode_corpus_distributed(enc, docs, t / "enc-splade", len(docs), **ENCODE)
+    # the CLI path last: it leaves the process group when done
+    assert main(["search", "--index", str(t / "p_world"), "--queries", str(t / "q"), "--k", "25", "--out",
+                 str(t / "cli.trec"), "--device", "cpu", "--backend", "torch"]) == 0
+
+
+def _single_encodings(tmp: Path, data_dir: Path, splade: str | None) -> dict[str, Path]:
+    from lsr.encode.corpus import encode_corpus
+    from lsr.encode.lexical import LexicalEncoder
+
+    docs = _texts(data_dir, 37)
+    bm25 = LexicalEncoder().fit(text for _, text in docs)
+    bm25.save(tmp / "bm25")
+    out = {"bm25": tmp / "single-bm25"}
+    encode_corpus(bm25, docs, out["bm25"], **ENCODE)
+    if splade:
+        from lsr.encode.splade import SpladeEncoder
+
+        out["splade"] = tmp / "single-splade"
+        encode_corpus(SpladeEncoder.from_pretrained(splade, device="cpu", max_length_doc=48), docs, out["splade"],
+                      **ENCODE)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_equals_single_process(tmp_path, data_dir, world):
+    docs = random_collection(N_DOCS, VOCAB, 11, density=0.15, quantized=True)  # many exact ties
+    queries = random_collection(13, VOCAB, 12, density=0.2, quantized=True)
+    write_vectors(tmp_path / "q", queries)
+    ShardedIndex.build(docs, world, tmp_path / "p_world", block_size=16)
+    ShardedIndex.build(docs, world + 2, tmp_path / "p_more", block_size=16)
+    splade = None
+    if world == 2:  # the tiny SPLADE model once (transformers in every rank is the slow part)
+        pytest.importorskip("transformers")
+        from lsr.testing import save_tiny_mlm
+
+        splade = str(save_tiny_mlm("roberta", tmp_path / "roberta", data_dir))
+    single = _single_encodings(tmp_path, data_dir, splade)
+
+    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path), splade, str(data_dir)), nprocs=world)
+
+    searcher = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch")
+    for k in KS:
+        want_s, want_i = searcher.search(queries, k)
+        for name, r in itertools.product(("p_world", "p_more"), range(world)):
+            s = torch.from_numpy(np.load(tmp_path / f"{name}-k{k}-r{r}-s.npy"))
+            i = torch.from_numpy(np.load(tmp_path / f"{name}-k{k}-r{r}-i.npy"))
+            assert torch.equal(s, want_s) and torch.equal(i, want_i), (name, k, r)
+    assert (want_i[:, -1] == -1).any() and (want_i >= 0).sum() > 25  # padding and full rows both occur
+    for kind, path in single.items():
+        got = read_vectors(tmp_path / f"enc-{kind}")
+        assert got.equal(read_vectors(path)), kind
+        manifest = json.loads((tmp_path / f"enc-{kind}" / "manifest.json").read_text())
+        assert manifest["complete"] and manifest["metadata"] == json.loads((path / "manifest.json").read_text())[
+            "metadata"]
+        assert [s["rows"] for s in manifest["shards"]] == [10, 10, 10, 7]
+    ShardedIndex.load(tmp_path / "p_world")  # untouched by the searches
+    from lsr.cli import main
+
+    assert main(["search", "--index", str(tmp_path / "p_world"), "--queries", str(tmp_path / "q"), "--k", "25",
+                 "--out", str(tmp_path / "one.trec"), "--device", "cpu", "--backend", "torch"]) == 0
+    assert (tmp_path / "cli.trec").read_text() == (tmp_path / "one.trec").read_text()
