@@ -126,3 +126,47 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
     assert main(["search", "--index", str(tmp_path / "p_world"), "--queries", str(tmp_path / "q"), "--k", "25",
                  "--out", str(tmp_path / "one.trec"), "--device", "cpu", "--backend", "torch"]) == 0
     assert (tmp_path / "cli.trec").read_text() == (tmp_path / "one.trec").read_text()
+
+
+class _Recording:
+    """A fitted BM25 encoder that records the ids of every batch it encodes."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+        self.vocab_size = inner.vocab_size
+
+    def describe(self):
+        return self.inner.describe()
+
+    def encode_document(self, texts, ids=None):
+        self.batches.append(tuple(ids))
+        return self.inner.encode_document(texts, ids=ids)
+
+
+def test_rank_slices_see_the_single_process_batches(tmp_path, data_dir):
+    from lsr.encode.corpus import encode_corpus
+    from lsr.encode.distributed import merge_rank_manifests, rank_slice
+    from lsr.encode.lexical import LexicalEncoder
+
+    docs = _texts(data_dir, 37)
+    bm25 = LexicalEncoder().fit(text for _, text in docs)
+    single = _Recording(bm25)
+    encode_corpus(single, docs, tmp_path / "single", **ENCODE)
+    assert [rank_slice(37, 10, r, 3) for r in range(3)] == [(0, 10), (10, 20), (20, 37)]
+    batches, unaligned = [], []
+    for r in range(3):
+        start, stop = rank_slice(37, 10, r, 3)
+        rec, plain = _Recording(bm25), _Recording(bm25)
+        encode_corpus(rec, docs[start:stop], tmp_path / f"rank-{r:05d}-of-00003", stream_offset=start, **ENCODE)
+        encode_corpus(plain, docs[start:stop], tmp_path / f"plain-{r}", **ENCODE)
+        batches += rec.batches
+        unaligned += plain.batches
+    assert batches == single.batches
+    assert unaligned != single.batches  # 4 does not divide 10: without the offset the windows move
+    merged = merge_rank_manifests(tmp_path, 3)
+    assert read_vectors(tmp_path).equal(read_vectors(tmp_path / "single"))
+    assert merged["shards"][3]["file"] == "rank-00002-of-00003/part-00001.parquet"
+    with pytest.raises(ValueError, match="multiple of shard_rows"):
+        encode_corpus(bm25, docs, tmp_path / "x", stream_offset=5, **ENCODE)
+    with pytest.raises(FileNotFoundError):
+        merge_rank_manifests(tmp_path, 4)

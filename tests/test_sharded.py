@@ -146,3 +146,22 @@ def test_cli_index_partitions_and_search(tmp_path, capsys):
                  "--device", "cpu"]) == 2
     assert "--partitions" in capsys.readouterr().err
     assert read_vectors(tmp_path / "v").equal(docs)
+
+
+def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
+    docs, queries = _collection()
+    ShardedIndex.build(docs, 4, tmp_path / "idx", block_size=16)
+    loaded = ShardedIndex.load(tmp_path / "idx")
+    memory = ShardedIndex.from_vectors(docs, 4, block_size=16)
+    assert memory.doc_starts == loaded.doc_starts and memory.docnos == loaded.docnos
+    want = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, 30)
+    for index in (loaded, memory):
+        searcher = Searcher(index, backend="torch")
+        assert isinstance(searcher, ShardedSearcher)
+        got = searcher.search(queries, 30)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    run = Searcher(memory, backend="torch").search_run(queries, 5)
+    assert list(run) == queries.ids and all(d in docs.ids for hits in run.values() for d in hits)
+    only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
+    assert [p is None for p in only.partitions] == [True, True, False, True]
+    assert torch.equal(only.partitions[2].max_scores, loaded.partitions[2].max_scores)

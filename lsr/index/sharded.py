@@ -188,6 +188,28 @@ class ShardedIndex:
             fsynced_write(tmp / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
         return out
 
+    @classmethod
+    def from_vectors(cls, vectors: SparseVectors, n_partitions: int, device: str | torch.device | None = None,
+                     block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None,
+                     partitions: list[int] | None = None) -> ShardedIndex:
+        """The sharded index of ``vectors`` in memory (nothing written), with only ``partitions`` built
+        (default all): a rank of a distributed job builds its own."""
+        bounds = partition_bounds(len(vectors), n_partitions)
+        wanted = set(range(n_partitions) if partitions is None else partitions)
+        max_scores = torch.zeros(vectors.vocab_size, dtype=torch.float32, device=vectors.device)
+        max_scores.scatter_reduce_(0, vectors.indices.long(), vectors.values, reduce="amax")
+        metadata = json.loads(json.dumps(metadata or {}))
+        built: list[InvertedIndex | None] = []
+        for p in range(n_partitions):
+            if p not in wanted:
+                built.append(None)
+                continue
+            index = InvertedIndex.build(vectors[bounds[p]:bounds[p + 1]], device=device, block_size=block_size,
+                                        metadata=metadata)
+            index.max_scores = max_scores.to(index.device)
+            built.append(index)
+        return cls(built, bounds[:-1], vectors.vocab_size, len(vectors), metadata)
+
     # ------------------------------------------------------------------ load
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu", partitions: list[int] | None = None,

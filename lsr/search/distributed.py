@@ -42,27 +42,31 @@ class DistributedSearcher:
     """One rank's part of an exact distributed search (every rank constructs one and calls ``search``).
 
     Args:
-        path: the sharded index folder (each rank loads only its partitions).
+        index: the sharded index folder (each rank loads only its partitions), or a ShardedIndex holding
+            this rank's partitions.
         device: this rank's device (``init_distributed`` returns it).
         backend, max_memory_bytes, stream: as ``ShardedSearcher``.
         verify: check file checksums when loading.
     """
 
-    def __init__(self, path: str | os.PathLike, device: str | torch.device, backend: str = "auto",
+    def __init__(self, index: str | os.PathLike | ShardedIndex, device: str | torch.device, backend: str = "auto",
                  max_memory_bytes: int | None = None, stream: bool | None = None, verify: bool = True) -> None:
         if not dist.is_initialized():
             raise RuntimeError("DistributedSearcher needs torch.distributed: launch with torchrun and call "
                                "init_distributed first")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device)
-        n_p = len(read_sharded_manifest(path)["partitions"])
-        if n_p < self.world_size:
-            raise ValueError(f"{path} has {n_p} partitions for {self.world_size} ranks: rebuild it with "
-                             f"--partitions {self.world_size} (or a multiple), or start fewer ranks")
-        mine = rank_partitions(n_p, self.rank, self.world_size)
         self._comm = comm_device()
         with agree("load its partitions"):
-            self.index = ShardedIndex.load(path, device="cpu", partitions=mine, verify=verify)
+            if isinstance(index, ShardedIndex):  # built in memory by this rank (its partitions loaded)
+                self.index = index
+            else:
+                n_p = len(read_sharded_manifest(index)["partitions"])
+                if n_p < self.world_size:
+                    raise ValueError(f"{index} has {n_p} partitions for {self.world_size} ranks: rebuild it with "
+                                     f"--partitions {self.world_size} (or a multiple), or start fewer ranks")
+                mine = rank_partitions(n_p, self.rank, self.world_size)
+                self.index = ShardedIndex.load(index, device="cpu", partitions=mine, verify=verify)
             self.local = ShardedSearcher(self.index, self.device, backend, max_memory_bytes, stream)
 
     def _broadcast(self, queries: SparseVectors | None) -> SparseVectors:

@@ -109,6 +109,9 @@ def _default_budget(device: torch.device) -> int:
 class Searcher:
     """Exact top-k search over an InvertedIndex.
 
+    Given a ``ShardedIndex`` it returns a ``lsr.search.sharded.ShardedSearcher`` (same API; extra
+    keyword ``stream``).
+
     Args:
         index: the index (moved to ``device`` if it lives elsewhere).
         device: where to search (default: the index's device).
@@ -116,6 +119,16 @@ class Searcher:
         max_memory_bytes: bound on the torch path's working memory (dense query block, chunk scores,
             top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
     """
+
+    def __new__(cls, index: Any, *args: Any, **kwargs: Any) -> Any:
+        # a ShardedIndex gets its searcher (same API, partitions searched in turn, exact merge)
+        from lsr.index.sharded import ShardedIndex
+
+        if cls is Searcher and isinstance(index, ShardedIndex):
+            from lsr.search.sharded import ShardedSearcher
+
+            return ShardedSearcher(index, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str = "auto",
                  max_memory_bytes: int | None = None) -> None:
