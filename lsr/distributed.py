@@ -1,7 +1,8 @@
 """torch.distributed helpers shared by distributed search and encoding (launch with ``torchrun``).
 
 gloo on CPUs, NCCL on GPUs; the rank's device is ``cuda:LOCAL_RANK`` modulo the visible GPUs, so several
-ranks may share one GPU (a test of the multi-GPU code on one card).
+ranks may share one GPU (a test of the multi-GPU code on one card: NCCL refuses that, so those ranks talk
+through gloo, staging the small collective tensors in host memory).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
+__all__ = ["agree", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
 
 
 def is_distributed() -> bool:
@@ -30,6 +31,17 @@ def rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
+def collective_backend(device: str) -> str:
+    """"nccl" for one GPU per rank; "gloo" on CPUs and when ranks share a GPU (NCCL refuses two ranks on
+    one device); ``LSR_DIST_BACKEND`` overrides."""
+    if os.environ.get("LSR_DIST_BACKEND"):
+        return os.environ["LSR_DIST_BACKEND"]
+    if not str(device).startswith("cuda"):
+        return "gloo"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return "nccl" if local_ranks <= torch.cuda.device_count() else "gloo"
+
+
 def init_distributed(device: str) -> torch.device:
     """Join the process group torchrun describes and return this rank's device."""
     cuda = str(device).startswith("cuda")
@@ -39,8 +51,9 @@ def init_distributed(device: str) -> torch.device:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        kw: dict[str, Any] = {"device_id": dev} if cuda else {}
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30), **kw)
+        backend = collective_backend(device)
+        kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=timedelta(minutes=30), **kw)
     return dev
 
 
