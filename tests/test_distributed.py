@@ -170,3 +170,32 @@ def test_rank_slices_see_the_single_process_batches(tmp_path, data_dir):
         encode_corpus(bm25, docs, tmp_path / "x", stream_offset=5, **ENCODE)
     with pytest.raises(FileNotFoundError):
         merge_rank_manifests(tmp_path, 4)
+
+
+def _gpu_worker(rank: int, world: int, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from lsr.distributed import init_distributed
+    from lsr.search.distributed import DistributedSearcher
+
+    t = Path(tmp)
+    dev = init_distributed("cuda")  # both ranks on one GPU: gloo
+    searcher = DistributedSearcher(t / "idx", dev)
+    s, i = searcher.search(read_vectors(t / "q") if rank == 0 else None, 1000, query_batch=32)
+    np.save(t / f"r{rank}-s.npy", s.cpu().numpy())
+    np.save(t / f"r{rank}-i.npy", i.cpu().numpy())
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_two_ranks_sharing_one_gpu(tmp_path):
+    from lsr.synth import synth_docs, synth_queries
+
+    docs, queries = synth_docs(200_000, device="cuda"), synth_queries(70, device="cuda")
+    ShardedIndex.build(docs, 2, tmp_path / "idx", device="cuda")
+    write_vectors(tmp_path / "q", queries)
+    want_s, want_i = Searcher(InvertedIndex.build(docs)).search(queries, 1000)
+    mp.spawn(_gpu_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    for r in range(2):
+        assert np.array_equal(np.load(tmp_path / f"r{r}-s.npy"), want_s.cpu().numpy())
+        assert np.array_equal(np.load(tmp_path / f"r{r}-i.npy"), want_i.cpu().numpy())

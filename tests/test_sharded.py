@@ -165,3 +165,18 @@ def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
     only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
     assert [p is None for p in only.partitions] == [True, True, False, True]
     assert torch.equal(only.partitions[2].max_scores, loaded.partitions[2].max_scores)
+
+
+@pytest.mark.gpu
+def test_gpu_streamed_and_resident_equal_single():
+    from lsr.synth import synth_docs, synth_queries
+
+    docs = synth_docs(300_000, device="cuda")
+    queries = synth_queries(64, device="cuda")
+    want = Searcher(InvertedIndex.build(docs)).search(queries, 1000)
+    sharded = ShardedIndex.from_vectors(docs, 3, device="cuda")
+    for stream in (False, True):
+        searcher = ShardedSearcher(sharded, "cuda", stream=stream)
+        assert searcher.stream == stream and searcher.backend == "triton"
+        got = searcher.search(queries, 1000, query_batch=20)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
