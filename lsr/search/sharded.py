@@ -96,9 +96,12 @@ class ShardedSearcher:
             elif part.device != self.device:
                 part = part.to(self.device)
             self._parts.append((index.doc_starts[p], part))
-        probe = Searcher(self._parts[0][1], device=self._parts[0][1].device if self.stream else self.device,
-                         **self._backend_args)
-        self.backend = probe.backend
+        # the backend a partition's Searcher resolves to on the device (a streamed one is still on the host)
+        probe = self._parts[0][1]
+        if self.stream:
+            empty = SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], [], index.vocab_size, device=self.device)
+            probe = InvertedIndex.build(empty)
+        self.backend = self._searcher(probe).backend
 
     def _searcher(self, part: InvertedIndex) -> Searcher:
         return Searcher(part, device=self.device, **self._backend_args)
