@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from lsr.distributed import agree, comm_device, init_distributed, is_distributed
 from lsr.index.sharded import ShardedIndex, read_sharded_manifest
-from lsr.search.searcher import check_compatible
+from lsr.search.searcher import check_request
 from lsr.search.sharded import ShardedSearcher, merge_topk
 from lsr.sparse import SparseVectors
 
@@ -101,16 +101,11 @@ class DistributedSearcher:
         """Exact top-k of rank 0's queries over the whole collection; collective (every rank calls it,
         the others with ``queries=None``). Returns (scores float32 [B, k], global doc_idx int64 [B, k])
         on every rank."""
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
         with agree("check the queries"):
             if self.rank == 0:
                 if queries is None:
                     raise ValueError("rank 0 must pass the queries")
-                if queries.vocab_size != self.index.vocab_size:
-                    raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index "
-                                     f"{self.index.vocab_size}: they must come from the same encoder vocabulary")
-                check_compatible(query_metadata, self.index.metadata)
+                check_request(queries, k, query_metadata, self.index)
         queries = self._broadcast(queries)
         qb = query_batch or DEFAULT_QUERY_BATCH
         out_s, out_i = [], []

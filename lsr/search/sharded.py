@@ -26,7 +26,7 @@ import torch
 from lsr.index.build import POSTING_TENSORS
 from lsr.index.inverted import InvertedIndex
 from lsr.index.sharded import ShardedIndex
-from lsr.search.searcher import Searcher, check_compatible, exact_topk
+from lsr.search.searcher import Searcher, check_request, exact_topk
 from lsr.sparse import SparseVectors
 
 __all__ = ["ShardedSearcher", "merge_topk", "shift_ids"]
@@ -111,12 +111,7 @@ class ShardedSearcher:
                show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k documents of every query over the loaded partitions (see ``Searcher.search``); doc
         indices are global."""
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        if queries.vocab_size != self.index.vocab_size:
-            raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index {self.index.vocab_size}: "
-                             "they must come from the same encoder vocabulary")
-        check_compatible(query_metadata, self.index.metadata)
+        check_request(queries, k, query_metadata, self.index)
         queries = queries.to(self.device)
         best: tuple[torch.Tensor, torch.Tensor] | None = None
         for offset, part in self._device_parts():
