@@ -154,8 +154,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lsr.config import load_config
+    from lsr.distributed import is_distributed
     from lsr.pipeline import run_pipeline
 
+    if is_distributed():
+        raise UsageError("lsr run is one process; under torchrun run its steps: lsr encode, lsr index --partitions N, "
+                         "lsr search (docs/scaling.md)")
     try:
         cfg = load_config(args.config, args.set or ())
     except (ValueError, TypeError, FileNotFoundError) as e:

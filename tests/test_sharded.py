@@ -180,3 +180,16 @@ def test_gpu_streamed_and_resident_equal_single():
         assert searcher.stream == stream and searcher.backend == "triton"
         got = searcher.search(queries, 1000, query_batch=20)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_lsr_run_with_partitions_equals_one_index(tmp_path):
+    from .conftest import REPO
+
+    out = tmp_path / "job"
+    config = str(REPO / "configs" / "scifact-bm25.yaml")
+    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu"]) == 0
+    single = (out / "run.trec").read_text()
+    # same output folder: the vectors and the BM25 fit are reused, the index is replaced by a sharded one
+    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu", "--set", "index.partitions=3"]) == 0
+    assert is_sharded(out / "index") and (out / "run.trec").read_text() == single
+    assert main(["run", config, "--set", "index.partitions=0"]) == 2
