@@ -95,10 +95,13 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.partitions is not None:
+        from lsr.distributed import init_distributed, is_distributed
         from lsr.index.sharded import ShardedIndex
 
         if args.partitions < 1:
             raise UsageError(f"--partitions must be a positive integer, got {args.partitions}")
+        if is_distributed():  # under torchrun every rank builds its partitions on its own device
+            device = str(init_distributed(device))
         ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
                            overwrite=args.overwrite, workers=args.workers)
         print(f"indexed {args.vectors} into {args.partitions} partitions -> {args.out}")

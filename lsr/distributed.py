@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
+__all__ = ["agree", "broadcast_text", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
 
 
 def is_distributed() -> bool:
@@ -80,3 +80,15 @@ def agree(what: str) -> Iterator[None]:
         raise error
     if int(flag):
         raise RuntimeError(f"another rank failed to {what} (its error says why)")
+
+
+def broadcast_text(text: str | None, limit: int = 4096) -> str:
+    """Rank 0's ``text`` (at most ``limit`` UTF-8 bytes) on every rank (a tensor, no pickling)."""
+    buf = torch.zeros(limit + 1, dtype=torch.uint8, device=comm_device())
+    if dist.get_rank() == 0:
+        data = (text or "").encode()
+        if len(data) > limit:
+            raise ValueError(f"text of {len(data)} bytes is longer than {limit}")
+        buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    dist.broadcast(buf, 0)
+    return bytes(buf[1:].cpu().numpy()).rstrip(b"\0").decode()

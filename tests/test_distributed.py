@@ -65,7 +65,10 @@ def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data
 
         enc = SpladeEncoder.from_pretrained(splade, device="cpu", max_length_doc=48)
         encode_corpus_distributed(enc, docs, t / "enc-splade", len(docs), **ENCODE)
-    # the CLI path last: it leaves the process group when done
+    # every rank builds its partitions of the vectors, rank 0 publishes the folder
+    assert main(["index", "--vectors", str(t / "enc-bm25"), "--out", str(t / "idx-dist"), "--partitions", "3",
+                 "--device", "cpu", "--block-size", "16"]) == 0
+    # the CLI search last: it leaves the process group when done
     assert main(["search", "--index", str(t / "p_world"), "--queries", str(t / "q"), "--k", "25", "--out",
                  str(t / "cli.trec"), "--device", "cpu", "--backend", "torch"]) == 0
 
@@ -121,6 +124,10 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
             "metadata"]
         assert [s["rows"] for s in manifest["shards"]] == [10, 10, 10, 7]
     ShardedIndex.load(tmp_path / "p_world")  # untouched by the searches
+    ShardedIndex.build(single["bm25"], 3, tmp_path / "idx-single", block_size=16)
+    for f in ("manifest.json", "max_scores.npy", "part-00002/doc_ids.npy", "part-00001/meta.json"):
+        assert (tmp_path / "idx-dist" / f).read_bytes() == (tmp_path / "idx-single" / f).read_bytes(), f
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
     from lsr.cli import main
 
     assert main(["search", "--index", str(tmp_path / "p_world"), "--queries", str(tmp_path / "q"), "--k", "25",

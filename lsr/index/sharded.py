@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,11 +152,15 @@ class ShardedIndex:
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
         dropped, so peak memory is ``workers`` partitions. ``workers`` > 1 builds partitions in threads
-        (torch and pyarrow release the GIL: it pays on a many-core CPU). Returns the folder's path.
+        (torch and pyarrow release the GIL: it pays on a many-core CPU). Inside a torch.distributed job
+        (collective: every rank calls it) rank r builds partitions r, r + W, ... on its own device into
+        rank 0's temporary folder (one shared file system), and rank 0 writes the manifest and publishes
+        the folder. Returns the folder's path.
         """
+        from lsr.distributed import rank_and_size
+
         check_block_size(block_size)
         out = Path(out)
-        _check_target(out, overwrite)
         if isinstance(vectors, SparseVectors):
             n_docs, vocab = len(vectors), vectors.vocab_size
         else:
@@ -164,28 +169,29 @@ class ShardedIndex:
             metadata = manifest.get("metadata", {}) if metadata is None else metadata
         metadata = json.loads(json.dumps(metadata or {}))
         bounds = partition_bounds(n_docs, n_partitions)
+        rank, world = rank_and_size()
 
-        with atomic_directory(out) as tmp:
-            def build_one(p: int) -> tuple[dict[str, Any], torch.Tensor]:
-                a, b = bounds[p], bounds[p + 1]
-                rows = vectors[a:b] if isinstance(vectors, SparseVectors) else read_vector_rows(vectors, a, b)
-                index = InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata)
-                name = f"part-{p:05d}"
-                index.save(tmp / name)
-                entry = {"dir": name, "doc_start": a, "n_docs": b - a, "n_postings": index.n_postings,
-                         "meta_sha256": sha256_file(tmp / name / "meta.json")}
-                return entry, index.max_scores.cpu()
+        def build_one(p: int) -> None:
+            a, b = bounds[p], bounds[p + 1]
+            rows = vectors[a:b] if isinstance(vectors, SparseVectors) else read_vector_rows(vectors, a, b)
+            InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata).save(tmp / _part(p))
 
-            with ThreadPoolExecutor(max_workers=max(1, min(workers, n_partitions))) as pool:
-                built = list(pool.map(build_one, range(n_partitions)))
-            max_scores = torch.stack([m for _, m in built]).amax(0) if vocab else torch.zeros(0)
-            arr = max_scores.numpy().astype(np.float32)
-            fsynced_write(tmp / MAX_SCORES, lambda fh: np.save(fh, arr, allow_pickle=False))
-            manifest = {"format": FORMAT, "version": VERSION, "vocab_size": vocab, "n_docs": n_docs,
-                        "n_postings": sum(e["n_postings"] for e, _ in built), "block_size": int(block_size),
-                        "metadata": metadata, "max_scores": {"sha256": sha256_file(tmp / MAX_SCORES)},
-                        "partitions": [e for e, _ in built]}
-            fsynced_write(tmp / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
+        with ExitStack() as stack:
+            with _everywhere("prepare the output folder", world):
+                if rank == 0:
+                    _check_target(out, overwrite)
+                    tmp = stack.enter_context(atomic_directory(out))
+            if world > 1:
+                from lsr.distributed import broadcast_text
+
+                tmp = Path(broadcast_text(str(tmp) if rank == 0 else None))
+            with _everywhere("build its partitions", world):
+                mine = range(rank, n_partitions, world)
+                with ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine)))) as pool:
+                    list(pool.map(build_one, mine))
+            with _everywhere("write the manifest", world):
+                if rank == 0:
+                    _write_manifest(tmp, bounds, vocab, block_size, metadata)
         return out
 
     @classmethod
@@ -231,6 +237,34 @@ class ShardedIndex:
             loaded[p] = _load_partition(path, m, p, max_scores, device, mmap, verify)
         return cls(loaded, [int(e["doc_start"]) for e in m["partitions"]], int(m["vocab_size"]), int(m["n_docs"]),
                    m.get("metadata") or {}, path)
+
+
+def _part(p: int) -> str:
+    return f"part-{p:05d}"
+
+
+def _everywhere(what: str, world: int) -> Any:
+    """``lsr.distributed.agree`` in a distributed job (a failure on one rank fails all), else nothing."""
+    if world == 1:
+        return nullcontext()
+    from lsr.distributed import agree
+
+    return agree(what)
+
+
+def _write_manifest(d: Path, bounds: list[int], vocab: int, block_size: int, metadata: dict[str, Any]) -> None:
+    """max_scores.npy (the partitions' term maxima combined) and manifest.json of the built partitions in ``d``."""
+    entries, max_scores = [], np.zeros(vocab, np.float32)
+    for p in range(len(bounds) - 1):
+        meta = InvertedIndex.read_meta(d / _part(p))
+        np.maximum(max_scores, np.load(d / _part(p) / "max_scores.npy", allow_pickle=False), out=max_scores)
+        entries.append({"dir": _part(p), "doc_start": bounds[p], "n_docs": bounds[p + 1] - bounds[p],
+                        "n_postings": int(meta["n_postings"]), "meta_sha256": sha256_file(d / _part(p) / "meta.json")})
+    fsynced_write(d / MAX_SCORES, lambda fh: np.save(fh, max_scores, allow_pickle=False))
+    manifest = {"format": FORMAT, "version": VERSION, "vocab_size": vocab, "n_docs": bounds[-1],
+                "n_postings": sum(e["n_postings"] for e in entries), "block_size": int(block_size),
+                "metadata": metadata, "max_scores": {"sha256": sha256_file(d / MAX_SCORES)}, "partitions": entries}
+    fsynced_write(d / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
 
 
 def _check_target(out: Path, overwrite: bool) -> None:
