@@ -118,7 +118,9 @@ def run_pipeline(cfg: RunConfig) -> dict[str, Any]:
 
             ShardedIndex.build(docs, cfg.index.partitions, out / "index", device=device,
                                block_size=cfg.index.block_size, metadata=doc_meta, overwrite=True)
-            index = ShardedIndex.load(out / "index", device=device, verify=False)
+            # partitions stay memory-mapped on the host: the searcher moves them to the device, or
+            # streams them there when they do not fit
+            index = ShardedIndex.load(out / "index", verify=False)
         else:
             index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
             index.save(out / "index", overwrite=True)
