@@ -145,6 +145,11 @@ def test_cli_index_partitions_and_search(tmp_path, capsys):
     assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "bad"), "--partitions", "0",
                  "--device", "cpu"]) == 2
     assert "--partitions" in capsys.readouterr().err
+    _corrupt(tmp_path / "idx", lambda m: m["partitions"][2].update(n_docs=1))
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
+                 str(tmp_path / "x.trec"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "do not tile" in err and not (tmp_path / "x.trec").exists()
     assert read_vectors(tmp_path / "v").equal(docs)
 
 
