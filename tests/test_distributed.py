@@ -119,10 +119,11 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
     for kind, path in single.items():
         got = read_vectors(tmp_path / f"enc-{kind}")
         assert got.equal(read_vectors(path)), kind
-        manifest = json.loads((tmp_path / f"enc-{kind}" / "manifest.json").read_text())
-        assert manifest["complete"] and manifest["metadata"] == json.loads((path / "manifest.json").read_text())[
-            "metadata"]
-        assert [s["rows"] for s in manifest["shards"]] == [10, 10, 10, 7]
+        # the folder one process writes, file for file (names, checksums, manifest), no rank folders left
+        folder = tmp_path / f"enc-{kind}"
+        assert json.loads((folder / "manifest.json").read_text()) == json.loads((path / "manifest.json").read_text())
+        assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in path.iterdir())
+        assert [s["rows"] for s in json.loads((folder / "manifest.json").read_text())["shards"]] == [10, 10, 10, 7]
     ShardedIndex.load(tmp_path / "p_world")  # untouched by the searches
     ShardedIndex.build(single["bm25"], 3, tmp_path / "idx-single", block_size=16)
     for f in ("manifest.json", "max_scores.npy", "part-00002/doc_ids.npy", "part-00001/meta.json"):
@@ -152,7 +153,7 @@ class _Recording:
 
 def test_rank_slices_see_the_single_process_batches(tmp_path, data_dir):
     from lsr.encode.corpus import encode_corpus
-    from lsr.encode.distributed import merge_rank_manifests, rank_slice
+    from lsr.encode.distributed import merge_rank_folders, rank_dir, rank_slice
     from lsr.encode.lexical import LexicalEncoder
 
     docs = _texts(data_dir, 37)
@@ -164,19 +165,21 @@ def test_rank_slices_see_the_single_process_batches(tmp_path, data_dir):
     for r in range(3):
         start, stop = rank_slice(37, 10, r, 3)
         rec, plain = _Recording(bm25), _Recording(bm25)
-        encode_corpus(rec, docs[start:stop], tmp_path / f"rank-{r:05d}-of-00003", stream_offset=start, **ENCODE)
+        encode_corpus(rec, docs[start:stop], tmp_path / "out" / rank_dir(r, 3), stream_offset=start, **ENCODE)
         encode_corpus(plain, docs[start:stop], tmp_path / f"plain-{r}", **ENCODE)
         batches += rec.batches
         unaligned += plain.batches
     assert batches == single.batches
     assert unaligned != single.batches  # 4 does not divide 10: without the offset the windows move
-    merged = merge_rank_manifests(tmp_path, 3)
-    assert read_vectors(tmp_path).equal(read_vectors(tmp_path / "single"))
-    assert merged["shards"][3]["file"] == "rank-00002-of-00003/part-00001.parquet"
+    with pytest.raises(FileNotFoundError):
+        merge_rank_folders(tmp_path / "out", 4)
+    (tmp_path / "out" / rank_dir(2, 3) / "part-00001.parquet").rename(tmp_path / "out" / "part-00003.parquet")
+    merged = merge_rank_folders(tmp_path / "out", 3)  # the last shard was moved by an interrupted merge
+    assert merged == json.loads((tmp_path / "single" / "manifest.json").read_text())
+    assert read_vectors(tmp_path / "out").equal(read_vectors(tmp_path / "single"))
+    assert not any(p.name.startswith(".rank-") for p in (tmp_path / "out").iterdir())
     with pytest.raises(ValueError, match="multiple of shard_rows"):
         encode_corpus(bm25, docs, tmp_path / "x", stream_offset=5, **ENCODE)
-    with pytest.raises(FileNotFoundError):
-        merge_rank_manifests(tmp_path, 4)
 
 
 def _gpu_worker(rank: int, world: int, port: int, tmp: str) -> None:

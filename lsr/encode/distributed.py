@@ -2,10 +2,12 @@
 
 The stream of n documents is cut into blocks of ``shard_rows`` (the shards a single process would
 write); rank r of W encodes the contiguous blocks [nb * r // W, nb * (r + 1) // W) into its own resumable
-vector directory ``OUT/rank-RRRRR-of-WWWWW/`` (``encode_corpus`` with ``stream_offset``, so its windows
-and batches are the single-process run's). After a barrier rank 0 writes ``OUT/manifest.json`` listing
-every rank's shards in stream order (``rank-00000-of-00002/part-00000.parquet``, ...): readers see one
-ordinary vector directory. A killed job resumes rank by rank when restarted with the same world size.
+vector directory ``OUT/.rank-RRRRR-of-WWWWW/`` (``encode_corpus`` with ``stream_offset``, so its windows
+and batches are the single-process run's). After a barrier rank 0 moves every rank's shards into OUT
+under the names a single process gives them (``part-00000.parquet``, ... in stream order), writes
+``OUT/manifest.json`` and deletes the rank folders: the result is the folder one process writes, file
+for file. A killed job resumes when restarted with the same world size: finished rank folders are not
+encoded again, and the move is idempotent (a shard already moved is checked by its checksum).
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lsr.encode.base import Encoder
 from lsr.encode.corpus import encode_corpus
-from lsr.io import atomic_write_text
-from lsr.shards import MANIFEST, read_manifest
+from lsr.io import atomic_write_text, fsync_dir
+from lsr.shards import MANIFEST, read_manifest, sha256_file
 
-__all__ = ["encode_corpus_distributed", "merge_rank_manifests", "rank_slice"]
+__all__ = ["encode_corpus_distributed", "merge_rank_folders", "rank_dir", "rank_slice"]
 
 
 def rank_slice(n_docs: int, shard_rows: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -32,28 +35,44 @@ def rank_slice(n_docs: int, shard_rows: int, rank: int, world_size: int) -> tupl
     return b0 * shard_rows, min(n_docs, b1 * shard_rows)
 
 
-def _rank_dir(rank: int, world_size: int) -> str:
-    return f"rank-{rank:05d}-of-{world_size:05d}"
+def rank_dir(rank: int, world_size: int) -> str:
+    """The working folder of ``rank`` inside the output folder (hidden: not part of the result)."""
+    return f".rank-{rank:05d}-of-{world_size:05d}"
 
 
-def merge_rank_manifests(out_dir: str | os.PathLike, world_size: int) -> dict[str, Any]:
-    """Write ``out_dir/manifest.json`` from the complete rank directories; returns it."""
+def _move_shard(src: Path, dst: Path, sha256: str) -> None:
+    """Rename ``src`` to ``dst`` unless an earlier, interrupted merge already did."""
+    if src.exists():
+        os.replace(src, dst)
+    elif not dst.exists() or sha256_file(dst) != sha256:
+        raise ValueError(f"shard {src} is missing and {dst} does not hold it: rerun the job in a new folder")
+
+
+def merge_rank_folders(out_dir: str | os.PathLike, world_size: int) -> dict[str, Any]:
+    """Move the complete rank folders' shards into ``out_dir`` (single-process names, stream order), write
+    its manifest.json and delete the rank folders; returns the manifest."""
     out = Path(out_dir)
     merged: dict[str, Any] | None = None
-    for r in range(world_size):
-        sub = _rank_dir(r, world_size)
-        m = read_manifest(out / sub)
+    subs = [out / rank_dir(r, world_size) for r in range(world_size)]
+    for sub in subs:
+        m = read_manifest(sub)
         if not m.get("complete"):
-            raise ValueError(f"{out / sub} is unfinished: rerun the job to resume it")
+            raise ValueError(f"{sub} is unfinished: rerun the job to resume it")
         if merged is None:
             merged = {**m, "n_rows": 0, "nnz": 0, "shards": [], "complete": True}
         elif (m["vocab_size"], m.get("metadata")) != (merged["vocab_size"], merged.get("metadata")):
-            raise ValueError(f"{out / sub} was written with other encoder settings than {_rank_dir(0, world_size)}")
-        merged["shards"] += [{**s, "file": f"{sub}/{s['file']}"} for s in m["shards"]]
+            raise ValueError(f"{sub} was written with other encoder settings than {subs[0]}")
+        for s in m["shards"]:
+            name = f"part-{len(merged['shards']):05d}.parquet"
+            _move_shard(sub / s["file"], out / name, s["sha256"])
+            merged["shards"].append({**s, "file": name})
         merged["n_rows"] += m["n_rows"]
         merged["nnz"] += m["nnz"]
     assert merged is not None
+    fsync_dir(out)
     atomic_write_text(out / MANIFEST, json.dumps(merged, indent=1))
+    for sub in subs:
+        shutil.rmtree(sub)
     return merged
 
 
@@ -70,18 +89,23 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
     if world == 1:
         return encode_corpus(encoder, docs, out_dir, shard_rows=shard_rows, **kwargs)
     out = Path(out_dir)
-    done = (out / MANIFEST).exists() and read_manifest(out).get("complete", False)
-    if not done:
+    with agree("check the output folder"):
+        if (out / MANIFEST).exists() and not read_manifest(out).get("complete"):
+            raise ValueError(f"{out} holds an unfinished single-process encoding: resume it with one process, "
+                             "or encode into a new folder")
+    if not (out / MANIFEST).exists():
         start, stop = rank_slice(n_docs, shard_rows, rank, world)
+        sub = out / rank_dir(rank, world)
         with agree(f"encode documents [{start}, {stop})"):
-            part = encode_corpus(encoder, itertools.islice(iter(docs), start, stop), out / _rank_dir(rank, world),
-                                 shard_rows=shard_rows, stream_offset=start, n_docs=stop - start, **kwargs)
-            if part["n_rows"] != stop - start:
-                raise ValueError(f"rank {rank} got {part['n_rows']} documents for [{start}, {stop}): the corpus "
-                                 f"holds fewer than n_docs={n_docs}")
-        with agree("write the manifest"):
+            if not ((sub / MANIFEST).exists() and read_manifest(sub).get("complete")):
+                part = encode_corpus(encoder, itertools.islice(iter(docs), start, stop), sub, shard_rows=shard_rows,
+                                     stream_offset=start, n_docs=stop - start, **kwargs)
+                if part["n_rows"] != stop - start:
+                    raise ValueError(f"rank {rank} got {part['n_rows']} documents for [{start}, {stop}): the "
+                                     f"corpus holds fewer than n_docs={n_docs}")
+        with agree("merge the rank folders"):
             if rank == 0:
-                merge_rank_manifests(out, world)
+                merge_rank_folders(out, world)
     return read_manifest(out)
 
 
