@@ -73,6 +73,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
         write_vectors(out, vecs, enc.describe())
         print(f"wrote {len(vecs)} query vectors to {out}")
         return 0
+    from lsr.distributed import is_distributed
+
+    if is_distributed():  # every rank of a torchrun job encodes its slice
+        from lsr.encode.distributed import encode_command
+
+        return encode_command(args, ds, device, _encoder_from_args)
     enc = _encoder_from_args(args, device)
     if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
         from lsr.provenance import check_same_origin
@@ -111,16 +117,44 @@ def cmd_index(args: argparse.Namespace) -> int:
     from lsr.pipeline import resolve_device
 
     device = resolve_device(args.device)
+    if args.partitions is not None:
+        from lsr.distributed import init_distributed, is_distributed
+        from lsr.index.sharded import ShardedIndex
+
+        if args.partitions < 1:
+            raise UsageError(f"--partitions must be a positive integer, got {args.partitions}")
+        if is_distributed():  # under torchrun every rank builds its partitions on its own device
+            device = str(init_distributed(device))
+        ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
+                           overwrite=args.overwrite, workers=args.workers)
+        print(f"indexed {args.vectors} into {args.partitions} partitions -> {args.out}")
+        return 0
     index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size)  # metadata from the manifest
     index.save(args.out, overwrite=args.overwrite)
     print(f"indexed {index.n_docs} documents, {index.n_postings} postings -> {args.out}")
     return 0
 
 
+def _queries_from_args(args: argparse.Namespace, device: str):
+    """(query vectors, encoder description or None) of ``lsr search --queries``."""
+    from lsr.pipeline import load_query_vectors
+
+    qpath = Path(args.queries)
+    if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
+        return load_query_vectors(args.queries, args.vocab, args.query_scale), None
+    from lsr.data import load_dataset
+
+    enc = _encoder_from_args(args, device)
+    ds = load_dataset(args.queries, args.split)
+    qids = list(ds.queries)
+    return enc.encode_query([ds.queries[q] for q in qids], ids=qids), enc.describe()
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from lsr import runs
     from lsr.index.inverted import InvertedIndex
-    from lsr.pipeline import load_query_vectors, resolve_device
+    from lsr.index.sharded import is_sharded
+    from lsr.pipeline import resolve_device
     from lsr.provenance import check_not_inside
     from lsr.search.searcher import Searcher
 
@@ -128,19 +162,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
-    index = InvertedIndex.load(args.index, device=device)
-    qpath = Path(args.queries)
-    query_meta = None
-    if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
-        queries = load_query_vectors(args.queries, args.vocab, args.query_scale)
-    else:
-        from lsr.data import load_dataset
+    if is_sharded(args.index):  # one process, or every rank of a torchrun job
+        from lsr.search.distributed import search_sharded
 
-        enc = _encoder_from_args(args, device)
-        ds = load_dataset(args.queries, args.split)
-        qids = list(ds.queries)
-        queries = enc.encode_query([ds.queries[q] for q in qids], ids=qids)
-        query_meta = enc.describe()
+        return search_sharded(args, device, _queries_from_args)
+    index = InvertedIndex.load(args.index, device=device)
+    queries, query_meta = _queries_from_args(args, device)
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
     runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
@@ -158,8 +185,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lsr.config import load_config
+    from lsr.distributed import is_distributed
     from lsr.pipeline import run_pipeline
 
+    if is_distributed():
+        raise UsageError("lsr run is one process; under torchrun run its steps: lsr encode, lsr index --partitions N, "
+                         "lsr search (docs/scaling.md)")
     try:
         cfg = load_config(args.config, args.set or ())
     except (ValueError, TypeError, FileNotFoundError) as e:
@@ -228,12 +259,15 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")
+    p.add_argument("--workers", type=int, default=1, help="with --partitions: partitions built at once (threads)")
     _device_arg(p)
 
 
 def _add_search_command(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "search", "batch-search queries and write a run", cmd_search)
-    p.add_argument("--index", required=True, help="index directory written by lsr index")
+    p.add_argument("--index", required=True, help="index directory written by lsr index (sharded or not)")
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
     p.add_argument("--out", required=True, help="run file to write")
@@ -244,6 +278,9 @@ def _add_search_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
+    p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
+                   help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
+                        "they exceed half the free GPU memory)")
     _add_encoder_args(p)
 
 

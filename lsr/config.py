@@ -42,6 +42,7 @@ class EncoderConfig:
 @dataclass(frozen=True)
 class IndexConfig:
     block_size: int = 65536
+    partitions: int = 1                 # > 1: a sharded index (docs/scaling.md), searched partition by partition
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     if search.backend not in ("auto", "torch", "triton"):
         raise ValueError(f"config.search.backend must be auto, torch or triton, got {search.backend!r}")
     check_block_size(cfg.index.block_size)
+    _positive("config.index.partitions", cfg.index.partitions)
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.tolerance < 0:

@@ -123,8 +123,17 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
             docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
             doc_meta = manifest.get("metadata")
     with _step("build index", timings):
-        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
-        index.save(out / "index", overwrite=True)
+        if cfg.index.partitions > 1:  # sharded: built and saved partition by partition, then loaded
+            from lsr.index.sharded import ShardedIndex
+
+            ShardedIndex.build(docs, cfg.index.partitions, out / "index", device=device,
+                               block_size=cfg.index.block_size, metadata=doc_meta, overwrite=True)
+            # partitions stay memory-mapped on the host: the searcher moves them to the device, or
+            # streams them there when they do not fit
+            index = ShardedIndex.load(out / "index", verify=False)
+        else:
+            index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
+            index.save(out / "index", overwrite=True)
         del docs
     with _step("encode queries", timings):
         if cfg.search.query_vectors:

@@ -30,7 +30,8 @@ from lsr.io import atomic_write_bytes, atomic_write_text
 from lsr.provenance import check_same_origin
 from lsr.sparse import SparseVectors
 
-__all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "sha256_file"]
+__all__ = ["ShardWriter", "write_vectors", "read_vectors", "read_manifest", "iter_shards", "read_vector_rows",
+           "sha256_file"]
 
 FORMAT = "lsr-vectors"
 VERSION = 1
@@ -208,25 +209,52 @@ def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Map
     return w.close()
 
 
+def _read_shard(p: Path, manifest: dict[str, Any], s: dict[str, Any], device: str | torch.device,
+                verify: bool) -> SparseVectors:
+    f = p / s["file"]
+    if not f.exists():
+        raise FileNotFoundError(f"shard {f} listed in the manifest is missing")
+    if verify and sha256_file(f) != s["sha256"]:
+        raise ValueError(f"shard {f} fails its checksum: the file is corrupt or was modified")
+    try:
+        table = pq.read_table(f)
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise ValueError(f"shard {f} cannot be read as Parquet: {e}") from e
+    vec = table_to_vectors(table, manifest["vocab_size"], device)
+    if len(vec) != s["rows"] or vec.nnz != s["nnz"]:
+        raise ValueError(f"shard {f} has {len(vec)} rows / {vec.nnz} nnz, manifest says {s['rows']} / {s['nnz']}")
+    return vec
+
+
 def iter_shards(path: str | os.PathLike, device: str | torch.device = "cpu",
                 verify: bool = True) -> Iterator[SparseVectors]:
     """Yield each shard of a vector directory as SparseVectors (checksums verified)."""
     p = Path(path)
     manifest = read_manifest(p)
     for s in manifest["shards"]:
-        f = p / s["file"]
-        if not f.exists():
-            raise FileNotFoundError(f"shard {f} listed in the manifest is missing")
-        if verify and sha256_file(f) != s["sha256"]:
-            raise ValueError(f"shard {f} fails its checksum: the file is corrupt or was modified")
-        try:
-            table = pq.read_table(f)
-        except Exception as e:  # pyarrow raises several types for damaged files
-            raise ValueError(f"shard {f} cannot be read as Parquet: {e}") from e
-        vec = table_to_vectors(table, manifest["vocab_size"], device)
-        if len(vec) != s["rows"] or vec.nnz != s["nnz"]:
-            raise ValueError(f"shard {f} has {len(vec)} rows / {vec.nnz} nnz, manifest says {s['rows']} / {s['nnz']}")
-        yield vec
+        yield _read_shard(p, manifest, s, device, verify)
+
+
+def read_vector_rows(path: str | os.PathLike, start: int, stop: int, device: str | torch.device = "cpu",
+                     verify: bool = True) -> SparseVectors:
+    """Rows [start, stop) of a complete vector directory, reading only the shards that hold them."""
+    p = Path(path)
+    manifest = read_manifest(p)
+    if not manifest.get("complete"):
+        raise ValueError(f"{p} is an unfinished vector directory ({manifest['n_rows']} rows so far); "
+                         "rerun the encoder with resume to finish it")
+    if not 0 <= start <= stop <= manifest["n_rows"]:
+        raise ValueError(f"rows [{start}, {stop}) are outside {p}'s {manifest['n_rows']} rows")
+    parts, first = [], 0
+    for s in manifest["shards"]:
+        last = first + s["rows"]
+        if first < stop and last > start:
+            vec = _read_shard(p, manifest, s, device, verify)
+            parts.append(vec[max(start - first, 0):min(stop, last) - first])
+        first = last
+    if not parts:
+        return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], [], manifest["vocab_size"], device=device)
+    return SparseVectors.concat(parts) if len(parts) > 1 else parts[0]
 
 
 def read_vectors(path: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True,

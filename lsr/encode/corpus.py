@@ -91,7 +91,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
                   tokenize_workers: int | None = None, stats: dict[str, Any] | None = None,
-                  progress: bool | None = None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+                  progress: bool | None = None, origin: dict[str, Any] | None = None, stream_offset: int = 0,
+                  ) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
     Args:
@@ -122,6 +123,9 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
+        stream_offset: position of ``docs``' first document in a longer stream that other processes
+            encode in slices (``lsr.encode.distributed``); a multiple of ``shard_rows``. Windows are cut
+            where the whole stream's would be, so the vectors equal a single-process run's.
     """
     if progress is not None:
         warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
@@ -129,6 +133,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         show_progress_bar = progress
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
+    if stream_offset < 0 or stream_offset % shard_rows:
+        raise ValueError(f"stream_offset {stream_offset} must be a non-negative multiple of shard_rows {shard_rows}")
     # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/benchmarks.md)
     sort_window = sort_window or -(-shard_rows // -(-shard_rows // 65536))
     metadata = dict(encoder.describe())
@@ -172,7 +178,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
 
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
-    prefetcher = Prefetch(_windows(stream, skip, shard_rows, sort_window), prepare, prefetch)
+    prefetcher = Prefetch(_windows(stream, stream_offset + skip, shard_rows, sort_window), prepare, prefetch)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
     pending: Future | None = None
     t0 = mark = time.perf_counter()

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
 
-__all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "exact_topk"]
+__all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,17 @@ def check_compatible(query_meta: Mapping[str, Any] | None, index_meta: Mapping[s
     if diffs:
         raise ValueError("queries and index were encoded differently (" + "; ".join(diffs) + "); "
                          "encode the queries with the index's encoder")
+
+
+def check_request(queries: SparseVectors, k: int, query_metadata: Mapping[str, Any] | None, index: Any) -> None:
+    """ValueError unless k is a positive int and the queries fit ``index`` (vocabulary size, encoder
+    metadata); ``index`` is anything with ``vocab_size`` and ``metadata``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if queries.vocab_size != index.vocab_size:
+        raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index {index.vocab_size}: "
+                         "they must come from the same encoder vocabulary")
+    check_compatible(query_metadata, index.metadata)
 
 
 def exact_topk(scores: torch.Tensor, k: int, ids: torch.Tensor | None = None,
@@ -109,6 +120,9 @@ def _default_budget(device: torch.device) -> int:
 class Searcher:
     """Exact top-k search over an InvertedIndex.
 
+    Given a ``ShardedIndex`` it returns a ``lsr.search.sharded.ShardedSearcher`` (same API; extra
+    keyword ``stream``).
+
     Args:
         index: the index (moved to ``device`` if it lives elsewhere).
         device: where to search (default: the index's device).
@@ -116,6 +130,16 @@ class Searcher:
         max_memory_bytes: bound on the torch path's working memory (dense query block, chunk scores,
             top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
     """
+
+    def __new__(cls, index: Any, *args: Any, **kwargs: Any) -> Any:
+        # a ShardedIndex gets its searcher (same API, partitions searched in turn, exact merge)
+        from lsr.index.sharded import ShardedIndex
+
+        if cls is Searcher and isinstance(index, ShardedIndex):
+            from lsr.search.sharded import ShardedSearcher
+
+            return ShardedSearcher(index, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str = "auto",
                  max_memory_bytes: int | None = None) -> None:
@@ -159,12 +183,7 @@ class Searcher:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
             -1 / 0.0 where fewer than k documents score > 0.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        if queries.vocab_size != self.index.vocab_size:
-            raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index {self.index.vocab_size}: "
-                             "they must come from the same encoder vocabulary")
-        check_compatible(query_metadata, self.index.metadata)
+        check_request(queries, k, query_metadata, self.index)
         n_q = len(queries)
         qb = int(query_batch) if query_batch is not None else self._default_query_batch(n_q)
         if qb <= 0:

@@ -1,0 +1,94 @@
+"""torch.distributed helpers shared by distributed search and encoding (launch with ``torchrun``).
+
+gloo on CPUs, NCCL on GPUs; the rank's device is ``cuda:LOCAL_RANK`` modulo the visible GPUs, so several
+ranks may share one GPU (a test of the multi-GPU code on one card: NCCL refuses that, so those ranks talk
+through gloo, staging the small collective tensors in host memory).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["agree", "broadcast_text", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
+
+
+def is_distributed() -> bool:
+    """Whether this process belongs to a torchrun job of more than one rank."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def rank_and_size() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def collective_backend(device: str) -> str:
+    """"nccl" for one GPU per rank; "gloo" on CPUs and when ranks share a GPU (NCCL refuses two ranks on
+    one device); ``LSR_DIST_BACKEND`` overrides."""
+    if os.environ.get("LSR_DIST_BACKEND"):
+        return os.environ["LSR_DIST_BACKEND"]
+    if not str(device).startswith("cuda"):
+        return "gloo"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return "nccl" if local_ranks <= torch.cuda.device_count() else "gloo"
+
+
+def init_distributed(device: str) -> torch.device:
+    """Join the process group torchrun describes and return this rank's device."""
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        backend = collective_backend(device)
+        kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=timedelta(minutes=30), **kw)
+    return dev
+
+
+def comm_device() -> torch.device:
+    """Where collective tensors live: this rank's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@contextmanager
+def agree(what: str) -> Iterator[None]:
+    """Run a step that may fail on some ranks: if it fails anywhere it fails everywhere (the failing
+    rank raises its own error, the others say another rank failed) instead of leaving ranks waiting in
+    a later collective. Also a barrier."""
+    error: BaseException | None = None
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised below, once the other ranks know
+        error = e
+    flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=comm_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if int(flag):
+        raise RuntimeError(f"another rank failed to {what} (its error says why)")
+
+
+def broadcast_text(text: str | None, limit: int = 4096) -> str:
+    """Rank 0's ``text`` (at most ``limit`` UTF-8 bytes) on every rank (a tensor, no pickling)."""
+    buf = torch.zeros(limit + 1, dtype=torch.uint8, device=comm_device())
+    if dist.get_rank() == 0:
+        data = (text or "").encode()
+        if len(data) > limit:
+            raise ValueError(f"text of {len(data)} bytes is longer than {limit}")
+        buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    dist.broadcast(buf, 0)
+    return bytes(buf[1:].cpu().numpy()).rstrip(b"\0").decode()
