@@ -46,7 +46,7 @@ def _thread_init(device: str) -> Any:
 
 
 def create_app(index: str | Path | Any, model: str | Path | None = None, *, device: str = "auto", max_batch: int = 64,
-               max_wait_ms: float = 2.0, k: int = 10, max_k: int = 1000, backend: str = "auto",
+               max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
                pad_batches: bool | None = None, warmup: bool = True) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
@@ -57,7 +57,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         device: "auto" | "cpu" | "cuda" | "cuda:N".
         max_batch: most queries searched together; 1 turns dynamic batching off.
         max_wait_ms: how long a batch waits for more requests after its first one arrived.
-        k: hits per query when a request does not say; max_k: the largest k a request may ask for.
+        k: hits per query when a request does not say; max_k: the largest k a request may ask for
+            (default: max(k, 1000)).
         backend: Searcher backend; pad_batches: see ``SearchEngine``; warmup: compile and capture before serving.
     """
     try:

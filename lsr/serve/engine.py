@@ -73,19 +73,21 @@ class SearchEngine:
         index: index directory written by ``lsr index``, or an InvertedIndex (moved to ``device``).
         model: query encoder (see ``load_query_encoder``); None: requests must send pre-encoded vectors.
         device: "auto" | "cpu" | "cuda" | "cuda:N".
-        k: hits per query when a request does not say; max_k: the largest k a request may ask for.
+        k: hits per query when a request does not say; max_k: the largest k a request may ask for
+            (default: max(k, 1000)).
         backend: the Searcher backend ("auto", "torch", "triton").
         pad_batches: search batches padded to a power of two (copies of the last query, whose hits are
             dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
             captured again for every size; default: on CUDA.
     """
 
-    def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 10,
-                 max_k: int = 1000, backend: str = "auto", pad_batches: bool | None = None) -> None:
+    def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 1000,
+                 max_k: int | None = None, backend: str = "auto", pad_batches: bool | None = None) -> None:
         from lsr.index.inverted import InvertedIndex
         from lsr.pipeline import resolve_device
         from lsr.search.searcher import Searcher, check_compatible
 
+        max_k = max(k, 1000) if max_k is None else max_k
         if not 1 <= k <= max_k:
             raise ValueError(f"the default k ({k}) must lie in [1, max_k={max_k}]")
         self.device = resolve_device(device)
