@@ -122,8 +122,11 @@ def test_term_id_vectors_and_padding_to_powers_of_two(bm25):
     rows = [{str(t): w for t, w in row.items()} for row in vectors.to_dicts()]
     responses = asyncio.run(_post_all(app, [{"vectors": [r]} for r in rows]))
     assert [r.json()["results"][0] for r in responses] == _reference(app, vectors, K)
-    texts = asyncio.run(_post_all(app, [{"query": "cancer"}]))[0]
-    assert texts.status_code == 422 and "no query encoder" in texts.json()["error"]
+    bad = asyncio.run(_post_all(app, [{"query": "cancer"}, {"vectors": [{"7": 1, "07": 2}]},
+                                      {"vectors": [{"28865": 1}]}, {"vectors": [{"cell": 1}]}]))
+    assert [r.status_code for r in bad] == [422] * 4
+    assert "no query encoder" in bad[0].json()["error"] and "term 7 is given twice" in bad[1].json()["error"]
+    assert "[0, 28865)" in bad[2].json()["error"] and "keys must be term ids" in bad[3].json()["error"]
 
 
 BAD = [
@@ -140,10 +143,12 @@ BAD = [
     (b'{"query": "a", "k": true}', 422, "'k' must be an integer"),
     (b'{"query": "a", "top": 3}', 422, "unknown field 'top'"),
     (b'{"vectors": {"cell": 1}}', 422, "non-empty list"),
-    (b'{"vectors": [{"cell": -1}]}', 422, "finite number >= 0"),
-    (b'{"vectors": [{"cell": NaN}]}', 422, "finite number >= 0"),
-    (b'{"vectors": [{"cell": "x"}]}', 422, "finite number >= 0"),
-    (b'{"vectors": [{"no-such-token-xyz": 1}]}', 422, "not in the vocabulary"),
+    (b'{"vectors": [{"cell": -1}]}', 422, "weights must be finite, >= 0"),
+    (b'{"vectors": [{"cell": NaN}]}', 422, "weights must be finite, >= 0"),
+    (b'{"vectors": [{"cell": 1e300}]}', 422, "weights must be finite, >= 0"),
+    (b'{"vectors": [{"cell": "x"}]}', 422, "weights must be numbers"),
+    (b'{"vectors": [{"cell": true}]}', 422, "weights must be numbers"),
+    (b'{"vectors": [{"no-such-token-xyz": 1}]}', 422, "not in the encoder vocabulary"),
     (json.dumps({"queries": ["a"] * 5000}).encode(), 413, "at most 4096"),
 ]
 
