@@ -66,6 +66,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse, Response
         from starlette.exceptions import HTTPException
+        from starlette.routing import Route
     except ImportError as e:
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
@@ -96,7 +97,6 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
 
-    @app.post("/search")
     async def search(request: Request) -> Response:
         try:
             payload = json.loads(await request.body())
@@ -112,6 +112,10 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             log.error("search failed: %s: %s", type(e).__name__, e)
             return _error(500, f"search failed: {type(e).__name__}: {e}")
         return Response(body, media_type="application/json")
+
+    # a plain Starlette route: FastAPI's parameter and dependency handling doubles the framework's time per
+    # request (~60 vs ~30 us of CPU measured in-process), and every request pays it on the event loop
+    app.router.routes.append(Route("/search", search, methods=["POST"]))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
