@@ -234,6 +234,38 @@ def test_batcher_bounds_batches_and_isolates_failures():
     assert stats["errors"] == 1 and stats["requests"] == 6 and stats["queries"] == 14
 
 
+def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
+    """The real HTTP stack: uvicorn in a thread, lsr.serve.loadgen's keep-alive connections."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from lsr.serve.loadgen import run_load
+
+    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=16, max_wait_ms=20, k=5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive()
+            time.sleep(0.02)
+        bodies = [json.dumps({"query": t, "k": 5}).encode() for t in TEXTS[:16]]
+        load = run_load("127.0.0.1", port, bodies, concurrency=8, duration_s=1.0, warmup_s=0.2, keep=16)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert load["errors"] == 0 and load["ok"] > 0 and len(load["latencies_ms"]) == load["ok"]
+    ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)
+    assert {i: json.loads(a)["results"][0] for i, a in load["answers"].items()} == dict(enumerate(ref))
+    assert app.state.batcher.stats.as_dict()["mean_batch_queries"] > 1
+
+
 def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
     assert main(["serve", "--index", str(bm25["index"]), "--device", "cpu"]) == 1

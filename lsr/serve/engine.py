@@ -97,6 +97,9 @@ class SearchEngine:
         self.token_ids: dict[str, int] | None = None
         if self.encoder is not None:
             check_compatible(self.encoder.describe(), self.index.metadata)  # once here, not per batch
+            if self.encoder.vocab_size != self.index.vocab_size:
+                raise ValueError(f"the model's vocabulary has {self.encoder.vocab_size} terms, the index's "
+                                 f"{self.index.vocab_size}: serve the index with the encoder that built it")
             self.token_ids = {t: i for i, t in enumerate(self.encoder.vocab)}
         self.pad_batches = self.searcher.device.type == "cuda" if pad_batches is None else bool(pad_batches)
         self._docnos = np.asarray(self.index.docnos, dtype=object)
@@ -219,14 +222,19 @@ class SearchEngine:
 
     def warmup(self, max_batch: int) -> None:
         """Search (and encode) once per batch size the server will use (powers of two when padding), so that
-        kernel compilation and CUDA graph capture happen before the first request, not in its latency."""
-        doc = self.index.docs[0:1].to("cpu") if self.index.n_docs else None
-        if doc is None or doc.nnz == 0:
+        kernel compilation and CUDA graph capture happen before the first request, not in its latency. The
+        query is the first document's first 64 terms: the block path's smallest query-length bucket."""
+        if self.index.n_docs == 0:
             return
-        sizes = sorted({min(_next_pow2(b), max_batch) for b in range(1, max_batch + 1)}) if self.pad_batches else \
-            [1, max_batch]
+        first = self.index.docs[0:1].to("cpu")
+        m = min(64, first.nnz)
+        if m == 0:
+            return
+        query = SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size, validate=False)
+        sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
+            sorted({1, max_batch})
         for b in sizes:
-            self.run_batch([SearchRequest(None, doc[[0] * b], self.k)])
+            self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
         if self.encoder is not None:
             self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
 
