@@ -240,9 +240,9 @@ class SearchEngine:
 
     def _stack(self, parts: list[SparseVectors], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
-        with copies of the last row when ``pad_batches``."""
-        dev = self.searcher.device
-        parts = [p.to(dev) for p in parts]
+        with copies of the last row when ``pad_batches``. Stacked on the host (the parts live there) and copied
+        once: three transfers per batch instead of three per request."""
+        parts = [p.to("cpu") for p in parts]
         target = _next_pow2(n) if self.pad_batches else n
         if target > n:
             last = parts[-1]
@@ -252,9 +252,10 @@ class SearchEngine:
         for p in parts:
             indptr.append(p.indptr[1:] + offset)
             offset += p.nnz
-        return SparseVectors(torch.cat(indptr), torch.cat([p.indices for p in parts]),
-                             torch.cat([p.values for p in parts]), [str(i) for i in range(target)],
-                             self.index.vocab_size, validate=False)
+        stacked = SparseVectors(torch.cat(indptr), torch.cat([p.indices for p in parts]),
+                                torch.cat([p.values for p in parts]), [str(i) for i in range(target)],
+                                self.index.vocab_size, validate=False)
+        return stacked.to(self.searcher.device)
 
     def _hits(self, scores: np.ndarray, doc_idx: np.ndarray, k: int) -> dict[str, list]:
         n = int(np.count_nonzero(doc_idx[:k] >= 0))  # padding (-1) only follows the hits
