@@ -1,0 +1,29 @@
+"""Serving: an HTTP/JSON search endpoint that batches concurrent requests on one device.
+
+Module map:
+
+* ``engine``: ``SearchEngine``, the index + Searcher + optional query encoder; parses request bodies into
+  queries (one-line errors) and searches a batch of requests in one encoder call and one search.
+* ``batcher``: ``DynamicBatcher``, one asyncio worker that gathers concurrent requests up to ``max_batch``
+  queries or ``max_wait_ms`` after the first, runs the batch in a worker thread and resolves each future;
+  it keeps the request / batch / latency statistics.
+* ``app``: ``create_app``, the FastAPI application (``POST /search``, ``GET /health``, ``GET /stats``).
+* ``cli``: ``lsr serve`` (uvicorn).
+
+FastAPI and uvicorn are the optional extra ``serve`` (``pip install lsr-gpu[serve]``); importing this package
+imports neither (``create_app`` loads them when called).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from lsr.serve.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'lsr.serve' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""``lsr serve``: the search server (lsr.serve.app) under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["cmd_serve", "register"]
+
+
+def register(sub: Any, command: Any) -> None:
+    from lsr.cli import _device_arg
+
+    p = command(sub, "serve", "serve an index over HTTP/JSON with dynamic batching (POST /search, GET /health, /stats)")
+    p.add_argument("--index", required=True, help="index directory written by lsr index")
+    p.add_argument("--model", help="query encoder: a fitted BM25 folder (lsr encode's OUT/encoder) or a SPLADE "
+                   "checkpoint; without it requests send pre-encoded vectors")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--max-batch", type=int, default=64, help="most queries searched together (1 = no batching)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0,
+                   help="how long a batch waits for more requests after its first one")
+    p.add_argument("--k", type=int, default=1000, help="hits per query when a request does not give k")
+    p.add_argument("--max-k", type=int, default=None, help="the largest k a request may ask for (default: "
+                   "max(--k, 1000))")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
+    p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    _device_arg(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from lsr.cli import UsageError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise RuntimeError(f"lsr serve needs FastAPI and uvicorn ({e}); install them with: "
+                           "pip install lsr-gpu[serve]") from e
+    if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 < args.port < 65536:
+        raise UsageError("--max-batch must be >= 1, --max-wait-ms >= 0 and --port in [1, 65535]")
+    max_k = args.max_k if args.max_k is not None else max(args.k, 1000)
+    if not 1 <= args.k <= max_k:
+        raise UsageError(f"--k ({args.k}) must lie in [1, --max-k={max_k}]")
+    from lsr.serve.app import create_app
+
+    app = create_app(args.index, args.model, device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup)
+    health = app.state.engine.describe()
+    print(f"serving {health['n_docs']} documents on {health['device']} ({health['backend']}; encoder: "
+          f"{health['encoder'] or 'none, pre-encoded vectors'}) at http://{args.host}:{args.port} "
+          f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,269 @@
+"""The search work behind the server: request bodies to queries, a batch of requests to top-k results.
+
+Nothing here knows about HTTP or asyncio: ``SearchEngine.parse`` turns a decoded JSON body into a
+``SearchRequest`` (or raises ``RequestError`` with a one-line message), and ``SearchEngine.run_batch``
+answers several requests with one encoder call and one ``Searcher.search`` (it is what the batcher's worker
+thread runs). Results are exact: the same documents and float32 scores as ``Searcher.search`` (and
+``lsr search``) give for the same query vectors, since every top-k keeps the total order score descending,
+doc index ascending and a request's k hits are the first k of the batch's larger k.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lsr.sparse import SparseVectors, weight_limit
+
+__all__ = ["MAX_QUERIES_PER_REQUEST", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
+
+MAX_QUERIES_PER_REQUEST = 4096
+_FIELDS = ("queries", "query", "vectors")
+
+
+class RequestError(ValueError):
+    """A bad request: ``status`` is the HTTP code (400 malformed, 413 too large, 422 invalid values)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class SearchRequest:
+    """One request's queries: texts to encode or pre-encoded vectors (over the index vocabulary)."""
+
+    texts: list[str] | None
+    vectors: SparseVectors | None
+    k: int
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.texts) if self.texts is not None else len(self.vectors)
+
+
+def load_query_encoder(model: str | Path, device: str) -> Any:
+    """A fitted BM25 encoder folder (``lexical.json``, written by ``lsr encode`` as OUT/encoder) or a SPLADE
+    checkpoint (local folder or Hugging Face id)."""
+    path = Path(model)
+    if (path / "lexical.json").is_file() or path.name == "lexical.json":
+        from lsr.encode.lexical import LexicalEncoder
+
+        return LexicalEncoder.load(path)
+    from lsr.encode.splade import SpladeEncoder
+
+    return SpladeEncoder.from_pretrained(str(model), device=device)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class SearchEngine:
+    """An index loaded on ``device`` with its Searcher and, given ``model``, the query encoder.
+
+    Args:
+        index: index directory written by ``lsr index``, or an InvertedIndex (moved to ``device``).
+        model: query encoder (see ``load_query_encoder``); None: requests must send pre-encoded vectors.
+        device: "auto" | "cpu" | "cuda" | "cuda:N".
+        k: hits per query when a request does not say; max_k: the largest k a request may ask for
+            (default: max(k, 1000)).
+        backend: the Searcher backend ("auto", "torch", "triton").
+        pad_batches: search batches padded to a power of two (copies of the last query, whose hits are
+            dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
+            captured again for every size; default: on CUDA.
+    """
+
+    def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 1000,
+                 max_k: int | None = None, backend: str = "auto", pad_batches: bool | None = None) -> None:
+        from lsr.index.inverted import InvertedIndex
+        from lsr.pipeline import resolve_device
+        from lsr.search.searcher import Searcher, check_compatible
+
+        max_k = max(k, 1000) if max_k is None else max_k
+        if not 1 <= k <= max_k:
+            raise ValueError(f"the default k ({k}) must lie in [1, max_k={max_k}]")
+        self.device = resolve_device(device)
+        self.k, self.max_k = int(k), int(max_k)
+        self.index = index if isinstance(index, InvertedIndex) else InvertedIndex.load(index, device=self.device)
+        self.searcher = Searcher(self.index, device=self.device, backend=backend)
+        self.encoder = load_query_encoder(model, self.device) if model else None
+        self.token_ids: dict[str, int] | None = None
+        if self.encoder is not None:
+            check_compatible(self.encoder.describe(), self.index.metadata)  # once here, not per batch
+            if self.encoder.vocab_size != self.index.vocab_size:
+                raise ValueError(f"the model's vocabulary has {self.encoder.vocab_size} terms, the index's "
+                                 f"{self.index.vocab_size}: serve the index with the encoder that built it")
+            self.token_ids = {t: i for i, t in enumerate(self.encoder.vocab)}
+        self.pad_batches = self.searcher.device.type == "cuda" if pad_batches is None else bool(pad_batches)
+        self._docnos = np.asarray(self.index.docnos, dtype=object)
+        self._weight_limit = weight_limit(self.index.vocab_size)
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict[str, Any]:
+        """What /health reports: sizes, device, backend, encoder and how vector keys are read."""
+        enc = self.encoder.describe() if self.encoder is not None else None
+        return {"n_docs": self.index.n_docs, "vocab_size": self.index.vocab_size, "device": str(self.searcher.device),
+                "backend": self.searcher.backend, "encoder": enc.get("kind") if enc else None,
+                "model": (enc.get("model") or enc.get("name_or_path")) if enc else None,
+                "vector_keys": "tokens" if self.token_ids is not None else "term_ids",
+                "k": self.k, "max_k": self.max_k, "pad_batches": self.pad_batches}
+
+    # ------------------------------------------------------------------ parsing
+    def parse(self, payload: Any) -> SearchRequest:
+        """A decoded JSON body -> SearchRequest; RequestError (one line) for anything else."""
+        if not isinstance(payload, dict):
+            raise RequestError("the body must be a JSON object with 'queries', 'query' or 'vectors'", 400)
+        unknown = sorted(set(payload) - {*_FIELDS, "k"})
+        if unknown:
+            raise RequestError(f"unknown field {unknown[0]!r}; use 'queries', 'query' or 'vectors', and 'k'")
+        given = [f for f in _FIELDS if f in payload]
+        if len(given) != 1:
+            raise RequestError("give exactly one of 'queries' (list of texts), 'query' (a text) or 'vectors' "
+                               f"(list of {{term: weight}}); got {given or 'none'}")
+        k = self._parse_k(payload.get("k", self.k))
+        if given[0] == "vectors":
+            return SearchRequest(None, self._parse_vectors(payload["vectors"]), k)
+        texts = [payload["query"]] if given[0] == "query" else payload["queries"]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("'queries' must be a non-empty list of strings and 'query' a string")
+        self._check_count(len(texts))
+        if self.encoder is None:
+            raise RequestError("this server has no query encoder (start it with --model); send pre-encoded "
+                               "'vectors' instead of texts")
+        return SearchRequest(texts, None, k)
+
+    def _parse_k(self, k: Any) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_k:
+            raise RequestError(f"'k' must be an integer in [1, {self.max_k}], got {json.dumps(k)[:40]}")
+        return k
+
+    @staticmethod
+    def _check_count(n: int) -> None:
+        if n > MAX_QUERIES_PER_REQUEST:
+            raise RequestError(f"{n} queries in one request; send at most {MAX_QUERIES_PER_REQUEST}", 413)
+
+    def _parse_vectors(self, rows: Any) -> SparseVectors:
+        """[{term: weight}] -> SparseVectors, checked here in numpy (SparseVectors.from_dicts and its validation
+        cost a millisecond per request, on the event loop)."""
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise RequestError("'vectors' must be a non-empty list of {term: weight} objects")
+        self._check_count(len(rows))
+        parts = [self._parse_row(i, row) for i, row in enumerate(rows)]
+        lengths = np.fromiter((t.size for t, _ in parts), np.int64, len(parts))
+        indptr = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        return SparseVectors(indptr, np.concatenate([t for t, _ in parts]), np.concatenate([w for _, w in parts]),
+                             None, self.index.vocab_size, validate=False)
+
+    def _parse_row(self, i: int, row: dict) -> tuple[np.ndarray, np.ndarray]:
+        """One vector's (term ids int32 ascending, weights float32 > 0), or RequestError naming the problem."""
+        weights = list(row.values())
+        if not set(map(type, weights)) <= {int, float}:  # bool is not a weight
+            bad = next(w for w in weights if type(w) not in (int, float))
+            raise RequestError(f"vector {i}: weights must be numbers, got {json.dumps(bad)[:40]}")
+        try:
+            with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+                w = np.asarray(weights, dtype=np.float32) if weights else np.zeros(0, np.float32)
+        except OverflowError:  # an int beyond float64
+            w = np.full(len(weights), np.inf, np.float32)
+        if not (np.isfinite(w).all() and (w >= 0).all() and (w <= self._weight_limit).all()):
+            raise RequestError(f"vector {i}: weights must be finite, >= 0 and <= {self._weight_limit:.3g}")
+        if self.token_ids is not None:
+            try:
+                terms = np.fromiter((self.token_ids[key] for key in row), np.int64, len(row))
+            except KeyError as e:
+                raise RequestError(f"vector {i}: token {e.args[0]!r} is not in the encoder vocabulary") from None
+        else:
+            try:
+                terms = np.fromiter((int(key) for key in row), np.int64, len(row))
+            except ValueError:
+                raise RequestError(f"vector {i}: keys must be term ids (this server has no encoder vocabulary), "
+                                   f"got {next((k for k in row if not k.strip().lstrip('-').isdigit()), '?')!r}") from None
+            if terms.size and not (0 <= terms.min() and terms.max() < self.index.vocab_size):
+                raise RequestError(f"vector {i}: term ids must lie in [0, {self.index.vocab_size})")
+        keep = w > 0
+        terms, w = terms[keep], w[keep]
+        order = np.argsort(terms, kind="stable")
+        terms, w = terms[order], w[order]
+        if terms.size > 1 and not (np.diff(terms) > 0).all():  # "7" and "07": two keys, one term
+            raise RequestError(f"vector {i}: term {int(terms[:-1][np.diff(terms) == 0][0])} is given twice")
+        return terms.astype(np.int32), w
+
+    # ------------------------------------------------------------------ searching
+    def run_batch(self, requests: Sequence[SearchRequest]) -> list[dict[str, Any]]:
+        """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}]."""
+        # rows: every text query first (one encoder call), then the vector queries, each in request order
+        order = [i for i, r in enumerate(requests) if r.texts is not None] + \
+                [i for i, r in enumerate(requests) if r.vectors is not None]
+        texts = [t for i in order if requests[i].texts is not None for t in requests[i].texts]
+        parts = [self.encoder.encode_query(texts)] if texts else []
+        parts += [requests[i].vectors for i in order if requests[i].vectors is not None]
+        first_row, n = {}, 0
+        for i in order:
+            first_row[i] = n
+            n += requests[i].n_queries
+        queries = self._stack(parts, n)
+        scores, doc_idx = self.searcher.search(queries, k=max(r.k for r in requests), show_progress_bar=False)
+        scores, doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync for the whole batch
+        return [{"results": [self._hits(scores[q], doc_idx[q], r.k)
+                             for q in range(first_row[i], first_row[i] + r.n_queries)]}
+                for i, r in enumerate(requests)]
+
+    def search(self, request: SearchRequest) -> dict[str, Any]:
+        """One request on its own (no batching)."""
+        return self.run_batch([request])[0]
+
+    def warmup(self, max_batch: int) -> None:
+        """Search (and encode) once per batch size the server will use (powers of two when padding), so that
+        kernel compilation and CUDA graph capture happen before the first request, not in its latency. The
+        query is the first document's first 64 terms: the block path's smallest query-length bucket."""
+        if self.index.n_docs == 0:
+            return
+        first = self.index.docs[0:1].to("cpu")
+        m = min(64, first.nnz)
+        if m == 0:
+            return
+        query = SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size, validate=False)
+        sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
+            sorted({1, max_batch})
+        for b in sizes:
+            self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
+        if self.encoder is not None:
+            self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
+
+    def _stack(self, parts: list[SparseVectors], n: int) -> SparseVectors:
+        """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
+        with copies of the last row when ``pad_batches``. Stacked on the host (the parts live there) and copied
+        once: three transfers per batch instead of three per request."""
+        parts = [p.to("cpu") for p in parts]
+        target = _next_pow2(n) if self.pad_batches else n
+        if target > n:
+            last = parts[-1]
+            parts.append(last[[len(last) - 1] * (target - n)])
+        indptr = [parts[0].indptr[:1]]
+        offset = 0
+        for p in parts:
+            indptr.append(p.indptr[1:] + offset)
+            offset += p.nnz
+        stacked = SparseVectors(torch.cat(indptr), torch.cat([p.indices for p in parts]),
+                                torch.cat([p.values for p in parts]), [str(i) for i in range(target)],
+                                self.index.vocab_size, validate=False)
+        return stacked.to(self.searcher.device)
+
+    def _hits(self, scores: np.ndarray, doc_idx: np.ndarray, k: int) -> dict[str, list]:
+        n = int(np.count_nonzero(doc_idx[:k] >= 0))  # padding (-1) only follows the hits
+        return {"docnos": self._docnos[doc_idx[:n]].tolist(), "scores": scores[:n].tolist()}
+
+
+def _term_id(key: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise ValueError(f"key {key!r} is not a term id") from None

@@ -1,0 +1,92 @@
+"""A closed-loop HTTP load generator for the search server (standard library only, no torch).
+
+``run_load`` opens ``concurrency`` keep-alive connections; each sends one request, waits for the answer and
+sends the next (a bounded client: at most ``concurrency`` requests in flight). Requests answered inside the
+measured window (after ``warmup_s``) count: QPS = answered / window, with their latencies (a request started
+before the window counts when it ends inside: at high concurrency a latency can approach the window). It runs in its own process (``multiprocessing`` spawn) in ``scripts/bench_serve.py``, so
+the client does not share the server's interpreter lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["run_load"]
+
+_HEAD = b"POST %s HTTP/1.1\r\nHost: lsr\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes,
+                    body: bytes) -> tuple[int, bytes]:
+    writer.write(_HEAD % (path, len(body)) + body)
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    length = next((int(v) for k, _, v in (ln.partition(b":") for ln in lines[1:]) if k.strip().lower() ==
+                   b"content-length"), None)
+    if length is None:
+        raise RuntimeError("the server answered without Content-Length (chunked answers are not read)")
+    return status, await reader.readexactly(length)
+
+
+async def _load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, duration_s: float,
+                warmup_s: float, keep: int, path: bytes) -> dict[str, Any]:
+    start = time.perf_counter() + warmup_s
+    end = start + duration_s
+    latencies: list[float] = []
+    counts = {"ok": 0, "errors": 0, "sent": 0}
+    answers: dict[int, str] = {}
+    first_error: list[str] = []
+
+    async def client(c: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        i = c
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= end:
+                break
+            q = i % len(bodies)
+            i += concurrency
+            try:
+                status, data = await _exchange(reader, writer, path, bodies[q])
+            except (OSError, asyncio.IncompleteReadError, ValueError, RuntimeError) as e:
+                counts["errors"] += 1
+                first_error[:] = first_error or [f"{type(e).__name__}: {e}"]
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
+            t1 = time.perf_counter()
+            counts["sent"] += 1
+            if status != 200:
+                counts["errors"] += 1
+                first_error[:] = first_error or [f"HTTP {status}: {data[:200].decode(errors='replace')}"]
+            elif start <= t1 <= end:
+                counts["ok"] += 1
+                latencies.append((t1 - t0) * 1000)
+            if status == 200 and q < keep and q not in answers:
+                answers[q] = data.decode()
+        writer.close()
+
+    await asyncio.gather(*[client(c) for c in range(concurrency)])
+    return {"latencies_ms": latencies, "qps": counts["ok"] / duration_s, **counts, "answers": answers,
+            "first_error": first_error[0] if first_error else None}
+
+
+def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, duration_s: float = 10.0,
+             warmup_s: float = 1.0, keep: int = 0, path: str = "/search") -> dict[str, Any]:
+    """Closed-loop load: client c sends bodies c, c + concurrency, ... (cycling).
+
+    Returns {"latencies_ms": [...], "qps", "ok", "errors", "sent", "answers": {body index: answer text} for
+    body indices < ``keep`` (their first answer), "first_error"}.
+    """
+    if concurrency < 1 or not bodies:
+        raise ValueError("run_load needs concurrency >= 1 and at least one body")
+    coro = _load(host, port, list(bodies), concurrency, duration_s, warmup_s, keep, path.encode())
+    try:
+        import uvloop  # the faster event loop where installed (uvicorn[standard] brings it)
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

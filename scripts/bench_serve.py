@@ -1,0 +1,291 @@
+"""Load-test the search server (lsr.serve) on loopback: dynamic batching against batching off (max_batch=1).
+
+    PYTHONPATH=. python scripts/bench_serve.py --out OUT [--n-docs 8.8m] [--queries synth,text]
+        [--model data/models/splade-tiny] [--concurrency 1,4,16,32,64,128,256] [--max-batch 1,64]
+        [--max-wait-ms 2] [--k 10] [--duration-s 6] [--slo-ms 20] [--device cuda] [--quick]
+
+The index: lsr.synth documents (seeded, generated on the device, as scripts/bench_search.py does), searched
+in process: uvicorn serves ``create_app`` in a thread of this process, and a closed-loop client
+(lsr.serve.loadgen) runs in a separate process with C keep-alive connections, each sending one query per
+request and the next as soon as the answer arrives. Query sets: ``synth`` (pre-encoded synthetic query
+vectors, term-id keys), ``real`` (the 6,980 SPLADE++ ED dev-small query vectors), ``text`` (MS MARCO dev-small
+query texts encoded by the server with --model, whose vocabulary must be BERT's 30522 word pieces).
+
+Per (query set, max_batch, concurrency): QPS, client latency p50/p90/p99 (ms), the server's mean batch size
+and time per batch in its worker thread (encode + search + answers), peak extra GPU memory; over the answers to the first --check requests: ``exact`` (vector queries: each
+answer keeps lsr's exact top-k contract against a float64 brute force, lsr.testing.topk_violations) and
+``same_as_alone``, the fraction identical byte for byte to the request searched alone (batch invariance; a
+text query's encoding also depends on its batch's padding). Summary: per query set and max_batch the
+highest QPS whose p99 <= --slo-ms.
+Writes OUT/bench_serve.json and .csv (lsr.bench schema), OUT/bench_serve.png with --plot; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize
+from lsr.index.inverted import InvertedIndex
+from lsr.serve.engine import SearchRequest
+from lsr.serve.loadgen import run_load
+from lsr.sparse import SparseVectors
+from lsr.synth import SynthSpec, describe, synth_docs, synth_queries
+from lsr.testing import topk_violations
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
+VOCAB = REPO / "data/bert-base-uncased/vocab.txt"
+TEXTS = REPO / "data/msmarco-passage/topics.msmarco-passage.dev-subset.txt"
+HOST = "127.0.0.1"
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    mult = {"k": 1_000, "m": 1_000_000}.get(s[-1], 1)
+    return int(float(s[:-1] if s[-1] in "km" else s) * mult)
+
+
+def ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def query_set(name: str, n: int, spec: SynthSpec, k: int) -> tuple[list[bytes], list[SearchRequest]]:
+    """Request bodies (one query each) and the same requests parsed, for the reference answers."""
+    if name == "text":
+        texts = [line.split("\t", 1)[1].strip() for line in TEXTS.read_text().splitlines()[:n]]
+        return [json.dumps({"query": t, "k": k}).encode() for t in texts], \
+            [SearchRequest([t], None, k) for t in texts]
+    if name == "real":
+        from lsr.interop.anserini import read_anserini_queries
+
+        vectors = read_anserini_queries(REAL_QUERIES, VOCAB)[:n]
+    else:
+        vectors = synth_queries(n, spec, device="cpu")
+    rows = vectors.to_dicts()
+    bodies = [json.dumps({"vectors": [{str(t): w for t, w in row.items()}], "k": k}).encode() for row in rows]
+    return bodies, [SearchRequest(None, vectors[i:i + 1], k) for i in range(len(rows))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """uvicorn serving ``app`` in a thread of this process (its own event loop)."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.engine = app.state.engine
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start (see its log above)")
+            time.sleep(0.05)
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://{HOST}:{self.port}{path}", timeout=30) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def reference_answers(engine, requests: list[SearchRequest], keep: int) -> list[str]:
+    """The answer to each of the first ``keep`` requests searched alone (the unbatched path)."""
+    return [json.dumps(engine.run_batch([r])[0], separators=(",", ":")) for r in requests[:keep]]
+
+
+def doc_index(docnos: list[str], docno: str) -> int:
+    """The doc index of a synthetic docno ("d<index>")."""
+    i = int(docno.lstrip("d"))
+    if docnos[i] != docno:
+        raise ValueError(f"docno {docno!r} is not lsr.synth's d<index>")
+    return i
+
+
+def exact_failures(engine, requests: list[SearchRequest], answers: dict[int, str], k: int) -> int:
+    """Checked answers that break the exact top-k contract against float64 brute force (vector queries)."""
+    bad = 0
+    for i, text in answers.items():
+        hits = json.loads(text)["results"][0]
+        idx = torch.full((k,), -1, dtype=torch.int64)
+        scores = torch.zeros(k, dtype=torch.float32)
+        idx[:len(hits["docnos"])] = torch.tensor([doc_index(engine.index.docnos, d) for d in hits["docnos"]])
+        scores[:len(hits["scores"])] = torch.tensor(hits["scores"], dtype=torch.float32)
+        bad += bool(topk_violations(scores, idx, float64_scores(engine.index, requests[i].vectors), k))
+    return bad
+
+
+def float64_scores(index: InvertedIndex, query: SparseVectors) -> torch.Tensor:
+    """float64 [N] scores of one query, term at a time over the postings (no [N, V] copy of the documents)."""
+    acc = torch.zeros(index.n_docs, dtype=torch.float64, device=index.device)
+    for t, w in zip(query.indices.tolist(), query.values.tolist()):
+        doc, score = index.term_postings(t)
+        acc.index_add_(0, doc.long(), score.double(), alpha=w)
+    return acc
+
+
+def run_level(results: Results, server: Server, pool, bodies, requests, refs, base_row: dict, args) -> dict:
+    before = server.get("/stats")
+    with PeakMemory() as peak:
+        load = pool.apply(run_load, (HOST, server.port, bodies, base_row["concurrency"], args.duration_s,
+                                     args.warmup_s, len(refs)))
+    after = server.get("/stats")
+    lat = sorted(load["latencies_ms"])
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+    batches = after["batches"] - before["batches"]
+    same = [load["answers"][i] == refs[i] for i in map(int, load["answers"])]
+    row = {**base_row, **quantiles(lat), "qps": load["qps"], "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+           "max_ms": lat[-1] if lat else None, "peak_extra_mb": peak.extra_mb, "errors": load["errors"],
+           "mean_batch": (after["queries"] - before["queries"]) / batches if batches else None,
+           "batch_ms": (after["device_busy_s"] - before["device_busy_s"]) * 1000 / batches if batches else None,
+           "max_batch_seen": after["max_batch_queries"], "checked": len(same),
+           "same_as_alone": sum(same) / len(same) if same else None,
+           "error": load["first_error"] if load["errors"] else None}
+    if base_row["queries"] != "text" and same:
+        row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
+        row["exact"] = row["exact_fail"] == 0
+    return results.add(row)
+
+
+def summarize(rows: list[dict], slo_ms: float) -> dict:
+    """Per query set and max_batch: the best QPS with p99 <= slo_ms (and its concurrency)."""
+    out: dict = {}
+    for r in rows:
+        if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
+            continue
+        key = f"{r['queries']}/max_batch={r['max_batch']}"
+        if r["qps"] > out.get(key, {}).get("qps", -1):
+            out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
+                        "mean_batch": r["mean_batch"]}
+    return out
+
+
+def plot(rows: list[dict], slo_ms: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key in sorted({(r["queries"], r["max_batch"]) for r in rows if r.get("qps")}):
+        pts = [(r["qps"], r["p99_ms"]) for r in rows if (r["queries"], r["max_batch"]) == key and r.get("p99_ms")]
+        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}")
+    ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("QPS (closed loop, one query per request)")
+    ax.set_ylabel("client p99 latency (ms)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--n-docs", default="8.8m")
+    ap.add_argument("--queries", default="synth,text", help="query sets: synth, real, text")
+    ap.add_argument("--model", default=str(REPO / "data/models/splade-tiny"), help="query encoder for 'text'")
+    ap.add_argument("--n-queries", type=int, default=2000, help="distinct requests per query set")
+    ap.add_argument("--concurrency", default="1,4,16,32,64,128,256")
+    ap.add_argument("--max-batch", default="1,64", help="server settings to compare (1 = batching off)")
+    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--duration-s", type=float, default=6.0, help="measured seconds per level")
+    ap.add_argument("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each level")
+    ap.add_argument("--check", type=int, default=100, help="requests whose answers are checked")
+    ap.add_argument("--slo-ms", type=float, default=20.0)
+    ap.add_argument("--budget-s", type=float, default=540, help="stop starting levels after this many seconds")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
+    ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
+    args = ap.parse_args()
+    if args.quick:  # smaller defaults; options given on the command line win
+        quick = {"n_docs": "20k", "n_queries": 200, "concurrency": "1,8,32", "duration_s": 1.5, "warmup_s": 0.3,
+                 "check": 20}
+        for key, value in quick.items():
+            if getattr(args, key) == ap.get_default(key):
+                setattr(args, key, value)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    t_start = time.time()
+    from lsr.serve.app import create_app
+
+    dev = torch.device(args.device)
+    spec = SynthSpec() if dev.type == "cuda" else SynthSpec(block_rows=4096)
+    env = environment(dev, uvloop=_has("uvloop"), httptools=_has("httptools"))
+    results = Results(args.out, "bench_serve", env, {"args": vars(args), "synth": describe(spec)})
+    t0 = time.time()
+    index = InvertedIndex.build(synth_docs(parse_size(args.n_docs), spec, device=dev), device=dev)
+    synchronize()
+    results.config["index"] = {"n_docs": index.n_docs, "n_postings": index.n_postings,
+                               "gib": index.memory_bytes() / 2**30, "build_s": time.time() - t0}
+    print(f"index: {index.n_docs} docs, {index.n_postings} postings, built in {time.time() - t0:.1f}s", flush=True)
+    with mp.get_context("spawn").Pool(1) as pool:
+        for qname in args.queries.split(","):
+            bodies, requests = query_set(qname, args.n_queries, spec, args.k)
+            for max_batch in ints(args.max_batch):
+                if time.time() - t_start > args.budget_s:
+                    results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
+                    continue
+                model = args.model if qname == "text" else None
+                app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
+                                 k=args.k)
+                refs = reference_answers(app.state.engine, requests, args.check)
+                server = Server(app)
+                try:
+                    for c in ints(args.concurrency):
+                        base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname,
+                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch,
+                                "max_wait_ms": args.max_wait_ms, "concurrency": c}
+                        if time.time() - t_start > args.budget_s:
+                            results.add({**base, "status": "skipped: budget"})
+                            continue
+                        run_level(results, server, pool, bodies, requests, refs, base, args)
+                finally:
+                    server.stop()
+    results.summary = {"best_within_slo": summarize(results.rows, args.slo_ms), "slo_ms": args.slo_ms,
+                       "elapsed_s": time.time() - t_start}
+    results.save()
+    if args.plot:
+        plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
+    print()
+    print(format_table(results.rows, ["method", "queries", "max_batch", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
+                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), "errors", "exact",
+                                      ("same_as_alone", ".2f")]))
+    print(json.dumps(results.summary, indent=1))
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
