@@ -82,19 +82,23 @@ class TrainableEncoder:
         prepared = self.encoder.prepare(list(texts), kind, batch_size=max(1, len(texts)),
                                           max_tokens=1 << 62)  # one batch: no token budget
         (batch,) = prepared.batches
-        tower, decoder = self.towers[kind], self.decoders[kind]
-        ids = batch.input_ids.to(self.device, non_blocking=True)
-        mask = batch.attention_mask.to(self.device, non_blocking=True)
-        with self.autocast():
-            hidden = tower.body(input_ids=ids, attention_mask=mask).logits
-            y = sparton_head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+        y = self.encode_ids(kind, batch.input_ids, batch.attention_mask)
         if torch.is_grad_enabled():
             self.tokens += prepared.n_tokens
-        y = activate(y.float(), tower.activation)
         order = batch.rows.to(self.device)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order), device=self.device)
         return y[inverse]
+
+    def encode_ids(self, kind: str, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, L] + mask -> SPLADE vectors float32 [B, V] (the benchmark feeds ids directly)."""
+        tower, decoder = self.towers[kind], self.decoders[kind]
+        ids = input_ids.to(self.device, non_blocking=True)
+        mask = attention_mask.to(self.device, non_blocking=True)
+        with self.autocast():
+            hidden = tower.body(input_ids=ids, attention_mask=mask).logits
+            y = sparton_head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+        return activate(y.float(), tower.activation)
 
     def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],
                  queries: Sequence[str], docs: Sequence[str], chunk: int | None = None
