@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from lsr.config import _check_type, apply_overrides
+from lsr.config import _check_type, apply_overrides, read_yaml_config
 
 __all__ = ["LOSSES", "NEGATIVES", "TrainConfig", "load_train_config", "train_config_from_dict"]
 
@@ -164,15 +164,4 @@ def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
 
 def load_train_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML training config (or start from defaults) and apply ``--set key=value`` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"config {p} not found")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8-sig")) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: a config is a YAML mapping")
-    return train_config_from_dict(apply_overrides(data, overrides))
+    return train_config_from_dict(apply_overrides(read_yaml_config(path), overrides))
