@@ -161,6 +161,17 @@ def test_config_errors_are_one_line_usage_errors(tiny_model, beir, tmp_path, cap
     assert needle in err and "\n" not in err
 
 
+def test_shipped_train_configs_load():
+    from lsr.train.config import load_train_config
+    from tests.conftest import REPO
+
+    paths = sorted((REPO / "configs").glob("train-*.yaml"))
+    assert paths
+    for p in paths:
+        cfg = load_train_config(p, ["max_steps=2"])
+        assert cfg.max_steps == 2 and cfg.dataset and cfg.model
+
+
 @pytest.mark.gpu
 def test_triton_deterministic_head_gives_identical_weights(tiny_model, beir, tmp_path):
     kw = {"max_steps": 3, "deterministic": True, "head_backend": "triton", "device": "cuda"}
