@@ -125,6 +125,36 @@ def test_grad_cache_equals_full_batch_gradient(tiny_model, beir, tmp_path):
         torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-6)
 
 
+def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_path):
+    from lsr.data import load_dataset
+    from lsr.train.data import epoch_batches
+
+    ds = load_dataset(beir, "train")
+    docs = dict(ds.docs_iter())
+    ids = sorted(docs)
+    lines = [f"{ds.queries[q]}\t{docs[d]}\t{docs[ids[(ids.index(d) + 1) % len(ids)]]}"
+             for q, judged in ds.qrels.items() for d in judged]
+    (tmp_path / "triples.tsv").write_text("\n".join(lines) + "\n")
+    cfg = config(tiny_model, beir, tmp_path / "tri", dataset=None, triples=str(tmp_path / "triples.tsv"),
+                 n_negatives=1, max_steps=2)
+    train(cfg)
+    assert len((tmp_path / "tri" / "log.jsonl").read_text().splitlines()) == 2
+    teacher = [f"{q}\t{d}\t{10.0 if d in ds.qrels[q] else (i % 7) / 7}" for q in ds.qrels for i, d in enumerate(ids)]
+    (tmp_path / "teacher.tsv").write_text("\n".join(teacher) + "\n")
+    for loss, negatives, n in (("kl", "none", 3), ("margin_mse", "model", 1)):
+        out = tmp_path / loss
+        cfg = config(tiny_model, beir, out, loss=loss, teacher_scores=str(tmp_path / "teacher.tsv"),
+                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2)
+        trainer = Trainer(cfg)
+        trainer.run()
+        rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+        for batch in epoch_batches(trainer.data, cfg, 0):
+            for e in batch:
+                assert len(e.negatives) == n and not set(e.negatives) & trainer.data.positives[e.qid]
+    assert (tmp_path / "margin_mse" / "negatives" / "epoch-0.json").is_file()  # mined by the model itself
+
+
 def test_losses_against_hand_computation():
     q = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
     d = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])  # 2 pos, 1 neg each

@@ -114,6 +114,9 @@ class Trainer:
             self.data.candidates = mine_negatives(self.data, encoder, depth=cfg.mine_depth, skip=cfg.mine_skip,
                                                   device=str(self.device))
         self.model.train()
+        if self.data.teacher is not None:  # distillation needs a teacher score for every negative
+            self.data.candidates = {q: [d for d in c if d in self.data.teacher.get(q, {})]
+                                    for q, c in self.data.candidates.items()}
         from lsr.io import atomic_write_text
 
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,8 +126,14 @@ class Trainer:
     def _loss_fn(self, batch: list[Example]):
         cfg, data = self.cfg, self.data
         doc_ids = [e.positive for e in batch] + [n for e in batch for n in e.negatives]
-        exclude = torch.tensor([[j != i and doc_ids[j] in data.positives.get(e.qid, ()) for j in range(len(doc_ids))]
-                                for i, e in enumerate(batch)], device=self.device)
+        columns: dict[str, list[int]] = {}
+        for j, doc in enumerate(doc_ids):
+            columns.setdefault(doc, []).append(j)
+        exclude = torch.zeros(len(batch), len(doc_ids), dtype=torch.bool)
+        for i, e in enumerate(batch):  # other copies of a query's positives are not negatives for it
+            for j in (j for p in data.positives.get(e.qid, ()) for j in columns.get(p, ()) if j != i):
+                exclude[i, j] = True
+        exclude = exclude.to(self.device)
         teacher = None
         if data.teacher is not None:
             teacher = torch.tensor([[data.teacher[e.qid].get(d, float("nan")) for d in (e.positive, *e.negatives)]
