@@ -14,7 +14,7 @@ SPLADE), saved once to a temporary folder that every implementation loads. Batch
 in-batch negatives + FLOPS, bf16 autocast on CUDA. Per (model, impl): median step time at --batch,
 peak extra memory, tokens/s, and (unless --no-max-batch) the largest batch that fits: doubling from
 --batch until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
-Results: OUT/bench_train.json + .csv (lsr.bench schema), ratios printed at the end.
+Results: OUT/bench_train_<models>.json + .csv (lsr.bench schema), ratios printed at the end.
 
     PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batch 32]
     PYTHONPATH=. python scripts/bench_train.py --quick --device cpu --out /tmp/bt   # tiny check
@@ -235,7 +235,8 @@ def main() -> None:
     if args.quick:
         args.batch, args.query_len, args.doc_len, args.repeats = 2, 8, 16, 2
         args.max_batch, args.search_s = min(args.max_batch, 8), min(args.search_s, 60)
-    results = Results(args.out, "bench_train", environment(args.device), vars(args))
+    name = "bench_train_" + args.models.replace(",", "_") + ("_quick" if args.quick else "")
+    results = Results(args.out, name, environment(args.device), vars(args))
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             folder = save_random_model(name, args.quick, Path(tmp) / name)
