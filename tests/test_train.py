@@ -92,6 +92,8 @@ def test_deterministic_runs_are_bit_identical(tiny_model, beir, tmp_path):
     paths = [train(config(tiny_model, beir, tmp_path / f"r{i}", max_steps=3, deterministic=True)) for i in range(2)]
     a, b = (weights(p) for p in paths)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(FileExistsError, match="earlier run"):  # never trains over a finished run unasked
+        train(config(tiny_model, beir, tmp_path / "r0", max_steps=3))
 
 
 def test_resume_equals_uninterrupted(tiny_model, beir, tmp_path):

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -255,8 +256,16 @@ class Trainer:
     def run(self) -> Path:
         cfg = self.cfg
         final = self.out / "model"
-        if final.exists() and not cfg.overwrite and cfg.resume is None:
-            raise FileExistsError(f"{final} already exists; set overwrite: true or resume: auto, or another output")
+        earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
+                   if p.exists()]
+        if self.resume_from is None and earlier:
+            if not cfg.overwrite:
+                raise FileExistsError(f"{self.out} holds an earlier run ({earlier[0].name}); set resume: auto to "
+                                      "continue it, overwrite: true to start again, or choose another output")
+            for name in ("log.jsonl", "eval.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+            for name in ("checkpoints", "negatives"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
         self.out.mkdir(parents=True, exist_ok=True)
         cfg.save(self.out / "config.yaml")
         if self.resume_from is not None:
