@@ -190,17 +190,22 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+def read_yaml_config(path: str | Path | None) -> dict[str, Any]:
+    """The YAML mapping in ``path`` ({} for None); one-line errors for a missing file or bad YAML."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config {p} not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8-sig")) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a config is a YAML mapping")
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML config (or start from defaults) and apply ``--set`` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"config {p} not found")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8-sig")) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: a config is a YAML mapping")
-    return validate_config(from_dict(apply_overrides(data, overrides)))
+    return validate_config(from_dict(apply_overrides(read_yaml_config(path), overrides)))

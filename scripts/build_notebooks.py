@@ -140,6 +140,23 @@ ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_q
 plt.tight_layout(); plt.savefig(FIG / 'e2e.png', dpi=110); plt.show()
 {'total_s': round(e2e['total_s'], 2), 'baseline_runs_eval_s': round(sum(e2e['baseline_s'].values()), 2), **e2e['meta']}"""
 
+TRAIN = """train = csvs('bench_train*.csv')
+logs = {p.parent.name: pd.read_json(p, lines=True) for p in sorted(BENCH.glob('train/*/log.jsonl'))}
+fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
+if len(train):
+    ok = train[train.status == 'ok'].drop_duplicates(['model', 'impl'], keep='last')
+    ok.pivot_table(index='model', columns='impl', values='ms').plot.bar(ax=axes[0], rot=0, logy=True)
+    axes[0].set_title('training step at equal batch (ms, log)')
+    ok.pivot_table(index='model', columns='impl', values='max_batch').plot.bar(ax=axes[1], rot=0, logy=True)
+    axes[1].set_title('largest batch that fits (log)')
+for label, log in logs.items():  # e.g. the SciFact fine-tuning with the Sparton head and with the torch head
+    axes[2].plot(log.step, log.rank_loss.rolling(5, min_periods=1).mean(), label=label)
+axes[2].set_title('SciFact fine-tuning: ranking loss (5-step mean)'); axes[2].set_xlabel('step')
+if logs:
+    axes[2].legend()
+plt.tight_layout(); plt.savefig(FIG / 'train.png', dpi=110); plt.show()
+train[['model', 'impl', 'B', 'ms', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -158,6 +175,8 @@ BENCHMARKS = [
     new_code_cell(WORKERS),
     new_markdown_cell("## Dev-small end to end (search + runs + evaluation, vectors given)"),
     new_code_cell(E2E),
+    new_markdown_cell("## Training: step time and largest batch (lsr.train vs sentence-transformers), loss curves"),
+    new_code_cell(TRAIN),
 ]
 
 

@@ -12,8 +12,8 @@ from tests.conftest import REPO
 
 
 def test_every_shipped_config_loads():
-    paths = sorted((REPO / "configs").glob("*.yaml"))
-    assert paths
+    paths = sorted(p for p in (REPO / "configs").glob("*.yaml") if not p.name.startswith("train-"))
+    assert paths  # (train-*.yaml are lsr train configs: tests/test_train.py loads them)
     for p in paths:
         cfg = load_config(p)
         assert cfg.encoder.kind in ("bm25", "splade") and cfg.search.k > 0

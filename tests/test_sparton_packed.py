@@ -211,8 +211,8 @@ def test_encoder_packed_matches_padded(tmp_path, data_dir, monkeypatch):
     """SpladeEncoder(packed=True) routes inference through the packed head and gives the padded vectors."""
     pytest.importorskip("transformers")
     from lsr.encode import splade
-    from lsr.testing import save_tiny_mlm
     from lsr.testing import SAMPLE_TEXTS as TEXTS
+    from lsr.testing import save_tiny_mlm
 
     path = save_tiny_mlm("roberta", tmp_path / "roberta", data_dir)  # V=500, D=32: fast under the interpreter
     calls = []

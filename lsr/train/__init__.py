@@ -1,0 +1,25 @@
+"""Training SPLADE models with the Sparton head: ``lsr train CONFIG.yaml`` or ``lsr.train.train(config)``.
+
+``config`` (TrainConfig from YAML), ``data`` (examples, hard-negative mining with lsr's index, batches),
+``losses`` (InfoNCE, MarginMSE, KL, FLOPS, L1), ``model`` (the trainable encoder, GradCache),
+``state`` (checkpoints without pickle), ``trainer`` (the loop), ``cli`` (the command).
+Importing this package is cheap: torch loads with ``train`` / ``Trainer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["TrainConfig", "Trainer", "load_train_config", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TrainConfig", "load_train_config"):
+        from lsr.train import config
+
+        return getattr(config, name)
+    if name in ("Trainer", "train"):
+        from lsr.train import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'lsr.train' has no attribute {name!r}")

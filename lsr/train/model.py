@@ -1,0 +1,145 @@
+"""The trainable side of a ``SpladeEncoder``: its towers' parameters, a differentiable encode through the
+Sparton head, and one gradient computation (plain, or GradCache-style in chunks).
+
+The encoder's towers keep the masked LM with its decoder replaced by an identity (``.logits`` are the
+transformed hidden states) and a detached view of the decoder weights for inference. Training uses the
+decoder's own parameters, so the optimizer's in-place updates are what inference sees next (dev
+evaluation and checkpoints need no copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from lsr.encode.kernels.sparton import sparton_head
+from lsr.encode.st_checkpoint import activate
+
+__all__ = ["TrainableEncoder", "decoder_of"]
+
+
+def decoder_of(tower: Any) -> nn.Linear:
+    """The decoder Linear a ``MaskedLMTower`` detached from its model (its parameters are trained)."""
+    if tower.static:
+        raise NotImplementedError("training a static (inference-free) query tower is not supported; "
+                                  "start from a checkpoint whose queries are encoded by a model")
+    if tower.pooling != "max":
+        raise NotImplementedError(f"{tower.name}: training supports max pooling, not {tower.pooling!r}")
+    return tower._decoder_slots[0][2]
+
+
+class TrainableEncoder:
+    """Wraps a ``SpladeEncoder`` for training: ``parameters()``, ``train()`` / ``eval()``, ``encode(kind,
+    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``."""
+
+    def __init__(self, encoder: Any, *, backend: str = "auto", deterministic: bool = False, bf16: bool = True,
+                 gradient_checkpointing: bool = False) -> None:
+        self.encoder = encoder
+        self.towers = {"query": encoder._towers["query"], "doc": encoder._towers["doc"]}
+        self.decoders = {kind: decoder_of(t) for kind, t in self.towers.items()}
+        self.backend, self.deterministic = backend, deterministic
+        self.device = encoder.device
+        self.amp = bf16 and self.device.type == "cuda"
+        self.tokens = 0  # real tokens encoded with a gradient so far (throughput)
+        for tower in self.unique_towers():
+            tower.model.requires_grad_(True)
+            if gradient_checkpointing:
+                tower.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def unique_towers(self) -> list[Any]:
+        q, d = self.towers["query"], self.towers["doc"]
+        return [d] if q is d else [q, d]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Every trainable parameter once (tied ones too), in a fixed order."""
+        seen, out = set(), []
+        for kind, tower in zip(("doc", "query"), reversed(self.unique_towers())):
+            for module, prefix in ((tower.model, "model"), (self.decoders[kind], "decoder")):
+                for name, p in module.named_parameters():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out.append((f"{kind}.{prefix}.{name}", p))
+        return out
+
+    def train(self, mode: bool = True) -> TrainableEncoder:
+        for tower in self.unique_towers():
+            tower.model.train(mode)
+        return self
+
+    def eval(self) -> TrainableEncoder:
+        return self.train(False)
+
+    def autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext()
+
+    def encode(self, kind: str, texts: Sequence[str]) -> torch.Tensor:
+        """SPLADE vectors float32 [n, V] of ``texts`` in input order (one padded batch), differentiable
+        when grad is enabled."""
+        prepared = self.encoder.prepare(list(texts), kind, batch_size=max(1, len(texts)),
+                                          max_tokens=1 << 62)  # one batch: no token budget
+        (batch,) = prepared.batches
+        y = self.encode_ids(kind, batch.input_ids, batch.attention_mask)
+        if torch.is_grad_enabled():
+            self.tokens += prepared.n_tokens
+        order = batch.rows.to(self.device)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order), device=self.device)
+        return y[inverse]
+
+    def encode_ids(self, kind: str, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, L] + mask -> SPLADE vectors float32 [B, V] (the benchmark feeds ids directly)."""
+        tower, decoder = self.towers[kind], self.decoders[kind]
+        ids = input_ids.to(self.device, non_blocking=True)
+        mask = attention_mask.to(self.device, non_blocking=True)
+        with self.autocast():
+            hidden = tower.body(input_ids=ids, attention_mask=mask).logits
+            y = sparton_head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+        return activate(y.float(), tower.activation)
+
+    def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],
+                 queries: Sequence[str], docs: Sequence[str], chunk: int | None = None
+                 ) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+        """loss_fn(q [B, V], d [N, V]) -> (loss, logs); accumulate its gradient into the parameters.
+
+        ``chunk`` (GradCache, Gao et al. 2021): encode without a graph in chunks of ``chunk`` texts, take
+        the loss's gradient w.r.t. the vectors, then re-encode chunk by chunk with a graph and push that
+        gradient through (dropout replays its random state), so the parameter gradient is the full
+        batch's while only one chunk's activations live at a time. Returns (loss, logs, q, d) detached."""
+        if chunk is None or chunk >= max(len(queries), len(docs)):
+            q, d = self.encode("query", queries), self.encode("doc", docs)
+            loss, logs = loss_fn(q, d)
+            loss.backward()
+            return loss.detach(), logs, q.detach(), d.detach()
+        parts = [(kind, texts[i:i + chunk]) for kind, texts in (("query", queries), ("doc", docs))
+                 for i in range(0, len(texts), chunk)]
+        states, reps = [], []
+        with torch.no_grad():
+            for kind, texts in parts:
+                states.append(_rng_state(self.device))
+                reps.append(self.encode(kind, texts))
+        n_q = -(-len(queries) // chunk)
+        q = torch.cat(reps[:n_q]).requires_grad_()
+        d = torch.cat(reps[n_q:]).requires_grad_()
+        loss, logs = loss_fn(q, d)
+        loss.backward()
+        grads = list(q.grad.split(chunk)) + list(d.grad.split(chunk))
+        after = _rng_state(self.device)
+        for (kind, texts), state, grad in zip(parts, states, grads, strict=True):
+            _set_rng_state(self.device, state)
+            self.encode(kind, texts).backward(grad)
+        _set_rng_state(self.device, after)
+        return loss.detach(), logs, q.detach(), d.detach()
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)

@@ -1,0 +1,320 @@
+"""The training loop behind ``lsr train`` and ``lsr.train.train``.
+
+AdamW with a linear warm-up then linear decay; InfoNCE (or MarginMSE / KL against teacher scores) plus
+FLOPS / L1 regularisation on SPLADE vectors computed through the Sparton head (``TrainableEncoder``);
+bf16 autocast on CUDA; optional backbone activation checkpointing and GradCache chunks. Every
+``log_every`` steps a JSON line goes to OUTPUT/log.jsonl (loss parts, FLOPS, average non-zeros of
+queries and documents, learning rate, step time, tokens/s); every ``eval_every`` steps and at the end
+the dev split is searched exactly with lsr's own index (OUTPUT/eval.jsonl); every ``save_every``
+steps a resumable checkpoint is written (``lsr.train.state``); the final model goes to OUTPUT/model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lsr.train import losses
+from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
+from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
+from lsr.train.model import TrainableEncoder
+from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
+
+__all__ = ["Trainer", "train"]
+
+log = logging.getLogger("lsr.train")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up over ``warmup`` steps to 1, then linear decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+class Trainer:
+    """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from lsr.pipeline import resolve_device
+
+        self.cfg, self.out = cfg, Path(cfg.output)
+        self.device = torch.device(resolve_device(cfg.device))
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        _seed_everything(cfg.seed)
+        self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints") if cfg.resume else None
+        self.model = TrainableEncoder(self._load_encoder(self.resume_from), backend=cfg.head_backend,
+                                      deterministic=cfg.deterministic, bf16=cfg.bf16,
+                                      gradient_checkpointing=cfg.gradient_checkpointing)
+        named = self.model.named_parameters()
+        self.param_names = [n for n, _ in named]
+        no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
+        decay = [p for n, p in named if p.ndim >= 2]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                                           foreach=not cfg.deterministic)
+        self.data: TrainData = load_train_data(cfg)
+        self.batches_per_epoch = len(epoch_batches(self.data, cfg, 0))
+        self.total_steps = cfg.max_steps or cfg.epochs * self.batches_per_epoch
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self._eval_data: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _load_encoder(self, checkpoint: Path | None) -> Any:
+        from lsr.encode.splade import SpladeEncoder
+
+        cfg = self.cfg
+        source = str(checkpoint) if checkpoint is not None else cfg.model
+        enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32,
+                                           max_length_query=cfg.max_length_query, max_length_doc=cfg.max_length_doc,
+                                           backend=cfg.head_backend, varlen=False)
+        if cfg.separate_towers and enc._towers["query"] is enc._towers["doc"]:
+            enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32, query_model=source,
+                                               max_length_query=cfg.max_length_query,
+                                               max_length_doc=cfg.max_length_doc, backend=cfg.head_backend, varlen=False)
+        return enc
+
+    def _negatives_for_epoch(self, epoch: int) -> None:
+        """Mine (or reload the mined) hard-negative candidates this epoch uses."""
+        cfg = self.cfg
+        if cfg.negatives == "none" or cfg.triples:
+            return
+        mined_epoch = epoch if cfg.negatives == "model" and cfg.mine_refresh else 0
+        path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
+        if path.is_file():
+            self.data.candidates = json.loads(path.read_text())
+            return
+        if cfg.negatives == "bm25":
+            from lsr.encode.lexical import LexicalEncoder
+
+            encoder = LexicalEncoder().fit(self.data.docs.values())
+        else:
+            encoder = self.model.encoder
+        self.model.eval()
+        with self.model.autocast():
+            self.data.candidates = mine_negatives(self.data, encoder, depth=cfg.mine_depth, skip=cfg.mine_skip,
+                                                  device=str(self.device))
+        self.model.train()
+        if self.data.teacher is not None:  # distillation needs a teacher score for every negative
+            self.data.candidates = {q: [d for d in c if d in self.data.teacher.get(q, {})]
+                                    for q, c in self.data.candidates.items()}
+        from lsr.io import atomic_write_text
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(self.data.candidates))
+
+    # ------------------------------------------------------------------ one step
+    def _loss_fn(self, batch: list[Example]):
+        cfg, data = self.cfg, self.data
+        doc_ids = [e.positive for e in batch] + [n for e in batch for n in e.negatives]
+        columns: dict[str, list[int]] = {}
+        for j, doc in enumerate(doc_ids):
+            columns.setdefault(doc, []).append(j)
+        exclude = torch.zeros(len(batch), len(doc_ids), dtype=torch.bool)
+        for i, e in enumerate(batch):  # other copies of a query's positives are not negatives for it
+            for j in (j for p in data.positives.get(e.qid, ()) for j in columns.get(p, ()) if j != i):
+                exclude[i, j] = True
+        exclude = exclude.to(self.device)
+        teacher = None
+        if data.teacher is not None:
+            teacher = torch.tensor([[data.teacher[e.qid].get(d, float("nan")) for d in (e.positive, *e.negatives)]
+                                    for e in batch], device=self.device)
+        w_q = losses.flops_weight(cfg.flops_query, self.step, cfg.flops_warmup_steps)
+        w_d = losses.flops_weight(cfg.flops_doc, self.step, cfg.flops_warmup_steps)
+
+        def loss_fn(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            if cfg.loss == "infonce":
+                rank = losses.info_nce(q, d, cfg.temperature, cfg.in_batch_negatives, exclude)
+            elif cfg.loss == "margin_mse":
+                rank = losses.margin_mse(q, d, teacher)
+            else:
+                rank = losses.kl_distillation(q, d, teacher, cfg.temperature)
+            f_q, f_d = losses.flops(q), losses.flops(d)
+            total = rank + w_q * f_q + w_d * f_d
+            if cfg.l1_query or cfg.l1_doc:
+                total = total + cfg.l1_query * losses.l1(q) + cfg.l1_doc * losses.l1(d)
+            return total, {"rank_loss": rank.item(), "flops_q": f_q.item(), "flops_d": f_d.item(),
+                           "flops_weight_q": w_q, "flops_weight_d": w_d}
+        return loss_fn
+
+    def train_step(self, batch: list[Example]) -> dict[str, Any]:
+        """Forward, backward and optimizer step on one batch; returns its log fields."""
+        t0, tokens0 = time.perf_counter(), self.model.tokens
+        cfg, data = self.cfg, self.data
+        queries = [data.queries[e.qid] for e in batch]
+        docs = [data.docs[d] for d in [e.positive for e in batch] + [n for e in batch for n in e.negatives]]
+        lr = cfg.lr * lr_factor(self.step, cfg.warmup_steps, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, logs, q, d = self.model.backward(self._loss_fn(batch), queries, docs, cfg.grad_cache_chunk)
+        if not math.isfinite(float(loss)):
+            raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower lr or use bf16=false")
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = None
+        if cfg.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=not cfg.deterministic))
+        self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.step += 1
+        return {"step": self.step, "epoch": self.epoch, "loss": float(loss), **logs, "lr": lr, "grad_norm": grad_norm,
+                "nnz_q": float((q > 0).sum(1).float().mean()), "nnz_d": float((d > 0).sum(1).float().mean()),
+                "step_ms": dt * 1e3, "tokens_per_s": (self.model.tokens - tokens0) / dt}
+
+    # ------------------------------------------------------------------ evaluation
+    def _load_eval(self) -> dict[str, Any]:
+        from lsr.data import load_dataset
+
+        cfg = self.cfg
+        ds = load_dataset(cfg.eval_dataset, cfg.eval_split)
+        judged = {d for j in ds.qrels.values() for d in j}
+        docs, others = {}, 0
+        for docid, text in ds.docs_iter():
+            if docid in judged or cfg.eval_max_docs is None or others < cfg.eval_max_docs:
+                others += docid not in judged
+                docs[docid] = text
+        qids = [q for q in ds.queries if q in ds.qrels]
+        return {"docs": docs, "qids": qids, "queries": [ds.queries[q] for q in qids], "qrels": ds.qrels}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Encode the dev corpus and queries with the current weights, search exactly, score."""
+        from lsr.evaluation.topk import evaluate_topk
+        from lsr.index.inverted import InvertedIndex
+        from lsr.search.searcher import Searcher
+
+        if self._eval_data is None:
+            self._eval_data = self._load_eval()
+        ev, enc = self._eval_data, self.model.encoder
+        self.model.eval()
+        try:
+            with self.model.autocast():
+                docs = enc.encode_document(list(ev["docs"].values()), ids=list(ev["docs"]))
+                queries = enc.encode_query(ev["queries"], ids=ev["qids"])
+            index = InvertedIndex.build(docs, device=self.device, metadata=enc.describe())
+            k = min(1000, len(docs))
+            scores, idx = Searcher(index, device=self.device).search(queries.to(self.device), k=k,
+                                                                     query_metadata=enc.describe())
+            metrics = evaluate_topk(ev["qids"], idx.cpu(), index.docnos, ev["qrels"], self.cfg.eval_metrics,
+                                    scores=scores.cpu())
+        finally:
+            self.model.train()
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints, logs
+    def save_checkpoint(self) -> Path:
+        folder = checkpoint_path(self.out / "checkpoints", self.step)
+        self.model.encoder.save_pretrained(folder, overwrite=True)
+        save_trainer_state(folder, self.optimizer, self.param_names, self.device,
+                           {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch})
+        prune_checkpoints(self.out / "checkpoints", self.cfg.keep_checkpoints)
+        return folder
+
+    def _restore(self, folder: Path) -> None:
+        progress = load_trainer_state(folder, self.optimizer, self.param_names, self.device)
+        self.step, self.epoch, self.batch_in_epoch = progress["step"], progress["epoch"], progress["batch_in_epoch"]
+        for name in ("log.jsonl", "eval.jsonl"):  # lines past the checkpoint are about to be redone
+            path = self.out / name
+            if path.is_file():
+                keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= self.step]
+                path.write_text("".join(ln + "\n" for ln in keep))
+        log.info("resumed from %s at step %d", folder, self.step)
+
+    def _append(self, name: str, row: Mapping[str, Any]) -> None:
+        with open(self.out / name, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _evaluate_and_log(self, bar: Any) -> dict[str, float]:
+        metrics = self.evaluate()
+        self._append("eval.jsonl", {"step": self.step, **metrics})
+        bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        return metrics
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> Path:
+        cfg = self.cfg
+        final = self.out / "model"
+        earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
+                   if p.exists()]
+        if self.resume_from is None and earlier:
+            if not cfg.overwrite:
+                raise FileExistsError(f"{self.out} holds an earlier run ({earlier[0].name}); set resume: auto to "
+                                      "continue it, overwrite: true to start again, or choose another output")
+            for name in ("log.jsonl", "eval.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+            for name in ("checkpoints", "negatives"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        cfg.save(self.out / "config.yaml")
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        self.model.train()
+        metrics: dict[str, float] = {}
+        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not cfg.progress) as bar:
+            if cfg.eval_dataset and self.step == 0 and cfg.eval_every:
+                metrics = self._evaluate_and_log(bar)
+            while self.step < self.total_steps:
+                self._negatives_for_epoch(self.epoch)
+                batches = epoch_batches(self.data, cfg, self.epoch)
+                while self.batch_in_epoch < len(batches) and self.step < self.total_steps:
+                    row = self.train_step(batches[self.batch_in_epoch])
+                    self.batch_in_epoch += 1
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", nnz_q=f"{row['nnz_q']:.0f}", nnz_d=f"{row['nnz_d']:.0f}")
+                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                        self._append("log.jsonl", row)
+                    if cfg.eval_dataset and cfg.eval_every and self.step % cfg.eval_every == 0:
+                        metrics = self._evaluate_and_log(bar)
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save_checkpoint()
+                if self.batch_in_epoch >= len(batches):
+                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            if cfg.eval_dataset and not (cfg.eval_every and self.step % cfg.eval_every == 0):
+                metrics = self._evaluate_and_log(bar)
+        path = self.model.encoder.save_pretrained(final, overwrite=True)
+        if metrics:
+            (self.out / "metrics.json").write_text(json.dumps({"step": self.step, **metrics}, indent=1))
+        return path
+
+
+def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
+          ) -> Path:
+    """Train a SPLADE model from a TrainConfig, a mapping or a YAML file (+ ``key=value`` overrides);
+    returns the folder of the final model (loadable by ``SpladeEncoder.from_pretrained`` and by
+    sentence-transformers' ``SparseEncoder``)."""
+    if isinstance(config, TrainConfig):
+        cfg = config if not overrides else train_config_from_dict(
+            _overridden(config.to_dict(), overrides))
+    elif isinstance(config, Mapping):
+        cfg = train_config_from_dict(_overridden(dict(config), overrides))
+    else:
+        cfg = load_train_config(config, overrides)
+    return Trainer(cfg).run()
+
+
+def _overridden(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    from lsr.config import apply_overrides
+
+    return apply_overrides(data, overrides)

@@ -1,0 +1,256 @@
+"""Benchmark one SPLADE training step (forward + backward + AdamW) with three heads, same model, data
+and batch in one run:
+
+* ``lsr``: lsr.train's TrainableEncoder, the Sparton head (Triton on CUDA; never builds [B, S, V]);
+* ``torch_head``: the same encoder with the plain torch head (full [B, S, V] logits, masked max);
+* ``st``: sentence-transformers 6.x SparseEncoder (Transformer fill-mask + SpladePooling max) with
+  SpladeLoss(SparseMultipleNegativesRankingLoss) in a manual loop (no Trainer: `datasets` /
+  `accelerate` are not needed); skipped with a reason when sentence-transformers does not import.
+
+Models: BERT-base (V=30522) and XLM-R-base (V=250002) built from transformers configs with random
+weights (no downloads; the decoder bias is shifted so ~150 terms per text are active, like a trained
+SPLADE), saved once to a temporary folder that every implementation loads. Batch: B queries of
+--query-len tokens and B positive documents of --doc-len tokens (random ids, full masks), InfoNCE with
+in-batch negatives + FLOPS, bf16 autocast on CUDA. Per (model, impl): median step time at --batch,
+peak extra memory, tokens/s, and (unless --no-max-batch) the largest batch that fits: doubling from
+--batch until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
+Results: OUT/bench_train_<models>.json + .csv (lsr.bench schema), ratios printed at the end.
+
+    PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batch 32]
+    PYTHONPATH=. python scripts/bench_train.py --quick --device cpu --out /tmp/bt   # tiny check
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, time_calls
+from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
+from lsr.train import losses
+
+REPO = Path(__file__).resolve().parents[1]
+IMPLS = ("lsr", "torch_head", "st")
+
+
+def model_config(name: str, quick: bool):
+    import transformers as tf
+
+    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128} if quick else {}
+    if name == "bert":
+        return tf.BertConfig(vocab_size=30522, **small)
+    if name == "xlmr":
+        return tf.XLMRobertaConfig(vocab_size=50000 if quick else 250002, max_position_embeddings=514, type_vocab_size=1,
+                                   pad_token_id=1, bos_token_id=0, eos_token_id=2, **small)
+    raise ValueError(f"unknown model {name!r} (bert, xlmr)")
+
+
+def save_random_model(name: str, quick: bool, folder: Path) -> Path:
+    """Random-weight masked LM of ``name`` + the bert-base-uncased tokenizer files (ids are random anyway)."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(REPO / "data" / "bert-base-uncased")
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(model_config(name, quick))
+    calibrate_sparsity(model, tok, SAMPLE_TEXTS)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def batch_ids(B: int, length: int, vocab: int, device: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(B * 7919 + length)
+    ids = torch.randint(1000, min(vocab, 30000), (B, length), generator=g)
+    return {"input_ids": ids.to(device), "attention_mask": torch.ones(B, length, dtype=torch.long, device=device)}
+
+
+def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    return losses.info_nce(q, d) + 5e-4 * losses.flops(q) + 1e-3 * losses.flops(d)
+
+
+def lsr_step(folder: Path, device: str, backend: str) -> Callable[[dict, dict], None]:
+    from lsr.encode.splade import SpladeEncoder
+    from lsr.train.model import TrainableEncoder
+
+    enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
+    model = TrainableEncoder(enc, backend=backend, bf16=True).train()
+    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5)
+
+    def step(q: dict, d: dict) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = spladeish_loss(model.encode_ids("query", **q), model.encode_ids("doc", **d))
+        loss.backward()
+        opt.step()
+    return step
+
+
+def st_step(folder: Path, device: str, doc_len: int) -> Callable[[dict, dict], None]:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    model = SparseEncoder(modules=[Transformer(str(folder), transformer_task="fill-mask", max_seq_length=doc_len),
+                                   SpladePooling("max")], device=device).train()
+    loss_fn = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), document_regularizer_weight=1e-3,
+                         query_regularizer_weight=5e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+
+    def step(q: dict, d: dict) -> None:
+        opt.zero_grad(set_to_none=True)
+        with amp:
+            out = loss_fn([dict(q), dict(d)], None)
+        loss = sum(out.values()) if isinstance(out, dict) else out
+        loss.backward()
+        opt.step()
+    return step
+
+
+def build(impl: str, folder: Path, args: argparse.Namespace) -> Callable[[dict, dict], None]:
+    if impl == "st":
+        return st_step(folder, args.device, args.doc_len)
+    return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto")
+
+
+def cleanup() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def fits(step: Callable, B: int, vocab: int, args: argparse.Namespace) -> bool:
+    q, d = batch_ids(B, args.query_len, vocab, args.device), batch_ids(B, args.doc_len, vocab, args.device)
+    try:
+        for _ in range(2):
+            step(q, d)
+        return True
+    except Exception as e:  # noqa: BLE001 - only out-of-memory means "does not fit"
+        if not is_oom(e):
+            raise
+        return False
+    finally:
+        del q, d
+        cleanup()
+
+
+def largest_batch(step: Callable, vocab: int, args: argparse.Namespace) -> tuple[int | None, bool]:
+    """(largest batch that ran two steps, whether the search finished within --search-s)."""
+    deadline = time.time() + args.search_s
+    lo, hi, B = 0, None, args.batch
+    while hi is None and B <= args.max_batch:
+        if time.time() > deadline:
+            return lo or None, False
+        if fits(step, B, vocab, args):
+            lo, B = B, B * 2
+        else:
+            hi = B
+    if hi is None:
+        return lo, True  # fits up to --max-batch
+    while hi - lo > max(1, lo // 32):  # within ~3%
+        if time.time() > deadline:
+            return lo or None, False
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(step, mid, vocab, args) else (lo, mid)
+    return lo or None, True
+
+
+def measure(step: Callable, vocab: int, args: argparse.Namespace) -> dict:
+    B = args.batch
+    q, d = batch_ids(B, args.query_len, vocab, args.device), batch_ids(B, args.doc_len, vocab, args.device)
+    step(q, d)  # autotune / allocate optimizer state outside the timings
+    cleanup()
+    with PeakMemory() as peak:
+        step(q, d)
+    ms = time_calls(lambda i: step(q, d), args.repeats, warmup=1)
+    row = quantiles(ms) | {"peak_extra_mb": peak.extra_mb}
+    row["tokens_per_s"] = B * (args.query_len + args.doc_len) / (row["ms"] / 1e3)
+    return row
+
+
+def run_case(name: str, impl: str, folder: Path, vocab: int, args: argparse.Namespace, results: Results) -> None:
+    row = {"model": name, "vocab_size": vocab, "impl": impl, "method": impl, "B": args.batch,
+           "query_len": args.query_len, "doc_len": args.doc_len}
+    try:
+        step = build(impl, folder, args)
+    except ImportError as e:
+        results.add(row | {"status": f"skipped: {e}"})
+        return
+    try:
+        row |= measure(step, vocab, args)
+    except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the others
+        row["status"] = "OOM" if is_oom(e) else None
+        row["error"] = None if is_oom(e) else f"{type(e).__name__}: {str(e)[:300]}"
+        cleanup()
+    if not args.no_max_batch and row.get("error") is None:
+        row["max_batch"], row["max_batch_search_done"] = largest_batch(step, vocab, args)
+    del step
+    cleanup()
+    results.add(row)
+
+
+def summarize(rows: list[dict]) -> dict:
+    out: dict = {}
+    for model in sorted({r["model"] for r in rows}):
+        by = {r["impl"]: r for r in rows if r["model"] == model and r.get("status") == "ok"}
+        lsr = by.get("lsr")
+        if lsr is None:
+            continue
+        for base in ("st", "torch_head"):
+            if base in by:
+                out[f"{model}: step time {base} / lsr"] = by[base]["ms"] / lsr["ms"]
+                if by[base].get("max_batch") and lsr.get("max_batch"):
+                    out[f"{model}: max batch lsr / {base}"] = lsr["max_batch"] / by[base]["max_batch"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--models", default="bert,xlmr")
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--batch", type=int, default=32, help="queries (and positive documents) per step")
+    ap.add_argument("--query-len", type=int, default=32)
+    ap.add_argument("--doc-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search")
+    ap.add_argument("--max-batch", type=int, default=16384, help="stop doubling here")
+    ap.add_argument("--search-s", type=float, default=240, help="seconds per largest-batch search")
+    ap.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU check of the script)")
+    args = ap.parse_args()
+    if args.quick:
+        args.batch, args.query_len, args.doc_len, args.repeats = 2, 8, 16, 2
+        args.max_batch, args.search_s = min(args.max_batch, 8), min(args.search_s, 60)
+    name = "bench_train_" + args.models.replace(",", "_") + ("_quick" if args.quick else "")
+    results = Results(args.out, name, environment(args.device), vars(args))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            folder = save_random_model(name, args.quick, Path(tmp) / name)
+            vocab = model_config(name, args.quick).vocab_size
+            for impl in args.impls.split(","):
+                print(f"# {name} {impl}", flush=True)
+                run_case(name, impl, folder, vocab, args, results)
+    results.summary = summarize(results.rows)
+    results.save()
+    print(format_table(results.rows, ["model", "impl", "B", ("ms", ".1f"), ("peak_extra_mb", ".0f"),
+                                      ("tokens_per_s", ".0f"), "max_batch"]))
+    for key, value in results.summary.items():
+        print(f"{key}: {value:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
