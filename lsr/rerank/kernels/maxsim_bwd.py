@@ -95,9 +95,11 @@ if triton is not None:
                 a = tl.load(arg_ptr + pair * LQ + offs_q, mask=offs_q < LQ, other=-1)
                 rows = tl.load(q_ptr + qi * s_qn + offs_q[:, None] * s_ql + offs_k[None, :],
                                mask=(a >= 0)[:, None] & k_ok[None, :], other=0.0)
-                onehot = (offs_l[:, None] == a[None, :]).to(rows.dtype)  # exact in any float dtype
-                if DOT_FP32:
-                    onehot, rows = onehot.to(tl.float32), rows.to(tl.float32)
+                hit = offs_l[:, None] == a[None, :]
+                if DOT_FP32:  # (the interpreter also mis-converts bool -> bf16)
+                    onehot, rows = hit.to(tl.float32), rows.to(tl.float32)
+                else:
+                    onehot = hit.to(rows.dtype)  # 0/1: exact in any float dtype
                 part = tl.dot(onehot, rows, part, input_precision=INPUT_PRECISION)
             acc += g * part
         out = dd_ptr + (n.to(tl.int64) * LD + offs_l)[:, None] * DIM + offs_k[None, :]
