@@ -63,11 +63,28 @@ def _weights_file(folder: Path) -> Path:
     raise FileNotFoundError(f"{folder} has no model.safetensors or pytorch_model.bin: not a complete checkpoint")
 
 
+def _local_folder(name: str) -> Path:
+    """``name`` as a folder: a local directory, or a hub repository taken from the cache / downloaded."""
+    p = Path(name).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise FileNotFoundError(f"late-interaction checkpoint {name!r} not found (a local folder or a hub id)")
+    from huggingface_hub import snapshot_download
+
+    from lsr.encode.checkpoint import downloads_off
+
+    offline, why = downloads_off(None)
+    try:
+        return Path(snapshot_download(name, local_files_only=offline))
+    except Exception as e:  # noqa: BLE001 - hub errors of every kind: one message
+        raise OSError(f"checkpoint {name!r} is not a local folder and could not be fetched from the hub "
+                      f"({why if offline else type(e).__name__}): pass the path of a downloaded copy") from None
+
+
 def read_colbert_checkpoint(folder: str | os.PathLike) -> ColbertCheckpoint:
     """Find the encoder body, the projection weights and the ColBERT settings of a checkpoint folder."""
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise FileNotFoundError(f"late-interaction checkpoint {folder} not found (a local folder is needed)")
+    folder = _local_folder(str(folder))
     if (folder / "modules.json").is_file():
         modules = _json(folder / "modules.json")
         kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lsr.rerank.cache import DocEmbeddingCache
 
-__all__ = ["candidates_of", "encode_missing", "rerank_run"]
+__all__ = ["candidates_of", "encode_missing", "rerank_run", "rerank_stage"]
 
 log = logging.getLogger("lsr")
 
@@ -97,3 +98,19 @@ def rerank_run(run: Mapping[str, Mapping[str, float]], queries: Mapping[str, str
             order = sorted(range(n), key=lambda j: (-float(scores[i, j]), j))  # ties keep the first stage's order
             out[x] = {cands[x][j]: float(scores[i, j]) for j in order}
     return out
+
+
+def rerank_stage(cfg: Any, first: Mapping[str, Mapping[str, float]], dataset: Any, device: str, out: Path,
+                 metrics: Sequence[str]) -> dict[str, float]:
+    """The ``rerank:`` stage of ``lsr run``: rerank ``first`` (a run), write ``out/rerank.trec``, return its
+    metrics. ``cfg`` is a ``lsr.config.RerankConfig``."""
+    from lsr import runs
+    from lsr.evaluation.measures import evaluate
+    from lsr.rerank.encoder import ColbertEncoder
+
+    encoder = ColbertEncoder(cfg.model, device=device, dtype=cfg.dtype)
+    cache = DocEmbeddingCache(cfg.cache or out / "doc-embeddings", encoder.fingerprint)
+    reranked = rerank_run(first, dataset.queries, dataset.docs_iter, encoder, cache, k=cfg.k,
+                          query_batch=cfg.query_batch, doc_batch=cfg.batch_size, backend=cfg.backend)
+    runs.write_trec(reranked, out / "rerank.trec", tag="lsr-rerank")
+    return evaluate(reranked, dataset.qrels, metrics=tuple(metrics))
