@@ -7,7 +7,8 @@ Cases (bf16 inputs, unit-norm token embeddings, d=128):
   ([q, C, Ld, d]) and are run over query chunks so they fit in memory.
 * ``colpali``: all pairs — Nq queries x Nd pages, Lq = Ld = 1024.
 
-Methods: ``lsr-triton`` (the fused kernel; candidates by index, no gather), ``einsum`` (PyLate-style:
+Methods: ``lsr-triton`` (the fused kernel; candidates by index, no gather; ``lsr-triton-det``: its
+deterministic, atomic-free backward), ``einsum`` (PyLate-style:
 einsum -> masked max -> sum, in bf16 like an eager model), ``einsum-compile`` (torch.compile of it),
 ``flash-maxsim`` (0.3.0, when importable: flash_maxsim_batched / flash_maxsim_batched_train), and
 ``einsum-fp32`` (the reference the exactness columns compare against). Modes: ``fwd`` (no grad) and
@@ -101,8 +102,8 @@ def flash_fn(train: bool):
 def methods(case: str, mode: str, chunk: int, has_flash: bool, compile_ok: bool) -> dict[str, Callable]:
     train = mode == "fwd+bwd"
 
-    def lsr(q, d, d_len, cand, grad):
-        s = maxsim(q, d, None, d_len, cand, backend="triton")
+    def lsr(q, d, d_len, cand, grad, deterministic=False):
+        s = maxsim(q, d, None, d_len, cand, backend="triton", deterministic=deterministic)
         if train:
             (s * grad).sum().backward()
         return s.detach()
@@ -111,6 +112,8 @@ def methods(case: str, mode: str, chunk: int, has_flash: bool, compile_ok: bool)
         return lambda q, d, d_len, cand, grad: chunked(fn, q, d, d_len, cand, chunk, grad if train else None)
 
     out = {"lsr-triton": lsr, "einsum": base(einsum_scores)}
+    if train:  # the atomic-free backward
+        out["lsr-triton-det"] = lambda *a: lsr(*a, deterministic=True)
     if compile_ok:
         out["einsum-compile"] = base(torch.compile(einsum_scores, dynamic=False))
     if has_flash:

@@ -50,12 +50,14 @@ class DocEmbeddingCache:
         for row, doc_id in enumerate(ids):
             self._where.setdefault(doc_id, (part, row))
 
-    def _part(self, part: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _part(self, part: int) -> tuple:
+        """(embeddings, offsets): tensors for parts made in this process, else a slice view of the open file
+        (only the rows asked for are read, so a large cache is never loaded whole)."""
         if self._parts[part] is None:
-            from safetensors.torch import load_file
+            from safetensors import safe_open
 
-            t = load_file(str(self._paths[part]))
-            self._parts[part] = (t["embeddings"], t["offsets"])
+            f = safe_open(str(self._paths[part]), framework="pt")
+            self._parts[part] = (f.get_slice("embeddings"), f.get_tensor("offsets"))
         return self._parts[part]
 
     def get(self, ids: Sequence[str]) -> list[torch.Tensor | None]:

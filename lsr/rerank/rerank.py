@@ -58,11 +58,11 @@ def encode_missing(needed: Iterable[str], docs_iter: Callable[[], Iterable[tuple
 
 def _padded(embs: Sequence[torch.Tensor], dim: int, dtype: torch.dtype, device: str | torch.device):
     """[U, Lmax, dim] on device and int lengths [U]."""
+    if not embs:
+        return torch.zeros(0, 1, dim, dtype=dtype, device=device), torch.zeros(0, dtype=torch.int64, device=device)
     lengths = torch.tensor([e.shape[0] for e in embs], dtype=torch.int64)
-    out = torch.zeros(len(embs), max(1, int(lengths.max()) if len(embs) else 1), dim, dtype=dtype)
-    for i, e in enumerate(embs):
-        out[i, : e.shape[0]] = e.to(dtype)
-    return out.to(device), lengths.to(device)
+    out = torch.nn.utils.rnn.pad_sequence([e.reshape(-1, dim) for e in embs], batch_first=True)
+    return out.to(device=device, dtype=dtype), lengths.to(device)
 
 
 def rerank_run(run: Mapping[str, Mapping[str, float]], queries: Mapping[str, str],

@@ -95,10 +95,11 @@ if triton is not None:
 
     @triton.jit
     def _maxsim_fwd_kernel(q_ptr, d_ptr, qm_ptr, dm_ptr, qlen_ptr, dlen_ptr, cand_ptr, out_ptr, arg_ptr,
-                           NQ, C, LQ, DIM, s_qn, s_ql, s_dn, s_dl, s_qmn, s_dmn, s_cn,
+                           NQ, C, LQ, DIM, LD_KEY, s_qn, s_ql, s_dn, s_dl, s_qmn, s_dmn, s_cn,
                            ALL_PAIRS: tl.constexpr, STORE_ARGMAX: tl.constexpr, DOT_FP32: tl.constexpr,
                            INPUT_PRECISION: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+        # (LD_KEY, the bucketed document length, is only an autotuning key.)
         # GROUP queries sweep the candidates together: in the all-pairs case each D tile is then reused
         # by GROUP queries while in L2; in the rerank case each query's tokens stay in L1/L2.
         qi, c = grouped_program_ids(tl.program_id(0), NQ, C, GROUP)
@@ -148,6 +149,13 @@ if triton is not None:
                 tl.store(arg_ptr + pair * LQ + offs_q, tl.where(found, run_arg, -1), mask=q_ok)
         tl.store(out_ptr + pair, tl.sum(total, axis=0))
 
+    # BLOCK_L and the pipeline depth are tuned per (Lq, dim, document length bucket); BLOCK_Q / BLOCK_D follow
+    # from Lq and dim (_blocks). Configs that run out of shared memory are skipped by the autotuner.
+    _FWD_TUNED = triton.autotune(
+        [triton.Config({"BLOCK_L": bl}, num_warps=w, num_stages=st) for bl in (32, 64, 128) for w in (4, 8)
+         for st in (2, 3, 4)],
+        key=["LQ", "DIM", "LD_KEY", "ALL_PAIRS", "STORE_ARGMAX"])(_maxsim_fwd_kernel)
+
 
 def _blocks(lq: int, dim: int) -> dict:
     """Tile sizes: tl.dot needs every side >= 16; BLOCK_D covers the whole embedding up to 128."""
@@ -188,14 +196,20 @@ def triton_maxsim_fwd(q: torch.Tensor, d: torch.Tensor, q_mask: torch.Tensor, d_
     if nq == 0 or n_cand == 0:
         return scores, arg
     qm, dm = q_mask.contiguous().view(torch.uint8), d_mask.contiguous().view(torch.uint8)
+    d_len = lengths_of(d_mask)
+    ld_key = min(triton.next_power_of_2(max(int(d_len.max()) if nd else 1, 1)), 4096)
+    args = (q, d, qm, dm, lengths_of(q_mask), d_len, candidates if candidates is not None else scores,
+            scores, arg if need_argmax else scores, nq, n_cand, lq, dim, ld_key, q.stride(0), q.stride(1),
+            d.stride(0), d.stride(1), qm.stride(0), dm.stride(0), candidates.stride(0) if candidates is not None else 0)
+    flags = {"ALL_PAIRS": candidates is None, "STORE_ARGMAX": need_argmax, "DOT_FP32": INTERPRET,
+             "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 or INTERPRET else "tf32"}
     blocks = dict(_blocks_override or _blocks(lq, dim))
-    launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
-    _maxsim_fwd_kernel[(nq * n_cand,)](
-        q, d, qm, dm, lengths_of(q_mask), lengths_of(d_mask), candidates if candidates is not None else scores,
-        scores, arg if need_argmax else scores, nq, n_cand, lq, dim, q.stride(0), q.stride(1), d.stride(0),
-        d.stride(1), qm.stride(0), dm.stride(0), candidates.stride(0) if candidates is not None else 0,
-        ALL_PAIRS=candidates is None, STORE_ARGMAX=need_argmax, DOT_FP32=INTERPRET,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 or INTERPRET else "tf32", **blocks, **launch)
+    if INTERPRET or _blocks_override is not None:
+        launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
+        _maxsim_fwd_kernel[(nq * n_cand,)](*args, **flags, **blocks, **launch)
+    else:
+        blocks.pop("BLOCK_L")
+        _FWD_TUNED[(nq * n_cand,)](*args, **flags, **blocks)
     return scores, arg
 
 
