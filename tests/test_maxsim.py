@@ -108,12 +108,12 @@ def test_backward_modes_agree_and_deterministic_is_reproducible(deterministic):
 def test_argmax_ties_masks_and_lengths(poison):
     """Ties go to the first position; int lengths mean the same as the bool mask; padding never wins."""
     q = torch.ones(1, 3, 16, device=DEV)
-    d = torch.ones(2, 5, 16, device=DEV)
+    d = torch.ones(2, 40, 16, device=DEV)
     d[0, 3:] = 5.0  # larger, but padding
-    d[1, 0] = -1.0  # document 1: positions 1..4 tie
-    lengths = torch.tensor([3, 5], device=DEV)
+    d[1, 0] = -1.0  # document 1: positions 1..39 tie, across several document tiles
+    lengths = torch.tensor([3, 40], device=DEV)
     scores, arg = triton_maxsim_fwd(q, d, torch.ones(1, 3, dtype=torch.bool, device=DEV),
-                                    torch.arange(5, device=DEV)[None, :] < lengths[:, None], None, need_argmax=True)
+                                    torch.arange(40, device=DEV)[None, :] < lengths[:, None], None, need_argmax=True)
     assert scores.tolist() == [[48.0, 48.0]]
     assert arg.tolist() == [[[0, 0, 0], [1, 1, 1]]]
     assert torch.equal(maxsim(q, d, None, lengths, backend="triton"), scores)
