@@ -80,7 +80,8 @@ if triton is not None:
         if ALL_PAIRS:
             start, end = 0, NQ
         else:
-            start, end = tl.load(indptr_ptr + n), tl.load(indptr_ptr + n + 1)
+            start = tl.load(indptr_ptr + n).to(tl.int32)  # < Nq·C < 2**31 (launcher check)
+            end = tl.load(indptr_ptr + n + 1).to(tl.int32)
         acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
         for e in range(start, end):  # the pairs of document n, in candidate-list order
             if ALL_PAIRS:
