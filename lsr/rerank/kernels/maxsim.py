@@ -185,8 +185,8 @@ def triton_maxsim_fwd(q: torch.Tensor, d: torch.Tensor, q_mask: torch.Tensor, d_
     if candidates is not None:
         check_tensor("candidates", candidates, dtype=(torch.int32, torch.int64), shape=(nq, None), device=q.device)
     n_cand = nd if candidates is None else candidates.shape[1]
-    if max(nq * lq, nd * ld, nq * n_cand) * max(dim, lq) >= 2**31:
-        raise ValueError("Nq·Lq·dim, Nd·Ld·dim and Nq·C·Lq must stay below 2**31: split the call into batches")
+    if nq * n_cand >= 2**31 or max(lq, ld) * dim >= 2**31:  # (row and pair offsets are int64 in the kernels)
+        raise ValueError("Nq·C and L·dim must stay below 2**31: split the call into query batches")
     q, d = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, d))
     if candidates is not None:
         candidates = candidates.contiguous()
