@@ -5,6 +5,8 @@ Cases (bf16 inputs, unit-norm token embeddings, d=128):
 * ``colbert``: rerank — Nq queries (Lq=32) each with C candidates drawn from a pool of Nd documents whose
   lengths vary uniformly in 180..300 (padded to 300). The baselines must gather each query's candidates
   ([q, C, Ld, d]) and are run over query chunks so they fit in memory.
+* ``colbert-pairs``: the same token shapes, all pairs of Nq queries x Nd shared documents (no gather: the
+  kernels alone, as flash-maxsim's shared_docs path).
 * ``colpali``: all pairs — Nq queries x Nd pages, Lq = Ld = 1024.
 
 Methods: ``lsr-triton`` (the fused kernel; candidates by index, no gather; ``lsr-triton-det``: its
@@ -16,7 +18,7 @@ einsum -> masked max -> sum, in bf16 like an eager model), ``einsum-compile`` (t
 Time: CUDA-event median, L2 flushed per repeat. Memory: peak allocated above what was allocated before
 the call (inputs), so outputs, gradients and gathers count.
 
-    PYTHONPATH=. python scripts/bench_maxsim.py --out results/ [--quick] [--only colbert,colpali]
+    PYTHONPATH=. python scripts/bench_maxsim.py --out results/ [--quick] [--only colbert,colbert-pairs,colpali]
     PYTHONPATH=. python scripts/bench_maxsim.py --quick --device cpu --out /tmp/b   # interpreter check
 """
 
@@ -40,13 +42,16 @@ from lsr.rerank.kernels.maxsim import maxsim
 
 SIZES = {  # name -> (Nq, C or None = all pairs, Nd, Lq, (Ld_min, Ld_max), d, query chunk of the baselines)
     "full": {"colbert": (500, 1000, 50_000, 32, (180, 300), 128, 16),
+             "colbert-pairs": (500, None, 1000, 32, (180, 300), 128, 16),
              "colpali": (32, None, 1000, 1024, (1024, 1024), 128, 1)},
     "quick": {"colbert": (32, 200, 4000, 32, (180, 300), 128, 16),
+              "colbert-pairs": (32, None, 200, 32, (180, 300), 128, 16),
               "colpali": (4, None, 128, 1024, (1024, 1024), 128, 1)},
     "cpu": {"colbert": (2, 4, 6, 8, (5, 12), 32, 1),
+            "colbert-pairs": (2, None, 3, 8, (5, 12), 32, 1),
             "colpali": (1, None, 2, 24, (24, 24), 32, 1)},
 }
-BWD_SHRINK = {"colbert": 1, "colpali": 4}  # fwd+bwd of ColPali all pairs: a quarter of the pages
+BWD_SHRINK = {"colbert": 1, "colbert-pairs": 1, "colpali": 4}  # fwd+bwd of ColPali all pairs: a quarter of the pages
 
 
 def make_case(nq, n_cand, nd, lq, ld_range, dim, device, seed=0):
@@ -190,7 +195,7 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for bench_maxsim.json / .csv")
     ap.add_argument("--quick", action="store_true", help="small sizes (a check, not a measurement)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--only", default="colbert,colpali", help="cases to run")
+    ap.add_argument("--only", default="colbert,colbert-pairs,colpali", help="cases to run")
     ap.add_argument("--modes", default="fwd,fwd+bwd")
     ap.add_argument("--skip", default="", help="methods to leave out, e.g. einsum-compile,flash-maxsim")
     ap.add_argument("--budget-ms", type=float, default=2000, help="timing budget per method")
