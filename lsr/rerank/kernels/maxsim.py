@@ -96,7 +96,8 @@ if triton is not None:
     @triton.jit
     def _maxsim_fwd_kernel(q_ptr, d_ptr, qm_ptr, dm_ptr, qlen_ptr, dlen_ptr, cand_ptr, out_ptr, arg_ptr,
                            NQ, C, LQ, DIM, LD_KEY, s_qn, s_ql, s_dn, s_dl, s_qmn, s_dmn, s_cn,
-                           ALL_PAIRS: tl.constexpr, STORE_ARGMAX: tl.constexpr, DOT_FP32: tl.constexpr,
+                           ALL_PAIRS: tl.constexpr, STORE_ARGMAX: tl.constexpr, ONE_D: tl.constexpr,
+                           DOT_FP32: tl.constexpr,
                            INPUT_PRECISION: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
         # (LD_KEY, the bucketed document length, is only an autotuning key.)
@@ -120,19 +121,32 @@ if triton is not None:
             q_ok = offs_q < n_q
             run_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
             run_arg = tl.full([BLOCK_Q], -1, tl.int32)
+            if ONE_D:  # the whole embedding in one tile: the query chunk stays in registers for every doc tile,
+                # and the document loop is the innermost one, so num_stages pipelines its loads
+                q_one = tl.load(q_base + offs_q[:, None] * s_ql + offs_k[None, :],
+                                mask=q_ok[:, None] & (offs_k < DIM)[None, :], other=0.0)
+                if DOT_FP32:  # the interpreter's bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact
+                    q_one = q_one.to(tl.float32)
             for l0 in range(0, n_d, BLOCK_L):
                 offs_l = l0 + tl.arange(0, BLOCK_L)
                 l_ok = offs_l < n_d
-                acc = tl.zeros([BLOCK_Q, BLOCK_L], tl.float32)
-                for k0 in range(0, DIM, BLOCK_D):
-                    k_ok = k0 + offs_k < DIM
-                    qt = tl.load(q_base + offs_q[:, None] * s_ql + (k0 + offs_k)[None, :],
-                                 mask=q_ok[:, None] & k_ok[None, :], other=0.0)
-                    dt = tl.load(d_base + offs_l[None, :] * s_dl + (k0 + offs_k)[:, None],
-                                 mask=l_ok[None, :] & k_ok[:, None], other=0.0)
-                    if DOT_FP32:  # the interpreter's bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact
-                        qt, dt = qt.to(tl.float32), dt.to(tl.float32)
-                    acc = tl.dot(qt, dt, acc, input_precision=INPUT_PRECISION)
+                if ONE_D:
+                    dt = tl.load(d_base + offs_l[None, :] * s_dl + offs_k[:, None],
+                                 mask=l_ok[None, :] & (offs_k < DIM)[:, None], other=0.0)
+                    if DOT_FP32:
+                        dt = dt.to(tl.float32)
+                    acc = tl.dot(q_one, dt, input_precision=INPUT_PRECISION)
+                else:
+                    acc = tl.zeros([BLOCK_Q, BLOCK_L], tl.float32)
+                    for k0 in range(0, DIM, BLOCK_D):
+                        k_ok = k0 + offs_k < DIM
+                        qt = tl.load(q_base + offs_q[:, None] * s_ql + (k0 + offs_k)[None, :],
+                                     mask=q_ok[:, None] & k_ok[None, :], other=0.0)
+                        dt = tl.load(d_base + offs_l[None, :] * s_dl + (k0 + offs_k)[:, None],
+                                     mask=l_ok[None, :] & k_ok[:, None], other=0.0)
+                        if DOT_FP32:
+                            qt, dt = qt.to(tl.float32), dt.to(tl.float32)
+                        acc = tl.dot(qt, dt, acc, input_precision=INPUT_PRECISION)
                 keep = tl.load(dm_ptr + doc * s_dmn + offs_l, mask=l_ok, other=0) != 0
                 acc = tl.where(keep[None, :], acc, float("-inf"))  # masked tokens never win
                 if STORE_ARGMAX:
@@ -204,6 +218,7 @@ def triton_maxsim_fwd(q: torch.Tensor, d: torch.Tensor, q_mask: torch.Tensor, d_
     flags = {"ALL_PAIRS": candidates is None, "STORE_ARGMAX": need_argmax, "DOT_FP32": INTERPRET,
              "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 or INTERPRET else "tf32"}
     blocks = dict(_blocks_override or _blocks(lq, dim))
+    flags["ONE_D"] = dim <= blocks["BLOCK_D"]
     if INTERPRET or _blocks_override is not None:
         launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
         _maxsim_fwd_kernel[(nq * n_cand,)](*args, **flags, **blocks, **launch)
