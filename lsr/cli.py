@@ -233,7 +233,7 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str, func: Callab
 
 # Commands defined in their stage's package: each module has ``register(sub, command)`` that adds its
 # parser(s) with ``command(sub, name, help)`` and sets ``func``; imports stay lazy (``lsr --help`` is fast).
-_STAGE_COMMANDS: tuple[str, ...] = ("lsr.interop.cli", "lsr.serve.cli", "lsr.train.cli")
+_STAGE_COMMANDS: tuple[str, ...] = ("lsr.interop.cli", "lsr.serve.cli", "lsr.train.cli", "lsr.rerank.cli")
 
 
 def _device_arg(p: argparse.ArgumentParser) -> None:

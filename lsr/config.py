@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["EncoderConfig", "IndexConfig", "RunConfig", "SearchConfig", "apply_overrides", "load_config",
-           "validate_config"]
+__all__ = ["EncoderConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
+           "load_config", "validate_config"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,19 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class RerankConfig:
+    """Optional second stage (lsr.rerank): rescore each query's top-k with a late-interaction model."""
+
+    model: str | None = None            # local PyLate / colbert-ir checkpoint; None: no rerank stage
+    k: int = 100
+    batch_size: int = 32                # documents per encoder batch
+    query_batch: int = 64               # queries per MaxSim call
+    cache: str | None = None            # document embedding cache; None: <output>/doc-embeddings
+    dtype: str | None = None            # encoder dtype; default: bf16 on CUDA, fp32 on CPU
+    backend: str = "auto"               # MaxSim: auto | triton | torch
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One end-to-end job."""
 
@@ -68,6 +81,7 @@ class RunConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
     metrics: tuple[str, ...] = ("RR@10", "nDCG@10", "R@1000")
     expected: Mapping[str, float] = field(default_factory=dict)   # documented reference results
     tolerance: float = 0.005
@@ -84,7 +98,7 @@ class RunConfig:
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
-_SECTIONS = {"encoder": EncoderConfig, "index": IndexConfig, "search": SearchConfig}
+_SECTIONS = {"encoder": EncoderConfig, "index": IndexConfig, "search": SearchConfig, "rerank": RerankConfig}
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
@@ -155,6 +169,10 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     _positive("config.search.query_batch", search.query_batch)
     if search.backend not in ("auto", "torch", "triton"):
         raise ValueError(f"config.search.backend must be auto, torch or triton, got {search.backend!r}")
+    for name in ("k", "batch_size", "query_batch"):
+        _positive(f"config.rerank.{name}", getattr(cfg.rerank, name))
+    if cfg.rerank.backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"config.rerank.backend must be auto, torch or triton, got {cfg.rerank.backend!r}")
     check_block_size(cfg.index.block_size)
     _positive("config.index.partitions", cfg.index.partitions)
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):

@@ -161,11 +161,19 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
                         scores, doc_idx, tag=cfg.name)
     with _step("evaluate", timings):
         metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics, scores=scores)
+    files = {"run_trec": str(out / "run.trec"), "run_msmarco": str(out / "run.msmarco.tsv"), "index": str(out / "index")}
+    result_extra: dict[str, Any] = {}
+    if cfg.rerank.model:  # second stage: its metrics become the job's, the first stage's are kept beside
+        from lsr.rerank.rerank import rerank_stage
+
+        with _step("rerank", timings):
+            first = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)
+            files["run_rerank"] = str(out / "rerank.trec")
+            result_extra = {"metrics_first_stage": metrics}
+            metrics = rerank_stage(cfg.rerank, first, dataset, device, out, cfg.metrics)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
               "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
-              "n_queries": len(queries), "files": {"run_trec": str(out / "run.trec"),
-                                                   "run_msmarco": str(out / "run.msmarco.tsv"),
-                                                   "index": str(out / "index")}}
+              "n_queries": len(queries), "files": files, **result_extra}
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
 

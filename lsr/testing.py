@@ -14,6 +14,7 @@ heavy is imported at module level: transformers and tokenizers load only when a 
 - ``sparton_case``, ``max_abs_errors``: inputs and error measure of the Sparton head tests.
 - ``save_tiny_mlm`` (+ ``tiny_config``, ``calibrate_sparsity``, ``KINDS``): 2-layer BERT / DistilBERT /
   RoBERTa / ModernBERT masked LMs saved with ``save_pretrained``, sparse like trained SPLADE models.
+- ``save_tiny_colbert``: a 2-layer BERT + linear projection in the PyLate or colbert-ir checkpoint layout.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from lsr.sparse import SparseVectors
 
 __all__ = [
     "KINDS", "SAMPLE_TEXTS", "assert_exact_topk", "calibrate_sparsity", "float64_scores", "max_abs_errors",
-    "poisoned_allocations", "random_collection", "random_dense_rows", "reference_topk", "save_tiny_mlm",
-    "seeded_generator", "sparton_case", "tiny_config", "topk_violations", "write_scifact_slice",
+    "poisoned_allocations", "random_collection", "random_dense_rows", "reference_topk", "save_tiny_colbert",
+    "save_tiny_mlm", "seeded_generator", "sparton_case", "tiny_config", "topk_violations", "write_scifact_slice",
 ]
 
 KINDS = ("bert", "distilbert", "roberta", "modernbert")
@@ -322,3 +323,47 @@ def write_scifact_slice(folder: str | Path, data_dir: str | Path, n_queries: int
     (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(qrels) + "\n")
     return len(docs), len(qids)
+
+
+def save_tiny_colbert(out_dir: str | Path, data_dir: str | Path, *, layout: str = "pylate", dim: int = 16,
+                      seed: int = 0, query_length: int = 12, document_length: int = 40) -> Path:
+    """A tiny random ColBERT (2-layer BERT, projection to ``dim``, bert-base-uncased tokenizer with its
+    [unused0] / [unused1] markers) saved in ``out_dir``; returns it. ``layout``: "pylate" (modules.json =
+    [Transformer, Dense] + config_sentence_transformers.json) or "colbert" (colbert-ir HF_ColBERT: ``bert.*`` +
+    ``linear.weight`` in one model.safetensors, settings in artifact.metadata). The same seed gives the same
+    weights in both layouts."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    body = BertModel(tiny_config("bert"), add_pooling_layer=False)
+    linear = torch.randn(dim, body.config.hidden_size) * body.config.hidden_size ** -0.5
+    AutoTokenizer.from_pretrained(Path(data_dir) / "bert-base-uncased").save_pretrained(out)
+    if layout == "pylate":
+        body.save_pretrained(out)
+        (out / "1_Dense").mkdir(exist_ok=True)
+        save_file({"linear.weight": linear.contiguous()}, str(out / "1_Dense" / "model.safetensors"))
+        (out / "1_Dense" / "config.json").write_text(json.dumps({
+            "in_features": body.config.hidden_size, "out_features": dim, "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity"}))
+        (out / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+        (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": document_length - 1}))
+        (out / "config_sentence_transformers.json").write_text(json.dumps({
+            "query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": query_length,
+            "document_length": document_length, "attend_to_expansion_tokens": False, "do_query_expansion": True,
+            "skiplist_words": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")}))
+    elif layout == "colbert":
+        body.config.architectures = ["HF_ColBERT"]
+        body.config.save_pretrained(out)
+        state = {f"bert.{k}": v.contiguous() for k, v in body.state_dict().items()}
+        save_file(state | {"linear.weight": linear.contiguous()}, str(out / "model.safetensors"))
+        (out / "artifact.metadata").write_text(json.dumps({
+            "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": query_length,
+            "doc_maxlen": document_length, "mask_punctuation": True, "attend_to_mask_tokens": False, "dim": dim}))
+    else:
+        raise ValueError(f"unknown layout {layout!r}; expected 'pylate' or 'colbert'")
+    return out
