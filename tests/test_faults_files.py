@@ -345,6 +345,15 @@ def test_query_file_errors_are_one_line(job, capsys):
     assert not (job / "r.trec").exists()
 
 
+@pytest.mark.parametrize("line, message", [('{"text": "x"}', "got no '_id'"), ("[1, 2]", "got a JSON list")])
+def test_corpus_lines_without_an_id_name_file_and_line(job, capsys, line, message):
+    (job / "A" / "corpus.jsonl").write_text('{"_id": "a1", "text": "apple"}\n' + line + "\n")
+    _fails(capsys, ["run", "cfg.yaml"], 1, "A/corpus.jsonl:2: expected a JSON object with '_id'", message)
+    (job / "A" / "queries.jsonl").write_text(line + "\n")
+    _fails(capsys, ["evaluate", "--run", "A", "--qrels", "A"], 1)
+    _fails(capsys, ["run", "cfg.yaml", "--set", "output=out/y"], 1, "A/queries.jsonl:1: expected a JSON object")
+
+
 def test_offline_hub_id_is_one_line(job, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", tempfile.mkdtemp(dir=job))
