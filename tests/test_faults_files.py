@@ -140,6 +140,12 @@ def test_files_lsr_did_not_write_are_not_replaced(job, capsys):
     _fails(capsys, argv, 1, "run.trec already exists", "--overwrite")
     assert (job / "run.trec").read_text() == "precious\n"
     assert main([*argv, "--overwrite"]) == 0 and (job / "run.trec").read_text().startswith("q1 Q0 a1 1 ")
+    evaluate = ["evaluate", "--run", "run.trec", "--qrels", "A", "--metrics", "RR@10", "--json"]
+    _fails(capsys, [*evaluate, "cfg.yaml"], 1, "--json cfg.yaml exists and is not a metrics file lsr wrote")
+    _fails(capsys, [*evaluate, "A/m.json"], 1, "is inside the input A")
+    assert main([*evaluate, "m.json"]) == 0 and main([*evaluate, "m.json"]) == 0  # its own file: replaced
+    assert json.loads((job / "m.json").read_text()) == {"RR@10": 1.0}
+    assert (job / "cfg.yaml").read_text().startswith("name: t")
 
 
 # ---------------------------------------------------------------------------------------- two writers
@@ -350,7 +356,7 @@ def test_corpus_lines_without_an_id_name_file_and_line(job, capsys, line, messag
     (job / "A" / "corpus.jsonl").write_text('{"_id": "a1", "text": "apple"}\n' + line + "\n")
     _fails(capsys, ["run", "cfg.yaml"], 1, "A/corpus.jsonl:2: expected a JSON object with '_id'", message)
     (job / "A" / "queries.jsonl").write_text(line + "\n")
-    _fails(capsys, ["evaluate", "--run", "A", "--qrels", "A"], 1)
+    _fails(capsys, ["evaluate", "--run", "A", "--qrels", "A/qrels/test.tsv"], 1, "A is a directory; a file was expected")
     _fails(capsys, ["run", "cfg.yaml", "--set", "output=out/y"], 1, "A/queries.jsonl:1: expected a JSON object")
 
 
