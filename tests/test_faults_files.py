@@ -82,6 +82,13 @@ def test_run_refuses_an_output_folder_made_from_other_documents(job, capsys):
     assert main(["run", "cfg.yaml", "--set", "dataset=B"]) == 0  # same documents again: artefacts reused
 
 
+def test_vectors_of_other_encoder_settings_are_refused_naming_the_setting(job, capsys):
+    assert main(["run", "cfg.yaml"]) == 0
+    vectors = _tree(job / "out" / "x" / "doc_vectors")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "encoder.k1=1.2"], 1, "other settings (", "k1: 0.9 -> 1.2")
+    assert _tree(job / "out" / "x" / "doc_vectors") == vectors
+
+
 def test_an_edited_corpus_is_not_reused(job, capsys):
     assert main(["run", "cfg.yaml"]) == 0
     with open(job / "A" / "corpus.jsonl", "a") as f:
