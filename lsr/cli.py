@@ -29,6 +29,24 @@ class UsageError(ValueError):
     """A bad option or config value: exit code 2."""
 
 
+def _check_json_out(path: str | None, inputs: list[str | None]) -> None:
+    """``--json``: never inside an input, and an existing file only if it is a metrics JSON (lsr's own)."""
+    if path is None:
+        return
+    from lsr.provenance import check_not_inside
+
+    check_not_inside(path, inputs, "--json")
+    p = Path(path)
+    if p.exists():
+        try:
+            old = json.loads(p.read_text(encoding="utf-8"))
+            ours = isinstance(old, dict) and all(isinstance(v, (int, float)) for v in old.values())
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            raise FileExistsError(f"--json {path} exists and is not a metrics file lsr wrote; choose another path")
+
+
 def _print_metrics(metrics: dict[str, float], json_out: str | None) -> None:
     from lsr.io import atomic_write_text
 
@@ -179,6 +197,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lsr.evaluation.measures import evaluate
 
+    _check_json_out(args.json, [args.run, args.qrels])
     _print_metrics(evaluate(args.run, args.qrels, metrics=tuple(args.metrics)), args.json)
     return 0
 
@@ -195,6 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.set or ())
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
+    _check_json_out(args.json, [args.config, cfg.dataset, cfg.dataset.rsplit(":", 1)[0]])
     result = run_pipeline(cfg, overwrite=args.overwrite)
     print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
           f"run written to {result['files']['run_trec']}")

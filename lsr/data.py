@@ -113,9 +113,13 @@ def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
     for n, line in iter_lines(path):
         if line.strip():
             try:
-                yield n, json.loads(line)
+                obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: invalid JSON ({e})") from None
+            if not isinstance(obj, dict) or "_id" not in obj:
+                got = "no '_id'" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+                raise ValueError(f"{path}:{n}: expected a JSON object with '_id' (BEIR layout), got {got}")
+            yield n, obj
 
 
 def read_beir_queries(path: PathLike) -> dict[str, str]:

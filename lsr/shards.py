@@ -151,8 +151,12 @@ class ShardWriter:
                 raise FileExistsError(f"{self.path} already holds vectors; pass resume=True or choose a new directory")
             check_same_origin(old.get("origin"), origin, self.path)
             if old["vocab_size"] != vocab_size or old.get("metadata", {}) != meta:
-                raise ValueError(f"cannot resume {self.path}: it was written with other settings "
-                                 f"({old.get('metadata')} vs {meta})")
+                stored = {"vocab_size": old["vocab_size"], **old.get("metadata", {})}
+                wanted = {"vocab_size": int(vocab_size), **meta}
+                diff = "; ".join(f"{k}: {str(stored.get(k))[:60]} -> {str(wanted.get(k))[:60]}"
+                                 for k in sorted(set(stored) | set(wanted), key=str) if stored.get(k) != wanted.get(k))
+                raise ValueError(f"cannot resume {self.path}: it was written with other settings ({diff}); "
+                                 "choose another output folder, or delete it")
             for s in old["shards"]:
                 f = self.path / s["file"]
                 if not f.exists() or sha256_file(f) != s["sha256"]:

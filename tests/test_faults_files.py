@@ -82,6 +82,13 @@ def test_run_refuses_an_output_folder_made_from_other_documents(job, capsys):
     assert main(["run", "cfg.yaml", "--set", "dataset=B"]) == 0  # same documents again: artefacts reused
 
 
+def test_vectors_of_other_encoder_settings_are_refused_naming_the_setting(job, capsys):
+    assert main(["run", "cfg.yaml"]) == 0
+    vectors = _tree(job / "out" / "x" / "doc_vectors")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "encoder.k1=1.2"], 1, "other settings (", "k1: 0.9 -> 1.2")
+    assert _tree(job / "out" / "x" / "doc_vectors") == vectors
+
+
 def test_an_edited_corpus_is_not_reused(job, capsys):
     assert main(["run", "cfg.yaml"]) == 0
     with open(job / "A" / "corpus.jsonl", "a") as f:
@@ -140,6 +147,12 @@ def test_files_lsr_did_not_write_are_not_replaced(job, capsys):
     _fails(capsys, argv, 1, "run.trec already exists", "--overwrite")
     assert (job / "run.trec").read_text() == "precious\n"
     assert main([*argv, "--overwrite"]) == 0 and (job / "run.trec").read_text().startswith("q1 Q0 a1 1 ")
+    evaluate = ["evaluate", "--run", "run.trec", "--qrels", "A", "--metrics", "RR@10", "--json"]
+    _fails(capsys, [*evaluate, "cfg.yaml"], 1, "--json cfg.yaml exists and is not a metrics file lsr wrote")
+    _fails(capsys, [*evaluate, "A/m.json"], 1, "is inside the input A")
+    assert main([*evaluate, "m.json"]) == 0 and main([*evaluate, "m.json"]) == 0  # its own file: replaced
+    assert json.loads((job / "m.json").read_text()) == {"RR@10": 1.0}
+    assert (job / "cfg.yaml").read_text().startswith("name: t")
 
 
 # ---------------------------------------------------------------------------------------- two writers
@@ -343,6 +356,15 @@ def test_query_file_errors_are_one_line(job, capsys):
     _fails(capsys, [*search, "plain.tsv.gz", "--vocab", "vocab.txt"], 1, "plain.tsv.gz: not a complete gzip file")
     _fails(capsys, [*search, "q.tsv"], 1, "q.tsv holds Anserini token queries", "--vocab")
     assert not (job / "r.trec").exists()
+
+
+@pytest.mark.parametrize("line, message", [('{"text": "x"}', "got no '_id'"), ("[1, 2]", "got a JSON list")])
+def test_corpus_lines_without_an_id_name_file_and_line(job, capsys, line, message):
+    (job / "A" / "corpus.jsonl").write_text('{"_id": "a1", "text": "apple"}\n' + line + "\n")
+    _fails(capsys, ["run", "cfg.yaml"], 1, "A/corpus.jsonl:2: expected a JSON object with '_id'", message)
+    (job / "A" / "queries.jsonl").write_text(line + "\n")
+    _fails(capsys, ["evaluate", "--run", "A", "--qrels", "A/qrels/test.tsv"], 1, "A is a directory; a file was expected")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "output=out/y"], 1, "A/queries.jsonl:1: expected a JSON object")
 
 
 def test_offline_hub_id_is_one_line(job, capsys, monkeypatch):
