@@ -107,3 +107,33 @@ def test_offline_hub_dataset_is_one_line_saying_what_to_place_where(how, monkeyp
     assert "\n" not in msg and "hf:lsr-test-org/no-such-dataset:default@test is not in the local datasets cache" in msg
     assert "datasets.load_dataset('lsr-test-org/no-such-dataset', 'default', split='test')" in msg
     assert "corpus.parquet?queries=" in msg
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hf_id_reads_the_mteb_layout(beir, monkeypatch, streaming):
+    """The Hub is replaced by in-memory tables laid out as mteb/scifact publishes them."""
+    import datasets
+
+    docs, queries = _rows(beir / "corpus.jsonl"), _rows(beir / "queries.jsonl")
+    qrels = [line.split("\t") for line in (beir / "qrels" / "test.tsv").read_text().splitlines()[1:]]
+    tables = {
+        ("corpus", "corpus"): {k: [d[k] for d in docs] for k in ("_id", "title", "text")},
+        ("queries", "queries"): {k: [q[k] for q in queries] for k in ("_id", "text")},
+        ("default", "test"): {"query-id": [r[0] for r in qrels], "corpus-id": [r[1] for r in qrels],
+                              "score": [int(r[2]) for r in qrels]},
+    }
+    seen = []
+
+    def fake_load(repo, config=None, split=None, streaming=False, revision=None):
+        seen.append((repo, config, split, streaming))
+        table = datasets.Dataset.from_dict(tables[(config, split)])
+        return table.to_iterable_dataset() if streaming else table
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    got = load_dataset("hf:mteb/scifact" + ("?streaming=1" if streaming else ""), "test")
+    want = load_dataset(str(beir), "test")
+    assert got.queries == want.queries and got.qrels == want.qrels
+    assert list(got.docs_iter()) == list(want.docs_iter())
+    assert got.n_docs == (None if streaming else len(docs))
+    assert ("mteb/scifact", "corpus", "corpus", streaming) in seen
+    assert ("mteb/scifact", "default", "test", False) in seen  # queries and qrels are small: never streamed

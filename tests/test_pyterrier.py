@@ -88,7 +88,9 @@ def test_splade_experiment_equals_lsr_run_on_a_slice(tmp_path):
 
 def test_unfitted_bm25_retriever_says_what_to_do(tmp_path):
     from lsr.encode.lexical import LexicalEncoder
+    from lsr.pyterrier import LsrIndex
 
+    assert LsrIndex is lsr_pt.LsrIndex  # the short name of the interop module
     with pytest.raises(ValueError, match="not fitted"):
         lsr_pt.LsrIndex(tmp_path / "i").retriever(LexicalEncoder())
 
