@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["INTERPRET", "check_tensor", "grouped_program_ids", "triton", "tl", "use_triton"]
+__all__ = ["INTERPRET", "check_tensor", "fold_row_max", "grouped_program_ids", "triton", "tl", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BACKENDS = ("auto", "triton", "torch")
@@ -97,5 +97,20 @@ if triton is not None:
         row = first_row + (pid % per_group) % group_size
         col = (pid % per_group) // group_size
         return row, col
+
+    @triton.jit
+    def fold_row_max(acc, keep, run_max, run_arg, col0, STORE_ARGMAX: tl.constexpr):
+        """Fold a [rows, cols] tile into each row's running max over columns; columns where ``keep`` is
+        False never win. With STORE_ARGMAX also the winning column (tile column + ``col0``; ties keep the
+        earliest column, so a scan in column order finds the first maximum)."""
+        acc = tl.where(keep[None, :], acc, float("-inf"))
+        if STORE_ARGMAX:
+            t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
+            better = t_max > run_max  # strict
+            run_max = tl.where(better, t_max, run_max)
+            run_arg = tl.where(better, t_arg + col0, run_arg)
+        else:  # inference: the max alone is a cheaper epilogue
+            run_max = tl.maximum(run_max, tl.max(acc, axis=1))
+        return run_max, run_arg
 else:  # pragma: no cover
-    grouped_program_ids = None
+    grouped_program_ids = fold_row_max = None

@@ -17,7 +17,7 @@ import warnings
 import torch
 from torch import nn
 
-from lsr.kernel_utils import INTERPRET, grouped_program_ids, tl, triton, use_triton
+from lsr.kernel_utils import INTERPRET, fold_row_max, grouped_program_ids, tl, triton, use_triton
 
 __all__ = ["SpartonHead", "SpartonHeadFunction", "check_head_args", "sparton_head", "torch_sparton_head", "triton_sparton_fwd"]
 
@@ -102,14 +102,7 @@ if triton is not None:
                     e, h = e.to(tl.float32), h.to(tl.float32)
                 acc = tl.dot(e, h, acc, input_precision=INPUT_PRECISION)
             keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
-            acc = tl.where(keep[None, :], acc, float("-inf"))  # masked positions never win
-            if STORE_ARGMAX:
-                t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
-                better = t_max > run_max  # strict: ties keep the earliest position
-                run_max = tl.where(better, t_max, run_max)
-                run_arg = tl.where(better, t_arg + s0, run_arg)
-            else:  # inference: the max alone is a cheaper epilogue
-                run_max = tl.maximum(run_max, tl.max(acc, axis=1))
+            run_max, run_arg = fold_row_max(acc, keep, run_max, run_arg, s0, STORE_ARGMAX)
         if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
             run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
         r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from lsr.kernel_utils import INTERPRET, check_tensor, grouped_program_ids, tl, triton, use_triton
+from lsr.kernel_utils import INTERPRET, check_tensor, fold_row_max, grouped_program_ids, tl, triton, use_triton
 
 __all__ = ["MaxSimFunction", "as_mask", "maxsim", "torch_maxsim", "triton_maxsim_fwd"]
 
@@ -148,14 +148,7 @@ if triton is not None:
                             qt, dt = qt.to(tl.float32), dt.to(tl.float32)
                         acc = tl.dot(qt, dt, acc, input_precision=INPUT_PRECISION)
                 keep = tl.load(dm_ptr + doc * s_dmn + offs_l, mask=l_ok, other=0) != 0
-                acc = tl.where(keep[None, :], acc, float("-inf"))  # masked tokens never win
-                if STORE_ARGMAX:
-                    t_max, t_arg = tl.max(acc, axis=1, return_indices=True)
-                    better = t_max > run_max  # strict: ties keep the earliest position
-                    run_max = tl.where(better, t_max, run_max)
-                    run_arg = tl.where(better, t_arg + l0, run_arg)
-                else:
-                    run_max = tl.maximum(run_max, tl.max(acc, axis=1))
+                run_max, run_arg = fold_row_max(acc, keep, run_max, run_arg, l0, STORE_ARGMAX)
             q_keep = tl.load(qm_ptr + qi.to(tl.int64) * s_qmn + offs_q, mask=q_ok, other=0) != 0
             found = q_keep & (run_max > float("-inf"))
             total += tl.where(found, run_max, 0.0)
