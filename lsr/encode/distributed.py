@@ -121,6 +121,11 @@ def encode_command(args: Any, dataset: Any, device: str, make_encoder: Any) -> i
     out = Path(args.out)
     try:
         fit = args.encoder == "bm25" and not args.model
+        with agree("check where the documents come from"):
+            if (out / MANIFEST).exists():  # before a new BM25 fit replaces the one these vectors were made with
+                from lsr.provenance import check_same_origin
+
+                check_same_origin(read_manifest(out).get("origin"), dataset.docs_origin, out)
         with agree("build the encoder"):
             enc = make_encoder(args, dev)
             if fit and rank == 0:
@@ -133,7 +138,8 @@ def encode_command(args: Any, dataset: Any, device: str, make_encoder: Any) -> i
         n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
         encode_corpus_distributed(enc, dataset.docs_iter(), out, n_docs, batch_size=args.batch_size,
                                   shard_rows=args.shard_rows, resume=True, doc_top_k=args.doc_top_k,
-                                  tokenize_workers=args.tokenize_workers, show_progress_bar=rank == 0)
+                                  tokenize_workers=args.tokenize_workers, show_progress_bar=rank == 0,
+                                  origin=dataset.docs_origin)
     finally:
         dist.destroy_process_group()
     if rank == 0:

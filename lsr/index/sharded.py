@@ -180,7 +180,7 @@ class ShardedIndex:
             with _everywhere("prepare the output folder", world):
                 if rank == 0:
                     _check_target(out, overwrite)
-                    tmp = stack.enter_context(atomic_directory(out))
+                    tmp = stack.enter_context(atomic_directory(out, overwrite=overwrite))
             if world > 1:
                 from lsr.distributed import broadcast_text
 
