@@ -177,17 +177,20 @@ class SearchEngine:
             raise RequestError(f"vector {i}: weights must be finite, >= 0 and <= {self._weight_limit:.3g}")
         if self.token_ids is not None:
             try:
-                terms = np.fromiter((self.token_ids[key] for key in row), np.int64, len(row))
+                terms = np.array(list(map(self.token_ids.__getitem__, row)), dtype=np.int64)
             except KeyError as e:
                 raise RequestError(f"vector {i}: token {e.args[0]!r} is not in the encoder vocabulary") from None
         else:
+            in_range = f"vector {i}: term ids must lie in [0, {self.index.vocab_size})"
             try:
-                terms = np.fromiter((int(key) for key in row), np.int64, len(row))
+                terms = np.array(list(map(int, row)), dtype=np.int64)
             except ValueError:
                 raise RequestError(f"vector {i}: keys must be term ids (this server has no encoder vocabulary), "
                                    f"got {next((k for k in row if not k.strip().lstrip('-').isdigit()), '?')!r}") from None
+            except OverflowError:
+                raise RequestError(in_range) from None
             if terms.size and not (0 <= terms.min() and terms.max() < self.index.vocab_size):
-                raise RequestError(f"vector {i}: term ids must lie in [0, {self.index.vocab_size})")
+                raise RequestError(in_range)
         keep = w > 0
         terms, w = terms[keep], w[keep]
         order = np.argsort(terms, kind="stable")
