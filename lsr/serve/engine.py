@@ -104,16 +104,20 @@ class SearchEngine:
         self.pad_batches = self.searcher.device.type == "cuda" if pad_batches is None else bool(pad_batches)
         self._docnos = np.asarray(self.index.docnos, dtype=object)
         self._weight_limit = weight_limit(self.index.vocab_size)
+        self._description: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
         """What /health reports: sizes, device, backend, encoder and how vector keys are read."""
-        enc = self.encoder.describe() if self.encoder is not None else None
-        return {"n_docs": self.index.n_docs, "vocab_size": self.index.vocab_size, "device": str(self.searcher.device),
+        if self._description is None:  # once: an encoder's description hashes its vocabulary
+            enc = self.encoder.describe() if self.encoder is not None else None
+            self._description = {
+                "n_docs": self.index.n_docs, "vocab_size": self.index.vocab_size, "device": str(self.searcher.device),
                 "backend": self.searcher.backend, "encoder": enc.get("kind") if enc else None,
                 "model": (enc.get("model") or enc.get("name_or_path")) if enc else None,
                 "vector_keys": "tokens" if self.token_ids is not None else "term_ids",
                 "k": self.k, "max_k": self.max_k, "pad_batches": self.pad_batches}
+        return dict(self._description)
 
     # ------------------------------------------------------------------ parsing
     def parse(self, payload: Any) -> SearchRequest:
