@@ -275,6 +275,8 @@ def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
 
 
 def test_serve_rejects_bad_options(capsys, bm25):
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        create_app(bm25["index"], device="cpu", max_batch=0)
     assert main(["serve", "--index", str(bm25["index"]), "--max-batch", "0"]) == 2
     assert main(["serve", "--index", str(bm25["index"]), "--k", "5000", "--max-k", "100"]) == 2
     assert "--k (5000) must lie in [1, --max-k=100]" in capsys.readouterr().err
