@@ -216,6 +216,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--check", type=int, default=100, help="requests whose answers are checked")
     ap.add_argument("--slo-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting levels after this many seconds")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.5,
+                    help="the interpreter's thread switch interval (lsr serve's setting; Python's default is 5)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
@@ -231,6 +233,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
     t_start = time.time()
     from lsr.serve.app import create_app
 

@@ -123,8 +123,9 @@ def test_term_id_vectors_and_padding_to_powers_of_two(bm25):
     responses = asyncio.run(_post_all(app, [{"vectors": [r]} for r in rows]))
     assert [r.json()["results"][0] for r in responses] == _reference(app, vectors, K)
     bad = asyncio.run(_post_all(app, [{"query": "cancer"}, {"vectors": [{"7": 1, "07": 2}]},
-                                      {"vectors": [{"28865": 1}]}, {"vectors": [{"cell": 1}]}]))
-    assert [r.status_code for r in bad] == [422] * 4
+                                      {"vectors": [{"28865": 1}]}, {"vectors": [{"cell": 1}]},
+                                      {"vectors": [{"1" * 30: 1}]}]))
+    assert [r.status_code for r in bad] == [422] * 5 and "[0, 28865)" in bad[4].json()["error"]
     assert "no query encoder" in bad[0].json()["error"] and "term 7 is given twice" in bad[1].json()["error"]
     assert "[0, 28865)" in bad[2].json()["error"] and "keys must be term ids" in bad[3].json()["error"]
 
@@ -274,6 +275,8 @@ def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
 
 
 def test_serve_rejects_bad_options(capsys, bm25):
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        create_app(bm25["index"], device="cpu", max_batch=0)
     assert main(["serve", "--index", str(bm25["index"]), "--max-batch", "0"]) == 2
     assert main(["serve", "--index", str(bm25["index"]), "--k", "5000", "--max-k", "100"]) == 2
     assert "--k (5000) must lie in [1, --max-k=100]" in capsys.readouterr().err

@@ -70,6 +70,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     except ImportError as e:
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
+    if max_batch < 1 or max_wait_ms < 0:  # before loading anything
+        raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch} and {max_wait_ms}")
     engine = SearchEngine(index, model, device=device, k=k, max_k=max_k, backend=backend, pad_batches=pad_batches)
     if warmup:
         engine.warmup(max_batch)

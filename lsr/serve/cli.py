@@ -26,6 +26,9 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--switch-interval-ms", type=float, default=0.5,
+                   help="the interpreter's thread switch interval: the event loop and the search thread share the "
+                        "GIL, and Python's 5 ms lets one wait that long for it (bench_serve: more QPS at 0.5)")
     _device_arg(p)
     p.set_defaults(func=cmd_serve)
 
@@ -39,12 +42,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise RuntimeError(f"lsr serve needs FastAPI and uvicorn ({e}); install them with: "
                            "pip install lsr-gpu[serve]") from e
-    if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 < args.port < 65536:
-        raise UsageError("--max-batch must be >= 1, --max-wait-ms >= 0 and --port in [1, 65535]")
+    if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 < args.port < 65536 or args.switch_interval_ms <= 0:
+        raise UsageError("--max-batch must be >= 1, --max-wait-ms >= 0, --switch-interval-ms > 0 and --port in "
+                         "[1, 65535]")
     max_k = args.max_k if args.max_k is not None else max(args.k, 1000)
     if not 1 <= args.k <= max_k:
         raise UsageError(f"--k ({args.k}) must lie in [1, --max-k={max_k}]")
+    import sys
+
     from lsr.serve.app import create_app
+
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
 
     app = create_app(args.index, args.model, device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup)

@@ -104,16 +104,20 @@ class SearchEngine:
         self.pad_batches = self.searcher.device.type == "cuda" if pad_batches is None else bool(pad_batches)
         self._docnos = np.asarray(self.index.docnos, dtype=object)
         self._weight_limit = weight_limit(self.index.vocab_size)
+        self._description: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
         """What /health reports: sizes, device, backend, encoder and how vector keys are read."""
-        enc = self.encoder.describe() if self.encoder is not None else None
-        return {"n_docs": self.index.n_docs, "vocab_size": self.index.vocab_size, "device": str(self.searcher.device),
+        if self._description is None:  # once: an encoder's description hashes its vocabulary
+            enc = self.encoder.describe() if self.encoder is not None else None
+            self._description = {
+                "n_docs": self.index.n_docs, "vocab_size": self.index.vocab_size, "device": str(self.searcher.device),
                 "backend": self.searcher.backend, "encoder": enc.get("kind") if enc else None,
                 "model": (enc.get("model") or enc.get("name_or_path")) if enc else None,
                 "vector_keys": "tokens" if self.token_ids is not None else "term_ids",
                 "k": self.k, "max_k": self.max_k, "pad_batches": self.pad_batches}
+        return dict(self._description)
 
     # ------------------------------------------------------------------ parsing
     def parse(self, payload: Any) -> SearchRequest:
@@ -177,17 +181,20 @@ class SearchEngine:
             raise RequestError(f"vector {i}: weights must be finite, >= 0 and <= {self._weight_limit:.3g}")
         if self.token_ids is not None:
             try:
-                terms = np.fromiter((self.token_ids[key] for key in row), np.int64, len(row))
+                terms = np.array(list(map(self.token_ids.__getitem__, row)), dtype=np.int64)
             except KeyError as e:
                 raise RequestError(f"vector {i}: token {e.args[0]!r} is not in the encoder vocabulary") from None
         else:
+            in_range = f"vector {i}: term ids must lie in [0, {self.index.vocab_size})"
             try:
-                terms = np.fromiter((int(key) for key in row), np.int64, len(row))
+                terms = np.array(list(map(int, row)), dtype=np.int64)
             except ValueError:
                 raise RequestError(f"vector {i}: keys must be term ids (this server has no encoder vocabulary), "
                                    f"got {next((k for k in row if not k.strip().lstrip('-').isdigit()), '?')!r}") from None
+            except OverflowError:
+                raise RequestError(in_range) from None
             if terms.size and not (0 <= terms.min() and terms.max() < self.index.vocab_size):
-                raise RequestError(f"vector {i}: term ids must lie in [0, {self.index.vocab_size})")
+                raise RequestError(in_range)
         keep = w > 0
         terms, w = terms[keep], w[keep]
         order = np.argsort(terms, kind="stable")
