@@ -138,15 +138,15 @@ def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_
              for q, judged in ds.qrels.items() for d in judged]
     (tmp_path / "triples.tsv").write_text("\n".join(lines) + "\n")
     cfg = config(tiny_model, beir, tmp_path / "tri", dataset=None, triples=str(tmp_path / "triples.tsv"),
-                 n_negatives=1, max_steps=2)
+                 n_negatives=1, max_steps=2, gradient_checkpointing=True)
     train(cfg)
     assert len((tmp_path / "tri" / "log.jsonl").read_text().splitlines()) == 2
     teacher = [f"{q}\t{d}\t{10.0 if d in ds.qrels[q] else (i % 7) / 7}" for q in ds.qrels for i, d in enumerate(ids)]
     (tmp_path / "teacher.tsv").write_text("\n".join(teacher) + "\n")
-    for loss, negatives, n in (("kl", "none", 3), ("margin_mse", "model", 1)):
+    for loss, negatives, n, separate in (("kl", "none", 3, True), ("margin_mse", "model", 1, False)):
         out = tmp_path / loss
         cfg = config(tiny_model, beir, out, loss=loss, teacher_scores=str(tmp_path / "teacher.tsv"),
-                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2)
+                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2, separate_towers=separate)
         trainer = Trainer(cfg)
         trainer.run()
         rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
@@ -155,6 +155,11 @@ def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_
             for e in batch:
                 assert len(e.negatives) == n and not set(e.negatives) & trainer.data.positives[e.qid]
     assert (tmp_path / "margin_mse" / "negatives" / "epoch-0.json").is_file()  # mined by the model itself
+    from lsr.encode.splade import SpladeEncoder
+
+    enc = SpladeEncoder.from_pretrained(tmp_path / "kl" / "model", device="cpu")  # query + document routes
+    assert enc.describe()["query_model"] is not None
+    assert not torch.equal(enc._towers["query"].weight, enc._towers["doc"].weight)  # trained apart
 
 
 def test_losses_against_hand_computation():
