@@ -33,12 +33,14 @@ def decoder_of(tower: Any) -> nn.Linear:
 
 
 class TrainableEncoder:
-    """Wraps a ``SpladeEncoder`` for training: ``parameters()``, ``train()`` / ``eval()``, ``encode(kind,
-    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``."""
+    """Wraps a ``SpladeEncoder`` for training: ``named_parameters()``, ``train()`` / ``eval()``, ``encode(kind,
+    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``. ``head`` replaces
+    the Sparton head (benchmarks compare a plain torch head)."""
 
     def __init__(self, encoder: Any, *, backend: str = "auto", deterministic: bool = False, bf16: bool = True,
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, head: Callable[..., torch.Tensor] | None = None) -> None:
         self.encoder = encoder
+        self.head = head or sparton_head  # (hidden, weight, bias, mask, backend, deterministic) -> [B, V]
         self.towers = {"query": encoder._towers["query"], "doc": encoder._towers["doc"]}
         self.decoders = {kind: decoder_of(t) for kind, t in self.towers.items()}
         self.backend, self.deterministic = backend, deterministic
@@ -97,7 +99,7 @@ class TrainableEncoder:
         mask = attention_mask.to(self.device, non_blocking=True)
         with self.autocast():
             hidden = tower.body(input_ids=ids, attention_mask=mask).logits
-            y = sparton_head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+            y = self.head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
         return activate(y.float(), tower.activation)
 
     def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],
