@@ -30,6 +30,7 @@ _LAZY = {
 }
 _SUBMODULES = {
     "cli", "config", "data", "encode", "evaluation", "index", "interop", "io", "pipeline", "runs", "search", "shards",
+    "train",
     "sparse", "synth",
 }
 
