@@ -84,13 +84,13 @@ class Trainer:
 
         cfg = self.cfg
         source = str(checkpoint) if checkpoint is not None else cfg.model
-        enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32,
-                                           max_length_query=cfg.max_length_query, max_length_doc=cfg.max_length_doc,
-                                           backend=cfg.head_backend, varlen=False)
+        # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
+        kw = {"device": self.device, "dtype": torch.float32, "max_length_query": cfg.max_length_query,
+              "max_length_doc": cfg.max_length_doc, "backend": cfg.head_backend, "varlen": False,
+              "attn_implementation": "eager" if cfg.deterministic else "sdpa"}
+        enc = SpladeEncoder.from_pretrained(source, **kw)
         if cfg.separate_towers and enc._towers["query"] is enc._towers["doc"]:
-            enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32, query_model=source,
-                                               max_length_query=cfg.max_length_query,
-                                               max_length_doc=cfg.max_length_doc, backend=cfg.head_backend, varlen=False)
+            enc = SpladeEncoder.from_pretrained(source, query_model=source, **kw)
         return enc
 
     def _negatives_for_epoch(self, epoch: int) -> None:
