@@ -186,6 +186,17 @@ def test_losses_against_hand_computation():
     assert losses.flops_weight(0.4, 5, 10) == pytest.approx(0.1) and losses.flops_weight(0.4, 12, 10) == 0.4
 
 
+def test_cli_trains_and_resumes(tiny_model, beir, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    out = tmp_path / "o"
+    path.write_text(f"model: {tiny_model}\noutput: {out}\ndataset: {beir}\nn_negatives: 0\nbatch_size: 4\n"
+                    "max_length_doc: 32\nmax_length_query: 16\nprogress: false\nsave_every: 1\nhead_backend: torch\n")
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=1"]) == 0
+    assert f"trained model written to {out / 'model'}" in capsys.readouterr().out
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=2", "--resume", "auto"]) == 0
+    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+
+
 @pytest.mark.parametrize("override, needle", [
     ("lr=-1", "config.lr"), ("loss=hinge", "config.loss must be one of"), ("bogus=1", "unknown key"),
     ("batch_size=two", "config.batch_size must be int"), ("loss=kl", "teacher_scores"),

@@ -50,7 +50,7 @@ class TrainableEncoder:
         for tower in self.unique_towers():
             tower.model.requires_grad_(True)
             if gradient_checkpointing:
-                tower.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                _checkpoint_activations(tower.model)
 
     def unique_towers(self) -> list[Any]:
         q, d = self.towers["query"], self.towers["doc"]
@@ -135,6 +135,14 @@ class TrainableEncoder:
             self.encode(kind, texts).backward(grad)
         _set_rng_state(self.device, after)
         return loss.detach(), logs, q.detach(), d.detach()
+
+
+def _checkpoint_activations(model: nn.Module) -> None:
+    """Recompute the backbone's activations in the backward (non-reentrant torch.utils.checkpoint)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
