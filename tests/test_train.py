@@ -70,7 +70,7 @@ def test_trains_reloads_and_matches_sentence_transformers(tiny_model, beir, tmp_
 
     out = tmp_path / "run"
     cfg = config(tiny_model, beir, out, max_steps=16, lr=1e-2, negatives="bm25", n_negatives=1,
-                 eval_dataset=str(beir), eval_split="dev", eval_every=16, eval_metrics=["nDCG@10"])
+                 eval_dataset=str(beir), eval_split="dev", eval_metrics=["nDCG@10"])
     path = train(cfg)
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 17))
