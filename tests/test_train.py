@@ -220,6 +220,31 @@ def test_shipped_train_configs_load():
         assert cfg.max_steps == 2 and cfg.dataset and cfg.model
 
 
+def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
+    """One batch through the Triton Sparton head (the interpreter on a CPU) and through the torch twin:
+    the same loss and the same parameter gradients within fp32 rounding."""
+    import os
+
+    from lsr.train.data import epoch_batches
+
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    kw = {"max_steps": 1, "batch_size": 3, "max_length_doc": 16, "max_length_query": 8, "bf16": False,
+          "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    out = []
+    for backend in ("triton", "torch"):
+        trainer = Trainer(config(tiny_model, beir, tmp_path / backend, head_backend=backend, **kw))
+        trainer.model.eval()  # no dropout
+        batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
+        loss, *_ = trainer.model.backward(trainer._loss_fn(batch), [trainer.data.queries[e.qid] for e in batch],
+                                          [trainer.data.docs[e.positive] for e in batch])
+        out.append((float(loss), [p.grad for _, p in trainer.model.named_parameters()]))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)
+    for got, want in zip(out[0][1], out[1][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.gpu
 def test_triton_deterministic_head_gives_identical_weights(tiny_model, beir, tmp_path):
     kw = {"max_steps": 3, "deterministic": True, "head_backend": "triton", "device": "cuda"}
