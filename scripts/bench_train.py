@@ -2,7 +2,7 @@
 and batch in one run:
 
 * ``lsr``: lsr.train's TrainableEncoder, the Sparton head (Triton on CUDA; never builds [B, S, V]);
-* ``torch_head``: the same encoder with the plain torch head (full [B, S, V] logits, masked max);
+* ``torch_head``: the same encoder with a plain torch head (bf16 [B, S, V] logits under autocast, masked max);
 * ``st``: sentence-transformers 6.x SparseEncoder (Transformer fill-mask + SpladePooling max) with
   SpladeLoss(SparseMultipleNegativesRankingLoss) in a manual loop (no Trainer: `datasets` /
   `accelerate` are not needed); skipped with a reason when sentence-transformers does not import.
@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, time_calls
+from lsr.encode.kernels.sparton import torch_sparton_head
 from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
 from lsr.train import losses
 
@@ -81,7 +82,11 @@ def lsr_step(folder: Path, device: str, backend: str) -> Callable[[dict, dict], 
     from lsr.train.model import TrainableEncoder
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
-    model = TrainableEncoder(enc, backend=backend, bf16=True).train()
+    head = None
+    if backend == "torch":  # what an HF head does under autocast: bf16 [B, S, V] logits, masked max
+        def head(h, w, b, m, *_):
+            return torch_sparton_head(h, w, b, m, upcast=False)
+    model = TrainableEncoder(enc, backend="auto", bf16=True, head=head).train()
     opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5)
 
     def step(q: dict, d: dict) -> None:

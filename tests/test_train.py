@@ -70,7 +70,7 @@ def test_trains_reloads_and_matches_sentence_transformers(tiny_model, beir, tmp_
 
     out = tmp_path / "run"
     cfg = config(tiny_model, beir, out, max_steps=16, lr=1e-2, negatives="bm25", n_negatives=1,
-                 eval_dataset=str(beir), eval_split="dev", eval_every=16, eval_metrics=["nDCG@10"])
+                 eval_dataset=str(beir), eval_split="dev", eval_metrics=["nDCG@10"])
     path = train(cfg)
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 17))
@@ -138,15 +138,15 @@ def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_
              for q, judged in ds.qrels.items() for d in judged]
     (tmp_path / "triples.tsv").write_text("\n".join(lines) + "\n")
     cfg = config(tiny_model, beir, tmp_path / "tri", dataset=None, triples=str(tmp_path / "triples.tsv"),
-                 n_negatives=1, max_steps=2)
+                 n_negatives=1, max_steps=2, gradient_checkpointing=True)
     train(cfg)
     assert len((tmp_path / "tri" / "log.jsonl").read_text().splitlines()) == 2
     teacher = [f"{q}\t{d}\t{10.0 if d in ds.qrels[q] else (i % 7) / 7}" for q in ds.qrels for i, d in enumerate(ids)]
     (tmp_path / "teacher.tsv").write_text("\n".join(teacher) + "\n")
-    for loss, negatives, n in (("kl", "none", 3), ("margin_mse", "model", 1)):
+    for loss, negatives, n, separate in (("kl", "none", 3, True), ("margin_mse", "model", 1, False)):
         out = tmp_path / loss
         cfg = config(tiny_model, beir, out, loss=loss, teacher_scores=str(tmp_path / "teacher.tsv"),
-                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2)
+                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2, separate_towers=separate)
         trainer = Trainer(cfg)
         trainer.run()
         rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
@@ -155,6 +155,11 @@ def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_
             for e in batch:
                 assert len(e.negatives) == n and not set(e.negatives) & trainer.data.positives[e.qid]
     assert (tmp_path / "margin_mse" / "negatives" / "epoch-0.json").is_file()  # mined by the model itself
+    from lsr.encode.splade import SpladeEncoder
+
+    enc = SpladeEncoder.from_pretrained(tmp_path / "kl" / "model", device="cpu")  # query + document routes
+    assert enc.describe()["query_model"] is not None
+    assert not torch.equal(enc._towers["query"].weight, enc._towers["doc"].weight)  # trained apart
 
 
 def test_losses_against_hand_computation():
@@ -181,6 +186,17 @@ def test_losses_against_hand_computation():
     assert losses.flops_weight(0.4, 5, 10) == pytest.approx(0.1) and losses.flops_weight(0.4, 12, 10) == 0.4
 
 
+def test_cli_trains_and_resumes(tiny_model, beir, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    out = tmp_path / "o"
+    path.write_text(f"model: {tiny_model}\noutput: {out}\ndataset: {beir}\nn_negatives: 0\nbatch_size: 4\n"
+                    "max_length_doc: 32\nmax_length_query: 16\nprogress: false\nsave_every: 1\nhead_backend: torch\n")
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=1"]) == 0
+    assert f"trained model written to {out / 'model'}" in capsys.readouterr().out
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=2", "--resume", "auto"]) == 0
+    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+
+
 @pytest.mark.parametrize("override, needle", [
     ("lr=-1", "config.lr"), ("loss=hinge", "config.loss must be one of"), ("bogus=1", "unknown key"),
     ("batch_size=two", "config.batch_size must be int"), ("loss=kl", "teacher_scores"),
@@ -202,6 +218,31 @@ def test_shipped_train_configs_load():
     for p in paths:
         cfg = load_train_config(p, ["max_steps=2"])
         assert cfg.max_steps == 2 and cfg.dataset and cfg.model
+
+
+def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
+    """One batch through the Triton Sparton head (the interpreter on a CPU) and through the torch twin:
+    the same loss and the same parameter gradients within fp32 rounding."""
+    import os
+
+    from lsr.train.data import epoch_batches
+
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    kw = {"max_steps": 1, "batch_size": 3, "max_length_doc": 16, "max_length_query": 8, "bf16": False,
+          "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    out = []
+    for backend in ("triton", "torch"):
+        trainer = Trainer(config(tiny_model, beir, tmp_path / backend, head_backend=backend, **kw))
+        trainer.model.eval()  # no dropout
+        batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
+        loss, *_ = trainer.model.backward(trainer._loss_fn(batch), [trainer.data.queries[e.qid] for e in batch],
+                                          [trainer.data.docs[e.positive] for e in batch])
+        out.append((float(loss), [p.grad for _, p in trainer.model.named_parameters()]))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)
+    for got, want in zip(out[0][1], out[1][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.gpu

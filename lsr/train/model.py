@@ -33,12 +33,14 @@ def decoder_of(tower: Any) -> nn.Linear:
 
 
 class TrainableEncoder:
-    """Wraps a ``SpladeEncoder`` for training: ``parameters()``, ``train()`` / ``eval()``, ``encode(kind,
-    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``."""
+    """Wraps a ``SpladeEncoder`` for training: ``named_parameters()``, ``train()`` / ``eval()``, ``encode(kind,
+    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``. ``head`` replaces
+    the Sparton head (benchmarks compare a plain torch head)."""
 
     def __init__(self, encoder: Any, *, backend: str = "auto", deterministic: bool = False, bf16: bool = True,
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, head: Callable[..., torch.Tensor] | None = None) -> None:
         self.encoder = encoder
+        self.head = head or sparton_head  # (hidden, weight, bias, mask, backend, deterministic) -> [B, V]
         self.towers = {"query": encoder._towers["query"], "doc": encoder._towers["doc"]}
         self.decoders = {kind: decoder_of(t) for kind, t in self.towers.items()}
         self.backend, self.deterministic = backend, deterministic
@@ -48,7 +50,7 @@ class TrainableEncoder:
         for tower in self.unique_towers():
             tower.model.requires_grad_(True)
             if gradient_checkpointing:
-                tower.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                _checkpoint_activations(tower.model)
 
     def unique_towers(self) -> list[Any]:
         q, d = self.towers["query"], self.towers["doc"]
@@ -97,7 +99,7 @@ class TrainableEncoder:
         mask = attention_mask.to(self.device, non_blocking=True)
         with self.autocast():
             hidden = tower.body(input_ids=ids, attention_mask=mask).logits
-            y = sparton_head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+            y = self.head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
         return activate(y.float(), tower.activation)
 
     def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],
@@ -133,6 +135,14 @@ class TrainableEncoder:
             self.encode(kind, texts).backward(grad)
         _set_rng_state(self.device, after)
         return loss.detach(), logs, q.detach(), d.detach()
+
+
+def _checkpoint_activations(model: nn.Module) -> None:
+    """Recompute the backbone's activations in the backward (non-reentrant torch.utils.checkpoint)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -58,9 +58,8 @@ class Trainer:
 
         self.cfg, self.out = cfg, Path(cfg.output)
         self.device = torch.device(resolve_device(cfg.device))
-        if cfg.deterministic:
+        if cfg.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
         _seed_everything(cfg.seed)
         self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints") if cfg.resume else None
         self.model = TrainableEncoder(self._load_encoder(self.resume_from), backend=cfg.head_backend,
@@ -85,13 +84,13 @@ class Trainer:
 
         cfg = self.cfg
         source = str(checkpoint) if checkpoint is not None else cfg.model
-        enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32,
-                                           max_length_query=cfg.max_length_query, max_length_doc=cfg.max_length_doc,
-                                           backend=cfg.head_backend, varlen=False)
+        # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
+        kw = {"device": self.device, "dtype": torch.float32, "max_length_query": cfg.max_length_query,
+              "max_length_doc": cfg.max_length_doc, "backend": cfg.head_backend, "varlen": False,
+              "attn_implementation": "eager" if cfg.deterministic else "sdpa"}
+        enc = SpladeEncoder.from_pretrained(source, **kw)
         if cfg.separate_towers and enc._towers["query"] is enc._towers["doc"]:
-            enc = SpladeEncoder.from_pretrained(source, device=self.device, dtype=torch.float32, query_model=source,
-                                               max_length_query=cfg.max_length_query,
-                                               max_length_doc=cfg.max_length_doc, backend=cfg.head_backend, varlen=False)
+            enc = SpladeEncoder.from_pretrained(source, query_model=source, **kw)
         return enc
 
     def _negatives_for_epoch(self, epoch: int) -> None:
@@ -254,12 +253,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> Path:
+        """Train to the last step; returns the final model folder (OUTPUT/model)."""
+        before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        if self.cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return self._run()
+        finally:  # a process-wide switch: leave it as it was
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+    def _run(self) -> Path:
         cfg = self.cfg
         final = self.out / "model"
         earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
                    if p.exists()]
-        if self.resume_from is None and earlier:
-            if not cfg.overwrite:
+        if self.resume_from is None and earlier:  # resume: auto before any checkpoint starts the run again
+            if not (cfg.overwrite or (cfg.resume == "auto" and not final.exists())):
                 raise FileExistsError(f"{self.out} holds an earlier run ({earlier[0].name}); set resume: auto to "
                                       "continue it, overwrite: true to start again, or choose another output")
             for name in ("log.jsonl", "eval.jsonl"):
