@@ -30,7 +30,7 @@ _LAZY = {
 }
 _SUBMODULES = {
     "cli", "config", "data", "encode", "evaluation", "index", "interop", "io", "pipeline", "runs", "search", "shards",
-    "train", "sparse", "synth", "serve",
+    "train", "sparse", "synth", "serve", "rerank",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
