@@ -140,7 +140,7 @@ ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_q
 plt.tight_layout(); plt.savefig(FIG / 'e2e.png', dpi=110); plt.show()
 {'total_s': round(e2e['total_s'], 2), 'baseline_runs_eval_s': round(sum(e2e['baseline_s'].values()), 2), **e2e['meta']}"""
 
-TRAIN = """train = csvs('bench_train*.csv')
+TRAIN = """train = pd.DataFrame([r for p in sorted(BENCH.glob('bench_train*.json')) for r in json.loads(p.read_text())['rows']])
 logs = {p.parent.name: pd.read_json(p, lines=True) for p in sorted(BENCH.glob('train/*/log.jsonl'))}
 fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
 if len(train):
@@ -157,8 +157,16 @@ if logs:
 plt.tight_layout(); plt.savefig(FIG / 'train.png', dpi=110); plt.show()
 train[['model', 'impl', 'B', 'ms', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
 
+MAXSIM = """rows = pd.DataFrame(json.loads((BENCH / 'bench_maxsim.json').read_text())['rows'])
+ok = rows[rows.status == 'ok']
+table = ok[ok.case == 'colbert'].pivot_table(index='method', columns='mode', values='ms')
+ax = table.plot.barh(figsize=(8, 3.5), logx=True)
+ax.set_xlabel('ms (log)'); ax.set_title('MaxSim rerank: 500 queries x 1000 candidates, Lq=32, Ld 180-300, d=128, bf16 (H100)')
+plt.tight_layout(); plt.savefig(FIG / 'maxsim.png', dpi=110); plt.show()
+table"""
+
 BENCHMARKS = [
-    new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200; see "
+    new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
     new_code_cell(BENCH_SETUP),
     new_markdown_cell("## Sparton head: time and peak extra memory per case"),
@@ -177,6 +185,8 @@ BENCHMARKS = [
     new_code_cell(E2E),
     new_markdown_cell("## Training: step time and largest batch (lsr.train vs sentence-transformers), loss curves"),
     new_code_cell(TRAIN),
+    new_markdown_cell("## Late interaction: fused MaxSim vs flash-maxsim, einsum and torch.compile"),
+    new_code_cell(MAXSIM),
 ]
 
 
