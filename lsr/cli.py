@@ -264,13 +264,13 @@ def _add_encode_command(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards", cmd_encode)
     p.add_argument("--dataset", required=True, help="ir_datasets id or local folder")
     p.add_argument("--out", required=True, help="vector directory to write (resumed when it exists)")
+    _add_encoder_args(p)
     p.add_argument("--queries", action="store_true", help="encode the queries instead of the documents")
     p.add_argument("--shard-rows", type=int, default=100_000, help="documents per shard (the resume granularity)")
     p.add_argument("--doc-top-k", type=int, default=None, help="keep each document's k largest weights")
     p.add_argument("--tokenize-workers", type=int, default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
-    _add_encoder_args(p)
 
 
 def _add_index_command(sub: argparse._SubParsersAction) -> None:
