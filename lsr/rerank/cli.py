@@ -37,12 +37,16 @@ def register(sub: argparse._SubParsersAction, command) -> None:
 
 def cmd_rerank(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
+    from lsr.provenance import check_not_inside
 
     for name in ("k", "batch_size", "query_batch"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if Path(args.out).exists() and not args.overwrite:
         raise UsageError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
+    if not Path(args.run).is_file():
+        raise FileNotFoundError(f"--run {args.run}: no such run file (a TREC or MS MARCO run, e.g. from lsr search)")
+    check_not_inside(args.out, [args.run, args.model, args.dataset], "--out")
     if args.no_cache and args.cache:
         raise UsageError("--cache and --no-cache contradict each other; pass one")
     n_queries = rerank_to_file(args.run, args.model, args.dataset, args.out, k=args.k, split=args.split,
