@@ -131,8 +131,14 @@ def test_lsr_rerank_errors(models, tmp_path, capsys):
     assert main(["rerank", "--run", str(bad), "--out", str(tmp_path / "o1"), *base]) == 1
     assert "not in the dataset" in capsys.readouterr().err
     assert main(["rerank", "--run", str(path), "--out", str(tmp_path / "o2"), "--k", "0", *base]) == 2
-    assert main(["rerank", "--run", str(path), "--out", str(tmp_path / "o3"), *base[:1], str(tmp_path), *base[2:]]) == 1
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    assert main(["rerank", "--run", str(path), "--out", str(tmp_path / "o3"), *base[:1], str(empty), *base[2:]]) == 1
     assert "no model.safetensors" in capsys.readouterr().err
+    assert main(["rerank", "--run", str(tmp_path / "none.trec"), "--out", str(tmp_path / "o4"), *base]) == 1
+    assert "no such run file" in capsys.readouterr().err
+    assert main(["rerank", "--run", str(path), "--out", str(empty / "r.trec"), *base[:1], str(empty), *base[2:]]) == 1
+    assert "never writes into its inputs" in capsys.readouterr().err
 
 
 def test_lsr_run_bm25_then_rerank(models, tmp_path):
