@@ -28,8 +28,6 @@ so do ids that a run file cannot hold (empty, whitespace, control or invisible c
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +40,9 @@ from lsr.provenance import file_origin
 
 __all__ = [
     "BUILTIN",
+    "LOCAL_HINT",
+    "OFFLINE_VARS",
+    "check_new",
     "Dataset",
     "DatasetUnavailableError",
     "data_root",
@@ -59,8 +60,8 @@ Qrels = dict[str, dict[str, int]]
 DocsIter = Iterator[tuple[str, str]]
 
 _MSMARCO_PASSAGE_DOCS = 8_841_823  # ir_datasets / MS MARCO v1 passage collection size
-_OFFLINE_VARS = ("LSR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-_LOCAL_HINT = ("or use a local folder: load_dataset('path/to/folder[:split]') with the BEIR layout (corpus.jsonl, "
+OFFLINE_VARS = ("LSR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+LOCAL_HINT = ("or use a local folder: load_dataset('path/to/folder[:split]') with the BEIR layout (corpus.jsonl, "
                "queries.jsonl, qrels/<split>.tsv) or the TSV layout (collection.tsv, queries.tsv, qrels.tsv)")
 
 
@@ -94,7 +95,7 @@ class Dataset:
 
 
 # ---------------------------------------------------------------------------------------- file readers
-def _check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
+def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
     if key in seen:
         raise ValueError(f"{where}: duplicate {what} {key!r}")
 
@@ -104,7 +105,7 @@ def read_topics_tsv(path: PathLike) -> dict[str, str]:
     out: dict[str, str] = {}
     for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
         check_id(qid, "query id", f"{path}:{n}")
-        _check_new(out, qid, "query id", f"{path}:{n}")
+        check_new(out, qid, "query id", f"{path}:{n}")
         out[qid] = text
     return out
 
@@ -128,7 +129,7 @@ def read_beir_queries(path: PathLike) -> dict[str, str]:
     for n, obj in _read_jsonl(path):
         qid = str(obj["_id"])
         check_id(qid, "query id", f"{path}:{n}")
-        _check_new(out, qid, "query id", f"{path}:{n}")
+        check_new(out, qid, "query id", f"{path}:{n}")
         out[qid] = str(obj.get("text", "")).strip()
     return out
 
@@ -144,7 +145,7 @@ def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -
         except ValueError:
             raise ValueError(f"{path}:{n}: relevance {grade!r} is not an integer") from None
         docs = qrels.setdefault(qid, {})
-        _check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
+        check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
         docs[docno] = rel
     return qrels
 
@@ -188,7 +189,7 @@ def _find(folder: Path, name: str) -> Path | None:
 def unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
     seen: set[str] = set()  # ~100 bytes per id: fine for MS MARCO-sized corpora on a GPU host
     for doc_id, text in docs:
-        _check_new(seen, doc_id, "doc id", str(source))
+        check_new(seen, doc_id, "doc id", str(source))
         seen.add(doc_id)
         yield doc_id, text
 
@@ -317,119 +318,14 @@ def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
         return unique_docs(_tsv_collection(collection), collection)
     hint = (f"docs for msmarco-passage need ir_datasets' collection or a local collection.tsv "
             f"(docno<TAB>text, e.g. from MS MARCO's collectionandqueries.tar.gz) at {folder / 'collection.tsv'}")
-    return _ir_docs("msmarco-passage", download, hint)
+    from lsr.interop.ir_datasets_source import ir_docs
 
-
-# ---------------------------------------------------------------------------------------- ir_datasets
-class _Blocked(Exception):
-    pass
-
-
-def _describe_download(dl: Any) -> str:
-    urls = [getattr(m, "url", None) or getattr(m, "uri", None) for m in getattr(dl, "mirrors", [])]
-    local = [str(m._path) for m in getattr(dl, "mirrors", []) if hasattr(m, "_path")]  # ir_datasets LocalDownload
-    target = getattr(dl, "_cache_path", None)
-    where = " or ".join(str(p) for p in [target, *local] if p and p != os.devnull)
-    return f"{', '.join(u for u in urls if u) or '(no public URL)'} -> place it at {where or '(unknown path)'}"
-
-
-@contextlib.contextmanager
-def _ir_datasets_guard(spec: str, what: str, download: bool, hint: str = "") -> Iterator[None]:
-    """Turn ir_datasets download failures into DatasetUnavailableError naming the files to place.
-
-    With ``download=False`` the download is refused *before* any network access (an unreachable host
-    could otherwise cost ir_datasets' 15 s timeout x retries x mirrors). This patches ir_datasets'
-    ``Download`` class while the block runs (not thread-safe across concurrent loads).
-    """
-    from ir_datasets.util import download as irds_dl
-    from ir_datasets.util import home_path
-
-    attempted: list[str] = []
-    original = irds_dl.Download.path
-
-    def path(self: Any, force: bool = True) -> Any:
-        if force and getattr(self, "_path", None) is None:
-            cache = getattr(self, "_cache_path", None)
-            have = (cache and os.path.exists(cache)) or any(
-                hasattr(m, "_path") and Path(m._path).exists() for m in self.mirrors)
-            if not have:
-                attempted.append(_describe_download(self))
-                if not download:
-                    raise _Blocked()
-        return original(self, force)
-
-    irds_dl.Download.path = path
-    try:
-        yield
-    except DatasetUnavailableError:
-        raise
-    except (_Blocked, OSError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "download" not in str(e).lower():
-            raise
-        reason = ("downloads are disabled (download=False or " + "/".join(_OFFLINE_VARS) + " set)"
-                  if isinstance(e, _Blocked) else f"the download failed: {type(e).__name__}: {str(e)[:300]}")
-        files = "".join(f"\n  - {a}" for a in attempted) or f"\n  - (see the ir_datasets log above; {e!r})"
-        raise DatasetUnavailableError(
-            (f"{hint}.\n" if hint else "")
-            + f"ir_datasets cannot provide the {what} of {spec!r}: {reason}. Missing file(s):{files}\n"
-            f"ir_datasets' home is {home_path()} (IR_DATASETS_HOME, read when ir_datasets is imported); {_LOCAL_HINT}."
-        ) from (None if isinstance(e, _Blocked) else e)
-    finally:
-        irds_dl.Download.path = original
-
-
-def _import_ir_datasets(spec: str) -> Any:
-    try:
-        import ir_datasets
-    except ImportError:
-        raise DatasetUnavailableError(f"{spec!r} looks like an ir_datasets id but ir_datasets is not installed "
-                                      f"(pip install ir_datasets), {_LOCAL_HINT}") from None
-    return ir_datasets
-
-
-def _ir_docs(spec: str, download: bool, hint: str = "") -> DocsIter:
-    ds = _import_ir_datasets(spec).load(spec)
-    with _ir_datasets_guard(spec, "documents", download, hint):
-        it = iter(ds.docs_iter())
-        first = next(it, None)  # opening the files (the download, if any) happens here
-    if first is None:
-        return
-    for doc in itertools.chain([first], it):
-        check_id(doc.doc_id, "doc id", spec)
-        yield doc.doc_id, doc.default_text().strip()
-
-
-def _load_ir_datasets(spec: str, download: bool) -> Dataset:
-    irds = _import_ir_datasets(spec)
-    try:
-        ds = irds.load(spec)
-    except KeyError:
-        raise ValueError(f"{spec!r} is neither an existing folder nor a known ir_datasets id "
-                         "(see https://ir-datasets.com)") from None
-    queries: dict[str, str] = {}
-    qrels: Qrels = {}
-    if ds.has_queries():
-        with _ir_datasets_guard(spec, "queries", download):
-            for q in ds.queries_iter():
-                check_id(q.query_id, "query id", spec)
-                _check_new(queries, q.query_id, "query id", spec)
-                queries[q.query_id] = q.default_text().strip()
-    if ds.has_qrels():
-        with _ir_datasets_guard(spec, "qrels", download):
-            qrels = qrels_from_rows(((0, q.query_id, q.doc_id, str(q.relevance)) for q in ds.qrels_iter()), spec)
-    n_docs = None
-    if ds.has_docs():
-        # the count is optional: never download for it
-        with contextlib.suppress(DatasetUnavailableError), _ir_datasets_guard(spec, "document count", download=False):
-            n_docs = ds.docs_count()
-    return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=n_docs,
-                   docs_source=(lambda: _ir_docs(spec, download)) if ds.has_docs() else None,
-                   docs_origin={"ir_datasets": irds.docs_parent_id(spec)} if ds.has_docs() else {})
+    return ir_docs("msmarco-passage", download, hint)
 
 
 # ---------------------------------------------------------------------------------------- entry point
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no") for v in _OFFLINE_VARS)
+    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no") for v in OFFLINE_VARS)
 
 
 def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download: bool | None = None) -> Dataset:
@@ -460,4 +356,6 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
         ds = _load_builtin(ds_id, entry, root, allow)
         if ds is not None:
             return ds
-    return _load_ir_datasets(ds_id, allow)
+    from lsr.interop.ir_datasets_source import load_ir_dataset
+
+    return load_ir_dataset(ds_id, allow)
