@@ -69,7 +69,14 @@ def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
                                        "metrics: [nDCG@10, R@20]\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("not lsr's")
+    pytest.importorskip("transformers")
+    from lsr.testing import save_tiny_mlm
+
+    model = save_tiny_mlm("roberta", tmp_path / "roberta", data_dir)
+    splade = ("--set", "encoder.kind=splade", "--set", f"encoder.model={model}", "--set", "encoder.max_length_doc=48",
+              "--set", "encoder.batch_size=5")  # 5 does not divide a rank's 24 documents
     _spawn([(_job(tmp_path, "dist"), str(tmp_path / "log-dist")),
+            (_job(tmp_path, "dist-splade", *splade), str(tmp_path / "log-splade")),
             (_job(tmp_path, "foreign"), str(tmp_path / "log-foreign")),  # rank 0 refuses the folder
             # rank 0 fails after encoding and indexing: the queries file is missing
             (_job(tmp_path, "midway", "--set", f"search.query_vectors={tmp_path / 'none.tsv'}"), str(tmp_path / "log-mid")),
@@ -92,6 +99,17 @@ def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
     assert _files(dist_out / "encoder") == _files(tmp_path / "one-sharded" / "encoder")
     assert _files(dist_out / "index") == _files(tmp_path / "one-sharded" / "index")
     assert "partitions: 2" in (dist_out / "config.yaml").read_text()  # one per rank by default
+
+    assert [g["rc"] for g in _logs(tmp_path / "log-splade")] == [0, 0]
+    assert main(_job(tmp_path, "one-splade", *splade, "--set", "index.partitions=2")) == 0
+    assert len((tmp_path / "dist-splade" / "run.trec").read_text().splitlines()) > 6 * 10
+    for name in ("run.trec", "metrics.json", "doc_vectors", "index"):
+        got, want = tmp_path / "dist-splade" / name, tmp_path / "one-splade" / name
+        if name == "metrics.json":
+            assert json.loads(got.read_text())["metrics"] == json.loads(want.read_text())["metrics"]
+        else:
+            assert (_files(got) if got.is_dir() else got.read_bytes()) == (
+                _files(want) if want.is_dir() else want.read_bytes()), name
 
     for prefix, rc, rank0_says, rank1_says in (
             ("log-foreign", 1, "was not written by lsr run", "another rank failed to claim the output folder"),
