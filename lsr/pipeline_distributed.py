@@ -55,7 +55,9 @@ def job_partitions(cfg: RunConfig, world_size: int) -> int:
 
 def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     """``run_pipeline`` on every rank of the current torchrun job (collective); returns rank 0's result
-    on every rank. Joins the process group and leaves it when done."""
+    on every rank. Joins the process group torchrun describes (and leaves it when done) unless the
+    caller already has."""
+    joined = not dist.is_initialized()
     dev = str(init_distributed(resolve_device(cfg.device)))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -72,7 +74,8 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
         result = _index_search_write(cfg, dataset, vectors, encoder, doc_meta, dev, timings)
         return json.loads(broadcast_text(json.dumps(result) if rank == 0 else None, RESULT_LIMIT))
     finally:
-        dist.destroy_process_group()
+        if joined:
+            dist.destroy_process_group()
 
 
 def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, float]) -> tuple[Any, Any, Any]:

@@ -123,3 +123,19 @@ def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
         assert rank0_says in errors[0] and rank1_says in errors[1], errors
     assert not (tmp_path / "midway" / "run.trec").exists()
     assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["notes.txt"]  # untouched
+
+
+@pytest.mark.gpu
+def test_lsr_run_on_two_ranks_sharing_one_gpu(tmp_path, data_dir):
+    """The shipped SPLADE model, Triton search paths: 2 ranks on one GPU (gloo) == one process."""
+    write_scifact_slice(tmp_path / "scifact", data_dir, n_other=400)
+    (tmp_path / "job.yaml").write_text(f"name: gpu\ndataset: {tmp_path / 'scifact'}\nencoder:\n  kind: splade\n"
+                                       f"  model: {data_dir / 'models' / 'splade-tiny'}\n")
+    on_gpu = ("--set", "device=cuda", "--set", "search.backend=auto", "--set", "search.k=100")
+    _spawn([(_job(tmp_path, "dist", *on_gpu), str(tmp_path / "log"))])
+    assert [g["rc"] for g in _logs(tmp_path / "log")] == [0, 0], _logs(tmp_path / "log")
+    assert main(_job(tmp_path, "one", *on_gpu, "--set", "index.partitions=2")) == 0
+    assert main(_job(tmp_path, "plain", *on_gpu)) == 0
+    for single in ("one", "plain"):
+        assert (tmp_path / "dist" / "run.trec").read_bytes() == (tmp_path / single / "run.trec").read_bytes(), single
+    assert _files(tmp_path / "dist" / "doc_vectors") == _files(tmp_path / "one" / "doc_vectors")
