@@ -7,7 +7,8 @@
 * every rank builds its partitions of the sharded index (``index.partitions``; default one per rank);
 * rank 0 encodes the queries, every rank searches its partitions (``DistributedSearcher``: rank 0's
   queries broadcast, the per-rank top-k merged exactly);
-* rank 0 alone writes run.trec, run.msmarco.tsv and metrics.json, and every rank returns its result.
+* rank 0 alone writes run.trec, run.msmarco.tsv and metrics.json (and runs a configured rerank stage
+  while the others wait), and every rank returns its result.
 
 Each step is wrapped in ``lsr.distributed.agree``: a failure on one rank fails every rank (with the
 failing rank's error there and "another rank failed" elsewhere) instead of leaving the others waiting.
