@@ -204,21 +204,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lsr.config import load_config
-    from lsr.distributed import is_distributed
     from lsr.pipeline import run_pipeline
 
-    if is_distributed():
-        raise UsageError("lsr run is one process; under torchrun run its steps: lsr encode, lsr index --partitions N, "
-                         "lsr search (docs/scaling.md)")
     try:
         cfg = load_config(args.config, args.set or ())
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     _check_json_out(args.json, [args.config, cfg.dataset, cfg.dataset.rsplit(":", 1)[0]])
-    result = run_pipeline(cfg, overwrite=args.overwrite)
-    print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
-          f"run written to {result['files']['run_trec']}")
-    _print_metrics(result["metrics"], args.json)
+    result = run_pipeline(cfg, overwrite=args.overwrite)  # under torchrun: every rank, rank 0's result
+    if int(os.environ.get("RANK", "0")) == 0:  # one rank of a torchrun job reports
+        print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
+              f"run written to {result['files']['run_trec']}")
+        _print_metrics(result["metrics"], args.json)
     if args.check and cfg.expected:
         bad = {m: (result["metrics"].get(m), v) for m, v in cfg.expected.items()
                if result["metrics"].get(m) is None or abs(result["metrics"][m] - v) > cfg.tolerance}

@@ -17,7 +17,9 @@ from typing import Any
 from lsr.config import EncoderConfig, RunConfig
 from lsr.io import atomic_write_text
 
-__all__ = ["build_encoder", "load_query_vectors", "resolve_device", "run_pipeline"]
+__all__ = ["build_encoder", "claim_output", "doc_encoder", "encode_documents", "encode_queries", "job_origin",
+           "load_query_vectors", "read_doc_vectors", "resolve_device", "run_pipeline", "timed_step",
+           "write_results"]
 
 log = logging.getLogger("lsr")
 
@@ -34,7 +36,7 @@ def resolve_device(device: str | None) -> str:
 
 
 @contextmanager
-def _step(name: str, timings: dict[str, float]) -> Iterator[None]:
+def timed_step(name: str, timings: dict[str, float]) -> Iterator[None]:
     log.info("%s ...", name)
     t0 = time.perf_counter()
     yield
@@ -75,15 +77,48 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 
-def _encode_docs(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, origin: dict[str, Any]) -> dict[str, Any]:
-    """Write document vectors to ``out`` and return the manifest. A complete directory is reused only
-    when it was written with the same encoder settings (encode_corpus / ShardWriter check them)."""
+def encode_documents(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, origin: dict[str, Any]) -> dict[str, Any]:
+    """Write document vectors to ``out`` and return the manifest; collective in a torchrun job (every rank
+    encodes its slice, the folder equals one process's). A complete directory is reused only when it was
+    written with the same encoder settings (encode_corpus / ShardWriter check them)."""
+    from lsr.distributed import rank_and_size
     from lsr.encode.corpus import encode_corpus
+    from lsr.encode.distributed import encode_corpus_distributed
 
-    return encode_corpus(encoder, dataset.docs_iter(), out, batch_size=cfg.encoder.batch_size,
-                         shard_rows=cfg.encoder.shard_rows, resume=True, n_docs=dataset.n_docs,
-                         doc_top_k=cfg.encoder.doc_top_k, tokenize_workers=cfg.encoder.tokenize_workers,
-                         origin=origin)
+    kw = {"batch_size": cfg.encoder.batch_size, "shard_rows": cfg.encoder.shard_rows, "resume": True,
+          "doc_top_k": cfg.encoder.doc_top_k, "tokenize_workers": cfg.encoder.tokenize_workers, "origin": origin}
+    rank, world = rank_and_size()
+    if world == 1:
+        return encode_corpus(encoder, dataset.docs_iter(), out, n_docs=dataset.n_docs, **kw)
+    n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
+    return encode_corpus_distributed(encoder, dataset.docs_iter(), out, n_docs, show_progress_bar=rank == 0, **kw)
+
+
+def doc_encoder(cfg: RunConfig, dataset: Any, out: Path, origin: dict[str, Any], device: str, fit: bool = True) -> Any:
+    """The configured encoder; BM25 fitted on the corpus (or an earlier fit of the same documents
+    reused) when ``fit``, else loaded from ``out/encoder`` (where a fitting rank saved it)."""
+    encoder = build_encoder(cfg.encoder, device)
+    if cfg.encoder.kind != "bm25":
+        return encoder
+    if fit:
+        return _fit_lexical(encoder, dataset, out / "encoder", origin)
+    from lsr.encode.lexical import LexicalEncoder
+
+    return LexicalEncoder.load(out / "encoder")
+
+
+def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(the job's query vectors, the encoder description search checks against the index, or None for
+    pre-encoded queries, which keep only the dataset's queries when it has any)."""
+    if cfg.search.query_vectors:
+        vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
+        queries = load_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)
+        keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
+        return (queries[keep] if keep is not None and len(keep) < len(queries) else queries), None
+    if encoder is None:
+        raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
+    qids = list(dataset.queries)
+    return encoder.encode_query([dataset.queries[q] for q in qids], ids=qids), encoder.describe()
 
 
 def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
@@ -91,14 +126,18 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
 
     ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
     documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
-    not write or one made for other documents (lsr's own artefacts in it are recomputed).
+    not write or one made for other documents (lsr's own artefacts in it are recomputed). Under torchrun
+    every rank runs it (``lsr.pipeline_distributed``) and every rank returns rank 0's result.
     """
+    from lsr.distributed import is_distributed
+
+    if is_distributed():
+        from lsr.pipeline_distributed import run_pipeline_distributed
+
+        return run_pipeline_distributed(cfg, overwrite)
     import torch
 
-    from lsr import runs
     from lsr.data import load_dataset
-    from lsr.evaluation.topk import evaluate_topk
-    from lsr.index.inverted import InvertedIndex
     from lsr.search.searcher import Searcher
     from lsr.shards import read_vectors
 
@@ -106,73 +145,76 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     out = Path(cfg.output)
     timings: dict[str, float] = {}
     dataset = load_dataset(cfg.dataset, cfg.split)
-    origin = _claim_output(cfg, dataset, out, overwrite)
-    cfg.save(out / "config.yaml")
-    qids = list(dataset.queries)
+    origin = claim_output(cfg, dataset, out, overwrite)
     encoder = None
-
-    with _step("encode documents", timings):
+    with timed_step("encode documents", timings):
         doc_meta = None
         if cfg.search.doc_vectors:
-            docs = _read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
+            docs = read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
         else:
-            encoder = build_encoder(cfg.encoder, device)
-            if cfg.encoder.kind == "bm25":
-                encoder = _fit_lexical(encoder, dataset, out / "encoder", origin)
-            manifest = _encode_docs(cfg, dataset, encoder, out / "doc_vectors", origin)
+            encoder = doc_encoder(cfg, dataset, out, origin, device)
+            doc_meta = encode_documents(cfg, dataset, encoder, out / "doc_vectors", origin).get("metadata")
             docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
-            doc_meta = manifest.get("metadata")
-    with _step("build index", timings):
-        if cfg.index.partitions > 1:  # sharded: built and saved partition by partition, then loaded
-            from lsr.index.sharded import ShardedIndex
-
-            ShardedIndex.build(docs, cfg.index.partitions, out / "index", device=device,
-                               block_size=cfg.index.block_size, metadata=doc_meta, overwrite=True)
-            # partitions stay memory-mapped on the host: the searcher moves them to the device, or
-            # streams them there when they do not fit
-            index = ShardedIndex.load(out / "index", verify=False)
-        else:
-            index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
-            index.save(out / "index", overwrite=True)
+    with timed_step("build index", timings):
+        index = _build_index(cfg, docs, out / "index", device, doc_meta)
         del docs
-    with _step("encode queries", timings):
-        if cfg.search.query_vectors:
-            vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
-            queries = load_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)
-            keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
-            queries = queries[keep] if keep is not None and len(keep) < len(queries) else queries
-            qids = queries.ids
-        else:
-            if encoder is None:
-                raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
-            queries = encoder.encode_query([dataset.queries[q] for q in qids], ids=qids)
-    with _step("search", timings):
+    with timed_step("encode queries", timings):
+        queries, query_meta = encode_queries(cfg, dataset, encoder)
+    with timed_step("search", timings):
         searcher = Searcher(index, device=device, backend=cfg.search.backend)
         scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch,
-                                          query_metadata=None if cfg.search.query_vectors else encoder.describe())
+                                          query_metadata=query_meta)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-    with _step("write runs", timings):
-        import pyarrow as pa
+    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device)
 
-        docnos = pa.array(index.docnos, pa.string())  # one conversion serves both writers and the metrics
-        scores, doc_idx = scores.cpu(), doc_idx.cpu()
-        runs.write_topk({"trec": out / "run.trec", "msmarco": out / "run.msmarco.tsv"}, queries.ids, docnos,
+
+def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:
+    """The job's index saved in ``out``: one InvertedIndex, or a sharded one for ``index.partitions`` > 1."""
+    from lsr.index.inverted import InvertedIndex
+
+    if cfg.index.partitions == 1:
+        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
+        index.save(out, overwrite=True)
+        return index
+    from lsr.index.sharded import ShardedIndex
+
+    # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
+    # and the searcher moves them to the device, or streams them there when they do not fit
+    ShardedIndex.build(docs, cfg.index.partitions, out, device=device, block_size=cfg.index.block_size,
+                       metadata=doc_meta, overwrite=True)
+    return ShardedIndex.load(out, verify=False)
+
+
+def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str], topk: tuple[Any, Any],
+                  timings: dict[str, float], device: str) -> dict[str, Any]:
+    """Write run.trec / run.msmarco.tsv, evaluate (and rerank when configured), write metrics.json;
+    returns the job's result."""
+    import pyarrow as pa
+
+    from lsr import runs
+    from lsr.evaluation.topk import evaluate_topk
+
+    out = Path(cfg.output)
+    with timed_step("write runs", timings):
+        docno_array = pa.array(docnos, pa.string())  # one conversion serves both writers and the metrics
+        scores, doc_idx = (t.cpu() for t in topk)
+        runs.write_topk({"trec": out / "run.trec", "msmarco": out / "run.msmarco.tsv"}, queries.ids, docno_array,
                         scores, doc_idx, tag=cfg.name)
-    with _step("evaluate", timings):
-        metrics = evaluate_topk(queries.ids, doc_idx, docnos, dataset.qrels, cfg.metrics, scores=scores)
+    with timed_step("evaluate", timings):
+        metrics = evaluate_topk(queries.ids, doc_idx, docno_array, dataset.qrels, cfg.metrics, scores=scores)
     files = {"run_trec": str(out / "run.trec"), "run_msmarco": str(out / "run.msmarco.tsv"), "index": str(out / "index")}
     result_extra: dict[str, Any] = {}
     if cfg.rerank.model:  # second stage: its metrics become the job's, the first stage's are kept beside
         from lsr.rerank.rerank import rerank_stage
 
-        with _step("rerank", timings):
-            first = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)
+        with timed_step("rerank", timings):
+            first = runs.from_topk(queries.ids, docnos, scores, doc_idx)
             files["run_rerank"] = str(out / "rerank.trec")
             result_extra = {"metrics_first_stage": metrics}
             metrics = rerank_stage(cfg.rerank, first, dataset, device, out, cfg.metrics)
     result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
-              "expected": dict(cfg.expected), "timings_s": timings, "n_docs": index.n_docs,
+              "expected": dict(cfg.expected), "timings_s": timings, "n_docs": len(docnos),
               "n_queries": len(queries), "files": files, **result_extra}
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
@@ -182,17 +224,23 @@ _MARKER = ".lsr-run.json"   # {"writer": "lsr run", "origin": {...}}: this folde
 _DERIVED = ("encoder", "doc_vectors")  # reused by a later run of the job, so they must match its documents
 
 
-def _claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> dict[str, Any]:
+def job_origin(cfg: RunConfig, dataset: Any) -> dict[str, Any]:
+    """What the job's documents are: the pre-encoded vectors, or the dataset's record of its source."""
+    return ({"doc_vectors": str(Path(cfg.search.doc_vectors).resolve())} if cfg.search.doc_vectors
+            else dict(dataset.docs_origin))
+
+
+def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> dict[str, Any]:
     """Refuse an output folder inside an input, one lsr did not write, or one made from other documents
-    (unless ``overwrite``: then stale artefacts are removed); record the documents; returns their origin."""
+    (unless ``overwrite``: then stale artefacts are removed); record the documents and save the config in
+    it; returns the documents' origin."""
     import shutil
 
     from lsr.provenance import check_not_inside, check_same_origin
 
     check_not_inside(out, [cfg.dataset, cfg.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
                            cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
-    origin = ({"doc_vectors": str(Path(cfg.search.doc_vectors).resolve())} if cfg.search.doc_vectors
-              else dict(dataset.docs_origin))
+    origin = job_origin(cfg, dataset)
     marker = out / _MARKER
     if marker.is_file():
         recorded = json.loads(marker.read_text(encoding="utf-8")).get("origin")
@@ -209,6 +257,7 @@ def _claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> d
                               "folder or pass --overwrite to write into it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, json.dumps({"writer": "lsr run", "origin": origin}, indent=1))
+    cfg.save(out / "config.yaml")
     return origin
 
 
@@ -229,7 +278,7 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any])
     return encoder
 
 
-def _read_doc_vectors(path: str, vocab: str | None) -> Any:
+def read_doc_vectors(path: str, vocab: str | None) -> Any:
     from lsr.shards import read_vectors
 
     p = Path(path)

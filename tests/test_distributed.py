@@ -36,6 +36,10 @@ def _texts(data_dir: Path, n: int) -> list[tuple[str, str]]:
     return [(r["_id"], f"{r['title']} {r['text']}"[: 40 + 13 * i]) for i, r in enumerate(rows)]
 
 
+def _out_of_memory(*args, **kwargs):
+    raise RuntimeError("out of memory (simulated)")
+
+
 def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -58,6 +62,10 @@ def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data
     with pytest.raises(RuntimeError, match="another rank failed") if rank else pytest.raises(ValueError, match="vocab"):
         bad = random_collection(3, VOCAB + 1, 9) if rank == 0 else None
         searcher.search(bad, 5)
+    if rank == 1:  # a failure inside one rank's local search ends every rank, none waits in the gather
+        searcher.local.search = _out_of_memory
+    with pytest.raises(RuntimeError, match="out of memory" if rank == 1 else "another rank failed to search"):
+        searcher.search(read_vectors(t / "q") if rank == 0 else None, 5)
     docs = _texts(Path(data_dir), 37)
     encode_corpus_distributed(LexicalEncoder.load(t / "bm25"), docs, t / "enc-bm25", len(docs), **ENCODE)
     if splade:

@@ -176,7 +176,8 @@ class ShardedIndex:
             rows = vectors[a:b] if isinstance(vectors, SparseVectors) else read_vector_rows(vectors, a, b)
             InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata).save(tmp / _part(p))
 
-        with ExitStack() as stack:
+        # the outer agree waits for rank 0 to publish the folder: no rank returns before it is in place
+        with _everywhere("publish the index folder", world), ExitStack() as stack:
             with _everywhere("prepare the output folder", world):
                 if rank == 0:
                     _check_target(out, overwrite)

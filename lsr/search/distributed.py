@@ -110,7 +110,8 @@ class DistributedSearcher:
         qb = query_batch or DEFAULT_QUERY_BATCH
         out_s, out_i = [], []
         for a in range(0, len(queries), qb):
-            local = self.local.search(queries[a:a + qb], k, show_progress_bar=False)
+            with agree("search its partitions"):  # e.g. out of memory on one rank: all fail, none waits
+                local = self.local.search(queries[a:a + qb], k, show_progress_bar=False)
             s, i = self._gather_merge(local, k)
             out_s.append(s)
             out_i.append(i)
