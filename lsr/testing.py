@@ -31,6 +31,7 @@ import torch
 from lsr.sparse import SparseVectors
 
 __all__ = [
+    "free_port",
     "KINDS", "SAMPLE_TEXTS", "assert_exact_topk", "calibrate_sparsity", "float64_scores", "max_abs_errors",
     "poisoned_allocations", "random_collection", "random_dense_rows", "reference_topk", "save_tiny_colbert",
     "save_tiny_mlm", "seeded_generator", "sparton_case", "tiny_config", "topk_violations", "write_scifact_slice",
@@ -367,3 +368,12 @@ def save_tiny_colbert(out_dir: str | Path, data_dir: str | Path, *, layout: str 
     else:
         raise ValueError(f"unknown layout {layout!r}; expected 'pylate' or 'colbert'")
     return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a test's process group or server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +17,10 @@ from lsr.index import InvertedIndex
 from lsr.index.sharded import ShardedIndex
 from lsr.search import Searcher
 from lsr.shards import read_vectors, write_vectors
-from lsr.testing import random_collection
+from lsr.testing import free_port, random_collection
 
 N_DOCS, VOCAB, KS = 70, 40, (3, 25, 80)   # k = 25 and 80 exceed a partition's 23-35 docs; 80 > all docs
 ENCODE = {"batch_size": 4, "shard_rows": 10, "sort_window": 4, "show_progress_bar": False}  # 4 does not divide 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _texts(data_dir: Path, n: int) -> list[tuple[str, str]]:
@@ -114,7 +107,7 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
         splade = str(save_tiny_mlm("roberta", tmp_path / "roberta", data_dir))
     single = _single_encodings(tmp_path, data_dir, splade)
 
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path), splade, str(data_dir)), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path), splade, str(data_dir)), nprocs=world)
 
     searcher = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch")
     for k in KS:
@@ -213,7 +206,7 @@ def test_two_ranks_sharing_one_gpu(tmp_path):
     ShardedIndex.build(docs, 2, tmp_path / "idx", device="cuda")
     write_vectors(tmp_path / "q", queries)
     want_s, want_i = Searcher(InvertedIndex.build(docs)).search(queries, 1000)
-    mp.spawn(_gpu_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_gpu_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for r in range(2):
         assert np.array_equal(np.load(tmp_path / f"r{r}-s.npy"), want_s.cpu().numpy())
         assert np.array_equal(np.load(tmp_path / f"r{r}-i.npy"), want_i.cpu().numpy())

@@ -16,8 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lsr.cli import main
-from lsr.testing import write_scifact_slice
-from tests.test_distributed import _free_port
+from lsr.testing import free_port, write_scifact_slice
 
 WORLD, TIMEOUT_S = 2, 240
 # shard_rows 12 puts the 47 docs in 4 shards (2 per rank); block_size 16 gives every partition several blocks
@@ -46,7 +45,7 @@ def _worker(rank: int, jobs: list[tuple[int, list[str], str]]) -> None:
 
 def _spawn(jobs: list[tuple[list[str], str]]) -> None:
     """Run the jobs one after another on WORLD spawned ranks; fail (killing them) if they hang."""
-    ctx = mp.spawn(_worker, args=([(_free_port(), argv, log) for argv, log in jobs],), nprocs=WORLD, join=False)
+    ctx = mp.spawn(_worker, args=([(free_port(), argv, log) for argv, log in jobs],), nprocs=WORLD, join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

@@ -237,8 +237,7 @@ def test_batcher_bounds_batches_and_isolates_failures():
 
 def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     """The real HTTP stack: uvicorn in a thread, lsr.serve.loadgen's keep-alive connections."""
-    import socket
-    import threading
+        import threading
     import time
 
     import uvicorn
@@ -246,9 +245,7 @@ def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     from lsr.serve.loadgen import run_load
 
     app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=16, max_wait_ms=20, k=5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -287,7 +284,7 @@ def test_served_hits_keep_the_exact_contract_on_cuda(bm25):
     """On CUDA (Triton path, padded batches, CUDA graphs) every served top-k is exact against float64."""
     import torch
 
-    from lsr.testing import assert_exact_topk, float64_scores
+    from lsr.testing import free_port, assert_exact_topk, float64_scores
 
     app = create_app(bm25["index"], bm25["model"], device="cuda", max_batch=16, max_wait_ms=50, k=K)
     responses = asyncio.run(_post_all(app, [{"query": t} for t in TEXTS]))
