@@ -20,6 +20,7 @@ from lsr.cli import main
 from lsr.runs import read_trec
 from lsr.serve import create_app
 from lsr.serve.batcher import DynamicBatcher
+from lsr.testing import free_port
 from tests.conftest import DATA
 
 SCIFACT_QUERIES = [json.loads(line) for line in (DATA / "scifact" / "queries.jsonl").read_text().splitlines()][:120]
@@ -237,7 +238,7 @@ def test_batcher_bounds_batches_and_isolates_failures():
 
 def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     """The real HTTP stack: uvicorn in a thread, lsr.serve.loadgen's keep-alive connections."""
-        import threading
+    import threading
     import time
 
     import uvicorn
@@ -284,7 +285,7 @@ def test_served_hits_keep_the_exact_contract_on_cuda(bm25):
     """On CUDA (Triton path, padded batches, CUDA graphs) every served top-k is exact against float64."""
     import torch
 
-    from lsr.testing import free_port, assert_exact_topk, float64_scores
+    from lsr.testing import assert_exact_topk, float64_scores
 
     app = create_app(bm25["index"], bm25["model"], device="cuda", max_batch=16, max_wait_ms=50, k=K)
     responses = asyncio.run(_post_all(app, [{"query": t} for t in TEXTS]))
