@@ -8,7 +8,7 @@ through gloo, staging the small collective tensors in host memory).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "broadcast_text", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
+__all__ = ["agree", "broadcast_text", "built_on_rank0", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
 
 
 def is_distributed() -> bool:
@@ -92,3 +92,12 @@ def broadcast_text(text: str | None, limit: int = 4096) -> str:
         buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     dist.broadcast(buf, 0)
     return bytes(buf[1:].cpu().numpy()).rstrip(b"\0").decode()
+
+
+def built_on_rank0(build: Callable[[], Any], load: Callable[[], Any], what: str, *, rank0_only: bool = True) -> Any:
+    """``build()`` on rank 0 (on every rank when not ``rank0_only``); the other ranks then ``load()`` what
+    rank 0 saved, e.g. BM25 statistics fitted once. Each step fails every rank when one fails."""
+    with agree(f"build {what}"):
+        built = build() if dist.get_rank() == 0 or not rank0_only else None
+    with agree(f"load {what}"):
+        return built if built is not None else load()

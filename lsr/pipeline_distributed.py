@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lsr.config import RunConfig
-from lsr.distributed import agree, broadcast_text, init_distributed
+from lsr.distributed import agree, broadcast_text, built_on_rank0, init_distributed
 from lsr.pipeline import (
     claim_output,
     doc_encoder,
@@ -81,7 +81,6 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
 
 def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, float]) -> tuple[Any, Any, Any]:
     """(the document vectors: a folder or SparseVectors, the encoder or None, the vectors' metadata)."""
-    rank = dist.get_rank()
     out, origin = Path(cfg.output), job_origin(cfg, dataset)
     with timed_step("encode documents", timings):
         if cfg.search.doc_vectors:
@@ -89,12 +88,9 @@ def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, fl
                 given = Path(cfg.search.doc_vectors)
                 vectors = given if given.is_dir() else read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
             return vectors, None, None
-        fitted_by_rank0 = cfg.encoder.kind == "bm25"  # the others load the statistics it saves
-        with agree("build the encoder"):
-            encoder = doc_encoder(cfg, dataset, out, origin, dev) if rank == 0 or not fitted_by_rank0 else None
-        with agree("load the BM25 statistics"):
-            if encoder is None:
-                encoder = doc_encoder(cfg, dataset, out, origin, dev, fit=False)
+        encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
+                                 lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
+                                 rank0_only=cfg.encoder.kind == "bm25")  # the others load the statistics it saves
         manifest = encode_documents(cfg, dataset, encoder, out / "doc_vectors", origin)
     return out / "doc_vectors", encoder, manifest.get("metadata")
 

@@ -114,7 +114,7 @@ def encode_command(args: Any, dataset: Any, device: str, make_encoder: Any) -> i
     they are needed and the others load them, then ``encode_corpus_distributed``."""
     import torch.distributed as dist
 
-    from lsr.distributed import agree, init_distributed
+    from lsr.distributed import agree, built_on_rank0, init_distributed
 
     dev = str(init_distributed(device))
     rank = dist.get_rank()
@@ -126,15 +126,19 @@ def encode_command(args: Any, dataset: Any, device: str, make_encoder: Any) -> i
                 from lsr.provenance import check_same_origin
 
                 check_same_origin(read_manifest(out).get("origin"), dataset.docs_origin, out)
-        with agree("build the encoder"):
+        def build() -> Any:
             enc = make_encoder(args, dev)
-            if fit and rank == 0:
+            if fit:
                 enc.fit(text for _, text in dataset.docs_iter())
                 enc.save(out / "encoder")
-        if fit and rank != 0:
+            return enc
+
+        def load() -> Any:  # BM25 statistics rank 0 fitted and saved
             from lsr.encode.lexical import LexicalEncoder
 
-            enc = LexicalEncoder.load(out / "encoder")
+            return LexicalEncoder.load(out / "encoder")
+
+        enc = built_on_rank0(build, load, "the encoder", rank0_only=fit)
         n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
         encode_corpus_distributed(enc, dataset.docs_iter(), out, n_docs, batch_size=args.batch_size,
                                   shard_rows=args.shard_rows, resume=True, doc_top_k=args.doc_top_k,

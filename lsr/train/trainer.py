@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lsr.io import atomic_write_text
 from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
@@ -117,8 +118,6 @@ class Trainer:
         if self.data.teacher is not None:  # distillation needs a teacher score for every negative
             self.data.candidates = {q: [d for d in c if d in self.data.teacher.get(q, {})]
                                     for q, c in self.data.candidates.items()}
-        from lsr.io import atomic_write_text
-
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(self.data.candidates))
 
@@ -238,7 +237,7 @@ class Trainer:
             path = self.out / name
             if path.is_file():
                 keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= self.step]
-                path.write_text("".join(ln + "\n" for ln in keep))
+                atomic_write_text(path, "".join(ln + "\n" for ln in keep))
         log.info("resumed from %s at step %d", folder, self.step)
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
@@ -304,7 +303,7 @@ class Trainer:
                 metrics = self._evaluate_and_log(bar)
         path = self.model.encoder.save_pretrained(final, overwrite=True)
         if metrics:
-            (self.out / "metrics.json").write_text(json.dumps({"step": self.step, **metrics}, indent=1))
+            atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
         return path
 
 
