@@ -183,7 +183,28 @@ def measure(step: Callable, vocab: int, args: argparse.Namespace) -> dict:
     ms = time_calls(lambda i: step(q, d), args.repeats, warmup=1)
     row = quantiles(ms) | {"peak_extra_mb": peak.extra_mb}
     row["tokens_per_s"] = B * (args.query_len + args.doc_len) / (row["ms"] / 1e3)
+    if args.profile:
+        row["profile"] = profile_steps(lambda: step(q, d), args.profile)
     return row
+
+
+def profile_steps(run: Callable[[], None], steps: int, top: int = 25) -> list[dict]:
+    """torch.profiler over ``steps`` steps: the ``top`` operators / kernels by device time, ms per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            run()
+        cleanup()
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", None)
+        dev_us = getattr(e, "self_cuda_time_total", 0) if dev_us is None else dev_us
+        rows.append({"name": e.key[:90], "calls_per_step": e.count / steps, "device_ms_per_step": dev_us / 1e3 / steps,
+                     "cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps})
+    rows.sort(key=lambda r: (-r["device_ms_per_step"], -r["cpu_ms_per_step"]))
+    return rows[:top]
 
 
 def run_case(name: str, impl: str, folder: Path, vocab: int, args: argparse.Namespace, results: Results) -> None:
@@ -235,6 +256,8 @@ def main() -> None:
     ap.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search")
     ap.add_argument("--max-batch", type=int, default=16384, help="stop doubling here")
     ap.add_argument("--search-s", type=float, default=240, help="seconds per largest-batch search")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="also profile STEPS steps per implementation (top kernels by device time in the JSON)")
     ap.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU check of the script)")
     args = ap.parse_args()
     if args.quick:
@@ -255,6 +278,11 @@ def main() -> None:
                                       ("tokens_per_s", ".0f"), "max_batch"]))
     for key, value in results.summary.items():
         print(f"{key}: {value:.2f}x")
+    for r in results.rows:
+        if r.get("profile"):
+            print(f"# profile {r['model']} {r['impl']} (ms per step: device, cpu)")
+            for p in r["profile"][:12]:
+                print(f"  {p['device_ms_per_step']:8.2f} {p['cpu_ms_per_step']:8.2f}  x{p['calls_per_step']:<5g} {p['name']}")
 
 
 if __name__ == "__main__":
