@@ -11,12 +11,16 @@ Models: BERT-base (V=30522) and XLM-R-base (V=250002) built from transformers co
 weights (no downloads; the decoder bias is shifted so ~150 terms per text are active, like a trained
 SPLADE), saved once to a temporary folder that every implementation loads. Batch: B queries of
 --query-len tokens and B positive documents of --doc-len tokens (random ids, full masks), InfoNCE with
-in-batch negatives + FLOPS, bf16 autocast on CUDA. Per (model, impl): median step time at --batch,
-peak extra memory, tokens/s, and (unless --no-max-batch) the largest batch that fits: doubling from
---batch until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
+in-batch negatives + FLOPS, bf16 autocast on CUDA, AdamW (fused on CUDA) for all three. Per (model,
+--checkpointing setting): all implementations are built side by side and, per --batches entry, timed in
+interleaved rounds (one step of each per round, the order rotated: host or clock drift hits all alike):
+median / p10 / p90 step time, peak extra memory, tokens/s (--profile N adds the top kernels). Then,
+unless --no-max-batch, each implementation alone: the largest batch that fits, doubling from the first
+--batches entry until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
 Results: OUT/bench_train_<models>.json + .csv (lsr.bench schema), ratios printed at the end.
 
-    PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batch 32]
+    PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batches 32,48] \
+        [--checkpointing off,on] [--profile 3]
     PYTHONPATH=. python scripts/bench_train.py --quick --device cpu --out /tmp/bt   # tiny check
 """
 
@@ -77,37 +81,42 @@ def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return losses.info_nce(q, d) + 5e-4 * losses.flops(q) + 1e-3 * losses.flops(d)
 
 
-def lsr_step(folder: Path, device: str, backend: str) -> Callable[[dict, dict], None]:
+def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool) -> Callable[[dict, dict], None]:
     from lsr.encode.splade import SpladeEncoder
-    from lsr.train.model import TrainableEncoder
+    from lsr.train.model import TrainableEncoder, adamw_kernel
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
     head = None
     if backend == "torch":  # what an HF head does under autocast: bf16 [B, S, V] logits, masked max
         def head(h, w, b, m, *_):
             return torch_sparton_head(h, w, b, m, upcast=False)
-    model = TrainableEncoder(enc, backend="auto", bf16=True, head=head).train()
-    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5)
+    model = TrainableEncoder(enc, backend="auto", bf16=True, head=head, gradient_checkpointing=checkpointing).train()
+    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5, **adamw_kernel(device))
 
     def step(q: dict, d: dict) -> None:
         opt.zero_grad(set_to_none=True)
-        loss = spladeish_loss(model.encode_ids("query", **q), model.encode_ids("doc", **d))
-        loss.backward()
+        with model.autocast():  # as lsr.train does: one region for both towers
+            vq, vd = model.encode_ids("query", **q), model.encode_ids("doc", **d)
+        spladeish_loss(vq, vd).backward()
         opt.step()
     return step
 
 
-def st_step(folder: Path, device: str, doc_len: int) -> Callable[[dict, dict], None]:
+def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool) -> Callable[[dict, dict], None]:
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
+    from lsr.train.model import adamw_kernel, checkpoint_activations
+
     model = SparseEncoder(modules=[Transformer(str(folder), transformer_task="fill-mask", max_seq_length=doc_len),
                                    SpladePooling("max")], device=device).train()
+    if checkpointing:
+        checkpoint_activations(model[0].auto_model)
     loss_fn = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), document_regularizer_weight=1e-3,
                          query_regularizer_weight=5e-4)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
 
     def step(q: dict, d: dict) -> None:
@@ -120,10 +129,10 @@ def st_step(folder: Path, device: str, doc_len: int) -> Callable[[dict, dict], N
     return step
 
 
-def build(impl: str, folder: Path, args: argparse.Namespace) -> Callable[[dict, dict], None]:
+def build(impl: str, folder: Path, args: argparse.Namespace, checkpointing: bool) -> Callable[[dict, dict], None]:
     if impl == "st":
-        return st_step(folder, args.device, args.doc_len)
-    return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto")
+        return st_step(folder, args.device, args.doc_len, checkpointing)
+    return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto", checkpointing)
 
 
 def cleanup() -> None:
@@ -155,7 +164,7 @@ def fits(step: Callable, B: int, vocab: int, args: argparse.Namespace) -> bool:
 def largest_batch(step: Callable, vocab: int, args: argparse.Namespace) -> tuple[int | None, bool]:
     """(largest batch that ran two steps, whether the search finished within --search-s)."""
     deadline = time.time() + args.search_s
-    lo, hi, B = 0, None, args.batch
+    lo, hi, B = 0, None, args.batches[0]
     while hi is None and B <= args.max_batch:
         if time.time() > deadline:
             return lo or None, False
@@ -173,19 +182,39 @@ def largest_batch(step: Callable, vocab: int, args: argparse.Namespace) -> tuple
     return lo or None, True
 
 
-def measure(step: Callable, vocab: int, args: argparse.Namespace) -> dict:
-    B = args.batch
-    q, d = batch_ids(B, args.query_len, vocab, args.device), batch_ids(B, args.doc_len, vocab, args.device)
-    step(q, d)  # autotune / allocate optimizer state outside the timings
+def oom_row(e: Exception) -> dict:
+    if not is_oom(e):
+        raise e
     cleanup()
-    with PeakMemory() as peak:
-        step(q, d)
-    ms = time_calls(lambda i: step(q, d), args.repeats, warmup=1)
-    row = quantiles(ms) | {"peak_extra_mb": peak.extra_mb}
-    row["tokens_per_s"] = B * (args.query_len + args.doc_len) / (row["ms"] / 1e3)
-    if args.profile:
-        row["profile"] = profile_steps(lambda: step(q, d), args.profile)
-    return row
+    return {"status": "OOM"}
+
+
+def measure_batch(steps: dict[str, Callable], B: int, vocab: int, args: argparse.Namespace) -> dict[str, dict]:
+    """Every implementation at batch B, timed in interleaved rounds (each round one step of each, the
+    order rotated) so that drift of the host or of the GPU's clocks hits all of them alike."""
+    q, d = batch_ids(B, args.query_len, vocab, args.device), batch_ids(B, args.doc_len, vocab, args.device)
+    rows: dict[str, dict] = {}
+    live: dict[str, Callable] = {}
+    for impl, step in steps.items():
+        try:
+            step(q, d)  # autotune / allocate optimizer state outside the timings
+            cleanup()
+            with PeakMemory() as peak:
+                step(q, d)
+            rows[impl], live[impl] = {"peak_extra_mb": peak.extra_mb}, step
+        except Exception as e:  # noqa: BLE001 - out of memory at this batch is a result
+            rows[impl] = oom_row(e)
+    times: dict[str, list[float]] = {impl: [] for impl in live}
+    names = list(live)
+    for r in range(args.repeats if names else 0):
+        for impl in names[r % len(names):] + names[:r % len(names)]:
+            times[impl] += time_calls(lambda _, f=live[impl]: f(q, d), 1, warmup=0)
+    for impl in live:
+        rows[impl] |= quantiles(times[impl])
+        rows[impl]["tokens_per_s"] = B * (args.query_len + args.doc_len) / (rows[impl]["ms"] / 1e3)
+        if args.profile:
+            rows[impl]["profile"] = profile_steps(lambda f=live[impl]: f(q, d), args.profile)
+    return rows
 
 
 def profile_steps(run: Callable[[], None], steps: int, top: int = 25) -> list[dict]:
@@ -207,39 +236,50 @@ def profile_steps(run: Callable[[], None], steps: int, top: int = 25) -> list[di
     return rows[:top]
 
 
-def run_case(name: str, impl: str, folder: Path, vocab: int, args: argparse.Namespace, results: Results) -> None:
-    row = {"model": name, "vocab_size": vocab, "impl": impl, "method": impl, "B": args.batch,
-           "query_len": args.query_len, "doc_len": args.doc_len}
-    try:
-        step = build(impl, folder, args)
-    except ImportError as e:
-        results.add(row | {"status": f"skipped: {e}"})
-        return
-    try:
-        row |= measure(step, vocab, args)
-    except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the others
-        row["status"] = "OOM" if is_oom(e) else None
-        row["error"] = None if is_oom(e) else f"{type(e).__name__}: {str(e)[:300]}"
-        cleanup()
-    if not args.no_max_batch and row.get("error") is None:
-        row["max_batch"], row["max_batch_search_done"] = largest_batch(step, vocab, args)
-    del step
+def run_model(name: str, folder: Path, vocab: int, checkpointing: bool, args: argparse.Namespace,
+              results: Results) -> None:
+    """Timings of every implementation at every --batches entry, then each one's largest batch alone."""
+    base = {"model": name, "vocab_size": vocab, "query_len": args.query_len, "doc_len": args.doc_len,
+            "checkpointing": checkpointing}
+    impls = args.impls.split(",")
+    steps, skipped = {}, {}
+    for impl in impls:
+        try:
+            steps[impl] = build(impl, folder, args, checkpointing)
+        except ImportError as e:
+            skipped[impl] = f"skipped: {e}"
+    for B in args.batches:
+        print(f"# {name} B={B} checkpointing={checkpointing}", flush=True)
+        rows = measure_batch(steps, B, vocab, args)
+        for impl in impls:
+            results.add(base | {"impl": impl, "method": impl, "B": B, "status": skipped.get(impl, "ok")} | rows.get(impl, {}))
+    del steps
     cleanup()
-    results.add(row)
+    if args.no_max_batch:
+        return
+    for impl in impls:
+        if impl not in skipped:
+            step = build(impl, folder, args, checkpointing)
+            best, done = largest_batch(step, vocab, args)
+            del step
+            cleanup()
+            results.add(base | {"impl": impl, "method": "max_batch", "B": None, "status": "ok", "max_batch": best,
+                                "max_batch_search_done": done})
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Ratios against lsr: step time per (model, checkpointing, batch), largest batch per (model, checkpointing)."""
     out: dict = {}
-    for model in sorted({r["model"] for r in rows}):
-        by = {r["impl"]: r for r in rows if r["model"] == model and r.get("status") == "ok"}
-        lsr = by.get("lsr")
-        if lsr is None:
-            continue
-        for base in ("st", "torch_head"):
-            if base in by:
-                out[f"{model}: step time {base} / lsr"] = by[base]["ms"] / lsr["ms"]
-                if by[base].get("max_batch") and lsr.get("max_batch"):
-                    out[f"{model}: max batch lsr / {base}"] = lsr["max_batch"] / by[base]["max_batch"]
+    timed = [r for r in rows if r.get("ms") is not None]
+    for r in timed:
+        if r["impl"] != "lsr":
+            lsr = next((x for x in timed if x["impl"] == "lsr" and all(x[k] == r[k] for k in ("model", "checkpointing", "B"))), None)
+            if lsr:
+                out[f"{r['model']} ckpt={r['checkpointing']} B={r['B']}: step time {r['impl']} / lsr"] = r["ms"] / lsr["ms"]
+    best = {(r["model"], r["checkpointing"], r["impl"]): r["max_batch"] for r in rows if r.get("max_batch")}
+    for (model, ckpt, impl), value in best.items():
+        if impl != "lsr" and (model, ckpt, "lsr") in best:
+            out[f"{model} ckpt={ckpt}: max batch lsr / {impl}"] = best[(model, ckpt, "lsr")] / value
     return out
 
 
@@ -249,7 +289,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--models", default="bert,xlmr")
     ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--batch", type=int, default=32, help="queries (and positive documents) per step")
+    ap.add_argument("--batches", default="32", help="queries (and positive documents) per step; comma list")
+    ap.add_argument("--checkpointing", default="off", help="backbone activation checkpointing: off, on or off,on")
     ap.add_argument("--query-len", type=int, default=32)
     ap.add_argument("--doc-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=10)
@@ -260,8 +301,9 @@ def main() -> None:
                     help="also profile STEPS steps per implementation (top kernels by device time in the JSON)")
     ap.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU check of the script)")
     args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
     if args.quick:
-        args.batch, args.query_len, args.doc_len, args.repeats = 2, 8, 16, 2
+        args.batches, args.query_len, args.doc_len, args.repeats = [2], 8, 16, 2
         args.max_batch, args.search_s = min(args.max_batch, 8), min(args.search_s, 60)
     name = "bench_train_" + args.models.replace(",", "_") + ("_quick" if args.quick else "")
     results = Results(args.out, name, environment(args.device), vars(args))
@@ -269,13 +311,12 @@ def main() -> None:
         for name in args.models.split(","):
             folder = save_random_model(name, args.quick, Path(tmp) / name)
             vocab = model_config(name, args.quick).vocab_size
-            for impl in args.impls.split(","):
-                print(f"# {name} {impl}", flush=True)
-                run_case(name, impl, folder, vocab, args, results)
+            for setting in args.checkpointing.split(","):
+                run_model(name, folder, vocab, setting == "on", args, results)
     results.summary = summarize(results.rows)
     results.save()
-    print(format_table(results.rows, ["model", "impl", "B", ("ms", ".1f"), ("peak_extra_mb", ".0f"),
-                                      ("tokens_per_s", ".0f"), "max_batch"]))
+    print(format_table(results.rows, ["model", "checkpointing", "impl", "B", "status", ("ms", ".1f"), ("ms_p10", ".1f"),
+                                      ("ms_p90", ".1f"), ("peak_extra_mb", ".0f"), ("tokens_per_s", ".0f"), "max_batch"]))
     for key, value in results.summary.items():
         print(f"{key}: {value:.2f}x")
     for r in results.rows:

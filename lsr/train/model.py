@@ -19,7 +19,7 @@ from torch import nn
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.st_checkpoint import activate
 
-__all__ = ["TrainableEncoder", "decoder_of"]
+__all__ = ["TrainableEncoder", "adamw_kernel", "checkpoint_activations", "decoder_of"]
 
 
 def decoder_of(tower: Any) -> nn.Linear:
@@ -50,7 +50,7 @@ class TrainableEncoder:
         for tower in self.unique_towers():
             tower.model.requires_grad_(True)
             if gradient_checkpointing:
-                _checkpoint_activations(tower.model)
+                checkpoint_activations(tower.model)
 
     def unique_towers(self) -> list[Any]:
         q, d = self.towers["query"], self.towers["doc"]
@@ -112,7 +112,8 @@ class TrainableEncoder:
         gradient through (dropout replays its random state), so the parameter gradient is the full
         batch's while only one chunk's activations live at a time. Returns (loss, logs, q, d) detached."""
         if chunk is None or chunk >= max(len(queries), len(docs)):
-            q, d = self.encode("query", queries), self.encode("doc", docs)
+            with self.autocast():  # one region: both towers reuse its bf16 copies of the weights
+                q, d = self.encode("query", queries), self.encode("doc", docs)
             loss, logs = loss_fn(q, d)
             loss.backward()
             return loss.detach(), logs, q.detach(), d.detach()
@@ -137,7 +138,15 @@ class TrainableEncoder:
         return loss.detach(), logs, q.detach(), d.detach()
 
 
-def _checkpoint_activations(model: nn.Module) -> None:
+def adamw_kernel(device: torch.device | str, deterministic: bool = False) -> dict[str, bool]:
+    """torch.optim.AdamW's implementation flag: the fused kernel on CUDA (one launch per group of tensors,
+    elementwise, so run-to-run identical), else foreach (per-tensor loops when ``deterministic``)."""
+    if torch.device(device).type == "cuda":
+        return {"fused": True}
+    return {"foreach": not deterministic}
+
+
+def checkpoint_activations(model: nn.Module) -> None:
     """Recompute the backbone's activations in the backward (non-reentrant torch.utils.checkpoint)."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

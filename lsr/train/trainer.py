@@ -30,7 +30,7 @@ from lsr.io import atomic_write_text
 from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
-from lsr.train.model import TrainableEncoder
+from lsr.train.model import TrainableEncoder, adamw_kernel
 from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
 
 __all__ = ["Trainer", "train"]
@@ -72,7 +72,7 @@ class Trainer:
         decay = [p for n, p in named if p.ndim >= 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
-                                           foreach=not cfg.deterministic)
+                                           **adamw_kernel(self.device, cfg.deterministic))
         self.data: TrainData = load_train_data(cfg)
         self.batches_per_epoch = len(epoch_batches(self.data, cfg, 0))
         self.total_steps = cfg.max_steps or cfg.epochs * self.batches_per_epoch
