@@ -43,7 +43,7 @@ from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
 from lsr.train import losses
 
 REPO = Path(__file__).resolve().parents[1]
-IMPLS = ("lsr", "torch_head", "st")
+IMPLS = ("lsr", "torch_head", "st")  # also: lsr_compile, st_compile (torch.compile of the backbone)
 
 
 def model_config(name: str, quick: bool):
@@ -81,11 +81,12 @@ def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return losses.info_nce(q, d) + 5e-4 * losses.flops(q) + 1e-3 * losses.flops(d)
 
 
-def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool) -> Callable[[dict, dict], None]:
+def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool, compile: bool = False
+             ) -> Callable[[dict, dict], None]:
     from lsr.encode.splade import SpladeEncoder
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
-    enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
+    enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False, compile=compile)
     head = None
     if backend == "torch":  # what an HF head does under autocast: bf16 [B, S, V] logits, masked max
         def head(h, w, b, m, *_):
@@ -102,7 +103,8 @@ def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool) -> Ca
     return step
 
 
-def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool) -> Callable[[dict, dict], None]:
+def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compile: bool = False
+            ) -> Callable[[dict, dict], None]:
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
@@ -114,6 +116,8 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool) -> Cal
                                    SpladePooling("max")], device=device).train()
     if checkpointing:
         checkpoint_activations(model[0].auto_model)
+    if compile:  # the whole fill-mask model, its [B, S, V] head included (what torch_compile=True compiles)
+        model[0].auto_model = torch.compile(model[0].auto_model, dynamic=True)
     loss_fn = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), document_regularizer_weight=1e-3,
                          query_regularizer_weight=5e-4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
@@ -130,9 +134,10 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool) -> Cal
 
 
 def build(impl: str, folder: Path, args: argparse.Namespace, checkpointing: bool) -> Callable[[dict, dict], None]:
-    if impl == "st":
-        return st_step(folder, args.device, args.doc_len, checkpointing)
-    return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto", checkpointing)
+    compile = impl.endswith("_compile")
+    if impl.startswith("st"):
+        return st_step(folder, args.device, args.doc_len, checkpointing, compile)
+    return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto", checkpointing, compile)
 
 
 def cleanup() -> None:
@@ -258,7 +263,7 @@ def run_model(name: str, folder: Path, vocab: int, checkpointing: bool, args: ar
     if args.no_max_batch:
         return
     for impl in impls:
-        if impl not in skipped:
+        if impl not in skipped and not impl.endswith("_compile"):  # (a compiled step recompiles per batch)
             step = build(impl, folder, args, checkpointing)
             best, done = largest_batch(step, vocab, args)
             del step
@@ -272,10 +277,10 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     timed = [r for r in rows if r.get("ms") is not None]
     for r in timed:
-        if r["impl"] != "lsr":
-            lsr = next((x for x in timed if x["impl"] == "lsr" and all(x[k] == r[k] for k in ("model", "checkpointing", "B"))), None)
-            if lsr:
-                out[f"{r['model']} ckpt={r['checkpointing']} B={r['B']}: step time {r['impl']} / lsr"] = r["ms"] / lsr["ms"]
+        for base in ("lsr",) + (("lsr_compile",) if r["impl"] == "st_compile" else ()):
+            ref = next((x for x in timed if x["impl"] == base and all(x[k] == r[k] for k in ("model", "checkpointing", "B"))), None)
+            if ref and r["impl"] != base:
+                out[f"{r['model']} ckpt={r['checkpointing']} B={r['B']}: step time {r['impl']} / {base}"] = r["ms"] / ref["ms"]
     best = {(r["model"], r["checkpointing"], r["impl"]): r["max_batch"] for r in rows if r.get("max_batch")}
     for (model, ckpt, impl), value in best.items():
         if impl != "lsr" and (model, ckpt, "lsr") in best:

@@ -49,6 +49,7 @@ class TrainConfig:
     deterministic: bool = False          # deterministic head backward + torch deterministic algorithms
     bf16: bool = True                    # bf16 autocast on CUDA (ignored on the CPU)
     gradient_checkpointing: bool = False  # recompute the backbone's activations in the backward
+    compile: bool = False                # torch.compile the backbone (fewer kernel launches; the first steps compile)
     # loss
     loss: str = "infonce"                # infonce | margin_mse | kl
     temperature: float = 1.0             # infonce / kl: scores are divided by it

@@ -88,7 +88,7 @@ class Trainer:
         # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
         kw = {"device": self.device, "dtype": torch.float32, "max_length_query": cfg.max_length_query,
               "max_length_doc": cfg.max_length_doc, "backend": cfg.head_backend, "varlen": False,
-              "attn_implementation": "eager" if cfg.deterministic else "sdpa"}
+              "attn_implementation": "eager" if cfg.deterministic else "sdpa", "compile": cfg.compile}
         enc = SpladeEncoder.from_pretrained(source, **kw)
         if cfg.separate_towers and enc._towers["query"] is enc._towers["doc"]:
             enc = SpladeEncoder.from_pretrained(source, query_model=source, **kw)
