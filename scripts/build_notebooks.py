@@ -1,6 +1,6 @@
 """Write and execute the notebooks in notebooks/ (outputs and plots saved in the .ipynb files and as PNG).
 
-    python scripts/build_notebooks.py            # needs matplotlib, nbformat, nbconvert, ipykernel
+    python scripts/build_notebooks.py [benchmarks] [quickstart]   # needs matplotlib, nbformat, nbconvert, ipykernel
 
 The benchmark notebook only reads the committed results in docs/bench/ (no GPU needed); the
 quickstart notebook runs the offline SciFact BM25 pipeline through the Python API (~10 s on a CPU).
@@ -42,6 +42,7 @@ QUICKSTART = [
 
 BENCH_SETUP = """import json, glob
 from pathlib import Path
+import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 BENCH = Path('../docs/bench'); FIG = Path('figures'); FIG.mkdir(exist_ok=True)
@@ -144,26 +145,32 @@ TRAIN = """train = pd.DataFrame([r for p in sorted(BENCH.glob('bench_train*.json
 logs = {p.parent.name: pd.read_json(p, lines=True) for p in sorted(BENCH.glob('train/*/log.jsonl'))}
 fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
 if len(train):
-    ok = train[train.status == 'ok'].drop_duplicates(['model', 'impl'], keep='last')
-    ok.pivot_table(index='model', columns='impl', values='ms').plot.bar(ax=axes[0], rot=0, logy=True)
-    axes[0].set_title('training step at equal batch (ms, log)')
-    ok.pivot_table(index='model', columns='impl', values='max_batch').plot.bar(ax=axes[1], rot=0, logy=True)
-    axes[1].set_title('largest batch that fits (log)')
+    timed = train[(train.status == 'ok') & train.ms.notna() & ~train.checkpointing]
+    timed.assign(case=timed.model + ' B=' + timed.B.astype(int).astype(str)).pivot_table(
+        index='case', columns='impl', values='ms').plot.bar(ax=axes[0], rot=0)
+    axes[0].set_title('training step, equal batch, interleaved timing (ms, H100)')
+    best = train[train.max_batch.notna()]
+    best.assign(case=best.model + np.where(best.checkpointing, ' +ckpt', '')).pivot_table(
+        index='case', columns='impl', values='max_batch').plot.bar(ax=axes[1], rot=0, logy=True)
+    axes[1].set_title('largest batch that fits, doc length 256 (log)')
 for label, log in logs.items():  # e.g. the SciFact fine-tuning with the Sparton head and with the torch head
     axes[2].plot(log.step, log.rank_loss.rolling(5, min_periods=1).mean(), label=label)
 axes[2].set_title('SciFact fine-tuning: ranking loss (5-step mean)'); axes[2].set_xlabel('step')
 if logs:
     axes[2].legend()
 plt.tight_layout(); plt.savefig(FIG / 'train.png', dpi=110); plt.show()
-train[['model', 'impl', 'B', 'ms', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
+train[['model', 'checkpointing', 'impl', 'B', 'ms', 'ms_p10', 'ms_p90', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
 
-MAXSIM = """rows = pd.DataFrame(json.loads((BENCH / 'bench_maxsim.json').read_text())['rows'])
-ok = rows[rows.status == 'ok']
-table = ok[ok.case == 'colbert'].pivot_table(index='method', columns='mode', values='ms')
-ax = table.plot.barh(figsize=(8, 3.5), logx=True)
-ax.set_xlabel('ms (log)'); ax.set_title('MaxSim rerank: 500 queries x 1000 candidates, Lq=32, Ld 180-300, d=128, bf16 (H100)')
+MAXSIM = """rows = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(source=p.name)
+                  for p in sorted(BENCH.glob('bench_maxsim*.json'))])
+ok = rows[(rows.status == 'ok') & (rows.method != 'einsum-fp32')]
+cases = [c for c in ('colbert', 'colbert-pairs', 'colpali') if c in set(ok.case)]
+fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 3.8), squeeze=False)
+for ax, case in zip(axes[0], cases):
+    ok[ok.case == case].pivot_table(index='method', columns='mode', values='ms').plot.barh(ax=ax, logx=True)
+    ax.set_xlabel('ms (log)'); ax.set_title(f'MaxSim {case} (H100, bf16)')
 plt.tight_layout(); plt.savefig(FIG / 'maxsim.png', dpi=110); plt.show()
-table"""
+ok.pivot_table(index=['case', 'method'], columns='mode', values='ms')"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -199,6 +206,10 @@ def build(name: str, cells: list) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     NB.mkdir(exist_ok=True)
-    build("benchmarks.ipynb", BENCHMARKS)
-    build("quickstart.ipynb", QUICKSTART)
+    wanted = sys.argv[1:] or ["benchmarks", "quickstart"]  # e.g. `benchmarks` alone: no pipeline run
+    for name, cells in (("benchmarks", BENCHMARKS), ("quickstart", QUICKSTART)):
+        if name in wanted:
+            build(f"{name}.ipynb", cells)
