@@ -258,6 +258,39 @@ def test_searcher_on_a_saved_compact_index(saved):
         assert_exact_topk(s.cpu(), d.cpu(), ref, 7)
 
 
+def test_cli_index_postings_option(tmp_path, capsys, gen):
+    from lsr.cli import main
+    from lsr.index.sharded import ShardedIndex
+    from lsr.search.searcher import Searcher
+    from lsr.shards import write_vectors
+    docs = bf16_rows(80, 25, 0.2, gen).to("cpu")
+    write_vectors(tmp_path / "vec", docs)
+    base = ["index", "--vectors", str(tmp_path / "vec"), "--device", "cpu", "--block-size", "64"]
+    assert main(base + ["--out", str(tmp_path / "idx"), "--postings", "compact"]) == 0
+    assert InvertedIndex.load(tmp_path / "idx").postings == "compact"
+    assert main(base + ["--out", str(tmp_path / "parts"), "--postings", "compact", "--partitions", "2"]) == 0
+    sharded = ShardedIndex.load(tmp_path / "parts")
+    q = random_dense_rows(3, 25, 0.3, gen)
+    s, d = Searcher(sharded, backend="triton").search(q, k=9)
+    assert_exact_topk(s, d, float64_scores(q, docs), 9)
+    write_vectors(tmp_path / "vec32", random_dense_rows(20, 25, 0.3, gen))
+    capsys.readouterr()
+    assert main(["index", "--vectors", str(tmp_path / "vec32"), "--out", str(tmp_path / "no"), "--device", "cpu",
+                 "--postings", "compact"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "exactly representable" in err and "\n" not in err and not (tmp_path / "no").exists()
+
+
+def test_pipeline_config_takes_the_posting_layout():
+    from pathlib import Path
+
+    from lsr.config import load_config
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    assert load_config(quickstart, ["index.postings=compact"]).index.postings == "compact"
+    with pytest.raises(ValueError, match="config.index.postings must be float32 or compact"):
+        load_config(quickstart, ["index.postings=int8"])
+
+
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,span,warps", [(2048, 1024, 4), (8192, 8192, 16), (1 << 16, 8192, 16), (4096, 2048, 8)])
