@@ -22,19 +22,20 @@ from lsr.search.kernels import block, topk
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
-from lsr.testing import assert_exact_topk, float64_scores, poisoned_allocations, random_dense_rows, seeded_generator
+from lsr.testing import (
+    assert_exact_topk,
+    float64_scores,
+    poisoned_allocations,
+    random_dense_rows,
+    rounded_weights,
+    seeded_generator,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rounded(v: SparseVectors, dtype: torch.dtype = torch.bfloat16) -> SparseVectors:
-    """The vectors with weights rounded to ``dtype`` (what an encoder running in it stores), >= its tiniest."""
-    w = v.values.to(dtype).to(torch.float32)
-    return SparseVectors(v.indptr, v.indices, torch.where(w > 0, w, torch.finfo(dtype).tiny), v.ids, v.vocab_size)
-
-
 def bf16_rows(n: int, vocab: int, density: float, gen: torch.Generator, **kw) -> SparseVectors:
-    return rounded(random_dense_rows(n, vocab, density, gen, **kw)).to(DEV)
+    return rounded_weights(random_dense_rows(n, vocab, density, gen, **kw)).to(DEV)
 
 
 def both_layouts(docs: SparseVectors, bs: int) -> tuple[InvertedIndex, InvertedIndex]:
@@ -76,7 +77,7 @@ def test_weight_type_is_the_first_exact_one():
     with pytest.raises(ValueError, match="2 of 3 weights are not.*float32 posting layout"):
         compact_weight_dtype(torch.tensor([1.0 + 2 ** -12, 0.5, 0.1]))
     g = torch.Generator().manual_seed(0)
-    docs = rounded(random_dense_rows(50, 20, 0.3, g), torch.float16)
+    docs = rounded_weights(random_dense_rows(50, 20, 0.3, g), torch.float16)
     if compact_weight_dtype(docs.values) == torch.float16:   # (a draw that happens to be bf16-exact is fine too)
         assert InvertedIndex.build(docs, block_size=32, postings="compact").scores.dtype == torch.float16
 
@@ -87,7 +88,7 @@ def test_compact_build_rejects_what_it_cannot_hold(gen):
         InvertedIndex.build(docs, block_size=32, postings="compact")
     for bs in (16, 1 << 17):
         with pytest.raises(ValueError, match="block_size between 32 and 65536"):
-            InvertedIndex.build(rounded(docs), block_size=bs, postings="compact")
+            InvertedIndex.build(rounded_weights(docs), block_size=bs, postings="compact")
     with pytest.raises(ValueError, match="postings must be one of"):
         InvertedIndex.build(docs, block_size=32, postings="int8")
 
@@ -298,7 +299,7 @@ def test_gpu_cuda_compact_kernel_matches_twin(bs, span, warps):
     from lsr.search.kernels import block_cuda
     assert block_cuda.available()
     g = torch.Generator().manual_seed(11)
-    docs = rounded(random_dense_rows(20_000, 300, 0.05, g, quantized=True)).to("cuda")
+    docs = rounded_weights(random_dense_rows(20_000, 300, 0.05, g, quantized=True)).to("cuda")
     q = random_dense_rows(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")
     plain, comp = both_layouts(docs, bs)
     assert block_cuda.usable(comp.doc_ids, comp.scores, span, warps)
@@ -329,7 +330,7 @@ def test_gpu_cuda_compact_kernel_matches_twin(bs, span, warps):
 def test_gpu_compact_search_matches_float64_and_float32_layout(B, k):
     from lsr.search.searcher import Searcher
     from lsr.synth import synth_docs, synth_queries
-    docs = rounded(synth_docs(60_000, device="cuda"))
+    docs = rounded_weights(synth_docs(60_000, device="cuda"))
     q = synth_queries(B, device="cuda")
     plain, comp = both_layouts(docs, 1 << 16)
     s, d = Searcher(comp).search(q, k=k)
