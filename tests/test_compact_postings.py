@@ -74,8 +74,9 @@ def test_compact_arrays_decode_to_the_float32_layout(gen, bs, budget):
 def test_weight_type_is_the_first_exact_one():
     assert compact_weight_dtype(torch.tensor([0.5, 3.0, 2.0 ** 100])) == torch.bfloat16
     assert compact_weight_dtype(torch.tensor([1.0 + 2 ** -10, 0.25])) == torch.float16   # 11 mantissa bits
-    with pytest.raises(ValueError, match="2 of 3 weights are not.*float32 posting layout"):
-        compact_weight_dtype(torch.tensor([1.0 + 2 ** -12, 0.5, 0.1]))
+    with pytest.raises(ValueError, match=r"weight 1\.000244\d* is not: use the float32 posting layout"):
+        compact_weight_dtype(torch.tensor([0.5, 1.0 + 2 ** -12, 0.1]), chunk=2)
+    assert compact_weight_dtype(torch.tensor([0.5, 3.0, 1.0 + 2 ** -10]), chunk=1) == torch.float16
     g = torch.Generator().manual_seed(0)
     docs = rounded_weights(random_dense_rows(50, 20, 0.3, g), torch.float16)
     if compact_weight_dtype(docs.values) == torch.float16:   # (a draw that happens to be bf16-exact is fine too)

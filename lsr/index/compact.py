@@ -51,22 +51,33 @@ def check_compact_block_size(block_size: int) -> None:
                          f"(uint16 local doc ids), got {block_size}; use --block-size 65536 or the float32 layout")
 
 
-def compact_weight_dtype(values: torch.Tensor) -> torch.dtype:
-    """The first 16-bit float type (bf16, fp16) holding every weight exactly, else a one-line ValueError."""
-    worst = 0
+def compact_weight_dtype(values: torch.Tensor, chunk: int = 1 << 26) -> torch.dtype:
+    """The first 16-bit float type (bf16, fp16) holding every weight exactly, else a one-line ValueError.
+
+    Checked in chunks of ``chunk`` weights (temporaries stay small next to a build's budget)."""
+    bad = None
     for dtype in WEIGHT_DTYPES.values():
-        lost = int((values.to(dtype).to(torch.float32) != values).sum()) if values.numel() else 0
-        if lost == 0:
+        bad = _first_inexact(values, dtype, chunk)
+        if bad is None:
             return dtype
-        worst = max(worst, lost)
     raise ValueError(f"compact postings need weights exactly representable in bfloat16 or float16 (e.g. vectors "
-                     f"encoded in bf16); {worst} of {values.numel()} weights are not: use the float32 posting layout")
+                     f"encoded in bf16); weight {bad!r} is not: use the float32 posting layout")
+
+
+def _first_inexact(values: torch.Tensor, dtype: torch.dtype, chunk: int) -> float | None:
+    for i in range(0, values.numel(), chunk):
+        v = values[i:i + chunk]
+        lost = v.to(dtype).to(torch.float32) != v
+        if bool(lost.any()):
+            return float(v[lost][0])
+    return None
 
 
 def encode_docs(docs: torch.Tensor, block_size: int) -> torch.Tensor:
     """int16 [n] uint16 bits of the block-local ids of int32/int64 doc ids ``docs`` (>= 0)."""
     local = (docs & (block_size - 1)).to(torch.int32)
-    return torch.where(local >= 1 << 15, local - (1 << 16), local).to(_DOC_DTYPE)
+    # the int16 with the same low 16 bits, in place (no further temporaries of the build chunk's size)
+    return local.add_(1 << 15).bitwise_and_(0xFFFF).sub_(1 << 15).to(_DOC_DTYPE)
 
 
 def local_ids(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,8 @@ from lsr.index.compact import (
     COMPACT,
     FLOAT32,
     LAYOUTS,
+    MAX_COMPACT_BLOCK,
+    MIN_COMPACT_BLOCK,
     WEIGHT_DTYPES,
     check_compact_block_size,
     check_compact_postings,
@@ -212,6 +214,8 @@ class InvertedIndex(PostingArrays):
             "lengths exceed padded_lengths": bool((self.lengths > self.padded_lengths).any()),
             "end of the last list != number of postings": int(bo[-1, -1]) != P,
             "sum of lengths != doc-major nnz": int(self.lengths.long().sum()) != self.docs.nnz,
+            "compact postings need 32 <= block_size <= 65536": self.postings == COMPACT and not (
+                MIN_COMPACT_BLOCK <= self.block_size <= MAX_COMPACT_BLOCK),
         }
         bad = [k for k, v in problems.items() if v]
         if bad:
