@@ -3,7 +3,8 @@
 Build (compact arrays decode to the float32 layout's), disk format (version 2, one-line errors for
 edited or truncated files), the block scorers on compact postings (Triton kernel vs torch twin under
 TRITON_INTERPRET=1, at small awkward shapes) and triton_search / Searcher against lsr.testing's float64
-reference. The ``gpu`` tests compare the CUDA kernel's compact variant bit for bit with the twin.
+reference. The ``gpu`` test here checks the searcher on CUDA (the CUDA kernel's compact variant against the
+twin: tests/test_kernels_search.py::test_gpu_cuda_block_kernel_matches_twin).
 """
 
 from __future__ import annotations
@@ -295,45 +296,13 @@ def test_pipeline_config_takes_the_posting_layout():
 
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,span,warps", [(2048, 1024, 4), (8192, 8192, 16), (1 << 16, 8192, 16), (4096, 2048, 8)])
-def test_gpu_cuda_compact_kernel_matches_twin(bs, span, warps):
-    from lsr.search.kernels import block_cuda
-    assert block_cuda.available()
-    g = torch.Generator().manual_seed(11)
-    docs = rounded_weights(random_dense_rows(20_000, 300, 0.05, g, quantized=True)).to("cuda")
-    q = random_dense_rows(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")
-    plain, comp = both_layouts(docs, bs)
-    assert block_cuda.usable(comp.doc_ids, comp.scores, span, warps)
-    off = span_offsets(comp, span)
-    scale, inv = query_scales(*csr_of(q), comp.max_scores)
-    args = (comp.doc_ids, comp.scores, off, *csr_of(q), scale, inv, span)
-    spans = torch.arange(off.shape[1] - 1, device="cuda")
-    width = span // topk.ROW
-    items = block.span_items(9, spans, 1, width)
-    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps)
-    want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width)
-    assert torch.equal(got, want)
-    float_keys, _ = block_cuda.cuda_block_candidates(plain.doc_ids, plain.scores, *args[2:], items,
-                                                     9 * spans.numel() * width, warps=warps)
-    assert torch.equal(got, float_keys), "same bits as the float32 postings"
-    theta = topk.kth_threshold(got.view(9, -1), 40)
-    floor = block.coarse_floor(theta, scale, q.indptr)
-    for cap in (8, span):
-        items = block.span_items(9, spans, 1, cap)
-        for opt in ({"theta": theta}, {"coarse_lo": floor}):
-            got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, warps=warps, **opt)
-            want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, **opt)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,k", [(1, 10), (37, 100), (64, 1000)])
-def test_gpu_compact_search_matches_float64_and_float32_layout(B, k):
+@pytest.mark.parametrize("B,k,bs", [(1, 10, 1 << 16), (37, 100, 8192), (64, 1000, 1 << 16), (500, 1000, 8192)])
+def test_gpu_compact_search_matches_float64_and_float32_layout(B, k, bs):
     from lsr.search.searcher import Searcher
     from lsr.synth import synth_docs, synth_queries
     docs = rounded_weights(synth_docs(60_000, device="cuda"))
     q = synth_queries(B, device="cuda")
-    plain, comp = both_layouts(docs, 1 << 16)
+    plain, comp = both_layouts(docs, bs)
     s, d = Searcher(comp).search(q, k=k)
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     s2, d2 = Searcher(plain).search(q, k=k)
