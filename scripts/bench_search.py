@@ -271,7 +271,8 @@ def main() -> None:
     print_table(results.rows)
 
 
-def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str, gen_s: float) -> tuple[InvertedIndex, dict]:
+def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str,
+                gen_s: float) -> tuple[InvertedIndex, dict]:
     """The index in one posting layout and its collection entry (build time, bytes per posting)."""
     InvertedIndex.build(docs[:4096], device=dev, block_size=bs, postings=layout)   # first-call kernel loads
     synchronize()
@@ -283,7 +284,8 @@ def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str, ge
     n = max(1, index.n_postings)
     coll = {"gen_s": gen_s, "build_s": build_s, "postings": layout, "index_gib": index.memory_bytes() / GIB,
             "padded_over_real": index.n_padded_postings / n, "term_major_gib": term_major / GIB,
-            "bytes_per_posting": term_major / n, "bytes_per_padded_posting": term_major / max(1, index.n_padded_postings),
+            "bytes_per_posting": term_major / n,
+            "bytes_per_padded_posting": term_major / max(1, index.n_padded_postings),
             "index_bytes_per_posting": index.memory_bytes() / n}
     print(f"[N={docs.indptr.numel() - 1} block {bs} {layout}] gen {gen_s:.1f}s build {build_s:.2f}s index "
           f"{coll['index_gib']:.2f} GiB ({coll['bytes_per_posting']:.2f} B per posting in the term-major arrays, "

@@ -144,7 +144,8 @@ def test_truncated_or_mislabelled_compact_files_are_one_line_errors(saved):
     (path / "meta.json").write_text(json.dumps({**meta, "weight_dtype": "float8"}))
     with pytest.raises(ValueError, match="weight dtype 'float8' are not supported"):
         InvertedIndex.load(path)
-    (path / "meta.json").write_text(json.dumps({**meta, "postings": "float32", "weight_dtype": "float32"}))   # int16 files
+    # int16 files under a float32 label
+    (path / "meta.json").write_text(json.dumps({**meta, "postings": "float32", "weight_dtype": "float32"}))
     with pytest.raises(ValueError, match=r"doc_ids\.npy holds int16"):
         InvertedIndex.load(path, verify=False)
     (path / "meta.json").write_text(json.dumps(meta))
@@ -244,7 +245,8 @@ def test_compact_coarse_pass_matches_exact(gen, monkeypatch):
     plain, comp = both_layouts(docs, 128)
     cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
     want = triton_search(plain, q, 6, path="block", config=cfg)
-    monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (functools.partial(block.torch_block_candidates), 64))
+    twin = functools.partial(block.torch_block_candidates)
+    monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (twin, 64))
     monkeypatch.setattr(bp, "_coarse_span", lambda c, index, scorer: 128)
     got = triton_search(comp, q, 6, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

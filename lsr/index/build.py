@@ -59,8 +59,9 @@ class PostingArrays:
     """The posting-side fields of an InvertedIndex, which extends this class (shapes: P padded postings,
     V terms, NB blocks).
 
-    doc_ids int32 [P], scores float32 [P] (compact layout: int16 local ids, bf16 / fp16 weights), offsets int64 [V], lengths int32 [V], padded_lengths int32 [V],
-    max_scores float32 [V], block_offsets int64 [V, NB + 1].
+    doc_ids int32 [P], scores float32 [P] (compact layout: int16 local ids, bf16 / fp16 weights),
+    offsets int64 [V], lengths int32 [V], padded_lengths int32 [V], max_scores float32 [V],
+    block_offsets int64 [V, NB + 1].
     """
 
     doc_ids: torch.Tensor

@@ -73,8 +73,9 @@ def _expected_arrays(meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[in
     i32, i64, f32 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32)
     i16 = np.dtype(np.int16)   # compact: uint16 local ids / 16-bit float weights, as bits
     compact = meta.get("postings", FLOAT32) == COMPACT
-    return {"doc_ids": (i16 if compact else i32, (P,)), "scores": (i16 if compact else f32, (P,)), "offsets": (i64, (V,)), "lengths": (i32, (V,)),
-            "padded_lengths": (i32, (V,)), "max_scores": (f32, (V,)), "block_offsets": (i64, (V, nb + 1)),
+    return {"doc_ids": (i16 if compact else i32, (P,)), "scores": (i16 if compact else f32, (P,)),
+            "offsets": (i64, (V,)), "lengths": (i32, (V,)), "padded_lengths": (i32, (V,)),
+            "max_scores": (f32, (V,)), "block_offsets": (i64, (V, nb + 1)),
             "doc_indptr": (i64, (n + 1,)), "doc_indices": (i32, (nnz,)), "doc_values": (f32, (nnz,))}
 
 
@@ -277,8 +278,8 @@ class InvertedIndex(PostingArrays):
         compact = self.postings == COMPACT
         meta = {"format": FORMAT, "version": 2 if compact else 1, "vocab_size": self.vocab_size,
                 "n_docs": self.n_docs, "n_postings": self.n_postings, "n_padded_postings": self.n_padded_postings,
-                "postings": self.postings, "weight_dtype": weight_dtype_name(self.scores.dtype), "padding": PAD, "block_size": self.block_size, "n_blocks": self.n_blocks,
-                "metadata": self.metadata, "files": files}
+                "postings": self.postings, "weight_dtype": weight_dtype_name(self.scores.dtype), "padding": PAD,
+                "block_size": self.block_size, "n_blocks": self.n_blocks, "metadata": self.metadata, "files": files}
         fsynced_write(d / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
 
     @classmethod

@@ -10,9 +10,9 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   prefix sum of its 128-posting steps) is filled in shared memory; the warps split the steps into
   contiguous ranges, so a CTA stays balanced whatever the run lengths;
 * a step reads 128 postings as 16-byte vectors (4 per lane, from a 16-byte aligned start; out-of-run
-  positions are masked); compact postings (lsr.index.compact: 16-bit local ids and weights, source
-  macro WEIGHT) are read 8 per lane, 256 per step, and decoded in registers; a warp keeps its run in registers and issues the next step's loads before
-  this step's adds (two steps in flight);
+  positions are masked; compact postings, lsr.index.compact: 8 per lane, 256 per step, decoded in
+  registers, source macro WEIGHT); a warp keeps its run in registers and issues the next step's loads
+  before this step's adds (two steps in flight);
 * sums are lsr.search.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
@@ -143,7 +143,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     per_load = _postings_per_load(post_w)
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
-        raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} (the index pads to 32)")
+        raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} "
+                         "(the index pads to 32)")
     rowmax = theta is None and coarse_lo is None
     coarse = coarse_lo is not None
     if coarse:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
