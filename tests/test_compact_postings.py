@@ -157,11 +157,15 @@ def test_truncated_or_mislabelled_compact_files_are_one_line_errors(saved):
 
 
 # --------------------------------------------------------------------------------------- kernels
-@pytest.mark.parametrize("bs,span,group,rows,chunk", [(32, 32, 1, 4, 32), (64, 32, 2, 2, 32), (128, 64, 4, 8, 64)])
-def test_block_kernel_on_compact_postings_matches_twin(gen, bs, span, group, rows, chunk):
-    docs = bf16_rows(150, 28, 0.3, gen, quantized=True)       # 150 docs: the last block is partial
+@pytest.mark.parametrize("bs,span,group,rows,chunk,weights", [(32, 32, 1, 4, 32, torch.bfloat16),
+                                                              (64, 32, 2, 2, 32, torch.bfloat16),
+                                                              (128, 64, 4, 8, 64, torch.float16)])
+def test_block_kernel_on_compact_postings_matches_twin(gen, bs, span, group, rows, chunk, weights):
+    # 150 docs: the last block is partial; bf16 cases: quantised weights (ties); fp16: not bf16-exact
+    docs = rounded_weights(random_dense_rows(150, 28, 0.3, gen, quantized=weights == torch.bfloat16), weights)
     q = random_dense_rows(5, 28, 0.35, gen, quantized=True, empty_rows=1).to(DEV)
-    plain, comp = both_layouts(docs, bs)
+    plain, comp = both_layouts(docs.to(DEV), bs)
+    assert comp.scores.dtype == weights
     off = span_offsets(comp, span)
     assert torch.equal(off, span_offsets(plain, span)), "the span table reads local ids like global ones"
     scale, inv = query_scales(*csr_of(q), comp.max_scores)
@@ -298,13 +302,18 @@ def test_pipeline_config_takes_the_posting_layout():
 
 # --------------------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,k,bs", [(1, 10, 1 << 16), (37, 100, 8192), (64, 1000, 1 << 16), (500, 1000, 8192)])
-def test_gpu_compact_search_matches_float64_and_float32_layout(B, k, bs):
+@pytest.mark.parametrize("B,k,bs,weights", [(1, 10, 1 << 16, torch.bfloat16), (37, 100, 8192, torch.bfloat16),
+                                             (64, 1000, 1 << 16, torch.bfloat16), (500, 1000, 8192, torch.bfloat16),
+                                             (64, 1000, 8192, torch.float16), (500, 100, 1 << 16, torch.float16)])
+def test_gpu_compact_search_matches_float64_and_float32_layout(B, k, bs, weights):
+    from lsr.search.block_path import cuda_span
     from lsr.search.searcher import Searcher
     from lsr.synth import synth_docs, synth_queries
-    docs = rounded_weights(synth_docs(60_000, device="cuda"))
+    docs = rounded_weights(synth_docs(60_000, device="cuda"), weights)
     q = synth_queries(B, device="cuda")
     plain, comp = both_layouts(docs, bs)
+    assert comp.scores.dtype == weights
+    assert cuda_span(BlockConfig(), comp) is not None, "the compact CUDA kernel compiles and serves (not Triton)"
     s, d = Searcher(comp).search(q, k=k)
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     s2, d2 = Searcher(plain).search(q, k=k)
