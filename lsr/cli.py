@@ -150,7 +150,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     # metadata from the manifest
     index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size, postings=args.postings)
     index.save(args.out, overwrite=args.overwrite)
-    print(f"indexed {index.n_docs} documents, {index.n_postings} postings -> {args.out}")
+    print(f"indexed {index.n_docs} documents, {index.n_postings} postings ({index.postings} layout) -> {args.out}")
     return 0
 
 
