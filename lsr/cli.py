@@ -144,12 +144,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         if is_distributed():  # under torchrun every rank builds its partitions on its own device
             device = str(init_distributed(device))
         ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
-                           overwrite=args.overwrite, workers=args.workers)
+                           overwrite=args.overwrite, workers=args.workers, postings=args.postings)
         print(f"indexed {args.vectors} into {args.partitions} partitions -> {args.out}")
         return 0
-    index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size)  # metadata from the manifest
+    # metadata from the manifest
+    index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size, postings=args.postings)
     index.save(args.out, overwrite=args.overwrite)
-    print(f"indexed {index.n_docs} documents, {index.n_postings} postings -> {args.out}")
+    print(f"indexed {index.n_docs} documents, {index.n_postings} postings ({index.postings} layout) -> {args.out}")
     return 0
 
 
@@ -275,6 +276,9 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
+    p.add_argument("--postings", choices=("float32", "compact"), default="float32",
+                   help="posting layout: float32 (8 bytes a posting) or compact (4 bytes: 16-bit local doc ids and "
+                        "weights; needs weights exact in bf16/fp16, e.g. vectors encoded in bf16; same results)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     p.add_argument("--partitions", type=int, default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")

@@ -174,7 +174,8 @@ def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: di
     from lsr.index.inverted import InvertedIndex
 
     if cfg.index.partitions == 1:
-        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta)
+        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta,
+                                    postings=cfg.index.postings)
         index.save(out, overwrite=True)
         return index
     from lsr.index.sharded import ShardedIndex
@@ -182,7 +183,7 @@ def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: di
     # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
     # and the searcher moves them to the device, or streams them there when they do not fit
     ShardedIndex.build(docs, cfg.index.partitions, out, device=device, block_size=cfg.index.block_size,
-                       metadata=doc_meta, overwrite=True)
+                       metadata=doc_meta, overwrite=True, postings=cfg.index.postings)
     return ShardedIndex.load(out, verify=False)
 
 

@@ -31,7 +31,7 @@ import torch
 from lsr.sparse import SparseVectors
 
 __all__ = [
-    "free_port",
+    "free_port", "rounded_weights",
     "KINDS", "SAMPLE_TEXTS", "assert_exact_topk", "calibrate_sparsity", "float64_scores", "max_abs_errors",
     "poisoned_allocations", "random_collection", "random_dense_rows", "reference_topk", "save_tiny_colbert",
     "save_tiny_mlm", "seeded_generator", "sparton_case", "tiny_config", "topk_violations", "write_scifact_slice",
@@ -171,6 +171,14 @@ def random_dense_rows(n: int, vocab: int, density: float, gen: torch.Generator, 
     if empty_rows:
         dense[torch.randperm(n, generator=gen)[:empty_rows]] = 0
     return SparseVectors.from_dense(dense).to(device)
+
+
+def rounded_weights(vectors: SparseVectors, dtype: torch.dtype = torch.bfloat16) -> SparseVectors:
+    """The vectors with weights rounded to ``dtype`` (what an encoder running in it stores; weights
+    that would round to 0 become its smallest normal): a collection the compact posting layout holds."""
+    w = vectors.values.to(dtype).to(torch.float32)
+    w = torch.where(w > 0, w, torch.full_like(w, torch.finfo(dtype).tiny))
+    return SparseVectors(vectors.indptr, vectors.indices, w, vectors.ids, vectors.vocab_size, validate=False)
 
 
 @contextlib.contextmanager

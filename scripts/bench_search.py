@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python scripts/bench_search.py --out OUT [--sizes 100k,1m,8.8m] [--batches 1,64,500]
         [--ks 10,1000] [--queries synth,real] [--terms random,real] [--npz VECTORS.npz] [--sweep "span=2048,rows=32;rows=8,per_sm=4"]
+        [--postings float32,compact]
 
 Documents: lsr.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
 doc_weights, q_indptr, q_terms, q_weights). Queries: synthetic ones and/or the 6,980 real SPLADE++ ED
@@ -10,6 +11,10 @@ median of --repeats after a warm-up, a different query window each repeat), QPS,
 bit-identical repeat, exactness against a float64 brute force on a query subset; B=1 also gives p50
 single-query wall-clock latency. Baselines in the same run: the seed's term-parallel float32 atomic
 scatter + torch.topk, torch index_add_ per query term (SPARe-style), torch.sparse.mm + topk.
+``--postings float32,compact`` indexes the same collection in both posting layouts (its weights rounded
+to bf16 first, so the compact layout holds them exactly; lsr.index.compact) and runs the lsr methods on
+each: rows carry ``postings``, ``bytes_per_posting`` (term-major arrays per real posting) and the
+collection entries the build time and byte counts per layout.
 Writes OUT/bench_search.json (meta + rows) and OUT/bench_search.csv; prints a short table last.
 """
 
@@ -25,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls, timed
+from lsr.index.compact import decode_postings
 from lsr.index.inverted import InvertedIndex
 from lsr.search.kernels.scatter import triton_scatter_scores
 from lsr.search.triton_backend import BlockConfig, default_config, triton_search
@@ -38,7 +44,7 @@ from lsr.synth import (
     synth_queries,
     synth_stats,
 )
-from lsr.testing import topk_violations
+from lsr.testing import rounded_weights, topk_violations
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
@@ -67,9 +73,12 @@ class Compact:
     """Unpadded term-major postings (what a SPARe-style torch scorer would keep)."""
 
     def __init__(self, index: InvertedIndex):
-        keep = index.doc_ids >= 0
-        self.doc = index.doc_ids[keep]
-        self.w = index.scores[keep]
+        doc, w = index.doc_ids, index.scores
+        if index.postings == "compact":
+            doc, w = decode_postings(doc, w, index.block_offsets, index.block_size)
+        keep = doc >= 0
+        self.doc = doc[keep]
+        self.w = w[keep]
         self.len = index.lengths.long()
         self.start = torch.cumsum(self.len, 0) - self.len
         self.n = index.n_docs
@@ -182,6 +191,8 @@ def main() -> None:
     ap.add_argument("--block-sizes", default="65536", help="index block sizes: the methods run on the first, "
                     "the sweep on all")
     ap.add_argument("--methods", default="auto,block,scatter,seed,spare,spmm")
+    ap.add_argument("--postings", default="float32", help="posting layouts to index the collection in: float32 "
+                    "and/or compact (then the weights are rounded to bf16 first, for every layout)")
     ap.add_argument("--sweep", default="", help="block configs for extra lsr-block rows, ';'-separated")
     ap.add_argument("--sweep-cases", default="500:1000", help="B:k cases of the sweep")
     ap.add_argument("--repeats", type=int, default=5)
@@ -224,34 +235,31 @@ def main() -> None:
             docs = synth_docs(N, spec, device=dev, term_ranking=ranking)
             qsets = ({"synth" + suffix: synth_queries(7000, spec, device=dev, term_ranking=ranking)}
                      if "synth" in args.queries else {})
+        postings = args.postings.split(",")
+        if "compact" in postings:   # one collection for every layout: weights exact in bf16
+            docs = rounded_weights(docs)
         synchronize()
         gen_s = time.time() - t0
         if real is not None and "real" in args.queries:
             qsets["real" + suffix] = real.to(dev)
         compact = None
-        for i_bs, bs in enumerate(int(x) for x in args.block_sizes.split(",")):
-            t0 = time.time()
-            index = InvertedIndex.build(docs, device=dev, block_size=bs)
-            synchronize()
-            build_s = time.time() - t0
-            coll = {"gen_s": gen_s, "build_s": build_s, "index_gib": index.memory_bytes() / GIB,
-                    "padded_over_real": index.n_padded_postings / max(1, index.n_postings)}
-            if i_bs == 0:
+        for i_case, (bs, layout) in enumerate((int(x), lay) for x in args.block_sizes.split(",") for lay in postings):
+            index, coll = build_index(docs, dev, bs, layout, gen_s)
+            if i_case == 0:
                 for name, q in qsets.items():
                     coll[f"stats_{name}"] = synth_stats(docs, q)
-                compact = Compact(index)  # the same postings whatever the block size
-            meta["collections"][f"{N}/{bs}{suffix}"] = coll
-            print(f"[N={N} block {bs}] gen {gen_s:.1f}s build {build_s:.1f}s index {coll['index_gib']:.2f} GiB "
-                  f"padding x{coll['padded_over_real']:.2f}", flush=True)
+                compact = Compact(index)  # the same postings whatever the block size and layout
+            meta["collections"][f"{N}/{bs}{suffix}" + ("" if layout == "float32" else f"/{layout}")] = coll
             save()
-            ctx = {"N": N, "block_size": bs, "args": args, "over_budget": over_budget, "compact": compact}
+            ctx = {"N": N, "block_size": bs, "args": args, "over_budget": over_budget, "compact": compact,
+                   "postings": layout, "bytes_per_posting": coll["bytes_per_posting"], "build_s": coll["build_s"]}
             for cfg in parse_sweep(args.sweep) if N == max(sizes) else []:  # the sweep at the largest N
                 for case in args.sweep_cases.split(","):
                     B, k = (int(x) for x in case.split(":"))
                     qn = next(iter(qsets))
                     run_case(results, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
-            if i_bs == 0:
-                if args.profile and N == max(sizes):
+            if bs == int(args.block_sizes.split(",")[0]):
+                if args.profile and N == max(sizes) and i_case == 0:
                     profile_single(index, next(iter(qsets.values())), out_dir / "profile_b1.txt")
                 run_methods(results, index, qsets, ctx)
             del index
@@ -261,6 +269,28 @@ def main() -> None:
     results.summary["elapsed_s"] = time.time() - t_start
     save()
     print_table(results.rows)
+
+
+def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str,
+                gen_s: float) -> tuple[InvertedIndex, dict]:
+    """The index in one posting layout and its collection entry (build time, bytes per posting)."""
+    InvertedIndex.build(docs[:4096], device=dev, block_size=bs, postings=layout)   # first-call kernel loads
+    synchronize()
+    t0 = time.time()
+    index = InvertedIndex.build(docs, device=dev, block_size=bs, postings=layout)
+    synchronize()
+    build_s = time.time() - t0
+    term_major = index.doc_ids.numel() * (index.doc_ids.element_size() + index.scores.element_size())
+    n = max(1, index.n_postings)
+    coll = {"gen_s": gen_s, "build_s": build_s, "postings": layout, "index_gib": index.memory_bytes() / GIB,
+            "padded_over_real": index.n_padded_postings / n, "term_major_gib": term_major / GIB,
+            "bytes_per_posting": term_major / n,
+            "bytes_per_padded_posting": term_major / max(1, index.n_padded_postings),
+            "index_bytes_per_posting": index.memory_bytes() / n}
+    print(f"[N={docs.indptr.numel() - 1} block {bs} {layout}] gen {gen_s:.1f}s build {build_s:.2f}s index "
+          f"{coll['index_gib']:.2f} GiB ({coll['bytes_per_posting']:.2f} B per posting in the term-major arrays, "
+          f"{coll['index_bytes_per_posting']:.2f} in all) padding x{coll['padded_over_real']:.2f}", flush=True)
+    return index, coll
 
 
 def profile_single(index, queries, path: Path, n: int = 20) -> None:
@@ -293,6 +323,8 @@ def run_methods(results: Results, index, qsets, ctx) -> None:
     wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "eager": "lsr-eager", "small": "lsr-block-small", "scatter": "lsr-scatter",
               "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}
     chosen = [wanted[m] for m in args.methods.split(",") if m in wanted]
+    if ctx["postings"] != "float32":   # the baselines do not depend on the layout; the scatter kernels read float32
+        chosen = [m for m in chosen if m not in ("lsr-scatter", "seed-scatter", "spare", "torch-spmm")]
     if "torch-spmm" in chosen and N <= args.baseline_max_n:
         methods["torch-spmm"] = Spmm(index)
     batches = [int(b) for b in args.batches.split(",")]
@@ -313,7 +345,9 @@ def run_methods(results: Results, index, qsets, ctx) -> None:
 
 def run_case(results: Results, name, fn, index, queries, qname, B, k, ctx, exact=True) -> None:
     args, N, compact = ctx["args"], ctx["N"], ctx["compact"]
-    base_row = {"method": name, "n_docs": N, "block_size": ctx["block_size"], "queries": qname, "B": B, "k": k}
+    base_row = {"method": name, "n_docs": N, "block_size": ctx["block_size"], "postings": ctx.get("postings", "float32"),
+                "bytes_per_posting": ctx.get("bytes_per_posting"), "build_s": ctx.get("build_s"), "queries": qname,
+                "B": B, "k": k}
     if ctx["over_budget"]():
         results.add({**base_row, "status": "skipped: budget"})
         return
@@ -352,7 +386,9 @@ def run_case(results: Results, name, fn, index, queries, qname, B, k, ctx, exact
 
 def print_table(rows: list[dict]) -> None:
     print()
-    print(format_table(rows, ["method", "block_size", "n_docs", "queries", "B", "k", ("ms", ".2f"), ("qps", ".0f"),
+    print(format_table(rows, ["method", "postings", ("bytes_per_posting", ".2f"), ("build_s", ".2f"), "block_size",
+                              "n_docs", "queries",
+                              "B", "k", ("ms", ".2f"), ("qps", ".0f"),
                               ("p50_latency_ms", ".2f"), ("peak_extra_mb", ".0f"), "exact", "bit_identical"]))
 
 

@@ -355,16 +355,21 @@ def test_gpu_block_search_synthetic(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,span,warps,terms", [(32, 64, 1, 256), (64, 128, 2, 32), (2048, 2048, 8, 256),
-                                                      (4096, 1024, 4, 64), (2048, 8192, 8, 32)])
-def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, terms):
+@pytest.mark.parametrize("bs,span,warps,terms,postings", [
+    (32, 64, 1, 256, "float32"), (64, 128, 2, 32, "float32"), (2048, 2048, 8, 256, "float32"),
+    (4096, 1024, 4, 64, "float32"), (2048, 8192, 8, 32, "float32"),
+    # compact postings (lsr.index.compact: 8 per 16-byte load; spans divide the block)
+    (2048, 1024, 4, 256, "compact"), (8192, 8192, 16, 64, "compact"), (1 << 16, 8192, 16, 256, "compact"),
+    (4096, 2048, 8, 32, "compact")])
+def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, terms, postings):
     from lsr.search.kernels import block_cuda
     assert block_cuda.available()
     monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
     g = torch.Generator(device="cpu").manual_seed(7)
-    docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs
+    docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs; bf16-exact
     q = rand_vectors(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")  # ~90 terms: 3 warps' worth
-    index = build_index(docs, bs)
+    index = InvertedIndex.build(docs, device="cuda", block_size=bs, postings=postings)
+    assert block_cuda.usable(index.doc_ids, index.scores, span, warps)
     off = span_offsets(index, span)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
     args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)

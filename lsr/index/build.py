@@ -28,6 +28,15 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from lsr.index.compact import (
+    COMPACT,
+    FLOAT32,
+    LAYOUTS,
+    check_compact_block_size,
+    compact_weight_dtype,
+    encode_docs,
+    is_compact,
+)
 from lsr.ragged import segment_ids
 from lsr.sparse import SparseVectors
 
@@ -50,8 +59,9 @@ class PostingArrays:
     """The posting-side fields of an InvertedIndex, which extends this class (shapes: P padded postings,
     V terms, NB blocks).
 
-    doc_ids int32 [P], scores float32 [P], offsets int64 [V], lengths int32 [V], padded_lengths int32 [V],
-    max_scores float32 [V], block_offsets int64 [V, NB + 1].
+    doc_ids int32 [P], scores float32 [P] (compact layout: int16 local ids, bf16 / fp16 weights),
+    offsets int64 [V], lengths int32 [V], padded_lengths int32 [V], max_scores float32 [V],
+    block_offsets int64 [V, NB + 1].
     """
 
     doc_ids: torch.Tensor
@@ -63,6 +73,11 @@ class PostingArrays:
     block_offsets: torch.Tensor
     block_size: int
     n_blocks: int
+
+    @property
+    def postings(self) -> str:
+        """The posting layout: "float32" or "compact" (``lsr.index.compact``)."""
+        return COMPACT if is_compact(self.doc_ids) else FLOAT32
 
 
 POSTING_TENSORS = tuple(f.name for f in fields(PostingArrays) if f.type == "torch.Tensor")
@@ -134,19 +149,26 @@ def _segment_keys(terms: torch.Tensor, docs: torch.Tensor, n_blocks: int, shift:
 
 
 def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
-                   max_memory_bytes: int | None = None) -> PostingArrays:
+                   max_memory_bytes: int | None = None, postings: str = FLOAT32) -> PostingArrays:
     """Build the padded, block-aligned term-major posting arrays on ``vectors.device``.
 
     Args:
         vectors: n docs, CSR (rows ascending, terms unique and ascending per row).
         block_size: docs per block, a power of two <= 2^20.
         max_memory_bytes: budget for temporaries (default: see ``default_memory_budget``); the
-            output arrays (8 bytes per padded posting) come on top.
+            output arrays (8 bytes per padded posting, 4 when compact) come on top.
+        postings: "float32" (int32 doc ids, float32 weights) or "compact" (``lsr.index.compact``:
+            uint16 block-local ids and the weights as bf16 / fp16, which must hold them exactly).
 
     Returns:
         PostingArrays; see the class docstring for shapes.
     """
     shift = check_block_size(block_size)
+    if postings not in LAYOUTS:
+        raise ValueError(f"postings must be one of {LAYOUTS}, got {postings!r}")
+    if postings == COMPACT:
+        check_compact_block_size(block_size)
+        w_dtype = compact_weight_dtype(vectors.values)
     dev = vectors.device
     n, V = len(vectors), vectors.vocab_size
     if n > _INT32_MAX:
@@ -184,8 +206,12 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
         raise ValueError(f"a posting list of {longest} entries does not fit int32 lengths")
 
     # pass 2: scatter every posting to its place
-    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=dev)
-    scores = torch.zeros(total, dtype=torch.float32, device=dev)
+    if postings == COMPACT:   # padding: weight 0, local id block_size - 1 (see lsr.index.compact)
+        doc_ids = encode_docs(torch.full((total,), block_size - 1, dtype=torch.int32, device=dev), block_size)
+        scores = torch.zeros(total, dtype=w_dtype, device=dev)
+    else:
+        doc_ids = torch.full((total,), -1, dtype=torch.int32, device=dev)
+        scores = torch.zeros(total, dtype=torch.float32, device=dev)
     written = torch.zeros(n_keys, dtype=torch.int64, device=dev)  # postings per segment placed so far
     for r0, r1, p0, p1 in chunks:
         if p1 == p0:
@@ -207,8 +233,8 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
         del key, first
         dest += torch.arange(p1 - p0, dtype=torch.int64, device=dev)
         # destinations are unique (and ascending), so the copies are deterministic
-        doc_ids.index_copy_(0, dest, docs)
-        scores.index_copy_(0, dest, vals)
+        doc_ids.index_copy_(0, dest, encode_docs(docs, block_size) if postings == COMPACT else docs)
+        scores.index_copy_(0, dest, vals.to(scores.dtype))
         written += chunk_counts
         del docs, vals, dest
 

@@ -6,6 +6,10 @@ Fields and layout: docs/architecture.md ("Inverted index"). On disk an index is 
                         "n_padded_postings", "weight_dtype": "float32", "padding": 32, "block_size",
                         "n_blocks", "metadata": {...encoder description...},
                         "files": {"<name>.npy" | "docnos.arrow": {"sha256", "dtype", "shape"}}}
+                       compact postings (lsr.index.compact): "version": 2, "postings": "compact",
+                       "weight_dtype": "bfloat16" | "float16"; doc_ids.npy / scores.npy hold int16
+                       (local id / weight bits). Version 1 is still written for the float32 layout, so
+                       older lsr reads those indexes and refuses compact ones by their version.
     doc_ids.npy scores.npy offsets.npy lengths.npy padded_lengths.npy max_scores.npy block_offsets.npy
     doc_indptr.npy doc_indices.npy doc_values.npy        (the doc-major CSR)
     docnos.arrow       Arrow IPC file, one large_string column "docno"
@@ -37,6 +41,18 @@ from lsr.index.build import (
     check_block_size,
     n_blocks_for,
 )
+from lsr.index.compact import (
+    COMPACT,
+    FLOAT32,
+    LAYOUTS,
+    MAX_COMPACT_BLOCK,
+    MIN_COMPACT_BLOCK,
+    WEIGHT_DTYPES,
+    check_compact_block_size,
+    check_compact_postings,
+    decode_postings,
+    weight_dtype_name,
+)
 from lsr.io import atomic_directory, fsynced_write, recover_directory
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
@@ -44,7 +60,7 @@ from lsr.sparse import SparseVectors
 __all__ = ["FORMAT", "VERSION", "InvertedIndex"]
 
 FORMAT = "lsr-index"
-VERSION = 1
+VERSION = 2             # read up to this; written: 1 (float32 postings) or 2 (compact postings)
 META = "meta.json"
 DOCNOS = "docnos.arrow"
 _DOC_FIELDS = {"doc_indptr": "indptr", "doc_indices": "indices", "doc_values": "values"}  # file -> CSR member
@@ -55,8 +71,11 @@ def _expected_arrays(meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[in
     P, V, n, nnz, nb = (int(meta[k]) for k in ("n_padded_postings", "vocab_size", "n_docs", "n_postings",
                                                    "n_blocks"))
     i32, i64, f32 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32)
-    return {"doc_ids": (i32, (P,)), "scores": (f32, (P,)), "offsets": (i64, (V,)), "lengths": (i32, (V,)),
-            "padded_lengths": (i32, (V,)), "max_scores": (f32, (V,)), "block_offsets": (i64, (V, nb + 1)),
+    i16 = np.dtype(np.int16)   # compact: uint16 local ids / 16-bit float weights, as bits
+    compact = meta.get("postings", FLOAT32) == COMPACT
+    return {"doc_ids": (i16 if compact else i32, (P,)), "scores": (i16 if compact else f32, (P,)),
+            "offsets": (i64, (V,)), "lengths": (i32, (V,)), "padded_lengths": (i32, (V,)),
+            "max_scores": (f32, (V,)), "block_offsets": (i64, (V, nb + 1)),
             "doc_indptr": (i64, (n + 1,)), "doc_indices": (i32, (nnz,)), "doc_values": (f32, (nnz,))}
 
 
@@ -99,7 +118,7 @@ class InvertedIndex(PostingArrays):
     @classmethod
     def build(cls, vectors: SparseVectors | str | os.PathLike, device: str | torch.device | None = None,
               block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None, *,
-              max_memory_bytes: int | None = None) -> InvertedIndex:
+              max_memory_bytes: int | None = None, postings: str = FLOAT32) -> InvertedIndex:
         """Index document vectors (SparseVectors, or a vector directory written by ``lsr.shards``).
 
         Args:
@@ -109,6 +128,8 @@ class InvertedIndex(PostingArrays):
             metadata: JSON-serialisable encoder description (default for a vector directory: its
                 manifest's metadata); the Searcher compares it with the queries'.
             max_memory_bytes: budget for build temporaries (see ``lsr.index.build.build_postings``).
+            postings: "float32" (8 bytes per posting) or "compact" (4 bytes; weights must be exactly
+                bf16 or fp16 values, e.g. vectors encoded in bf16: ``lsr.index.compact``).
         """
         if not isinstance(vectors, SparseVectors):
             if metadata is None:
@@ -117,7 +138,7 @@ class InvertedIndex(PostingArrays):
         if device is not None:
             vectors = vectors.to(device)
         metadata = json.loads(json.dumps(metadata or {}))  # fail now, not at save time
-        arrays = build_postings(vectors, block_size, max_memory_bytes)
+        arrays = build_postings(vectors, block_size, max_memory_bytes, postings)
         return cls(**vars(arrays), docs=vectors, vocab_size=vectors.vocab_size, n_docs=len(vectors),
                    metadata=metadata)
 
@@ -162,13 +183,16 @@ class InvertedIndex(PostingArrays):
             raise IndexError(f"term {term} is outside the vocabulary [0, {self.vocab_size})")
         a = int(self.offsets[term])
         b = a + int(self.padded_lengths[term])
-        d = self.doc_ids[a:b]
+        d, w = self.doc_ids[a:b], self.scores[a:b]
+        if self.postings == COMPACT:
+            d, w = decode_postings(d, w, self.block_offsets[term:term + 1] - a, self.block_size)
         keep = d >= 0
-        return d[keep], self.scores[a:b][keep]
+        return d[keep], w[keep]
 
     def __repr__(self) -> str:
         return (f"InvertedIndex(n_docs={self.n_docs}, vocab_size={self.vocab_size}, n_postings={self.n_postings}, "
-                f"padded={self.n_padded_postings}, block_size={self.block_size}, device={self.device})")
+                f"padded={self.n_padded_postings}, block_size={self.block_size}, postings={self.postings}, "
+                f"device={self.device})")
 
     def check(self) -> None:
         """Cheap structural checks of the per-term arrays (no pass over the postings); ValueError if broken."""
@@ -191,6 +215,8 @@ class InvertedIndex(PostingArrays):
             "lengths exceed padded_lengths": bool((self.lengths > self.padded_lengths).any()),
             "end of the last list != number of postings": int(bo[-1, -1]) != P,
             "sum of lengths != doc-major nnz": int(self.lengths.long().sum()) != self.docs.nnz,
+            "compact postings need 32 <= block_size <= 65536": self.postings == COMPACT and not (
+                MIN_COMPACT_BLOCK <= self.block_size <= MAX_COMPACT_BLOCK),
         }
         bad = [k for k, v in problems.items() if v]
         if bad:
@@ -202,7 +228,9 @@ class InvertedIndex(PostingArrays):
         pointer non-decreasing from 0 to nnz. Checksums cannot catch a file edited with its checksum."""
         d, csr = self.doc_ids, self.docs
         problems = []
-        if d.numel() and (int(d.min()) < -1 or int(d.max()) >= self.n_docs):
+        if self.postings == COMPACT:
+            problems += check_compact_postings(d, self.scores, self.block_size, csr.nnz)
+        elif d.numel() and (int(d.min()) < -1 or int(d.max()) >= self.n_docs):
             problems.append(f"posting doc ids span [{int(d.min())}, {int(d.max())}], outside [-1, {self.n_docs})")
         if csr.indices.numel() and (int(csr.indices.min()) < 0 or int(csr.indices.max()) >= self.vocab_size):
             problems.append(f"term ids span [{int(csr.indices.min())}, {int(csr.indices.max())}], outside "
@@ -233,6 +261,8 @@ class InvertedIndex(PostingArrays):
     def _write_files(self, d: Path) -> None:
         files: dict[str, Any] = {}
         for name, t in self._tensors().items():
+            if t.dtype in WEIGHT_DTYPES.values():   # numpy has no bfloat16: 16-bit weights as their bits
+                t = t.view(torch.int16)
             arr = t.detach().cpu().numpy()
             f = d / f"{name}.npy"
             fsynced_write(f, lambda fh, a=arr: np.save(fh, a, allow_pickle=False))
@@ -245,10 +275,11 @@ class InvertedIndex(PostingArrays):
 
         fsynced_write(d / DOCNOS, write_arrow)
         files[DOCNOS] = {"sha256": sha256_file(d / DOCNOS), "dtype": "large_string", "shape": [self.n_docs]}
-        meta = {"format": FORMAT, "version": VERSION, "vocab_size": self.vocab_size, "n_docs": self.n_docs,
-                "n_postings": self.n_postings, "n_padded_postings": self.n_padded_postings,
-                "weight_dtype": "float32", "padding": PAD, "block_size": self.block_size, "n_blocks": self.n_blocks,
-                "metadata": self.metadata, "files": files}
+        compact = self.postings == COMPACT
+        meta = {"format": FORMAT, "version": 2 if compact else 1, "vocab_size": self.vocab_size,
+                "n_docs": self.n_docs, "n_postings": self.n_postings, "n_padded_postings": self.n_padded_postings,
+                "postings": self.postings, "weight_dtype": weight_dtype_name(self.scores.dtype), "padding": PAD,
+                "block_size": self.block_size, "n_blocks": self.n_blocks, "metadata": self.metadata, "files": files}
         fsynced_write(d / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
 
     @classmethod
@@ -273,6 +304,8 @@ class InvertedIndex(PostingArrays):
         try:
             expected = _expected_arrays(meta)
             check_block_size(meta["block_size"])
+            if meta.get("postings") == COMPACT:
+                check_compact_block_size(meta["block_size"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path / META} is missing or has a bad entry: {e}") from e
         files = meta.get("files") or {}
@@ -282,6 +315,8 @@ class InvertedIndex(PostingArrays):
             if fname not in files:
                 raise ValueError(f"{path / META} does not list {fname}")
             tensors[name] = _load_npy(path / fname, files[fname], dtype, shape, mmap, verify)
+        if meta.get("postings") == COMPACT:
+            tensors["scores"] = tensors["scores"].view(WEIGHT_DTYPES[meta["weight_dtype"]])
         docnos = cls._read_docnos(path / DOCNOS, files.get(DOCNOS), int(meta["n_docs"]), verify)
         docs = SparseVectors(tensors.pop("doc_indptr"), tensors.pop("doc_indices"), tensors.pop("doc_values"),
                              docnos, int(meta["vocab_size"]), validate=False)
@@ -314,9 +349,12 @@ class InvertedIndex(PostingArrays):
         if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
             raise ValueError(f"{mf}: format version {meta.get('version')!r} is not supported by this lsr "
                              f"(reads up to {VERSION})")
-        if meta.get("padding") != PAD or meta.get("weight_dtype") != "float32":
-            raise ValueError(f"{mf}: padding {meta.get('padding')!r} / weight dtype {meta.get('weight_dtype')!r} "
-                             f"are not supported (expects {PAD} / float32)")
+        layout = meta.get("postings", FLOAT32)
+        weights = (FLOAT32,) if layout == FLOAT32 else tuple(WEIGHT_DTYPES)
+        if meta.get("padding") != PAD or layout not in LAYOUTS or meta.get("weight_dtype") not in weights:
+            raise ValueError(f"{mf}: padding {meta.get('padding')!r} / postings {layout!r} / weight dtype "
+                             f"{meta.get('weight_dtype')!r} are not supported (expects {PAD} / float32 / float32, "
+                             f"or {PAD} / compact / one of {tuple(WEIGHT_DTYPES)})")
         return meta
 
     @staticmethod

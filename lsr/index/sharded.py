@@ -147,7 +147,8 @@ class ShardedIndex:
     @classmethod
     def build(cls, vectors: SparseVectors | str | os.PathLike, n_partitions: int, out: str | os.PathLike,
               device: str | torch.device = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
-              metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1) -> Path:
+              metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1,
+              postings: str = "float32") -> Path:
         """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder.
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
@@ -155,7 +156,8 @@ class ShardedIndex:
         (torch and pyarrow release the GIL: it pays on a many-core CPU). Inside a torch.distributed job
         (collective: every rank calls it) rank r builds partitions r, r + W, ... on its own device into
         rank 0's temporary folder (one shared file system), and rank 0 writes the manifest and publishes
-        the folder. Returns the folder's path.
+        the folder. Returns the folder's path. ``postings``: the partitions' posting layout
+        (``InvertedIndex.build``).
         """
         from lsr.distributed import rank_and_size
 
@@ -174,7 +176,8 @@ class ShardedIndex:
         def build_one(p: int) -> None:
             a, b = bounds[p], bounds[p + 1]
             rows = vectors[a:b] if isinstance(vectors, SparseVectors) else read_vector_rows(vectors, a, b)
-            InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata).save(tmp / _part(p))
+            InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata,
+                                postings=postings).save(tmp / _part(p))
 
         # the outer agree waits for rank 0 to publish the folder: no rank returns before it is in place
         with _everywhere("publish the index folder", world), ExitStack() as stack:

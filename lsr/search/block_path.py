@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from lsr.index.compact import COMPACT
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
@@ -342,13 +343,19 @@ def _select_span_scorer(cfg: BlockConfig, index: InvertedIndex) -> tuple[SpanSco
         return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps), span
     scorer = functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
                                num_warps=cfg.num_warps, n_programs=default_programs(index.device, cfg.per_sm))
-    return scorer, min(cfg.span, span_limit(index))
+    return scorer, min(cfg.span, _max_span(index))
+
+
+def _max_span(index: InvertedIndex) -> int:
+    """The largest span the kernels can read: compact postings hold block-local ids, so spans divide the
+    block (lsr.index.compact); float32 postings allow any span."""
+    return min(index.block_size, span_limit(index)) if index.postings == COMPACT else span_limit(index)
 
 
 def cuda_span(cfg: BlockConfig, index: InvertedIndex) -> int | None:
     """cfg.cuda_span where the CUDA kernel serves this index (group 1, a collection of at least one CUDA
     span, a CUDA device with NVRTC, aligned postings), else None."""
-    ok = cfg.group == 1 and min(cfg.cuda_span, span_limit(index)) == cfg.cuda_span \
+    ok = cfg.group == 1 and min(cfg.cuda_span, _max_span(index)) == cfg.cuda_span \
         and block_cuda.usable(index.doc_ids, index.scores, cfg.cuda_span, cfg.cuda_warps)
     return cfg.cuda_span if ok else None
 
@@ -357,6 +364,6 @@ def _coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> 
     """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
     if not cfg.coarse or getattr(scorer, "func", None) is not block_cuda.cuda_block_candidates:
         return None
-    cspan = max(cfg.span, min(cfg.coarse_span, span_limit(index), block_cuda.MAX_SPAN))
+    cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_SPAN))
     bs = index.block_size
     return cspan if cspan % bs == 0 or bs % cspan == 0 else None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lsr.index.compact import is_compact, local_ids
 from lsr.search.kernels.topk import ROW
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ def span_offsets(index: InvertedIndex, span: int) -> torch.Tensor:
         cols = torch.arange(0, index.n_blocks, span // bs, device=bo.device)
         out = torch.cat([bo[:, cols], bo[:, -1:]], 1)
     elif bs % span == 0:
-        out = _split_blocks(index.doc_ids, bo, bs, span)
+        out = _split_blocks(index.doc_ids, bo, bs, span, local=is_compact(index.doc_ids))
     else:
         raise ValueError(f"span {span} must divide or be a multiple of the block size {bs}")
     out = out[:, :n_spans].contiguous() if out.shape[1] > n_spans + 1 else out.contiguous()
@@ -54,9 +55,11 @@ def span_offsets(index: InvertedIndex, span: int) -> torch.Tensor:
     return out
 
 
-def _split_blocks(doc_ids: torch.Tensor, bo: torch.Tensor, bs: int, span: int,
+def _split_blocks(doc_ids: torch.Tensor, bo: torch.Tensor, bs: int, span: int, local: bool = False,
                   terms_per_step: int = 2048) -> torch.Tensor:
-    """Sub-span starts by a vectorised binary search (torch; chunked over terms to bound memory)."""
+    """Sub-span starts by a vectorised binary search (torch; chunked over terms to bound memory).
+
+    ``local``: compact postings (block-local ids, padding id block_size - 1: at or past every bound)."""
     V, nb = bo.shape[0], bo.shape[1] - 1
     m = bs // span
     out = torch.empty((V, nb * m + 1), dtype=torch.int64, device=bo.device)
@@ -66,13 +69,14 @@ def _split_blocks(doc_ids: torch.Tensor, bo: torch.Tensor, bs: int, span: int,
         t1 = min(V, t0 + terms_per_step)
         lo = bo[t0:t1, :-1].unsqueeze(2).expand(-1, -1, m).clone()          # [T, nb, m]
         hi = bo[t0:t1, 1:].unsqueeze(2).expand(-1, -1, m).clone()
-        bound = (torch.arange(nb, device=bo.device).view(1, nb, 1) * bs + sub.view(1, 1, m) * span)
+        bound = (torch.arange(nb, device=bo.device).view(1, nb, 1) * (0 if local else bs) + sub.view(1, 1, m) * span)
         for _ in range(max(1, int(bs).bit_length() + 1)):                  # segments hold <= bs postings (+pad)
             active = lo < hi
             if not bool(active.any()):
                 break
             mid = (lo + hi) // 2
             d = doc_ids[mid.clamp(max=doc_ids.numel() - 1)]
+            d = local_ids(d) if local else d
             right = (d >= bound) | (d < 0)                                # first doc >= bound, or padding
             hi = torch.where(active & right, mid, hi)
             lo = torch.where(active & ~right, mid + 1, lo)

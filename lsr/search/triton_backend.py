@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lsr.index.compact import COMPACT
 from lsr.kernel_utils import INTERPRET
 from lsr.ragged import segment_ids
 from lsr.search.block_path import BlockConfig, QueryCSR, block_search, cuda_span, default_config
@@ -75,8 +76,12 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
         return (torch.zeros((B, k), dtype=torch.float32, device=dev),
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
     cfg = config or default_config(B)
+    compact = index.postings == COMPACT
     if path == "auto":
-        path = choose_path(index.n_docs, B, cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None)
+        cuda_kernel = cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
+        path = choose_path(index.n_docs, B, cuda_kernel or compact)   # compact: no scatter kernel
+    if path == "scatter" and compact:
+        raise ValueError("the scatter path reads float32 postings; search a compact index with path 'block' or 'csr'")
     if path == "block":
         # longest query: free when the queries are on the host, else the one sync before the kernels
         # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)

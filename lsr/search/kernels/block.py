@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
 from lsr.kernel_utils import check_tensor
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
@@ -97,13 +98,23 @@ def _locate(c, total, tab_ptr, NT: tl.constexpr, LOG_NT: tl.constexpr, CHUNK: tl
 
 
 @triton.jit
+def _posting_cells(doc, w, doc0, SPAN: tl.constexpr, COMPACT: tl.constexpr):
+    """(cell offset in the span, real posting) of loaded postings: global doc ids with -1 padding, or
+    compact block-local ids with weight-0 padding (the span divides the block: the id's low bits)."""
+    if COMPACT:
+        return doc.to(tl.int64) & (SPAN - 1), w != 0
+    else:
+        return doc.to(tl.int64) - doc0, doc >= 0
+
+
+@triton.jit
 def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
                   q_indptr_ptr, q_terms_ptr, q_w_ptr, scale_ptr, inv_ptr, theta_ptr,
                   item_q_ptr, item_span_ptr, item_out_ptr, n_items, out_stride_g,
                   scratch_ptr, table_ptr, out_ptr, count_ptr, B,
                   G: tl.constexpr, MAXQ: tl.constexpr, R: tl.constexpr, CHUNK: tl.constexpr,
                   SPAN: tl.constexpr, RB: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr,
-                  LOG_NT: tl.constexpr):
+                  LOG_NT: tl.constexpr, COMPACT: tl.constexpr):
     pid = tl.program_id(0)
     NT: tl.constexpr = G * MAXQ
     slot = scratch_ptr + pid.to(tl.int64) * (G * SPAN)
@@ -155,9 +166,9 @@ def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
             m = valid[:, None] & (p < end[:, None])
             n_doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
             n_w = tl.load(post_w_ptr + p, mask=m, other=0.0)
-            v = (w.to(tl.float64) * wqs[:, None]).to(tl.int64)   # = trunc(w_q * w_d * 2^e), exact
-            cell = slot + gr[:, None] * SPAN + (doc.to(tl.int64) - doc0)
-            tl.atomic_add(cell, v, mask=doc >= 0, sem="relaxed")  # -1: padding / masked
+            v = (w.to(tl.float32).to(tl.float64) * wqs[:, None]).to(tl.int64)   # = trunc(w_q * w_d * 2^e), exact
+            off, real = _posting_cells(doc, w, doc0, SPAN, COMPACT)
+            tl.atomic_add(slot + gr[:, None] * SPAN + off, v, mask=real, sem="relaxed")  # padding / masked
             doc, w, wqs, gr = n_doc, n_w, n_wqs, n_gr
         tl.debug_barrier()                                       # all adds land before the read-out
 
@@ -222,8 +233,9 @@ def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: tor
     """Dtype / shape / device checks shared by the block scorers (Triton and CUDA); returns B."""
     dev = post_doc.device
     item_q, item_span, item_out, _ = items
-    check_tensor("post_doc", post_doc, dtype=torch.int32, ndim=1)
-    check_tensor("post_w", post_w, dtype=torch.float32, shape=tuple(post_doc.shape), device=dev)
+    check_tensor("post_doc", post_doc, dtype=(torch.int32, torch.int16), ndim=1)
+    w_dtypes = tuple(WEIGHT_DTYPES.values()) if is_compact(post_doc) else torch.float32   # compact: 16-bit
+    check_tensor("post_w", post_w, dtype=w_dtypes, shape=tuple(post_doc.shape), device=dev)
     check_tensor("span_off", span_off, dtype=torch.int64, ndim=2, device=dev, rows_contiguous=True)
     B = check_query_csr(q_indptr, q_terms, q_weights, dev)
     check_scales(scale, inv_scale, B, dev)
@@ -246,7 +258,9 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     """Run the block scorer over work items and emit candidate keys.
 
     Args:
-        post_doc / post_w: int32 / float32 [P] postings (-1 / 0 padding), term-major, span-ordered.
+        post_doc / post_w: int32 / float32 [P] postings (-1 / 0 padding), term-major, span-ordered; or
+            the compact layout (``lsr.index.compact``): int16 block-local ids / bf16 or fp16 weights
+            (0 padding), where ``span`` must divide the index block.
         span_off: int64 [V, n_spans + 1]: term t's postings for span j are
             post[span_off[t, j] : span_off[t, j + 1]], docs in [j * span, (j + 1) * span).
         q_indptr / q_terms / q_weights: query CSR (int64 / int32 / float32); any term order.
@@ -290,9 +304,30 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
                              item_q, item_span, item_out, n_items, out_stride_g,
                              scratch, table, out, out if rowmax else counts, B,
                              G=group, MAXQ=maxq, R=rows, CHUNK=chunk, SPAN=span, RB=rb, CAP=width,
-                             ROWMAX=rowmax, LOG_NT=(group * maxq).bit_length() - 1, num_warps=num_warps,
+                             ROWMAX=rowmax, LOG_NT=(group * maxq).bit_length() - 1,
+                             COMPACT=is_compact(post_doc), num_warps=num_warps,
                              num_stages=1)
     return out, counts
+
+
+def _query_postings(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor, q_terms: torch.Tensor,
+                    span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Real postings of every query term (query-term entry, global doc int64, float32 weight) for the twin.
+
+    Compact postings hold block-local ids: a run of span j (the span divides the block) holds docs
+    ``j * span + (local & (span - 1))``."""
+    t = q_terms.long()
+    if not is_compact(post_doc):
+        entry, pos = ragged_positions(span_off[t, 0], span_off[t, -1] - span_off[t, 0])
+        doc = post_doc[pos].long()
+        keep = doc >= 0
+        return entry[keep], doc[keep], post_w[pos][keep]
+    n_spans = span_off.shape[1] - 1
+    run, pos = ragged_positions(span_off[t, :-1].flatten(), span_off[t].diff(dim=1).flatten())
+    w = post_w[pos].to(torch.float32)
+    doc = (run % n_spans) * span + (local_ids(post_doc[pos]).long() & (span - 1))
+    keep = w > 0
+    return (run // n_spans)[keep], doc[keep], w[keep]
 
 
 def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
@@ -310,12 +345,7 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     B = q_indptr.numel() - 1
     n_spans = span_off.shape[1] - 1
     # dense fixed-point scores of every (query, doc) from the span table
-    t = q_terms.long()
-    lens = span_off[t, -1] - span_off[t, 0]
-    entry, pos = ragged_positions(span_off[t, 0], lens)
-    doc = post_doc[pos].long()
-    keep = doc >= 0
-    entry, doc, w = entry[keep], doc[keep], post_w[pos][keep]
+    entry, doc, w = _query_postings(post_doc, post_w, span_off, q_terms, span)
     row = segment_ids(q_indptr.diff())[entry]
     acc = torch.zeros((B + group) * n_spans * span, dtype=torch.int64, device=dev)
     contrib = torch_to_fixed(q_weights[entry], w, scale[row])

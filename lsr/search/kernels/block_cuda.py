@@ -10,8 +10,9 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   prefix sum of its 128-posting steps) is filled in shared memory; the warps split the steps into
   contiguous ranges, so a CTA stays balanced whatever the run lengths;
 * a step reads 128 postings as 16-byte vectors (4 per lane, from a 16-byte aligned start; out-of-run
-  positions are masked); a warp keeps its run in registers and issues the next step's loads before
-  this step's adds (two steps in flight);
+  positions are masked; compact postings, lsr.index.compact: 8 per lane, 256 per step, decoded in
+  registers, source macro WEIGHT); a warp keeps its run in registers and issues the next step's loads
+  before this step's adds (two steps in flight);
 * sums are lsr.search.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
@@ -50,13 +51,21 @@ SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H
 MAX_SPAN = 16384   # 192 KB of tiles
 
 
+_WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # the source's WEIGHT: the posting layout
+
+
+def _postings_per_load(post_w: torch.Tensor) -> int:
+    """Postings in one 16-byte load: 4 (float32 postings) or 8 (compact postings, lsr.index.compact)."""
+    return 16 // post_w.element_size()
+
+
 @functools.cache
-def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False):
+def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False, weight: int = 0):
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
               f"#define CSHIFT {COARSE_SHIFT}\n#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
-              f"#define TG {terms}\n"
+              f"#define TG {terms}\n#define WEIGHT {weight}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
@@ -68,23 +77,26 @@ def _smem(span: int, warps: int, terms: int, coarse: bool = False) -> int:
 
 
 @functools.cache
-def available(device_index: int = 0) -> bool:
-    """True when the kernel compiles and runs here (a CUDA device, NVRTC, torch.cuda._compile_kernel)."""
+def available(device_index: int = 0, weight: int = 0) -> bool:
+    """True when the kernel compiles and runs here (a CUDA device, NVRTC, torch.cuda._compile_kernel),
+    for the posting layout ``weight`` (0: float32 postings, 1 / 2: compact with bf16 / fp16 weights)."""
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "_compile_kernel"):
         return False
     try:
         with torch.cuda.device(device_index):
-            _kernel(64 * WARPS, 8, False, WARPS, TERMS)
+            _kernel(64 * WARPS, 8, False, WARPS, TERMS, weight=weight)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
 
 
 def usable(post_doc: torch.Tensor, post_w: torch.Tensor, span: int, warps: int = WARPS) -> bool:
-    """Whether this kernel can serve these postings and span (else use the Triton kernel)."""
-    return (post_doc.is_cuda and 64 * warps <= span <= MAX_SPAN and post_doc.numel() % 4 == 0
+    """Whether this kernel can serve these postings (float32 or compact) and span (else use the Triton
+    kernel, also when the compact variant does not compile here)."""
+    return (post_doc.is_cuda and 64 * warps <= span <= MAX_SPAN and post_w.dtype in _WEIGHT_CODES
+            and post_doc.numel() % _postings_per_load(post_w) == 0
             and post_doc.data_ptr() % 16 == 0 and post_w.data_ptr() % 16 == 0
-            and available(post_doc.device.index or 0))
+            and available(post_doc.device.index or 0, _WEIGHT_CODES[post_w.dtype]))
 
 
 @functools.cache
@@ -108,7 +120,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     """Shared-memory block scorer over work items; emits candidate keys.
 
     Args: as ``lsr.search.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
-        arguments are accepted and ignored), plus
+        arguments are accepted and ignored; compact postings are read 8 per 16-byte load), plus
         warps: warps per CTA.
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
             shared memory per CTA; span * 4 in coarse mode).
@@ -128,9 +140,11 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1) or warps > 32:
         raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two <= 32), "
                          f"got span {span}, warps {warps}")
-    if post_doc.numel() % 4 or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
-        raise ValueError("postings must be 16-byte aligned with a length divisible by 4 (the index pads to 32)")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
+    per_load = _postings_per_load(post_w)
+    if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
+        raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} "
+                         "(the index pads to 32)")
     rowmax = theta is None and coarse_lo is None
     coarse = coarse_lo is not None
     if coarse:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
@@ -145,7 +159,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     width = span // ROW if rowmax else cap
     n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
                 * programs_per_sm(span, warps, dev.index or 0, coarse))
-    kern = _kernel(span, width, rowmax, warps, TERMS, coarse)
+    kern = _kernel(span, width, rowmax, warps, TERMS, coarse, _WEIGHT_CODES[post_w.dtype])
     with torch.cuda.device(dev):
         kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,

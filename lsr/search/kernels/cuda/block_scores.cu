@@ -3,6 +3,45 @@ typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define NT (WARPS * 32)
 #define RPW (SPAN / 64 / WARPS)   // read-out rows of 64 docs per warp
+// WEIGHT 0: int32 doc ids + float32 weights, 4 postings per 16-byte load; 1 / 2: compact postings
+// (lsr.index.compact: uint16 block-local ids + bf16 / fp16 weights, weight 0 = padding), 8 per load
+#if WEIGHT
+typedef unsigned short doc_t;
+typedef unsigned short weight_t;
+#define PL 8
+#define LOG_STEP 8
+#else
+typedef int doc_t;
+typedef float weight_t;
+#define PL 4
+#define LOG_STEP 7
+#endif
+#define STEP (32 * PL)             // postings per warp step
+
+__device__ __forceinline__ unsigned word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// posting e of a lane's 16-byte loads: (cell in the span, weight, real). The span divides the block, so
+// the low bits of a global or block-local id are its cell; padding: doc -1 or weight 0
+__device__ __forceinline__ float posting(const uint4& d, const uint4& w, int e, int& cell, bool& real) {
+#if WEIGHT
+    const int sh = 16 * (e & 1);
+    const unsigned h = (word(w, e >> 1) >> sh) & 0xffffu;
+    cell = (int)((word(d, e >> 1) >> sh) & (SPAN - 1));
+    real = h != 0u;
+#if WEIGHT == 1
+    return __uint_as_float(h << 16);                               // bf16: the high half of a float
+#else
+    const unsigned ex = (h >> 10) & 31u, m = h & 1023u, sign = (h & 0x8000u) << 16;
+    if (ex == 0u) return __uint_as_float(sign | __float_as_uint((float)m * 0x1p-24f));   // subnormal: exact
+    return __uint_as_float(sign | (ex == 31u ? 0x7f800000u : (ex + 112u) << 23) | (m << 13));
+#endif
+#else
+    const int doc = (int)word(d, e);
+    cell = doc & (SPAN - 1);
+    real = doc >= 0;
+    return __uint_as_float(word(w, e));
+#endif
+}
 
 __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     // lsr.search.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
@@ -25,7 +64,7 @@ __device__ __forceinline__ longlong2 take(unsigned* h, unsigned* m, unsigned* l,
 }
 
 extern "C" __global__ void __launch_bounds__(NT, 2)
-lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ post_w,
+lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
                  const i64* __restrict__ q_indptr, const int* __restrict__ q_terms,
                  const float* __restrict__ q_w, const double* __restrict__ scale,
@@ -43,7 +82,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
     unsigned* t_hi24 = (unsigned*)smem;
     unsigned* t_mid = t_hi24 + SPAN;
     unsigned* t_low = t_mid + SPAN;
-    i64* t_base = (i64*)(t_hi24 + LIMBS * SPAN);   // per run: where its step c reads (base + 128 c)
+    i64* t_base = (i64*)(t_hi24 + LIMBS * SPAN);   // per run: where its step c reads (base + STEP c)
     double* t_wq = (double*)(t_base + TG);     // query weight * scale
     int* t_lo = (int*)(t_wq + TG);             // run [base + lo, base + hi) in the postings
     int* t_hi = t_lo + TG;
@@ -71,7 +110,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
         const i64 qs = q_indptr[q], qe = q_indptr[q + 1];
         const double sc = scale[q];
         for (i64 g = qs; g < qe; g += TG) {
-            // ---- the runs of terms g.. in this span, read in 16-byte aligned steps of 128 postings
+            // ---- the runs of terms g.. in this span, read in 16-byte aligned steps of STEP postings
             for (int i = tid; i < TG; i += NT) {
                 i64 rs = 0, re = 0;
                 double wqs = 0.0;
@@ -81,12 +120,12 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     re = so[1];
                     wqs = (double)q_w[g + i] * sc;
                 }
-                const i64 a = rs & ~3LL;       // 16-byte aligned start; lo and hi are relative to it
+                const i64 a = rs & ~(i64)(PL - 1);   // 16-byte aligned start; lo and hi are relative to it
                 t_base[i] = a;
                 t_lo[i] = (int)(rs - a);
                 t_hi[i] = (int)(re - a);
                 t_wq[i] = wqs;
-                t_cum[i] = re > rs ? (int)((re - a + 127) >> 7) : 0;
+                t_cum[i] = re > rs ? (int)((re - a + STEP - 1) >> LOG_STEP) : 0;
             }
             __syncthreads();
             if (warp == 0) {                   // inclusive scan of t_cum: TG / 32 entries per lane
@@ -103,10 +142,10 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                 #pragma unroll
                 for (int j = 0; j < TG / 32; ++j) {
                     const int n = t_cum[lane * (TG / 32) + j];
-                    // step c of the run reads base + 128 c: bounds move by the steps before the run
-                    t_base[lane * (TG / 32) + j] -= (i64)acc * 128;
-                    t_lo[lane * (TG / 32) + j] += acc * 128;
-                    t_hi[lane * (TG / 32) + j] += acc * 128;
+                    // step c of the run reads base + STEP c: bounds move by the steps before the run
+                    t_base[lane * (TG / 32) + j] -= (i64)acc * STEP;
+                    t_lo[lane * (TG / 32) + j] += acc * STEP;
+                    t_hi[lane * (TG / 32) + j] += acc * STEP;
                     acc += n;
                     t_cum[lane * (TG / 32) + j] = acc;
                 }
@@ -128,11 +167,11 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                 }
                 int bound = t_cum[r], rlo = t_lo[r], rhi = t_hi[r];
                 double wq = t_wq[r];
-                const int* pd = post_doc + t_base[r];
-                const float* pw = post_w + t_base[r];
-                // step cc: the lane reads postings x0 .. x0 + 3 of its run (from pd / pw); bit e of the
+                const doc_t* pd = post_doc + t_base[r];
+                const weight_t* pw = post_w + t_base[r];
+                // step cc: the lane reads postings x0 .. x0 + PL - 1 of its run (from pd / pw); bit e of the
                 // mask: x0 + e lies in the run [rlo, rhi). A lane with nothing to read loads the run's start.
-                auto load = [&](int cc, int4& d, float4& w, unsigned& m, double& q) {
+                auto load = [&](int cc, uint4& d, uint4& w, unsigned& m, double& q) {
                     while (cc >= bound) {      // warp-uniform: the next run
                         ++r;
                         bound = t_cum[r];
@@ -142,25 +181,26 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                         pd = post_doc + t_base[r];
                         pw = post_w + t_base[r];
                     }
-                    const int x0 = cc * 128 + 4 * lane;
-                    const int a = max(rlo - x0, 0), b = min(rhi - x0, 4);
+                    const int x0 = cc * STEP + PL * lane;
+                    const int a = max(rlo - x0, 0), b = min(rhi - x0, PL);
                     m = b > a ? (1u << b) - (1u << a) : 0u;
-                    const int xs = m ? x0 : (rlo & ~3);
-                    d = __ldg(reinterpret_cast<const int4*>(pd + xs));
-                    w = __ldg(reinterpret_cast<const float4*>(pw + xs));
+                    const int xs = m ? x0 : (rlo & ~(PL - 1));
+                    d = __ldg(reinterpret_cast<const uint4*>(pd + xs));
+                    w = __ldg(reinterpret_cast<const uint4*>(pw + xs));
                     q = wq;
                 };
-                // postings outside the run (another run's docs) and -1 padding are skipped; the run's own
+                // postings outside the run (another run's docs) and padding are skipped; the run's own
                 // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
                 // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
-                auto add = [&](const int4& d, const float4& w, unsigned m, double q) {
-                    const int dd[4] = {d.x, d.y, d.z, d.w};
-                    const float ww[4] = {w.x, w.y, w.z, w.w};
+                auto add = [&](const uint4& d, const uint4& w, unsigned m, double q) {
                     #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const bool ok = (m & (1u << e)) && dd[e] >= 0;
-                        const u64 v = (u64)(i64)((double)ww[e] * q);
-                        unsigned* cell = t_hi24 + (dd[e] & (SPAN - 1));
+                    for (int e = 0; e < PL; ++e) {
+                        int c_e;
+                        bool real;
+                        const float we = posting(d, w, e, c_e, real);
+                        const bool ok = (m & (1u << e)) && real;
+                        const u64 v = (u64)(i64)((double)we * q);
+                        unsigned* cell = t_hi24 + c_e;
                         if (ok) {
 #if COARSE
                             atomicAdd(cell, (unsigned)(v >> CSHIFT));
@@ -173,8 +213,7 @@ lsr_block_scores(const int* __restrict__ post_doc, const float* __restrict__ pos
                     }
                 };
                 // two steps in flight: the next step's loads are issued before this step's adds
-                int4 dA, dB;
-                float4 wA, wB;
+                uint4 dA, dB, wA, wB;
                 unsigned mA, mB;
                 double qA, qB;
                 load(c, dA, wA, mA, qA);
