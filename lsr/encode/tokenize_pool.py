@@ -18,6 +18,7 @@ module (a script that loads a model) and need a ``__main__`` guard in every scri
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pickle
@@ -25,14 +26,14 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays"]
+__all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
 
 CHUNK = 2048  # texts per task: balances 8 workers over a 50K window and amortises the round trip
 
@@ -53,6 +54,16 @@ def token_arrays(tokenizer: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.n
     ids = [e.ids for e in encode(texts if isinstance(texts, list) else list(texts))]
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
+
+
+def tokenize_function(tokenizer_json: str, max_length: int) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
+    """texts -> ``token_arrays`` of the tokenizer in ``tokenizer_json`` truncating to ``max_length``, by the
+    fastest exact route: the bulk ASCII WordPiece path (``lsr.encode.wordpiece``, ~8x faster per core on
+    MS MARCO passages) where the tokenizer is BERT-like, handing it the texts it does not cover; else Rust."""
+    from lsr.encode.wordpiece import fast_token_arrays
+
+    rust = functools.partial(token_arrays, load_tokenizer(tokenizer_json, max_length))
+    return fast_token_arrays(tokenizer_json, max_length, rust) or rust
 
 
 def default_workers() -> int:
@@ -82,12 +93,12 @@ def _serve() -> None:
 
 
 def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
-    tok = load_tokenizer(*pickle.load(inp))
+    tokenize = tokenize_function(*pickle.load(inp))
     _send(out, "ready")
     while True:
         texts = pickle.load(inp)
         try:
-            result: Any = token_arrays(tok, texts)
+            result: Any = tokenize(texts)
         except Exception as e:  # noqa: BLE001 - reported to the caller, the worker stays usable
             result = RuntimeError(f"tokenizer worker: {type(e).__name__}: {e}")
         _send(out, result)
@@ -96,9 +107,11 @@ def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
 def _worker_command() -> list[str]:
     """``python -I`` (no cwd or script folder on sys.path, no PYTHON* variables) with the caller's
     absolute sys.path minus the working directory, running this file by path: a ``tokenizers.py`` (or
-    ``numpy.py``) in the working directory is never imported by a worker."""
+    ``numpy.py``) in the working directory is never imported by a worker. The folder holding this
+    ``lsr`` package comes first, so the worker imports the caller's ``lsr.encode.wordpiece``."""
     cwd = Path.cwd().resolve()
-    paths = [p for p in sys.path if p and os.path.isabs(p) and Path(p).resolve() != cwd]
+    paths = [str(Path(__file__).resolve().parents[2])]
+    paths += [p for p in sys.path if p and os.path.isabs(p) and Path(p).resolve() not in (cwd, Path(paths[0]))]
     code = f"import runpy, sys; sys.path[:] = {paths!r}; runpy.run_path({str(Path(__file__).resolve())!r})['_serve']()"
     return [sys.executable, "-I", "-c", code]
 

@@ -1,0 +1,229 @@
+"""BERT WordPiece tokenization of plain ASCII text in bulk, equal to the Rust ``tokenizers`` output.
+
+    tokenize = fast_token_arrays(tokenizer_json, max_length=256)   # None when the tokenizer is not BERT-like
+    flat, lengths = tokenize(texts)     # == token_arrays(load_tokenizer(tokenizer_json, 256), texts)
+
+Why: the Rust tokenizer builds a full ``Encoding`` per text (token strings, offsets, masks) and costs
+~165 µs per MS MARCO passage on one core (docs/benchmarks.md, session 11), so 150K passages/s would need
+~25 cores. For ASCII text without control characters, BERT's normalizer and pre-tokenizer reduce to
+"lowercase, split on whitespace, isolate ASCII punctuation", which ``str.lower`` / ``str.translate`` /
+``str.split`` do on a whole batch at once in C; each distinct word is cut into word pieces once and
+remembered, and the ids are assembled with NumPy. Texts outside that subset (non-ASCII, control
+characters, anything that could contain an added token such as ``[MASK]``) go to the Rust tokenizer,
+so the output is always the Rust tokenizer's.
+
+Covered: ``BertNormalizer`` (any options; none of them changes printable ASCII beyond lowercasing),
+``BertPreTokenizer``, a ``WordPiece`` model, and a ``TemplateProcessing`` / ``BertProcessing`` /
+absent post-processor that wraps a single sequence in special tokens; truncation on the right.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FastWordPiece", "fast_token_arrays"]
+
+_CONTROL = "".join(chr(c) for c in (*range(0, 9), 11, 12, *range(14, 32), 127))  # dropped by BERT's clean_text
+_DELETE_CONTROL = str.maketrans("", "", _CONTROL)
+_ISOLATE_PUNCT = str.maketrans({c: f" {c} " for c in string.punctuation})  # BertPreTokenizer's ASCII punctuation
+_SEPARATOR = "\x00"  # joins the texts of a batch; a control character, so never part of an accepted text
+MAX_CACHED_WORDS = 500_000  # distinct words remembered beyond the vocabulary (then forgotten and relearned)
+
+
+def _wrapping_ids(spec: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    """The special-token ids the post-processor puts before / after a single sequence."""
+    post = spec.get("post_processor")
+    if post is None:
+        return [], []
+    if post.get("type") == "BertProcessing":
+        return [post["cls"][1]], [post["sep"][1]]
+    if post.get("type") != "TemplateProcessing":
+        return None
+    before: list[int] = []
+    after: list[int] = []
+    seen_sequence = False
+    for piece in post["single"]:
+        if "Sequence" in piece:
+            if seen_sequence:
+                return None
+            seen_sequence = True
+        else:
+            (after if seen_sequence else before).extend(post["special_tokens"][piece["SpecialToken"]["id"]]["ids"])
+    return (before, after) if seen_sequence else None
+
+
+class FastWordPiece:
+    """Callable texts -> (flat int32 token ids, lengths int64), as ``token_arrays`` on ``fallback`` (the
+    Rust tokenizer of the same JSON, truncation set), which tokenizes the texts this class does not cover."""
+
+    def __init__(self, vocab: dict[str, int], unk_token: str, prefix: str, max_chars: int, lowercase: bool,
+                 wrap: tuple[list[int], list[int]], added: list[str], max_length: int,
+                 fallback: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.vocab, self.unk, self.prefix, self.max_chars, self.lowercase = vocab, vocab[unk_token], prefix, max_chars, lowercase
+        self.before, self.after = np.asarray(wrap[0], np.int32), np.asarray(wrap[1], np.int32)
+        self.room = max_length - len(wrap[0]) - len(wrap[1])  # tokens of the text itself
+        self.added = [a.lower() for a in added if a]  # texts that might hold an added token go to Rust
+        self.fallback = fallback
+        self.n_vocab = max(vocab.values()) + 1
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the learned words. Entry e covers table[start[e]:start[e] + length[e]]: entries below
+        n_vocab are the single tokens themselves, n_vocab is the separator (no tokens)."""
+        n = self.n_vocab
+        self._table = np.arange(n, dtype=np.int32)
+        self._start = np.concatenate([np.arange(n), [0]]).astype(np.int64)
+        self._length = np.concatenate([np.ones(n), [0]]).astype(np.int64)
+        self._entries, self._used = n + 1, n
+        self._words = _Words(self._entry)
+        self._words.update((w, i) for w, i in self.vocab.items() if not w.startswith(self.prefix) and len(w) <= self.max_chars)
+        self._words[_SEPARATOR] = n
+
+    # ------------------------------------------------------------------ words -> entries
+    def _pieces(self, word: str) -> list[int]:
+        """WordPiece: greedy longest match from the left; a word with an unmatched rest is one unknown token."""
+        if len(word) > self.max_chars:
+            return [self.unk]
+        pieces, start = [], 0
+        while start < len(word):
+            for end in range(len(word), start, -1):
+                piece = word[start:end] if start == 0 else self.prefix + word[start:end]
+                if piece in self.vocab:
+                    pieces.append(self.vocab[piece])
+                    start = end
+                    break
+            else:
+                return [self.unk]
+        return pieces
+
+    def _entry(self, word: str) -> int:
+        pieces = self._pieces(word)
+        if len(pieces) == 1:
+            entry = pieces[0]
+        else:
+            entry = self._add_entry(pieces)
+        self._words[word] = entry  # (__call__ forgets them all past MAX_CACHED_WORDS)
+        return entry
+
+    def _add_entry(self, pieces: list[int]) -> int:
+        if self._entries == len(self._start):
+            self._start = np.resize(self._start, 2 * self._entries)
+            self._length = np.resize(self._length, 2 * self._entries)
+        if self._used + len(pieces) > len(self._table):
+            self._table = np.resize(self._table, 2 * (self._used + len(pieces)))
+        entry, self._entries = self._entries, self._entries + 1
+        self._start[entry], self._length[entry] = self._used, len(pieces)
+        self._table[self._used:self._used + len(pieces)] = pieces
+        self._used += len(pieces)
+        return entry
+
+    # ------------------------------------------------------------------ texts
+    def covers(self, text: str) -> bool:
+        """Is ``text`` in the subset this class tokenizes itself?"""
+        return self._covers(text, 0)
+
+    def _covers(self, joined: str, separators: int) -> bool:
+        if not joined.isascii() or len(joined) - len(joined.translate(_DELETE_CONTROL)) != separators:
+            return False
+        lowered = joined.lower()
+        return not any(a in lowered for a in self.added)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), the Rust tokenizer's ids.
+        Thread-safe (one call at a time: the learned words are shared)."""
+        texts = texts if isinstance(texts, list) else list(texts)
+        if not texts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        with self._lock:
+            return self._call(texts)
+
+    def _call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if len(self._words) >= MAX_CACHED_WORDS:
+            self._reset()
+        joined = f" {_SEPARATOR} ".join(texts)
+        if self._covers(joined, len(texts) - 1):
+            return self._tokenize_joined(joined, len(texts))
+        mine = np.fromiter(map(self.covers, texts), bool, len(texts))
+        parts = [(np.flatnonzero(mine), self._tokenize_joined(f" {_SEPARATOR} ".join(t for t, m in zip(texts, mine) if m),
+                                                              int(mine.sum()))),
+                 (np.flatnonzero(~mine), self.fallback([t for t, m in zip(texts, mine) if not m]))]
+        return _interleave(parts, len(texts))
+
+    def _tokenize_joined(self, joined: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if n == 0:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        if self.lowercase:
+            joined = joined.lower()
+        words = joined.translate(_ISOLATE_PUNCT).split()
+        codes = np.fromiter(map(self._words.__getitem__, words), np.int64, len(words))  # C loop; misses: _entry
+        return self._assemble(codes, n)
+
+    def _assemble(self, codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Word entries (separators between texts) -> truncated, wrapped token ids per text."""
+        counts = self._length[codes]
+        text = np.cumsum(codes == self.n_vocab)  # text of each word
+        per_text = np.bincount(text, weights=counts, minlength=n).astype(np.int64)
+        total = int(per_text.sum())
+        word_end = np.cumsum(counts)
+        tokens = self._table[np.repeat(self._start[codes] - (word_end - counts), counts) + np.arange(total)]
+        text_start = np.cumsum(per_text) - per_text
+        token_text = np.repeat(np.arange(n), per_text)
+        position = np.arange(total) - text_start[token_text]
+        keep = position < self.room
+        kept = np.minimum(per_text, self.room)
+        lengths = kept + len(self.before) + len(self.after)
+        out_start = np.cumsum(lengths) - lengths
+        flat = np.empty(int(lengths.sum()), np.int32)
+        flat[out_start[token_text[keep]] + len(self.before) + position[keep]] = tokens[keep]
+        for j, token in enumerate(self.before):
+            flat[out_start + j] = token
+        for j, token in enumerate(self.after):
+            flat[out_start + len(self.before) + kept + j] = token
+        return flat, lengths
+
+
+class _Words(dict):
+    """word -> entry; a missing word is cut into pieces (and remembered) by ``learn``."""
+
+    def __init__(self, learn: Callable[[str], int]) -> None:
+        super().__init__()
+        self.learn = learn
+
+    def __missing__(self, word: str) -> int:
+        return self.learn(word)
+
+
+def _interleave(parts: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, (flat, lengths)) parts covering rows 0..n-1 once -> one (flat, lengths) in row order."""
+    lengths = np.zeros(n, np.int64)
+    for rows, (_, part_lengths) in parts:
+        lengths[rows] = part_lengths
+    starts = np.cumsum(lengths) - lengths
+    flat = np.empty(int(lengths.sum()), np.int32)
+    for rows, (part_flat, part_lengths) in parts:
+        offsets = np.cumsum(part_lengths) - part_lengths
+        flat[np.repeat(starts[rows] - offsets, part_lengths) + np.arange(len(part_flat))] = part_flat
+    return flat, lengths
+
+
+def fast_token_arrays(tokenizer_json: str, max_length: int,
+                      fallback: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> FastWordPiece | None:
+    """A ``FastWordPiece`` for this tokenizer JSON (truncating to ``max_length``), or None when it is not
+    a BERT WordPiece tokenizer this module covers. ``fallback``: ``token_arrays`` on the Rust tokenizer."""
+    spec = json.loads(tokenizer_json)
+    norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+    wrap = _wrapping_ids(spec)
+    if (norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer" or model.get("type") != "WordPiece"
+            or wrap is None or max_length <= len(wrap[0]) + len(wrap[1]) or model.get("unk_token") not in model.get("vocab", {})):
+        return None
+    added = [a["content"] for a in spec.get("added_tokens") or []]
+    return FastWordPiece(model["vocab"], model["unk_token"], model.get("continuing_subword_prefix", "##"),
+                         model.get("max_input_chars_per_word", 100), bool(norm.get("lowercase", True)), wrap, added,
+                         max_length, fallback)
