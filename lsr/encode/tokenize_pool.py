@@ -62,8 +62,9 @@ def tokenize_function(tokenizer_json: str, max_length: int) -> Callable[[list[st
     MS MARCO passages) where the tokenizer is BERT-like, handing it the texts it does not cover; else Rust."""
     from lsr.encode.wordpiece import fast_token_arrays
 
-    rust = functools.partial(token_arrays, load_tokenizer(tokenizer_json, max_length))
-    return fast_token_arrays(tokenizer_json, max_length, rust) or rust
+    rust = load_tokenizer(tokenizer_json, max_length)
+    fallback = functools.partial(token_arrays, rust)
+    return fast_token_arrays(rust, max_length, fallback) or fallback
 
 
 def default_workers() -> int:

@@ -1,7 +1,8 @@
 """BERT WordPiece tokenization of plain ASCII text in bulk, equal to the Rust ``tokenizers`` output.
 
-    tokenize = fast_token_arrays(tokenizer_json, max_length=256)   # None when the tokenizer is not BERT-like
-    flat, lengths = tokenize(texts)     # == token_arrays(load_tokenizer(tokenizer_json, 256), texts)
+    rust = load_tokenizer(tokenizer_json, 256)
+    tokenize = fast_token_arrays(rust, 256, partial(token_arrays, rust))  # None unless BERT-like
+    flat, lengths = tokenize(texts)     # == token_arrays(rust, texts)
 
 Why: the Rust tokenizer builds a full ``Encoding`` per text (token strings, offsets, masks) and costs
 ~165 µs per MS MARCO passage on one core (docs/benchmarks.md, session 11), so 150K passages/s would need
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import string
 import threading
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +35,8 @@ _CONTROL = "".join(chr(c) for c in (*range(0, 9), 11, 12, *range(14, 32), 127)) 
 _DELETE_CONTROL = str.maketrans("", "", _CONTROL)
 _ISOLATE_PUNCT = str.maketrans({c: f" {c} " for c in string.punctuation})  # BertPreTokenizer's ASCII punctuation
 _SEPARATOR = "\x00"  # joins the texts of a batch; a control character, so never part of an accepted text
+_JOIN = f" {_SEPARATOR} "
+_UNSAFE = "\x01"  # what _CharRules maps a character to when its text must go to the Rust tokenizer
 MAX_CACHED_WORDS = 500_000  # distinct words remembered beyond the vocabulary (then forgotten and relearned)
 
 
@@ -63,13 +67,13 @@ class FastWordPiece:
     Rust tokenizer of the same JSON, truncation set), which tokenizes the texts this class does not cover."""
 
     def __init__(self, vocab: dict[str, int], unk_token: str, prefix: str, max_chars: int, lowercase: bool,
-                 wrap: tuple[list[int], list[int]], added: list[str], max_length: int,
+                 wrap: tuple[list[int], list[int]], added: list[str], max_length: int, rust: Any,
                  fallback: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> None:
         self.vocab, self.unk, self.prefix, self.max_chars, self.lowercase = vocab, vocab[unk_token], prefix, max_chars, lowercase
         self.before, self.after = np.asarray(wrap[0], np.int32), np.asarray(wrap[1], np.int32)
         self.room = max_length - len(wrap[0]) - len(wrap[1])  # tokens of the text itself
         self.added = [a.lower() for a in added if a]  # texts that might hold an added token go to Rust
-        self.fallback = fallback
+        self.fallback, self._chars = fallback, _CharRules(rust)
         self.n_vocab = max(vocab.values()) + 1
         self._lock = threading.Lock()
         self._reset()
@@ -126,14 +130,24 @@ class FastWordPiece:
 
     # ------------------------------------------------------------------ texts
     def covers(self, text: str) -> bool:
-        """Is ``text`` in the subset this class tokenizes itself?"""
-        return self._covers(text, 0)
+        """Is ``text`` tokenized here (True) or handed to the Rust tokenizer (False)?"""
+        return self._plain(text, 0) or self._mapped(text) is not None
 
-    def _covers(self, joined: str, separators: int) -> bool:
+    def _plain(self, joined: str, separators: int) -> bool:
+        """ASCII without control characters (but the ``separators``) and without added tokens."""
         if not joined.isascii() or len(joined) - len(joined.translate(_DELETE_CONTROL)) != separators:
             return False
         lowered = joined.lower()
         return not any(a in lowered for a in self.added)
+
+    def _mapped(self, text: str) -> str | None:
+        """``text`` normalized and pre-tokenized character by character (words separated by spaces), or
+        None when a character's rule depends on its neighbours or the text may hold an added token."""
+        mapped = text.translate(self._chars)
+        if _UNSAFE in mapped:
+            return None
+        lowered, mapped_lower = text.lower(), mapped.lower()
+        return None if any(a in lowered or a in mapped_lower for a in self.added) else mapped
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), the Rust tokenizer's ids.
@@ -147,21 +161,32 @@ class FastWordPiece:
     def _call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if len(self._words) >= MAX_CACHED_WORDS:
             self._reset()
-        joined = f" {_SEPARATOR} ".join(texts)
-        if self._covers(joined, len(texts) - 1):
-            return self._tokenize_joined(joined, len(texts))
-        mine = np.fromiter(map(self.covers, texts), bool, len(texts))
-        parts = [(np.flatnonzero(mine), self._tokenize_joined(f" {_SEPARATOR} ".join(t for t, m in zip(texts, mine) if m),
-                                                              int(mine.sum()))),
-                 (np.flatnonzero(~mine), self.fallback([t for t, m in zip(texts, mine) if not m]))]
+        joined = _JOIN.join(texts)
+        if self._plain(joined, len(texts) - 1):  # the common case: one pass over the whole batch
+            return self._tokenize_joined(joined, len(texts), mapped=False)
+        plain, mapped, rust = [], [], []
+        for row, text in enumerate(texts):
+            if self._plain(text, 0):
+                plain.append(row)
+            elif (m := self._mapped(text)) is not None:
+                mapped.append((row, m))
+            else:
+                rust.append(row)
+        parts = [(np.asarray(plain, np.int64), self._tokenize_joined(_JOIN.join(texts[r] for r in plain), len(plain), mapped=False)),
+                 (np.asarray([r for r, _ in mapped], np.int64),
+                  self._tokenize_joined(_JOIN.join(m for _, m in mapped), len(mapped), mapped=True))]
+        if rust:
+            parts.append((np.asarray(rust, np.int64), self.fallback([texts[r] for r in rust])))
         return _interleave(parts, len(texts))
 
-    def _tokenize_joined(self, joined: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _tokenize_joined(self, joined: str, n: int, mapped: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Texts joined by ``_JOIN`` -> token arrays. ``mapped``: already normalized and pre-tokenized
+        (``_mapped``); else plain ASCII, lowercased and split here."""
         if n == 0:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        if self.lowercase:
-            joined = joined.lower()
-        words = joined.translate(_ISOLATE_PUNCT).split()
+        if not mapped:
+            joined = (joined.lower() if self.lowercase else joined).translate(_ISOLATE_PUNCT)
+        words = joined.split()
         codes = np.fromiter(map(self._words.__getitem__, words), np.int64, len(words))  # C loop; misses: _entry
         return self._assemble(codes, n)
 
@@ -189,6 +214,32 @@ class FastWordPiece:
         return flat, lengths
 
 
+class _CharRules(dict):
+    """ord -> what the Rust tokenizer's normalizer and pre-tokenizer make of that character alone: its
+    normalized form with a space wherever the pre-tokenizer cuts (so "," -> " , ", a space -> " ", "É" ->
+    "e", a control character -> ""), learned on first sight; ``_UNSAFE`` where the rule depends on the
+    neighbours: surrogates, the separators, capital sigma (a final form exists), combining characters
+    that normalization keeps (NFD may reorder them), forms that Python's ``str.split`` would cut otherwise."""
+
+    def __init__(self, rust: Any) -> None:
+        super().__init__()
+        self.normalizer, self.pre_tokenizer = rust.normalizer, rust.pre_tokenizer
+
+    def __missing__(self, code: int) -> str:
+        self[code] = rule = self._rule(chr(code))
+        return rule
+
+    def _rule(self, char: str) -> str:
+        if char in (_SEPARATOR, _UNSAFE, "\u03a3") or 0xD800 <= ord(char) <= 0xDFFF:
+            return _UNSAFE
+        norm = self.normalizer.normalize_str(char) if self.normalizer is not None else char
+        if any(unicodedata.combining(c) or c in (_SEPARATOR, _UNSAFE) for c in norm):
+            return _UNSAFE
+        pieces = [p for p, _ in self.pre_tokenizer.pre_tokenize_str(f"a{norm}a")]
+        rule = " ".join(pieces)[1:-1]  # the "a"s show whether the character joins its neighbours' words
+        return rule if f"a{rule}a".split() == pieces else _UNSAFE
+
+
 class _Words(dict):
     """word -> entry; a missing word is cut into pieces (and remembered) by ``learn``."""
 
@@ -213,11 +264,11 @@ def _interleave(parts: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]], n
     return flat, lengths
 
 
-def fast_token_arrays(tokenizer_json: str, max_length: int,
+def fast_token_arrays(rust: Any, max_length: int,
                       fallback: Callable[[list[str]], tuple[np.ndarray, np.ndarray]]) -> FastWordPiece | None:
-    """A ``FastWordPiece`` for this tokenizer JSON (truncating to ``max_length``), or None when it is not
-    a BERT WordPiece tokenizer this module covers. ``fallback``: ``token_arrays`` on the Rust tokenizer."""
-    spec = json.loads(tokenizer_json)
+    """A ``FastWordPiece`` for the Rust ``tokenizers.Tokenizer`` ``rust`` (truncating to ``max_length``), or
+    None when it is not a BERT WordPiece tokenizer this module covers. ``fallback``: ``token_arrays`` on ``rust``."""
+    spec = json.loads(rust.to_str())
     norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
     wrap = _wrapping_ids(spec)
     if (norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer" or model.get("type") != "WordPiece"
@@ -226,4 +277,4 @@ def fast_token_arrays(tokenizer_json: str, max_length: int,
     added = [a["content"] for a in spec.get("added_tokens") or []]
     return FastWordPiece(model["vocab"], model["unk_token"], model.get("continuing_subword_prefix", "##"),
                          model.get("max_input_chars_per_word", 100), bool(norm.get("lowercase", True)), wrap, added,
-                         max_length, fallback)
+                         max_length, rust, fallback)
