@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import LazyPool, Prefetch
+from lsr.encode.stream import Prefetch
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -111,15 +111,15 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
-        tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer); 0 tokenizes on
-            the reading thread. Default: ``tokenize_pool.default_workers()`` when the encoder runs on
-            CUDA (8 on a 16-core machine), else 0. The first window is always tokenized in-process (on
-            every core, the model has nothing to do yet); the workers start with the second.
+        tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer: its
+            ``shared_tokenizer_pool``, kept for later calls); 0 tokenizes on the reading thread. Default:
+            ``tokenize_pool.default_workers()`` when the encoder runs on CUDA, else 0. The reading
+            thread helps with the first window (the model has nothing to do yet).
         stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
             thread's time split (seconds): first_window_s (start to the first tokenized window),
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
             model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
-            tokenized_by_workers (documents the worker processes tokenized).
+            tokenized_by_workers (documents the worker processes tokenized, the rest: the reading thread).
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
@@ -159,20 +159,18 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
-    tokenizers = LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if tokenize_workers > 0 else None)
-    first, by_workers = [True], [0]
+    tokenizers = encoder.shared_tokenizer_pool("doc", tokenize_workers) if fast and tokenize_workers > 0 else None
+    by_workers_before = tokenizers.texts_by_workers if tokenizers is not None else 0
+    first = [True]
 
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
         ids, texts = window
         if not fast:
             return ids, texts
-        # the model waits for the first window anyway: tokenize it here on every core (the Rust thread
-        # pool); later windows go to the worker processes, beside the model. They start with the second
-        # window, while the model encodes the first (a one-window corpus never starts them).
-        pool, first[0] = (None if first[0] else tokenizers.get()), False
-        if pool is not None:
-            by_workers[0] += len(texts)
-        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=pool)
+        # every window goes to the worker processes; the model waits for the first one anyway, so this
+        # thread tokenizes part of it too (while the workers start, on a first call)
+        join, first[0] = first[0], False
+        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=tokenizers, join_pool=join)
 
     from tqdm.auto import tqdm
 
@@ -220,11 +218,11 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         manifest = writer.close()
     finally:
         prefetcher.close()
-        tokenizers.close()
         pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
         bar.close()
     seconds = time.perf_counter() - t0
     if stats is not None:
         stats.update(totals, **clock, seconds=seconds, tokenize_workers=tokenize_workers if fast else 0,
-                     tokenized_by_workers=by_workers[0], docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+                     tokenized_by_workers=(tokenizers.texts_by_workers - by_workers_before) if tokenizers else 0,
+                     docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
     return manifest

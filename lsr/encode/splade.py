@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
-from lsr.encode.stream import WINDOW, encode_windows
+from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize_pool import TokenizerPool
 from lsr.encode.varlen_body import pack_batch
 from lsr.sparse import SparseVectors
@@ -106,6 +107,8 @@ class SpladeEncoder(PluralAliases):
         self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
+        self._pools: dict[str, tuple[int, TokenizerPool]] = {}
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
@@ -211,16 +214,46 @@ class SpladeEncoder(PluralAliases):
             pool.tag = kind
         return pool
 
+    def shared_tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
+        """``tokenizer_pool(kind, workers)`` kept running for later calls (long ``encode_document`` lists,
+        ``encode_corpus``), so that its processes start once; ``close()`` stops it (so do garbage
+        collection and the interpreter's exit). Asking for another worker count replaces it."""
+        with self._pool_lock:
+            held = self._pools.get(kind)
+            if held is not None and held[0] != workers:
+                held[1].close()
+                held = None
+            if held is None:
+                pool = self.tokenizer_pool(kind, workers)
+                if pool is None:
+                    return None
+                held = self._pools[kind] = (workers, pool)
+                weakref.finalize(self, pool.close)
+            return held[1]
+
+    def close(self) -> None:
+        """Stop the tokenizer processes of ``shared_tokenizer_pool`` (the encoder stays usable)."""
+        with self._pool_lock:
+            pools, self._pools = self._pools, {}
+        for _, pool in pools.values():
+            pool.close()
+
     def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
-                max_tokens: int | None = None, *, pool: TokenizerPool | None = None) -> PreparedTexts:
+                max_tokens: int | None = None, *, pool: TokenizerPool | None = None, join_pool: bool = False,
+                ) -> PreparedTexts:
         """Tokenize ``texts`` and cut them into batches of similar length (longest first, so the peak
         memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
-        the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL)."""
+        the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL);
+        ``join_pool``: this thread tokenizes chunks too (when nothing else needs it, e.g. the first window)."""
         if pool is not None and getattr(pool, "tag", None) != kind:
             raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
                              "use tokenizer_pool(kind)")
         prompt = self.prompts.get(kind, "")
-        flat, lengths = (pool or self._tokenizer(kind))([prompt + t for t in texts] if prompt else texts)
+        texts = [prompt + t for t in texts] if prompt else texts
+        if pool is None:
+            flat, lengths = self._tokenizer(kind)(texts)
+        else:
+            flat, lengths = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
         batch_size = batch_size or self.batch_size
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         mult = max(1, self.pad_multiple)
@@ -330,7 +363,8 @@ class SpladeEncoder(PluralAliases):
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
                 show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            if len(texts) > WINDOW:  # tokenize the next window while the model encodes this one
+            if len(texts) > WINDOW or windows_pool(self, kind, len(texts), None) is not None:
+                # tokenized in worker processes, the next window while the model encodes this one
                 vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
             else:
                 vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)

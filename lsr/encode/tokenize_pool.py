@@ -18,15 +18,17 @@ module (a script that loads a model) and need a ``__main__`` guard in every scri
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 import pickle
 import queue
+import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,7 +37,7 @@ import numpy as np
 
 __all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
 
-CHUNK = 2048  # texts per task: balances 8 workers over a 50K window and amortises the round trip
+CHUNK = 1024  # texts per task: balances 8-16 workers (and a helping caller) over a 32K window
 
 
 def load_tokenizer(tokenizer_json: str, max_length: int) -> Any:
@@ -134,21 +136,37 @@ class _Worker:
         except BaseException as e:  # noqa: BLE001 - re-raised by call()
             self._header_error = e
 
-    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            if not self.ready:
-                self._header.join()
-                if self._header_error is not None:
-                    raise self._header_error
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds; None: until it is) for the worker to load the tokenizer;
+        True once it has."""
+        if not self.ready:
+            self._header.join(timeout)
+            if self._header.is_alive():
+                return False
+            if self._header_error is not None:
+                raise self._header_error
+            if timeout is not None and os.name == "posix" and not select.select([self.proc.stdout], [], [], timeout)[0]:
+                return False
+            with self._died():
                 self.ready = self._receive() == "ready"
+        return self.ready
+
+    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        self.wait_ready()
+        with self._died():
             _send(self.proc.stdin, texts)
             result = self._receive()
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
-            raise RuntimeError(f"tokenizer worker {self.proc.pid} died (exit code {self.proc.poll()}); "
-                               "its error, if any, is on stderr") from e
         if isinstance(result, Exception):
             raise result
         return result
+
+    @contextlib.contextmanager
+    def _died(self) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            raise RuntimeError(f"tokenizer worker {self.proc.pid} died (exit code {self.proc.poll()}); "
+                               "its error, if any, is on stderr") from e
 
     def _receive(self) -> Any:
         return pickle.load(self.proc.stdout)
@@ -169,6 +187,28 @@ class _Worker:
             self.proc.wait()
 
 
+class _Chunks:
+    """A text list cut into ``CHUNK``-text parts that several threads take one at a time."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.parts = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
+        self.results: list[Any] = [None] * len(self.parts)
+        self._next, self._lock = 0, threading.Lock()
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next >= len(self.parts)
+
+    def drain(self, tokenize: Callable[[list[str]], Any]) -> None:
+        """Tokenize parts until none is left."""
+        while True:
+            with self._lock:
+                i, self._next = self._next, self._next + 1
+            if i >= len(self.parts):
+                return
+            self.results[i] = tokenize(self.parts[i])
+
+
 class TokenizerPool:
     """``workers`` processes, each holding the tokenizer serialised in ``tokenizer_json``
     (``tokenizers.Tokenizer.to_str()``) with truncation to ``max_length`` and no padding.
@@ -180,6 +220,8 @@ class TokenizerPool:
             raise ValueError(f"workers must be positive, got {workers}")
         self.workers, self.max_length = workers, max_length
         self.tag: str | None = None  # what the owner tokenizes with it (SpladeEncoder: "doc" / "query")
+        self.texts_by_workers = 0  # texts the worker processes tokenized so far (the rest: by ``local``)
+        self._lock = threading.Lock()
         self._all: list[_Worker] = []
         self._idle: queue.Queue[_Worker] = queue.Queue()
         try:
@@ -191,22 +233,38 @@ class TokenizerPool:
             raise
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="lsr-tokenize")
 
-    def _run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _drain_with_worker(self, chunks: _Chunks) -> None:
         worker = self._idle.get()
         try:
-            return worker.call(texts)
+            while not worker.wait_ready(0.01):  # a worker still starting takes no chunk: the others go on
+                if chunks.exhausted:
+                    return
+            chunks.drain(lambda texts: self._count(worker.call(texts)))
         finally:
             self._idle.put(worker)
 
-    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order."""
+    def _count(self, result: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            self.texts_by_workers += len(result[1])
+        return result
+
+    def __call__(self, texts: Sequence[str], local: Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order. Chunks of
+        ``CHUNK`` texts go to whichever worker is free; ``local`` (an in-process tokenizer giving the same
+        arrays): the calling thread tokenizes chunks too, e.g. while the workers start up."""
         texts = texts if isinstance(texts, list) else list(texts)
         if not texts:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         if not self._all:
             raise RuntimeError("this TokenizerPool is closed")
-        parts = list(self._threads.map(self._run, [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]))
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        chunks = _Chunks(texts)
+        helpers = [self._threads.submit(self._drain_with_worker, chunks) for _ in range(min(self.workers, len(chunks.parts)))]
+        if local is not None:
+            chunks.drain(local)
+        for helper in helpers:
+            helper.result()
+        return np.concatenate([r[0] for r in chunks.results]), np.concatenate([r[1] for r in chunks.results])
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
