@@ -15,6 +15,8 @@ Stages (µs per passage; best of --repeats over all passages, cut in windows of 
   prepare                          ``SpladeEncoder.prepare`` on ready token arrays: sort, bucket, pad (pinning needs CUDA: absent here)
   extract                          ``encode_prepared`` with the model nulled (each batch returns ready CSR parts,
                                    127 terms per passage): the per-batch loop, concatenation, reordering to input order, ids
+  extract_reorder                  its last step alone (``rows_to_input_order``): on a GPU its gathers run on the device,
+                                   here on this core, so extract - extract_reorder is the host-only part
   scifact_*                        SciFact's 5,183 real documents (longer: ~300 word pieces): lsr's tokenizer on its
                                    first call (cold: every word new) and warm, and the Rust ids
   write                            ``ShardWriter.add`` + close: Parquet (zstd) shards of 100,000 rows, sha256, manifest
@@ -39,6 +41,8 @@ from pathlib import Path
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one core per stage: before tokenizers starts its pool
 import numpy as np
 import torch
+
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
@@ -70,7 +74,7 @@ def windows(texts: list[str]) -> list[list[str]]:
 
 
 class NullModel:
-    """Monkeypatches ``SpladeEncoder._encode_batch`` / ``splade._to_csr`` so that a batch costs no model
+    """Monkeypatches ``SpladeEncoder._encode_batch`` / ``splade.to_csr`` so that a batch costs no model
     work: every row gets ``NNZ`` fixed terms, as ready CSR parts built once per batch size."""
 
     def __init__(self, vocab_size: int) -> None:
@@ -79,7 +83,7 @@ class NullModel:
     def _encode_batch(self, tower, batch, head: bool = True) -> torch.Tensor:  # noqa: ANN001 - SpladeEncoder's signature
         return torch.zeros(len(batch.rows), 1)
 
-    def _to_csr(self, y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def to_csr(self, y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B = y.shape[0]
         if B not in self._parts:
             terms = torch.arange(NNZ, dtype=torch.int32).repeat(B) * (self.vocab_size // NNZ)
@@ -87,13 +91,13 @@ class NullModel:
         return self._parts[B]
 
     def __enter__(self) -> NullModel:
-        self._saved = splade.SpladeEncoder._encode_batch, splade._to_csr
+        self._saved = splade.SpladeEncoder._encode_batch, splade.to_csr
         splade.SpladeEncoder._encode_batch = lambda enc, tower, batch, head=True: self._encode_batch(tower, batch, head)
-        splade._to_csr = self._to_csr
+        splade.to_csr = self.to_csr
         return self
 
     def __exit__(self, *exc: object) -> None:
-        splade.SpladeEncoder._encode_batch, splade._to_csr = self._saved
+        splade.SpladeEncoder._encode_batch, splade.to_csr = self._saved
 
 
 class ReadyTokens:
@@ -149,6 +153,11 @@ def host_stages(enc: splade.SpladeEncoder, parts: list[list[str]], n: int, repea
     with NullModel(enc.vocab_size):
         out["extract"] = best_us(lambda: [enc.encode_prepared(p, i) for p, i in zip(prepared, ids)], n, repeats)
         vectors = SparseVectors.concat([enc.encode_prepared(p, i) for p, i in zip(prepared, ids)])
+    if hasattr(splade, "rows_to_input_order"):  # since session 11
+        order = [torch.cat([b.rows for b in p.batches]) for p in prepared]
+        rows = [(torch.full((p.n,), NNZ), torch.zeros(p.n * NNZ, dtype=torch.int32), torch.rand(p.n * NNZ)) for p in prepared]
+        out["extract_reorder"] = best_us(lambda: [splade.rows_to_input_order(*r, o, i, enc.vocab_size)
+                                                  for r, o, i in zip(rows, order, ids)], n, repeats)
 
     def write() -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from lsr.encode.base import PluralAliases, sparse_output
 from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
+from lsr.encode.extract import rows_to_input_order, to_csr
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
@@ -341,7 +342,7 @@ class SpladeEncoder(PluralAliases):
         for batch in prepared.batches:
             y = self._encode_batch(tower, batch)
             finite &= torch.isfinite(y).all()  # read once at the end: no host sync per batch
-            for out, part in zip((lengths, indices, values), _to_csr(y, k)):
+            for out, part in zip((lengths, indices, values), to_csr(y, k)):
                 out.append(part)
             rows.append(batch.rows)
             if on_batch is not None:
@@ -350,15 +351,8 @@ class SpladeEncoder(PluralAliases):
             raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.dtype}; try dtype=torch.float32")
         if not prepared.batches:
             return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], ids, self.vocab_size, validate=False)
-        order = torch.cat(rows)  # row j of the sorted result is text order[j]
-        counts = torch.cat(lengths)
-        indptr = torch.zeros(prepared.n + 1, dtype=torch.int64, device=counts.device)
-        torch.cumsum(counts, 0, out=indptr[1:])
-        by_length = SparseVectors(indptr, torch.cat(indices), torch.cat(values), [ids[r] for r in order.tolist()],
-                                  self.vocab_size, validate=False)
-        position = torch.empty_like(order)
-        position[order] = torch.arange(prepared.n)
-        return by_length[position.to(counts.device)].to("cpu")
+        return rows_to_input_order(torch.cat(lengths), torch.cat(indices), torch.cat(values), torch.cat(rows), ids,
+                                   self.vocab_size)
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
                 show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
@@ -397,17 +391,3 @@ class SpladeEncoder(PluralAliases):
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""
         return decode_rows(vectors, self.vocab, top_k)
-
-
-def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, V] weights -> (row lengths int64 [B], term ids int32 [nnz], weights float32 [nnz]), rows in
-    order and terms ascending; with ``top_k`` only each row's k largest (ties: lower term id) survive."""
-    B, V = y.shape  # (the caller checks finiteness before pruning, which could drop a NaN unseen)
-    if top_k is not None and top_k < V:
-        kth = torch.topk(y, top_k, dim=1).values[:, -1:]
-        above, tied = y > kth, y == kth
-        room = top_k - above.sum(1, keepdim=True)
-        y = torch.where(above | (tied & (torch.cumsum(tied, 1) <= room)), y, torch.zeros((), dtype=y.dtype, device=y.device))
-    nz = torch.nonzero(y)  # row-major: rows in order, term ids ascending
-    values = y[nz[:, 0], nz[:, 1]].float()
-    return torch.bincount(nz[:, 0], minlength=B), nz[:, 1].to(torch.int32), values
