@@ -12,8 +12,9 @@ layer_norm``, ModernBERT ``head``) and (E, b) its decoder. T runs by calling the
 output embedding replaced by an identity, so any head that ends in its decoder Linear works without
 an architecture table; ``lsr.encode.kernels.sparton.sparton_head`` then pools without building [B, S, V].
 
-Batch calls tokenize once (fast Rust tokenizer, truncation to the query / document max length), sort
-the texts by length so each batch pads little, and restore the input order at the end.
+Batch calls tokenize once (``lsr.encode.wordpiece`` for BERT-like tokenizers, else the Rust one; truncation
+to the query / document max length; on CUDA, lists of 2K+ texts in worker processes), sort the texts by
+length so each batch pads little, and restore the input order at the end (``lsr.encode.extract``).
 ``prepare`` / ``encode_prepared`` expose the two halves so ``lsr.encode.corpus`` can tokenize the
 next window on a CPU thread while the GPU encodes this one. On CUDA with fp16/bf16, BERT and DistilBERT
 checkpoints skip the padding altogether: ``lsr.encode.varlen_body`` runs them on the batch's packed

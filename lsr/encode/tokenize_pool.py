@@ -9,7 +9,8 @@ list per text) holds the GIL for ~10 µs per passage. On a thread beside the mod
 launching thread: every torch op releases the GIL and then waits up to the switch interval (5 ms) to get
 it back while the other thread loops in Python. Workers return NumPy arrays, which cross the process
 boundary as flat buffers. Each worker tokenizes on one core (the pool is the parallelism; the Rust
-thread pool would otherwise start one thread per core in every worker).
+thread pool would otherwise start one thread per core in every worker), with ``tokenize_function``: the
+bulk WordPiece path of ``lsr.encode.wordpiece`` for BERT-like tokenizers, else Rust.
 
 Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and tokenizers and talk pickle over
 their stdin / stdout, not multiprocessing children: those would re-import the caller's ``__main__``
