@@ -91,13 +91,15 @@ class NullModel:
         return self._parts[B]
 
     def __enter__(self) -> NullModel:
-        self._saved = splade.SpladeEncoder._encode_batch, splade.to_csr
+        self._name = "to_csr" if hasattr(splade, "to_csr") else "_to_csr"  # (its name before session 11)
+        self._saved = splade.SpladeEncoder._encode_batch, getattr(splade, self._name)
         splade.SpladeEncoder._encode_batch = lambda enc, tower, batch, head=True: self._encode_batch(tower, batch, head)
-        splade.to_csr = self.to_csr
+        setattr(splade, self._name, self.to_csr)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        splade.SpladeEncoder._encode_batch, splade.to_csr = self._saved
+        splade.SpladeEncoder._encode_batch = self._saved[0]
+        setattr(splade, self._name, self._saved[1])
 
 
 class ReadyTokens:
