@@ -109,7 +109,7 @@ class SpladeEncoder(PluralAliases):
         self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
-        self._pools: dict[str, tuple[int, TokenizerPool]] = {}
+        self._pools: dict[str, tuple[int, int, TokenizerPool]] = {}  # kind -> (workers, pid, pool)
         self._pool_lock = threading.Lock()
 
     @classmethod
@@ -222,23 +222,26 @@ class SpladeEncoder(PluralAliases):
         collection and the interpreter's exit). Asking for another worker count replaces it."""
         with self._pool_lock:
             held = self._pools.get(kind)
-            if held is not None and held[0] != workers:
-                held[1].close()
+            if held is not None and held[1] != os.getpid():  # a forked child: its parent's pipes are not its own
+                held = None
+            elif held is not None and held[0] != workers:
+                held[2].close()
                 held = None
             if held is None:
                 pool = self.tokenizer_pool(kind, workers)
                 if pool is None:
                     return None
-                held = self._pools[kind] = (workers, pool)
+                held = self._pools[kind] = (workers, os.getpid(), pool)
                 weakref.finalize(self, pool.close)
-            return held[1]
+            return held[2]
 
     def close(self) -> None:
         """Stop the tokenizer processes of ``shared_tokenizer_pool`` (the encoder stays usable)."""
         with self._pool_lock:
             pools, self._pools = self._pools, {}
-        for _, pool in pools.values():
-            pool.close()
+        for _, pid, pool in pools.values():
+            if pid == os.getpid():
+                pool.close()
 
     def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
                 max_tokens: int | None = None, *, pool: TokenizerPool | None = None, join_pool: bool = False,
