@@ -15,7 +15,7 @@ Design (simplest one that is resumable and exact):
   identical (bit-exact on a deterministic device), not merely equivalent.
 * A worker thread reads the next windows and has them tokenized by a pool of worker processes
   (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
-  another thread writes Parquet, so the GPU does not wait on the CPU side. Processes, not threads:
+  two threads write Parquet shards (at once, listed in order), so the GPU does not wait on the CPU side. Processes, not threads:
   reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slowed the
   launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s, docs/benchmarks.md).
 
@@ -86,6 +86,15 @@ def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None
                          "pass the same documents in the same order, or start a new directory")
 
 
+def _settle(writer: ShardWriter) -> None:
+    """List the shards already being written (after an error: a resume then skips them); a failure here
+    is logged, not raised over the error that stopped the run."""
+    try:
+        writer.settle()
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        log.exception("could not finish writing a shard of %s", writer.path)
+
+
 def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
                   batch_size: int | None = None, shard_rows: int = 100_000, resume: bool = True,
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
@@ -141,7 +150,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
-    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin)
+    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin,
+                         write_threads=2)  # one thread writes a shard at ~4-10 µs per passage (docs/benchmarks.md)
     if was_complete:  # the writer re-verified settings and checksums; nothing to do
         log.info("%s is already complete (%d documents)", out_dir, writer.rows_done)
         return writer.close()
@@ -219,6 +229,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     finally:
         prefetcher.close()
         pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
+        _settle(writer)
         bar.close()
     seconds = time.perf_counter() - t0
     if stats is not None:
