@@ -15,9 +15,10 @@ Design (simplest one that is resumable and exact):
   identical (bit-exact on a deterministic device), not merely equivalent.
 * A worker thread reads the next windows and has them tokenized by a pool of worker processes
   (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
-  two threads write Parquet shards (at once, listed in order), so the GPU does not wait on the CPU side. Processes, not threads:
-  reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slowed the
-  launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s, docs/benchmarks.md).
+  two threads write Parquet shards (at once, listed in the manifest in order), so the GPU does not wait
+  on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
+  model slowed the launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s,
+  docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_document(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
