@@ -1,4 +1,4 @@
-"""BERT WordPiece tokenization of plain ASCII text in bulk, equal to the Rust ``tokenizers`` output.
+"""BERT WordPiece tokenization in bulk, equal to the Rust ``tokenizers`` output.
 
     rust = load_tokenizer(tokenizer_json, 256)
     tokenize = fast_token_arrays(rust, 256, partial(token_arrays, rust))  # None unless BERT-like
@@ -9,13 +9,15 @@ Why: the Rust tokenizer builds a full ``Encoding`` per text (token strings, offs
 ~25 cores. For ASCII text without control characters, BERT's normalizer and pre-tokenizer reduce to
 "lowercase, split on whitespace, isolate ASCII punctuation", which ``str.lower`` / ``str.translate`` /
 ``str.split`` do on a whole batch at once in C; each distinct word is cut into word pieces once and
-remembered, and the ids are assembled with NumPy. Texts outside that subset (non-ASCII, control
-characters, anything that could contain an added token such as ``[MASK]``) go to the Rust tokenizer,
-so the output is always the Rust tokenizer's.
+remembered, and the ids are assembled with NumPy. Other texts are first rewritten character by character
+(``str.translate``) with rules learned from the Rust normalizer and pre-tokenizer themselves, one
+character at a time (``_CharRules``). Texts with a character whose rule depends on its neighbours, or that
+could contain an added token such as ``[MASK]``, go to the Rust tokenizer, so the output is always the
+Rust tokenizer's.
 
-Covered: ``BertNormalizer`` (any options; none of them changes printable ASCII beyond lowercasing),
-``BertPreTokenizer``, a ``WordPiece`` model, and a ``TemplateProcessing`` / ``BertProcessing`` /
-absent post-processor that wraps a single sequence in special tokens; truncation on the right.
+Covered: ``BertNormalizer`` (any options), ``BertPreTokenizer``, a ``WordPiece`` model, and a
+``TemplateProcessing`` / ``BertProcessing`` / absent post-processor that wraps a single sequence in special
+tokens; truncation on the right.
 """
 
 from __future__ import annotations
