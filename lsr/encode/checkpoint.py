@@ -127,7 +127,7 @@ class TextTokenizer:
         """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""
         texts = texts if isinstance(texts, list) else list(texts)
         if self._fast is not None:
-            return self._tokenize(texts)  # bulk ASCII WordPiece or Rust: lsr.encode.tokenize_pool.tokenize_function
+            return self._tokenize(texts)  # bulk WordPiece or Rust: lsr.encode.tokenize_pool.tokenize_function
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length,
                              add_special_tokens=self.add_special_tokens)["input_ids"]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
