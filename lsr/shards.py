@@ -14,10 +14,12 @@ after each shard, so a killed writer leaves a directory whose manifest lists onl
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +133,13 @@ class ShardWriter:
             input rows to skip); without it an existing non-empty manifest is an error.
         origin: where the documents come from (``Dataset.docs_origin``); kept in the manifest, and on
             resume it must equal the stored one (a folder of other documents is never continued or reused).
+        write_threads: shards written at once (the same files; the manifest still lists complete shards
+            in order, so a killed writer resumes as with one); ``add`` then returns before its shard is on disk.
     """
 
     def __init__(self, path: str | os.PathLike, vocab_size: int, metadata: Mapping[str, Any] | None = None,
-                 shard_rows: int = 100_000, resume: bool = False, origin: Mapping[str, Any] | None = None) -> None:
+                 shard_rows: int = 100_000, resume: bool = False, origin: Mapping[str, Any] | None = None,
+                 write_threads: int = 1) -> None:
         if shard_rows <= 0:
             raise ValueError("shard_rows must be positive")
         self.path = Path(path)
@@ -165,6 +170,10 @@ class ShardWriter:
             self.manifest["complete"] = False
         self._buffer: list[SparseVectors] = []
         self._buffered = 0
+        # shard files written by several threads (Parquet + zstd release the GIL), committed in order
+        self._write_threads = max(1, int(write_threads))
+        self._files = ThreadPoolExecutor(write_threads, thread_name_prefix="lsr-shard-file") if write_threads > 1 else None
+        self._in_flight: collections.deque[Future] = collections.deque()
 
     @property
     def rows_done(self) -> int:
@@ -185,14 +194,32 @@ class ShardWriter:
             self._buffer, self._buffered = ([rest], len(rest)) if len(rest) else ([], 0)
 
     def _write(self, vectors: SparseVectors) -> None:
-        k = len(self.manifest["shards"])
+        k = len(self.manifest["shards"]) + len(self._in_flight)
+        if self._files is None:
+            self._commit(self._write_file(k, vectors))
+            return
+        if len(self._in_flight) >= self._write_threads:
+            self._commit(self._in_flight.popleft().result())
+        self._in_flight.append(self._files.submit(self._write_file, k, vectors))
+        while self._in_flight and self._in_flight[0].done():  # in order: the manifest lists a prefix
+            self._commit(self._in_flight.popleft().result())
+
+    def settle(self) -> None:
+        """Wait for the shards being written and list them in the manifest (rows still buffered stay
+        unwritten): what a caller that stops on an error calls, so that a resume skips them."""
+        while self._in_flight:
+            self._commit(self._in_flight.popleft().result())
+
+    def _write_file(self, k: int, vectors: SparseVectors) -> dict[str, Any]:
         name = f"part-{k:05d}.parquet"
         with atomic_write_bytes(self.path / name) as f:
             pq.write_table(vectors_to_table(vectors), f, compression="zstd")
-        self.manifest["shards"].append({"file": name, "rows": len(vectors), "nnz": vectors.nnz,
-                                        "sha256": sha256_file(self.path / name)})
-        self.manifest["n_rows"] += len(vectors)
-        self.manifest["nnz"] += vectors.nnz
+        return {"file": name, "rows": len(vectors), "nnz": vectors.nnz, "sha256": sha256_file(self.path / name)}
+
+    def _commit(self, shard: dict[str, Any]) -> None:
+        self.manifest["shards"].append(shard)
+        self.manifest["n_rows"] += shard["rows"]
+        self.manifest["nnz"] += shard["nnz"]
         atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
 
     def close(self) -> dict[str, Any]:
@@ -200,6 +227,9 @@ class ShardWriter:
         if self._buffered:
             self._write(SparseVectors.concat(self._buffer))
             self._buffer, self._buffered = [], 0
+        self.settle()
+        if self._files is not None:
+            self._files.shutdown()
         self.manifest["complete"] = True
         atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
         return self.manifest

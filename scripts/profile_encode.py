@@ -54,9 +54,10 @@ from bench_encode import MAX_LEN, build_model, common_args, measure, synth_texts
 
 from lsr.bench import environment, synchronize
 from lsr.encode.corpus import encode_corpus
+from lsr.encode.extract import to_csr as _to_csr
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head
-from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch, _to_csr
+from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch
 from lsr.encode.tokenize_pool import default_workers
 
 

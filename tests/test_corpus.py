@@ -179,7 +179,7 @@ def test_tokenizer_workers_give_the_same_shards_across_a_resume(tmp_path, encode
     assert read_manifest(out)["n_rows"] == 128
     stats: dict = {}
     manifest = encode_corpus(encoder, docs, out, tokenize_workers=2, stats=stats, **SETTINGS)
-    # the first window (32 documents) is tokenized in-process, every later one by the workers
+    # every window goes to the workers; the reading thread may take chunks of the first one
     assert stats["tokenize_workers"] == 2 and stats["docs"] == N_DOCS - 128
-    assert stats["tokenized_by_workers"] == N_DOCS - 128 - WINDOW
+    assert N_DOCS - 128 - WINDOW <= stats["tokenized_by_workers"] <= N_DOCS - 128
     assert manifest["complete"] and shard_hashes(manifest) == shard_hashes(reference)

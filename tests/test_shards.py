@@ -47,6 +47,18 @@ def test_resume_continues_without_loss_or_duplicates(tmp_path):
     assert read_vectors(tmp_path / "vec").equal(v)
 
 
+def test_parallel_shard_writes_give_the_same_directory(tmp_path):
+    v = random_collection(40, 64, seed=7)
+    one = write_vectors(tmp_path / "one", v, {"m": 1}, shard_rows=6)
+    w = ShardWriter(tmp_path / "two", 64, {"m": 1}, shard_rows=6, write_threads=3)
+    for start in range(0, 40, 9):
+        w.add(v[start:start + 9])
+    w.settle()  # what a run stopped by an error does: every shard handed over is listed, in order
+    assert read_manifest(tmp_path / "two")["shards"] == one["shards"][:6]
+    assert w.close() == one
+    assert read_vectors(tmp_path / "two").equal(v)
+
+
 def test_corrupt_or_missing_shards_are_rejected(tmp_path):
     v = random_collection(12, 32, seed=6)
     write_vectors(tmp_path / "vec", v, shard_rows=4)

@@ -194,3 +194,25 @@ def test_long_lists_are_encoded_in_windows_with_the_same_vectors(models, monkeyp
     assert through_api.ids[0] == "d0" and torch.equal(through_api.indices, whole.indices)
     with pytest.raises(ValueError, match="unique"):
         enc.encode_document(texts, ids=["x"] * len(texts))
+
+
+def test_windows_through_the_shared_tokenizer_pool(models, monkeypatch):
+    from lsr.encode import stream, tokenize_pool
+
+    enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", batch_size=3)
+    texts = [f"{t} {i}" for i in range(4) for t in TEXTS]  # 20 texts, windows of 8, chunks of 2
+    in_process = stream.encode_windows(enc, texts, None, "doc", 3, window=8, tokenize_workers=0)
+    monkeypatch.setattr(tokenize_pool, "CHUNK", 2)
+    try:
+        pooled = stream.encode_windows(enc, texts, None, "doc", 3, window=8, tokenize_workers=2)
+        pool = enc.shared_tokenizer_pool("doc", 2)
+        done = pool.texts_by_workers
+        assert 12 <= done <= 20  # every window but the first one entirely by the workers
+        again = stream.encode_windows(enc, texts, None, "doc", 3, window=8, tokenize_workers=2)
+        assert enc.shared_tokenizer_pool("doc", 2) is pool and pool.texts_by_workers >= done + 12  # kept running
+    finally:
+        enc.close()
+    assert not pool._all  # close() stopped the processes
+    for got in (pooled, again):
+        assert got.ids == in_process.ids and torch.equal(got.indptr, in_process.indptr)
+        assert torch.equal(got.indices, in_process.indices) and torch.equal(got.values, in_process.values)

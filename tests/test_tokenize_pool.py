@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 
 from lsr.encode.checkpoint import TextTokenizer
 from lsr.encode.splade import SpladeEncoder
-from lsr.encode.tokenize_pool import CHUNK, TokenizerPool, default_workers
+from lsr.encode.tokenize_pool import CHUNK, TokenizerPool, default_workers, token_arrays
 from lsr.testing import save_tiny_mlm
 
 
@@ -34,10 +34,19 @@ def test_pool_matches_in_process_tokenization(data_dir, texts):
     flat, lengths = tok(texts)
     assert flat.dtype == np.int32 and lengths.dtype == np.int64 and len(lengths) == len(texts)
     assert lengths.max() == 128 and lengths[7] == 2  # truncation on; [CLS] [SEP] for the empty text
+    rust_flat, rust_lengths = token_arrays(tok._fast, texts)  # real text, some non-ASCII: the Rust ids exactly
+    np.testing.assert_array_equal(lengths, rust_lengths)
+    np.testing.assert_array_equal(flat, rust_flat)
     with tok.pool(2) as pool:
         got_flat, got_lengths = pool(texts)
         np.testing.assert_array_equal(got_lengths, lengths)
         np.testing.assert_array_equal(got_flat, flat)
+        by_workers = pool.texts_by_workers
+        assert by_workers == len(texts)
+        helped_flat, helped_lengths = pool(texts, local=tok)  # the caller takes chunks too
+        np.testing.assert_array_equal(helped_lengths, lengths)
+        np.testing.assert_array_equal(helped_flat, flat)
+        assert by_workers <= pool.texts_by_workers <= 2 * len(texts)
         empty_flat, empty_lengths = pool([])
         assert empty_flat.size == 0 and empty_lengths.size == 0
     with pytest.raises(ValueError, match="positive"):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, token_arrays
+from lsr.encode.tokenize_pool import TokenizerPool, load_tokenizer, tokenize_function
 from lsr.encode.varlen_body import VarlenBody
 
 __all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "resolve_dtype", "resolve_local_files_only",
@@ -121,12 +121,13 @@ class TextTokenizer:
             if not add_special_tokens:  # the post-processor is what adds [CLS] / [SEP] (<s> / </s>)
                 spec = json.dumps({**json.loads(spec), "post_processor": None})
             self._fast = load_tokenizer(spec, max_length)
+            self._tokenize = tokenize_function(spec, max_length)
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat int32 [sum lengths] token ids, lengths int64 [n])."""
         texts = texts if isinstance(texts, list) else list(texts)
         if self._fast is not None:
-            return token_arrays(self._fast, texts)  # Rust, parallel, releases the GIL while tokenizing
+            return self._tokenize(texts)  # bulk WordPiece or Rust: lsr.encode.tokenize_pool.tokenize_function
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length,
                              add_special_tokens=self.add_special_tokens)["input_ids"]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))

@@ -15,9 +15,10 @@ Design (simplest one that is resumable and exact):
   identical (bit-exact on a deterministic device), not merely equivalent.
 * A worker thread reads the next windows and has them tokenized by a pool of worker processes
   (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
-  another thread writes Parquet, so the GPU does not wait on the CPU side. Processes, not threads:
-  reading the Rust tokenizer's output holds the GIL, and a thread doing it beside the model slowed the
-  launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s, docs/benchmarks.md).
+  two threads write Parquet shards (at once, listed in the manifest in order), so the GPU does not wait
+  on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
+  model slowed the launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s,
+  docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_document(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
@@ -38,7 +39,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import LazyPool, Prefetch
+from lsr.encode.stream import Prefetch
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -86,6 +87,15 @@ def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None
                          "pass the same documents in the same order, or start a new directory")
 
 
+def _settle(writer: ShardWriter) -> None:
+    """List the shards already being written (after an error: a resume then skips them); a failure here
+    is logged, not raised over the error that stopped the run."""
+    try:
+        writer.settle()
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        log.exception("could not finish writing a shard of %s", writer.path)
+
+
 def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
                   batch_size: int | None = None, shard_rows: int = 100_000, resume: bool = True,
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
@@ -111,15 +121,15 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         doc_top_k: keep each document's k largest weights (default: the encoder's setting).
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
-        tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer); 0 tokenizes on
-            the reading thread. Default: ``tokenize_pool.default_workers()`` when the encoder runs on
-            CUDA (8 on a 16-core machine), else 0. The first window is always tokenized in-process (on
-            every core, the model has nothing to do yet); the workers start with the second.
+        tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer: its
+            ``shared_tokenizer_pool``, kept for later calls); 0 tokenizes on the reading thread. Default:
+            ``tokenize_pool.default_workers()`` when the encoder runs on CUDA, else 0. The reading
+            thread helps with the first window (the model has nothing to do yet).
         stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
             thread's time split (seconds): first_window_s (start to the first tokenized window),
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
             model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
-            tokenized_by_workers (documents the worker processes tokenized).
+            tokenized_by_workers (documents the worker processes tokenized, the rest: the reading thread).
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
@@ -141,7 +151,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
-    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin)
+    writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin,
+                         write_threads=2)  # one thread writes a shard at ~4-10 µs per passage (docs/benchmarks.md)
     if was_complete:  # the writer re-verified settings and checksums; nothing to do
         log.info("%s is already complete (%d documents)", out_dir, writer.rows_done)
         return writer.close()
@@ -159,20 +170,18 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
-    tokenizers = LazyPool(lambda: encoder.tokenizer_pool("doc", tokenize_workers) if tokenize_workers > 0 else None)
-    first, by_workers = [True], [0]
+    tokenizers = encoder.shared_tokenizer_pool("doc", tokenize_workers) if fast and tokenize_workers > 0 else None
+    by_workers_before = tokenizers.texts_by_workers if tokenizers is not None else 0
+    first = [True]
 
     def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
         ids, texts = window
         if not fast:
             return ids, texts
-        # the model waits for the first window anyway: tokenize it here on every core (the Rust thread
-        # pool); later windows go to the worker processes, beside the model. They start with the second
-        # window, while the model encodes the first (a one-window corpus never starts them).
-        pool, first[0] = (None if first[0] else tokenizers.get()), False
-        if pool is not None:
-            by_workers[0] += len(texts)
-        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=pool)
+        # every window goes to the worker processes; the model waits for the first one anyway, so this
+        # thread tokenizes part of it too (while the workers start, on a first call)
+        join, first[0] = first[0], False
+        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=tokenizers, join_pool=join)
 
     from tqdm.auto import tqdm
 
@@ -220,11 +229,12 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         manifest = writer.close()
     finally:
         prefetcher.close()
-        tokenizers.close()
         pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
+        _settle(writer)
         bar.close()
     seconds = time.perf_counter() - t0
     if stats is not None:
         stats.update(totals, **clock, seconds=seconds, tokenize_workers=tokenize_workers if fast else 0,
-                     tokenized_by_workers=by_workers[0], docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+                     tokenized_by_workers=(tokenizers.texts_by_workers - by_workers_before) if tokenizers else 0,
+                     docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
     return manifest

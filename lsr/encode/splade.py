@@ -12,8 +12,9 @@ layer_norm``, ModernBERT ``head``) and (E, b) its decoder. T runs by calling the
 output embedding replaced by an identity, so any head that ends in its decoder Linear works without
 an architecture table; ``lsr.encode.kernels.sparton.sparton_head`` then pools without building [B, S, V].
 
-Batch calls tokenize once (fast Rust tokenizer, truncation to the query / document max length), sort
-the texts by length so each batch pads little, and restore the input order at the end.
+Batch calls tokenize once (``lsr.encode.wordpiece`` for BERT-like tokenizers, else the Rust one; truncation
+to the query / document max length; on CUDA, lists of 2K+ texts in worker processes), sort the texts by
+length so each batch pads little, and restore the input order at the end (``lsr.encode.extract``).
 ``prepare`` / ``encode_prepared`` expose the two halves so ``lsr.encode.corpus`` can tokenize the
 next window on a CPU thread while the GPU encodes this one. On CUDA with fp16/bf16, BERT and DistilBERT
 checkpoints skip the padding altogether: ``lsr.encode.varlen_body`` runs them on the batch's packed
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +37,12 @@ from tqdm.auto import tqdm
 
 from lsr.encode.base import PluralAliases, sparse_output
 from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
+from lsr.encode.extract import rows_to_input_order, to_csr
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
 from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
-from lsr.encode.stream import WINDOW, encode_windows
+from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize_pool import TokenizerPool
 from lsr.encode.varlen_body import pack_batch
 from lsr.sparse import SparseVectors
@@ -106,6 +109,8 @@ class SpladeEncoder(PluralAliases):
         self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
+        self._pools: dict[str, tuple[int, int, TokenizerPool]] = {}  # kind -> (workers, pid, pool)
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
@@ -211,16 +216,49 @@ class SpladeEncoder(PluralAliases):
             pool.tag = kind
         return pool
 
+    def shared_tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
+        """``tokenizer_pool(kind, workers)`` kept running for later calls (long ``encode_document`` lists,
+        ``encode_corpus``), so that its processes start once; ``close()`` stops it (so do garbage
+        collection and the interpreter's exit). Asking for another worker count replaces it."""
+        with self._pool_lock:
+            held = self._pools.get(kind)
+            if held is not None and held[1] != os.getpid():  # a forked child: its parent's pipes are not its own
+                held = None
+            elif held is not None and held[0] != workers:
+                held[2].close()
+                held = None
+            if held is None:
+                pool = self.tokenizer_pool(kind, workers)
+                if pool is None:
+                    return None
+                held = self._pools[kind] = (workers, os.getpid(), pool)
+                weakref.finalize(self, pool.close)
+            return held[2]
+
+    def close(self) -> None:
+        """Stop the tokenizer processes of ``shared_tokenizer_pool`` (the encoder stays usable)."""
+        with self._pool_lock:
+            pools, self._pools = self._pools, {}
+        for _, pid, pool in pools.values():
+            if pid == os.getpid():
+                pool.close()
+
     def prepare(self, texts: Sequence[str], kind: str = "doc", batch_size: int | None = None,
-                max_tokens: int | None = None, *, pool: TokenizerPool | None = None) -> PreparedTexts:
+                max_tokens: int | None = None, *, pool: TokenizerPool | None = None, join_pool: bool = False,
+                ) -> PreparedTexts:
         """Tokenize ``texts`` and cut them into batches of similar length (longest first, so the peak
         memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
-        the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL)."""
+        the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL);
+        ``join_pool``: this thread tokenizes chunks too (when nothing else needs it, e.g. the first window)."""
         if pool is not None and getattr(pool, "tag", None) != kind:
             raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
                              "use tokenizer_pool(kind)")
         prompt = self.prompts.get(kind, "")
-        flat, lengths = (pool or self._tokenizer(kind))([prompt + t for t in texts] if prompt else texts)
+        texts = [prompt + t for t in texts] if prompt else texts
+        if pool is None:
+            flat, lengths = self._tokenizer(kind)(texts)
+        else:
+            flat, lengths = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
         batch_size = batch_size or self.batch_size
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         mult = max(1, self.pad_multiple)
@@ -308,7 +346,7 @@ class SpladeEncoder(PluralAliases):
         for batch in prepared.batches:
             y = self._encode_batch(tower, batch)
             finite &= torch.isfinite(y).all()  # read once at the end: no host sync per batch
-            for out, part in zip((lengths, indices, values), _to_csr(y, k)):
+            for out, part in zip((lengths, indices, values), to_csr(y, k)):
                 out.append(part)
             rows.append(batch.rows)
             if on_batch is not None:
@@ -317,20 +355,14 @@ class SpladeEncoder(PluralAliases):
             raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.dtype}; try dtype=torch.float32")
         if not prepared.batches:
             return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], ids, self.vocab_size, validate=False)
-        order = torch.cat(rows)  # row j of the sorted result is text order[j]
-        counts = torch.cat(lengths)
-        indptr = torch.zeros(prepared.n + 1, dtype=torch.int64, device=counts.device)
-        torch.cumsum(counts, 0, out=indptr[1:])
-        by_length = SparseVectors(indptr, torch.cat(indices), torch.cat(values), [ids[r] for r in order.tolist()],
-                                  self.vocab_size, validate=False)
-        position = torch.empty_like(order)
-        position[order] = torch.arange(prepared.n)
-        return by_length[position.to(counts.device)].to("cpu")
+        return rows_to_input_order(torch.cat(lengths), torch.cat(indices), torch.cat(values), torch.cat(rows), ids,
+                                   self.vocab_size)
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
                 show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            if len(texts) > WINDOW:  # tokenize the next window while the model encodes this one
+            if len(texts) > WINDOW or windows_pool(self, kind, len(texts), None) is not None:
+                # tokenized in worker processes, the next window while the model encodes this one
                 vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
             else:
                 vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)
@@ -363,17 +395,3 @@ class SpladeEncoder(PluralAliases):
     def decode(self, vectors: SparseVectors, top_k: int | None = None) -> list[list[tuple[str, float]]]:
         """Each row as [(token, weight)] by decreasing weight (ties: lower term id), at most ``top_k``."""
         return decode_rows(vectors, self.vocab, top_k)
-
-
-def _to_csr(y: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, V] weights -> (row lengths int64 [B], term ids int32 [nnz], weights float32 [nnz]), rows in
-    order and terms ascending; with ``top_k`` only each row's k largest (ties: lower term id) survive."""
-    B, V = y.shape  # (the caller checks finiteness before pruning, which could drop a NaN unseen)
-    if top_k is not None and top_k < V:
-        kth = torch.topk(y, top_k, dim=1).values[:, -1:]
-        above, tied = y > kth, y == kth
-        room = top_k - above.sum(1, keepdim=True)
-        y = torch.where(above | (tied & (torch.cumsum(tied, 1) <= room)), y, torch.zeros((), dtype=y.dtype, device=y.device))
-    nz = torch.nonzero(y)  # row-major: rows in order, term ids ascending
-    values = y[nz[:, 0], nz[:, 1]].float()
-    return torch.bincount(nz[:, 0], minlength=B), nz[:, 1].to(torch.int32), values

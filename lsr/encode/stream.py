@@ -1,5 +1,5 @@
-"""Keeping the model busy while the CPU prepares the next texts: a bounded prefetch thread and a lazily
-started tokenizer pool, shared by corpus encoding (``lsr.encode.corpus``) and in-memory encoding of long
+"""Keeping the model busy while the CPU prepares the next texts: a bounded prefetch thread and the
+encoder's shared tokenizer pool, used by corpus encoding (``lsr.encode.corpus``) and in-memory encoding of long
 text lists (``encode_windows``, behind ``SpladeEncoder.encode_document`` / ``encode_query``).
 """
 
@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["LazyPool", "Prefetch", "encode_windows"]
+__all__ = ["Prefetch", "encode_windows", "windows_pool"]
 
 _END = object()
 
@@ -63,41 +63,28 @@ class _Failure:
         self.error = error
 
 
-class LazyPool:
-    """What ``start()`` returns (a TokenizerPool or None), created on first ``get``; ``close`` also
-    stops a later ``get`` (from a prefetch thread that outlived its consumer) from starting one."""
-
-    def __init__(self, start: Callable[[], Any]) -> None:
-        self._start, self._pool, self._closed = start, None, False
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        with self._lock:
-            if self._pool is None and not self._closed:
-                self._pool = self._start()
-                self._closed = self._pool is None  # nothing to start: do not ask again
-            return self._pool
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
-
-
-
-
 WINDOW = 32_768  # texts tokenized together: sorted by length into batches, and the unit of overlap
+
+
+def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) -> Any:
+    """The encoder's shared tokenizer pool (``tokenize_workers`` processes; None: ``default_workers()`` on
+    CUDA, none elsewhere) when ``n`` texts are worth it, else None (tokenize in-process)."""
+    from lsr.encode.tokenize_pool import CHUNK, default_workers
+
+    if tokenize_workers is None:
+        tokenize_workers = default_workers() if encoder.device.type == "cuda" else 0
+    if tokenize_workers <= 0 or n < 2 * CHUNK:
+        return None
+    return encoder.shared_tokenizer_pool(kind, tokenize_workers)
 
 
 def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None, kind: str,
                    batch_size: int | None = None, *, window: int = WINDOW, tokenize_workers: int | None = None,
                    on_batch: Callable[[int], None] | None = None) -> Any:
     """``encoder.encode_prepared(encoder.prepare(texts))`` for a long list, a window at a time: the next
-    window is tokenized (in worker processes on CUDA) while the model encodes this one, as corpus
-    encoding does. Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
-    from lsr.encode.tokenize_pool import default_workers
+    window is tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
+    model encodes this one, as corpus encoding does; the first window by the workers and this process
+    together (the model has nothing to do yet). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
     from lsr.sparse import SparseVectors
 
     n = len(texts)
@@ -106,15 +93,10 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
         raise ValueError(f"got {len(ids)} ids for {n} texts")
     if len(set(ids)) != n:
         raise ValueError("ids must be unique")
-    if tokenize_workers is None:
-        tokenize_workers = default_workers() if encoder.device.type == "cuda" else 0
-    pool = LazyPool(lambda: encoder.tokenizer_pool(kind, tokenize_workers) if tokenize_workers > 0 else None)
-    first = [True]
+    pool = windows_pool(encoder, kind, n, tokenize_workers)
 
     def prepare(start: int) -> tuple[int, Any]:
-        # the first window is tokenized in-process on every core (the model has nothing to do yet)
-        workers, first[0] = (None if first[0] else pool.get()), False
-        return start, encoder.prepare(texts[start:start + window], kind, batch_size, pool=workers)
+        return start, encoder.prepare(texts[start:start + window], kind, batch_size, pool=pool, join_pool=start == 0)
 
     prefetch = Prefetch(iter(range(0, n, window)), prepare, depth=2)
     try:
@@ -122,5 +104,4 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
                  for start, prepared in prefetch]
     finally:
         prefetch.close()
-        pool.close()
-    return SparseVectors.concat(parts)
+    return SparseVectors.concat(parts) if len(parts) != 1 else parts[0]
