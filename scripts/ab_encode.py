@@ -1,0 +1,68 @@
+"""Passages/s of one lsr tree's encoding paths, for before/after comparisons on one machine.
+
+Run it from two checkouts (e.g. the current tree and `git archive OLD lsr scripts` unpacked elsewhere)
+one after the other on the same GPU: each prints one JSON line. Cases, on the same seeded synthetic
+MS MARCO-length passages (scripts/bench_encode.synth_texts, bert-base-uncased word pieces):
+
+* ``api``: ``SpladeEncoder.encode_document(texts)`` (vectors returned in memory);
+* ``corpus``: ``encode_corpus`` into a temporary Parquet directory (with its stats: first window, waits).
+
+A warm-up call on --warmup passages precedes the timed ones (tokenizer processes start, Triton tunes).
+
+    PYTHONPATH=. python scripts/ab_encode.py --model data/models/splade-tiny --passages 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from bench_encode import synth_texts  # noqa: E402
+
+from lsr.encode.corpus import encode_corpus  # noqa: E402
+from lsr.encode.splade import SpladeEncoder  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="SPLADE checkpoint folder")
+    ap.add_argument("--tokenizer", default=str(ROOT / "data" / "bert-base-uncased"))
+    ap.add_argument("--passages", type=int, default=200_000)
+    ap.add_argument("--warmup", type=int, default=20_000)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--label", default=str(ROOT))
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    texts, _ = synth_texts(args.passages, AutoTokenizer.from_pretrained(args.tokenizer), np.random.default_rng(0))
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    enc = SpladeEncoder.from_pretrained(args.model, device=args.device, dtype=dtype)
+    enc.encode_document(texts[:args.warmup])
+    row: dict = {"label": args.label, "passages": args.passages, "device": args.device}
+    t = time.perf_counter()
+    out = enc.encode_document(texts)
+    row["api_pps"] = args.passages / (time.perf_counter() - t)
+    row["api_nnz"] = int(out.indptr[-1]) if hasattr(out, "indptr") else None
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = ((str(i), s) for i, s in enumerate(texts[:args.warmup]))
+        encode_corpus(enc, docs, Path(tmp) / "warm", show_progress_bar=False)
+        stats: dict = {}
+        t = time.perf_counter()
+        encode_corpus(enc, ((str(i), s) for i, s in enumerate(texts)), Path(tmp) / "run", show_progress_bar=False,
+                      n_docs=args.passages, stats=stats)
+        row["corpus_pps"] = args.passages / (time.perf_counter() - t)
+        row["corpus_stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
