@@ -141,14 +141,15 @@ ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_q
 plt.tight_layout(); plt.savefig(FIG / 'e2e.png', dpi=110); plt.show()
 {'total_s': round(e2e['total_s'], 2), 'baseline_runs_eval_s': round(sum(e2e['baseline_s'].values()), 2), **e2e['meta']}"""
 
-TRAIN = """train = pd.DataFrame([r for p in sorted(BENCH.glob('bench_train*.json')) for r in json.loads(p.read_text())['rows']])
+TRAIN = """train = pd.DataFrame([r | {'run': p.stem.replace('bench_train_', '')} for p in sorted(BENCH.glob('bench_train*.json'))
+                      for r in json.loads(p.read_text())['rows']])
 logs = {p.parent.name: pd.read_json(p, lines=True) for p in sorted(BENCH.glob('train/*/log.jsonl'))}
 fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
 if len(train):
     timed = train[(train.status == 'ok') & train.ms.notna() & ~train.checkpointing]
-    timed.assign(case=timed.model + ' B=' + timed.B.astype(int).astype(str)).pivot_table(
+    timed.assign(case=timed.model + ' B=' + timed.B.astype(int).astype(str) + np.where(timed.run == 'session11', '', ' *')).pivot_table(
         index='case', columns='impl', values='ms').plot.bar(ax=axes[0], rot=0)
-    axes[0].set_title('training step, equal batch, interleaved timing (ms, H100)')
+    axes[0].set_title('training step at equal batch, interleaved timing (ms, H100; * = a later run)')
     best = train[train.max_batch.notna()]
     best.assign(case=best.model + np.where(best.checkpointing, ' +ckpt', '')).pivot_table(
         index='case', columns='impl', values='max_batch').plot.bar(ax=axes[1], rot=0, logy=True)
@@ -159,7 +160,7 @@ axes[2].set_title('SciFact fine-tuning: ranking loss (5-step mean)'); axes[2].se
 if logs:
     axes[2].legend()
 plt.tight_layout(); plt.savefig(FIG / 'train.png', dpi=110); plt.show()
-train[['model', 'checkpointing', 'impl', 'B', 'ms', 'ms_p10', 'ms_p90', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
+train[['run', 'model', 'checkpointing', 'impl', 'B', 'ms', 'ms_p10', 'ms_p90', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
 
 MAXSIM = """rows = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(source=p.name)
                   for p in sorted(BENCH.glob('bench_maxsim*.json'))])
@@ -171,6 +172,28 @@ for ax, case in zip(axes[0], cases):
     ax.set_xlabel('ms (log)'); ax.set_title(f'MaxSim {case} (H100, bf16)')
 plt.tight_layout(); plt.savefig(FIG / 'maxsim.png', dpi=110); plt.show()
 ok.pivot_table(index=['case', 'method'], columns='mode', values='ms')"""
+
+COMPACT = """rows = pd.DataFrame(json.loads((BENCH / 'bench_search_compact_session11.json').read_text())['rows'])
+rows = rows[rows.qps.notna()]
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+for ax, q in zip(axes, ['synth+ranked', 'real+ranked']):
+    rows[rows.queries == q].pivot_table(index='B', columns='postings', values='qps').plot(ax=ax, marker='o', logx=True)
+    ax.set_title(f'8.8M docs, k=1000, {q} queries (H100)')
+    ax.set_ylabel('queries / s'); ax.set_ylim(0)
+plt.tight_layout(); plt.savefig(FIG / 'search_compact.png', dpi=110); plt.show()
+rows.pivot_table(index=['queries', 'B'], columns='postings', values='qps').round(0)"""
+
+SERVE = """serve = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(run=p.stem)
+                   for p in [BENCH / 'bench_serve.json', *sorted((BENCH / 'extra').glob('bench_serve*.json'))]])
+serve = serve[serve.qps.notna()]
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for (q, mb), part in serve.groupby(['queries', 'max_batch']):
+    ax.plot(part.qps, part.p99_ms, marker='o', label=f'{q} queries, max_batch={mb}')
+ax.axhline(20, color='k', ls='--', lw=1, label='p99 = 20 ms'); ax.set_yscale('log'); ax.set_xscale('log')
+ax.set_xlabel('queries / s'); ax.set_ylabel('p99 latency (ms)'); ax.legend(fontsize=8)
+ax.set_title('lsr serve, 8.8M docs, k=10, 1-128 clients (H100)')
+plt.tight_layout(); plt.savefig(FIG / 'serve.png', dpi=110); plt.show()
+serve[['run', 'queries', 'max_batch', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -194,6 +217,10 @@ BENCHMARKS = [
     new_code_cell(TRAIN),
     new_markdown_cell("## Late interaction: fused MaxSim vs flash-maxsim, einsum and torch.compile"),
     new_code_cell(MAXSIM),
+    new_markdown_cell("## Compact postings (4 bytes) against float32 postings (8 bytes), same collection, exact"),
+    new_code_cell(COMPACT),
+    new_markdown_cell("## Serving: throughput against p99 latency, batching off and on"),
+    new_code_cell(SERVE),
 ]
 
 
