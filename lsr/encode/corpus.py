@@ -128,7 +128,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
             thread's time split (seconds): first_window_s (start to the first tokenized window),
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
-            model) and wait_writer_s (blocked on the shard writer); tokenize_workers and
+            model), wait_writer_s (blocked on the shard writer) and close_s (the last shard files and the
+            manifest, after the last window); tokenize_workers and
             tokenized_by_workers (documents the worker processes tokenized, the rest: the reading thread).
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
@@ -166,7 +167,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     batch_size = batch_size or getattr(encoder, "batch_size", None) or 1024
     top_k = {} if doc_top_k is None else {"top_k": doc_top_k}
     totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
-    clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0}
+    clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0, "close_s": 0.0}
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
@@ -226,7 +227,9 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         if pending is not None:
             pending.result()
             clock["wait_writer_s"] += time.perf_counter() - end
-        manifest = writer.close()
+        closing = time.perf_counter()
+        manifest = writer.close()  # waits for the shard-writer threads' last files, writes the manifest
+        clock["close_s"] = time.perf_counter() - closing
     finally:
         prefetcher.close()
         pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
