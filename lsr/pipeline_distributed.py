@@ -106,7 +106,7 @@ def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any
     with timed_step("build index", timings):
         # metadata {} for pre-encoded vectors, as the single-process job builds them
         ShardedIndex.build(vectors, cfg.index.partitions, out / "index", device=dev, block_size=cfg.index.block_size,
-                           metadata=doc_meta or {}, overwrite=True)
+                           metadata=doc_meta or {}, overwrite=True, postings=cfg.index.postings)
         searcher = DistributedSearcher(out / "index", dev, backend=cfg.search.backend, verify=False)
     queries, query_meta = None, None
     with timed_step("encode queries", timings), agree("encode the queries"):

@@ -290,6 +290,17 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
     assert "exactly representable" in err and "\n" not in err and not (tmp_path / "no").exists()
 
 
+def test_in_memory_sharded_index_takes_the_posting_layout(gen):
+    from lsr.index.sharded import ShardedIndex
+    from lsr.search.searcher import Searcher
+    docs = bf16_rows(90, 30, 0.2, gen).to("cpu")
+    q = random_dense_rows(4, 30, 0.3, gen)
+    sharded = ShardedIndex.from_vectors(docs, 3, device="cpu", block_size=64, postings="compact")
+    assert {part.postings for part in sharded.partitions} == {"compact"}
+    s, d = Searcher(sharded, backend="triton").search(q, k=11)
+    assert_exact_topk(s, d, float64_scores(q, docs), 11)
+
+
 def test_pipeline_config_takes_the_posting_layout():
     from pathlib import Path
 

@@ -201,9 +201,9 @@ class ShardedIndex:
     @classmethod
     def from_vectors(cls, vectors: SparseVectors, n_partitions: int, device: str | torch.device | None = None,
                      block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None,
-                     partitions: list[int] | None = None) -> ShardedIndex:
+                     partitions: list[int] | None = None, postings: str = "float32") -> ShardedIndex:
         """The sharded index of ``vectors`` in memory (nothing written), with only ``partitions`` built
-        (default all): a rank of a distributed job builds its own."""
+        (default all): a rank of a distributed job builds its own. ``postings``: as in ``build``."""
         bounds = partition_bounds(len(vectors), n_partitions)
         wanted = set(range(n_partitions) if partitions is None else partitions)
         max_scores = torch.zeros(vectors.vocab_size, dtype=torch.float32, device=vectors.device)
@@ -215,7 +215,7 @@ class ShardedIndex:
                 built.append(None)
                 continue
             index = InvertedIndex.build(vectors[bounds[p]:bounds[p + 1]], device=device, block_size=block_size,
-                                        metadata=metadata)
+                                        metadata=metadata, postings=postings)
             index.max_scores = max_scores.to(index.device)
             built.append(index)
         return cls(built, bounds[:-1], vectors.vocab_size, len(vectors), metadata)
