@@ -40,6 +40,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20_000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--label", default=str(ROOT))
+    ap.add_argument("--profile", type=int, default=0,
+                    help="also profile encode_document on this many passages (cProfile of the calling thread + "
+                         "torch.profiler GPU kernel time); printed as a second JSON line")
+    ap.add_argument("--skip-corpus", action="store_true", help="time encode_document only")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -52,6 +56,15 @@ def main() -> None:
     out = enc.encode_document(texts)
     row["api_pps"] = args.passages / (time.perf_counter() - t)
     row["api_nnz"] = int(out.indptr[-1]) if hasattr(out, "indptr") else None
+    if args.skip_corpus:
+        print(json.dumps(row), flush=True)
+    else:
+        time_corpus(enc, texts, args, row)
+    if args.profile:
+        print(json.dumps(profile_document(enc, texts[:args.profile])), flush=True)
+
+
+def time_corpus(enc: SpladeEncoder, texts: list[str], args: argparse.Namespace, row: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         docs = ((str(i), s) for i, s in enumerate(texts[:args.warmup]))
         encode_corpus(enc, docs, Path(tmp) / "warm", show_progress_bar=False)
@@ -62,6 +75,35 @@ def main() -> None:
         row["corpus_pps"] = args.passages / (time.perf_counter() - t)
         row["corpus_stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     print(json.dumps(row), flush=True)
+
+
+def profile_document(enc: SpladeEncoder, texts: list[str]) -> dict:
+    """Where ``encode_document`` spends the calling thread's time, and how busy the GPU is meanwhile."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.runcall(enc.encode_document, texts)
+    wall_cprofile = time.perf_counter() - t
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as tp:
+        t = time.perf_counter()
+        enc.encode_document(texts)
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        wall = time.perf_counter() - t
+    events = tp.key_averages()
+    gpu_s = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+    top = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:12]
+    return {"passages": len(texts), "wall_s_cprofile": wall_cprofile, "wall_s_torch_profiler": wall,
+            "gpu_kernel_s": gpu_s,
+            "top_gpu": [(e.key[:80], e.count, getattr(e, "self_device_time_total", 0) / 1e3) for e in top],
+            "cprofile_tottime": buf.getvalue()[-6000:]}
 
 
 if __name__ == "__main__":
