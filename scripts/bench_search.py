@@ -310,7 +310,26 @@ def profile_single(index, queries, path: Path, n: int = 20) -> None:
     buf = io.StringIO()
     for key in ("tottime", "cumulative"):
         pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
+    buf.write(device_profile(lambda i: triton_search(index, window(queries, 1, i), 1000), n))
     path.write_text(buf.getvalue())
+
+
+def device_profile(call, n: int) -> str:
+    """torch.profiler over n synchronised calls: wall and GPU kernel time per call, and the kernels and host
+    ops that take it (is a single-query search bound by the GPU or by the host?)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for i in range(n):
+            call(i)
+            synchronize()
+        wall_us = (time.perf_counter() - t) / n * 1e6
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events) / n
+    head = f"\n== torch.profiler, {n} calls: wall {wall_us:.0f} us per call (profiler on), GPU {gpu_us:.0f} us\n"
+    return head + events.table(sort_by="self_device_time_total", row_limit=25) + \
+        events.table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 def run_methods(results: Results, index, qsets, ctx) -> None:
