@@ -16,7 +16,8 @@ an index larger than the (capped) device memory searched exactly.
 Under ``torchrun --nproc-per-node W`` (ranks may share one GPU: ``cuda:LOCAL_RANK % device_count``), rows
 ``distributed`` (rank 0 writes them): every rank builds its partition of the same synthetic collection
 (strong scaling: N docs split W ways; ``--weak``: N docs per rank, every rank's partition holding the
-same N synthetic docs, W*N in all) and times ``DistributedSearcher.search`` on B-query batches
+same N synthetic docs, W*N in all; ``--replicate``: every rank holds all N docs and searches 1/W of each batch,
+rows ``replicated``) and times ``DistributedSearcher.search`` on B-query batches
 (broadcast + local exact top-k + all-gather + merge). ``--check`` (strong scaling): rank 0 compares
 with a single index afterwards (bit_identical).
 
@@ -165,7 +166,10 @@ def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpe
     N = parse_size(args.docs)
     t0 = time.time()
     docs = synth_docs(N, spec, device=dev)
-    if args.weak:
+    if args.replicate:  # every rank the whole index, 1/W of every batch
+        sharded = ShardedIndex([InvertedIndex.build(docs, device=dev, block_size=args.block_size)], [0],
+                               docs.vocab_size, N)
+    elif args.weak:
         index = InvertedIndex.build(docs, device=dev, block_size=args.block_size)
         sharded = ShardedIndex([index if p == rank else None for p in range(W)], [p * N for p in range(W)],
                                docs.vocab_size, N * W)
@@ -185,8 +189,8 @@ def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpe
             with PeakMemory() as peak:
                 ms = time_calls(call, args.repeats)
             got = call(0)
-            row = {"method": "distributed", "world_size": W, "weak": args.weak, "n_docs": N * W if args.weak else N,
-                   "P": W, "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
+            row = {"method": "replicated" if args.replicate else "distributed", "world_size": W, "weak": args.weak, "n_docs": N * W if args.weak else N,
+                   "P": 1 if args.replicate else W, "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
             row["qps"] = B / row["ms"] * 1000
             if args.check and not args.weak and rank == 0:
                 full = synth_docs(N, spec, device=dev)
@@ -214,6 +218,8 @@ def main() -> None:
     ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap device memory after the single index")
     ap.add_argument("--weak", action="store_true", help="torchrun: N docs per rank (weak scaling)")
     ap.add_argument("--check", action="store_true", help="torchrun, strong scaling: compare with one index")
+    ap.add_argument("--replicate", action="store_true", help="torchrun: every rank holds the whole index and "
+                    "searches 1/W of each batch (replica groups of one partition)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     spec = SynthSpec() if args.device.startswith("cuda") else SynthSpec(block_rows=4096)

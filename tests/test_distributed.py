@@ -45,13 +45,8 @@ def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data
 
     t = Path(tmp)
     init_distributed("cpu")
-    for name in ("p_world", "p_more"):  # one partition per rank; more partitions than ranks
-        searcher = DistributedSearcher(t / name, "cpu", backend="torch")
-        queries = read_vectors(t / "q") if rank == 0 else None
-        for k in KS:
-            s, i = searcher.search(queries, k, query_batch=5)
-            np.save(t / f"{name}-k{k}-r{rank}-s.npy", s.numpy())
-            np.save(t / f"{name}-k{k}-r{rank}-i.npy", i.numpy())
+    _search_all(t, rank, ("p_world", "p_more", "p_one"))  # P = W; P > W; one partition replicated on every rank
+    searcher = DistributedSearcher(t / "p_more", "cpu", backend="torch")
     with pytest.raises(RuntimeError, match="another rank failed") if rank else pytest.raises(ValueError, match="vocab"):
         bad = random_collection(3, VOCAB + 1, 9) if rank == 0 else None
         searcher.search(bad, 5)
@@ -72,6 +67,36 @@ def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data
     # the CLI search last: it leaves the process group when done
     assert main(["search", "--index", str(t / "p_world"), "--queries", str(t / "q"), "--k", "25", "--out",
                  str(t / "cli.trec"), "--device", "cpu", "--backend", "torch"]) == 0
+
+
+def _search_all(t: Path, rank: int, names: tuple[str, ...]) -> None:
+    """Every k of KS over each index folder in ``names``, saved per rank; 5-query chunks (13 queries: the
+    slices of the last chunk are uneven) and, as "<name>-one", a batch of a single query (empty slices)."""
+    from lsr.search.distributed import DistributedSearcher
+
+    queries = read_vectors(t / "q") if rank == 0 else None
+    for name in names:
+        searcher = DistributedSearcher(t / name, "cpu", backend="torch")
+        for k in KS:
+            s, i = searcher.search(queries, k, query_batch=5)
+            np.save(t / f"{name}-k{k}-r{rank}-s.npy", s.numpy())
+            np.save(t / f"{name}-k{k}-r{rank}-i.npy", i.numpy())
+        s, i = searcher.search(queries[2:3] if rank == 0 else None, KS[1])
+        np.save(t / f"{name}-one-r{rank}-s.npy", s.numpy())
+        np.save(t / f"{name}-one-r{rank}-i.npy", i.numpy())
+
+
+def _assert_all_equal(t: Path, names: tuple[str, ...], world: int, docs, queries) -> None:
+    searcher = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch")
+    for k, name, r in itertools.product(KS, names, range(world)):
+        want_s, want_i = searcher.search(queries, k)
+        s = torch.from_numpy(np.load(t / f"{name}-k{k}-r{r}-s.npy"))
+        i = torch.from_numpy(np.load(t / f"{name}-k{k}-r{r}-i.npy"))
+        assert torch.equal(s, want_s) and torch.equal(i, want_i), (name, k, r)
+    want_s, want_i = searcher.search(queries[2:3], KS[1])
+    for name, r in itertools.product(names, range(world)):
+        assert torch.equal(torch.from_numpy(np.load(t / f"{name}-one-r{r}-s.npy")), want_s), (name, r)
+        assert torch.equal(torch.from_numpy(np.load(t / f"{name}-one-r{r}-i.npy")), want_i), (name, r)
 
 
 def _single_encodings(tmp: Path, data_dir: Path, splade: str | None) -> dict[str, Path]:
@@ -99,6 +124,7 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
     write_vectors(tmp_path / "q", queries)
     ShardedIndex.build(docs, world, tmp_path / "p_world", block_size=16)
     ShardedIndex.build(docs, world + 2, tmp_path / "p_more", block_size=16)
+    ShardedIndex.build(docs, 1, tmp_path / "p_one", block_size=16)
     splade = None
     if world == 2:  # the tiny SPLADE model once (transformers in every rank is the slow part)
         pytest.importorskip("transformers")
@@ -109,13 +135,8 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
 
     mp.spawn(_worker, args=(world, free_port(), str(tmp_path), splade, str(data_dir)), nprocs=world)
 
-    searcher = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch")
-    for k in KS:
-        want_s, want_i = searcher.search(queries, k)
-        for name, r in itertools.product(("p_world", "p_more"), range(world)):
-            s = torch.from_numpy(np.load(tmp_path / f"{name}-k{k}-r{r}-s.npy"))
-            i = torch.from_numpy(np.load(tmp_path / f"{name}-k{k}-r{r}-i.npy"))
-            assert torch.equal(s, want_s) and torch.equal(i, want_i), (name, k, r)
+    _assert_all_equal(tmp_path, ("p_world", "p_more", "p_one"), world, docs, queries)
+    want_i = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, KS[-1])[1]
     assert (want_i[:, -1] == -1).any() and (want_i >= 0).sum() > 25  # padding and full rows both occur
     for kind, path in single.items():
         got = read_vectors(tmp_path / f"enc-{kind}")
@@ -135,6 +156,36 @@ def test_distributed_equals_single_process(tmp_path, data_dir, world):
     assert main(["search", "--index", str(tmp_path / "p_world"), "--queries", str(tmp_path / "q"), "--k", "25",
                  "--out", str(tmp_path / "one.trec"), "--device", "cpu", "--backend", "torch"]) == 0
     assert (tmp_path / "cli.trec").read_text() == (tmp_path / "one.trec").read_text()
+
+
+def _replica_worker(rank: int, world: int, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from lsr.distributed import init_distributed
+    from lsr.search.distributed import DistributedSearcher
+
+    init_distributed("cpu")
+    _search_all(Path(tmp), rank, ("p_two", "p_one"))
+    with pytest.raises(ValueError, match="3 partitions cannot be shared by 4 ranks"):
+        DistributedSearcher(Path(tmp) / "p_three", "cpu", backend="torch")
+    torch.distributed.destroy_process_group()
+
+
+def test_replica_groups_equal_single_process(tmp_path):
+    """4 ranks over 2 partitions (two replica groups, each searching half of every batch) and over 1
+    (every rank a whole copy, a quarter of each batch): the single-process results, bit for bit."""
+    from lsr.search.distributed import rank_role
+
+    assert [rank_role(2, r, 4) for r in range(4)] == [([0], 0, 2), ([1], 0, 2), ([0], 1, 2), ([1], 1, 2)]
+    assert rank_role(5, 1, 2) == ([1, 3], 0, 1)
+    docs = random_collection(N_DOCS, VOCAB, 11, density=0.15, quantized=True)
+    queries = random_collection(13, VOCAB, 12, density=0.2, quantized=True)
+    write_vectors(tmp_path / "q", queries)
+    for name, n_p in (("p_one", 1), ("p_two", 2), ("p_three", 3)):
+        ShardedIndex.build(docs, n_p, tmp_path / name, block_size=16)
+    mp.spawn(_replica_worker, args=(4, free_port(), str(tmp_path)), nprocs=4)
+    _assert_all_equal(tmp_path, ("p_two", "p_one"), 4, docs, queries)
 
 
 class _Recording:

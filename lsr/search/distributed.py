@@ -1,12 +1,21 @@
 """Exact distributed search over a ShardedIndex with torch.distributed (NCCL on GPUs, gloo on CPUs).
 
-Launch with ``torchrun --nproc-per-node N ...``. Rank r holds partitions r, r + N, r + 2N, ... (one per
-rank when P == N). For every query batch:
+Launch with ``torchrun --nproc-per-node W ...``. How the W ranks share a P-partition index (``rank_role``):
+
+* P >= W (partitioned): rank r holds partitions r, r + W, r + 2W, ... and searches every query;
+* P < W with W a multiple of P (replica groups): R = W / P copies of the index; rank r holds partition
+  r mod P and searches query slice r // P of R. P = 1 is pure replication: every rank holds the whole
+  index and searches 1/W of each batch, so throughput scales with W while the index fits one device
+  (splitting the documents instead leaves each rank the per-batch costs that do not shrink with N:
+  docs/benchmarks.md, session 12).
+
+For every query batch:
 
 1. rank 0 broadcasts the batch (sizes, then the CSR tensors: a few hundred KB at B = 500);
-2. every rank computes the exact top-k of its partitions (``ShardedSearcher``), doc indices global;
-3. the [B, k] scores and doc indices are all-gathered (B * k * N * 12 bytes per rank) and merged with
-   ``exact_topk``'s order (score descending, doc index ascending).
+2. every rank computes the exact top-k of its partitions for its query slice (``ShardedSearcher``), doc
+   indices global;
+3. the [B / R, k] scores and doc indices are all-gathered (padded to equal slices) and, per slice, the
+   lists of its P ranks are merged with ``exact_topk``'s order (score descending, doc index ascending).
 
 Every rank scores every doc as the single-process index does (collection-wide ``max_scores``, see
 ``lsr.index.sharded``), and the global top-k is inside the union of the ranks' top-k lists, so the
@@ -17,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,14 +37,39 @@ from lsr.search.searcher import check_request
 from lsr.search.sharded import ShardedSearcher, merge_topk
 from lsr.sparse import SparseVectors
 
-__all__ = ["DistributedSearcher", "rank_partitions", "search_sharded"]
+__all__ = ["DistributedSearcher", "RankRole", "rank_partitions", "rank_role", "search_sharded"]
 
 DEFAULT_QUERY_BATCH = 1024
 
 
 def rank_partitions(n_partitions: int, rank: int, world_size: int) -> list[int]:
-    """Partitions of ``rank``: r, r + W, r + 2W, ..."""
-    return list(range(rank, n_partitions, world_size))
+    """Partitions of ``rank``: r, r + W, r + 2W, ... (P >= W); r mod P in replica groups (P < W)."""
+    return rank_role(n_partitions, rank, world_size).partitions
+
+
+class RankRole(NamedTuple):
+    """What one rank does: its partitions, and which of ``n_slices`` equal slices of a batch it searches."""
+
+    partitions: list[int]
+    query_slice: int
+    n_slices: int
+
+
+def rank_role(n_partitions: int, rank: int, world_size: int) -> RankRole:
+    """Partitioned (P >= W: every rank searches all queries) or replica groups (W = R * P: rank r searches
+    slice r // P of the batch on partition r mod P). Any other P < W is refused with the counts that work."""
+    if n_partitions >= world_size:
+        return RankRole(list(range(rank, n_partitions, world_size)), 0, 1)
+    if world_size % n_partitions:
+        raise ValueError(f"an index of {n_partitions} partitions cannot be shared by {world_size} ranks: rebuild it "
+                         f"with --partitions {world_size} (or a multiple, or a divisor of {world_size}), or start "
+                         f"{n_partitions} ranks")
+    return RankRole([rank % n_partitions], rank // n_partitions, world_size // n_partitions)
+
+
+def slice_bounds(n: int, n_slices: int) -> list[int]:
+    """Start of each of ``n_slices`` near-equal slices of n rows, and n."""
+    return [n * j // n_slices for j in range(n_slices + 1)]
 
 
 class DistributedSearcher:
@@ -59,14 +93,12 @@ class DistributedSearcher:
         self._comm = comm_device()
         with agree("load its partitions"):
             if isinstance(index, ShardedIndex):  # built in memory by this rank (its partitions loaded)
+                self.role = rank_role(index.n_partitions, self.rank, self.world_size)
                 self.index = index
             else:
                 n_p = len(read_sharded_manifest(index)["partitions"])
-                if n_p < self.world_size:
-                    raise ValueError(f"{index} has {n_p} partitions for {self.world_size} ranks: rebuild it with "
-                                     f"--partitions {self.world_size} (or a multiple), or start fewer ranks")
-                mine = rank_partitions(n_p, self.rank, self.world_size)
-                self.index = ShardedIndex.load(index, device="cpu", partitions=mine, verify=verify)
+                self.role = rank_role(n_p, self.rank, self.world_size)
+                self.index = ShardedIndex.load(index, device="cpu", partitions=self.role.partitions, verify=verify)
             self.local = ShardedSearcher(self.index, self.device, backend, max_memory_bytes, stream)
 
     def _broadcast(self, queries: SparseVectors | None) -> SparseVectors:
@@ -88,13 +120,24 @@ class DistributedSearcher:
         ids = queries.ids if self.rank == 0 else [str(i) for i in range(n)]
         return SparseVectors(*parts, ids, vocab, validate=False)
 
-    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        s, i = (t.to(self._comm).contiguous() for t in local)
+    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All ranks' lists of their slices of an n-query batch -> the merged [n, k] result (on every rank)."""
+        bounds, rows = slice_bounds(n, self.role.n_slices), -(-n // self.role.n_slices)
+        s, i = (t.to(self._comm) for t in local)
+        pad = rows - s.shape[0]  # slices differ by one row at most: pad to equal all-gather sizes
+        s = torch.cat([s, s.new_zeros(pad, k)]).contiguous()
+        i = torch.cat([i, i.new_full((pad, k), -1)]).contiguous()
         all_s = [torch.empty_like(s) for _ in range(self.world_size)]
         all_i = [torch.empty_like(i) for _ in range(self.world_size)]
         dist.all_gather(all_s, s)
         dist.all_gather(all_i, i)
-        return merge_topk([(a.to(self.device), b.to(self.device)) for a, b in zip(all_s, all_i)], k)
+        n_p = self.world_size // self.role.n_slices  # ranks per slice: the partitions P (W when partitioned)
+        out = []
+        for j in range(self.role.n_slices):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
+            m = bounds[j + 1] - bounds[j]
+            ranks = range(j * n_p, (j + 1) * n_p)
+            out.append(merge_topk([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
+        return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
 
     def search(self, queries: SparseVectors | None, k: int = 1000, query_batch: int | None = None,
                query_metadata: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,9 +153,12 @@ class DistributedSearcher:
         qb = query_batch or DEFAULT_QUERY_BATCH
         out_s, out_i = [], []
         for a in range(0, len(queries), qb):
+            chunk = queries[a:a + qb]
+            bounds = slice_bounds(len(chunk), self.role.n_slices)
+            mine = chunk[bounds[self.role.query_slice]:bounds[self.role.query_slice + 1]]
             with agree("search its partitions"):  # e.g. out of memory on one rank: all fail, none waits
-                local = self.local.search(queries[a:a + qb], k, show_progress_bar=False)
-            s, i = self._gather_merge(local, k)
+                local = self.local.search(mine, k, show_progress_bar=False)
+            s, i = self._gather_merge(local, len(chunk), k)
             out_s.append(s)
             out_i.append(i)
         if not out_s:
