@@ -81,7 +81,7 @@ def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[
     B, S, V = shape
     for name, fn in impls.items():
         row = {"mode": mode, "B": B, "S": S, "V": V, "D": D, "impl": name, "method": name, "ms": None,
-               "peak_extra_mb": None, "tflops": None, "status": "ok"}
+               "peak_extra_mb": None, "tflops": None, "status": "ok", "active": args.active}
         if time.time() > deadline:
             row["status"] = "skipped (time budget)"
         else:
@@ -116,7 +116,10 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
     train = mode == "train"
     h = torch.randn(B, S, D, device=dev, dtype=dt16, requires_grad=train)
     w = (torch.randn(V, D, device=dev) * 0.05).to(dt16).requires_grad_(train)
-    b = (torch.randn(V, device=dev) * 0.1).to(dt16).requires_grad_(train)
+    b = torch.randn(V, device=dev) * 0.1
+    if args.active < 1:  # a trained SPLADE head: most vocabulary entries never reach a positive logit
+        b[torch.rand(V, device=dev) >= args.active] = -100.0
+    b = b.to(dt16).requires_grad_(train)
     m = torch.ones(B, S, dtype=torch.bool, device=dev)
     dy = torch.randn(B, V, device=dev, dtype=dt16)
     flops = 2.0 * B * S * V * D
@@ -252,6 +255,9 @@ def main() -> None:
                     help="timed repeats per impl: about this many ms (5..100 repeats)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new measurement after this many seconds")
     ap.add_argument("--shapes", default="", help="comma list of BxSxV to keep (default: all cases)")
+    ap.add_argument("--active", type=float, default=1.0,
+                    help="fraction of vocabulary entries whose logits can be positive (the rest get bias -100): "
+                         "1.0 = random weights, every output non-zero; ~0.01 = a trained SPLADE model's sparsity")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: MODE:INDEX, run in a child process
     ap.add_argument("--case-out", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", help=argparse.SUPPRESS)
@@ -278,7 +284,8 @@ def main() -> None:
                 continue
             case_out = logs / f"{mode}{idx}.json"
             cmd = [sys.executable, __file__, "--case", f"{mode}:{idx}", "--case-out", str(case_out),
-                   "--deadline", str(deadline), "--skip", skip_arg, "--rep", str(args.rep), "--out", str(args.out)]
+                   "--deadline", str(deadline), "--skip", skip_arg, "--rep", str(args.rep), "--out", str(args.out),
+                   "--active", str(args.active)]
             with open(logs / f"{mode}{idx}.log", "w") as log:
                 proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
             print((logs / f"{mode}{idx}.log").read_text()[-3000:] if proc.returncode else "", end="", flush=True)
