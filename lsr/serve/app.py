@@ -6,7 +6,8 @@ Endpoints:
   (keys: tokens of the encoder's vocabulary when the server has one, else term ids), optional ``"k"``;
   answers ``{"results": [{"docnos": [...], "scores": [...]}, ...]}``, one entry per query, best first.
 * ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder.
-* ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth.
+* ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth, and the mean ms
+  per batch of each stage in the worker thread (``stage_ms_mean``: tokenize, encode, search, answers, json).
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
 404/405 wrong route, 413 too many queries, 422 invalid values) and 500 for a failure on the server; never a
@@ -17,6 +18,7 @@ traceback. Search work runs in the batcher's worker thread, never on the event l
 # inside create_app) at definition time
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,13 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         engine.warmup(max_batch)
 
     def process(requests: list[Any]) -> list[bytes]:
-        return [json.dumps(r, separators=(",", ":")).encode() for r in engine.run_batch(requests)]
+        timings: dict[str, float] = {}
+        answers = engine.run_batch(requests, timings)
+        t = time.perf_counter()
+        body = [json.dumps(r, separators=(",", ":")).encode() for r in answers]
+        timings["json_ms"] = (time.perf_counter() - t) * 1000
+        batcher.stats.record_stages(timings)
+        return body
 
     batcher = DynamicBatcher(process, max_batch=max_batch, max_wait_ms=max_wait_ms,
                              thread_init=_thread_init(str(engine.searcher.device)))

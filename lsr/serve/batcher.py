@@ -35,7 +35,8 @@ class _Job:
 
 @dataclass
 class BatchStats:
-    """Counters since start: requests, queries, batches, errors and the latency (arrival -> answer) window."""
+    """Counters since start: requests, queries, batches, errors, the latency (arrival -> answer) window and
+    the time per stage of a batch (mean ms per batch, where the process function reports them)."""
 
     requests: int = 0
     queries: int = 0
@@ -45,6 +46,16 @@ class BatchStats:
     busy_s: float = 0.0
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     started: float = field(default_factory=time.time)
+    stage_ms: dict = field(default_factory=dict)  # stage -> total ms over the batches that reported stages
+    stage_batches: int = 0
+
+    def record_stages(self, timings: dict[str, float]) -> None:
+        """One batch's stage times (ms by stage name, e.g. ``SearchEngine.run_batch``'s ``timings``); called
+        by the batch's process function in the worker thread."""
+        stage_ms = dict(self.stage_ms)  # replaced whole: /stats reads it from the event loop's thread
+        for key, ms in timings.items():
+            stage_ms[key.removesuffix("_ms")] = stage_ms.get(key.removesuffix("_ms"), 0.0) + ms
+        self.stage_ms, self.stage_batches = stage_ms, self.stage_batches + 1
 
     def record_batch(self, jobs: Sequence[_Job], busy_s: float, failed: int) -> None:
         now = time.perf_counter()
@@ -66,7 +77,10 @@ class BatchStats:
                 "mean_batch_requests": round(self.requests / self.batches, 3) if self.batches else None,
                 "max_batch_queries": self.max_batch_seen, "device_busy_s": round(self.busy_s, 3),
                 "latency_ms": {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": pick(1.0),
-                               "window": len(lat)}}
+                               "window": len(lat)},
+                "stage_ms_mean": {k: round(v / self.stage_batches, 4) for k, v in self.stage_ms.items()},
+                "stage_ms_total": {k: round(v, 3) for k, v in self.stage_ms.items()},
+                "stage_batches": self.stage_batches}
 
 
 class DynamicBatcher:

@@ -11,6 +11,7 @@ doc index ascending and a request's k hits are the first k of the batch's larger
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 
 from lsr.sparse import SparseVectors, weight_limit
 
-__all__ = ["MAX_QUERIES_PER_REQUEST", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
+__all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
 
 MAX_QUERIES_PER_REQUEST = 4096
 _FIELDS = ("queries", "query", "vectors")
@@ -204,14 +205,17 @@ class SearchEngine:
         return terms.astype(np.int32), w
 
     # ------------------------------------------------------------------ searching
-    def run_batch(self, requests: Sequence[SearchRequest]) -> list[dict[str, Any]]:
-        """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}]."""
+    def run_batch(self, requests: Sequence[SearchRequest], timings: dict[str, float] | None = None,
+                  ) -> list[dict[str, Any]]:
+        """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}].
+        ``timings``: gets each stage's wall ms added (tokenize, encode, search, answers; see ``STAGES``)."""
+        clock = _StageClock(timings)
         # rows: every text query first (one encoder call), then the vector queries, each in request order
         order = [i for i, r in enumerate(requests) if r.texts is not None] + \
                 [i for i, r in enumerate(requests) if r.vectors is not None]
         texts = [t for i in order if requests[i].texts is not None for t in requests[i].texts]
-        parts = [self.encoder.encode_query(texts)] if texts else []
-        parts += [requests[i].vectors for i in order if requests[i].vectors is not None]
+        parts = [self._encode(texts, clock)] if texts else []
+        parts += [(requests[i].vectors, None) for i in order if requests[i].vectors is not None]
         first_row, n = {}, 0
         for i in order:
             first_row[i] = n
@@ -219,9 +223,26 @@ class SearchEngine:
         queries = self._stack(parts, n)
         scores, doc_idx = self.searcher.search(queries, k=max(r.k for r in requests), show_progress_bar=False)
         scores, doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync for the whole batch
-        return [{"results": [self._hits(scores[q], doc_idx[q], r.k)
-                             for q in range(first_row[i], first_row[i] + r.n_queries)]}
-                for i, r in enumerate(requests)]
+        clock.lap("search")
+        answers = [{"results": [self._hits(scores[q], doc_idx[q], r.k)
+                                for q in range(first_row[i], first_row[i] + r.n_queries)]}
+                   for i, r in enumerate(requests)]
+        clock.lap("answers")
+        return answers
+
+    def _encode(self, texts: list[str], clock: _StageClock) -> tuple[SparseVectors, np.ndarray | None]:
+        """The texts' vectors and, where known on the host, their row lengths. Short batches of a SPLADE
+        encoder whose device is the search's take the bucketed path (``lsr.encode.query_graphs``: a CUDA graph
+        on CUDA, the vectors stay on the device), which is what ``encode_query`` runs for them too."""
+        runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
+        packed = runner.pack(texts) if runner is not None and runner.device == self.searcher.device else None
+        clock.lap("tokenize")
+        if packed is not None:
+            vectors, lengths = runner.encode_packed(packed, device_output=True)
+        else:
+            vectors, lengths = self.encoder.encode_query(texts), None
+        clock.lap("encode")
+        return vectors, lengths
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
         """One request on its own (no batching)."""
@@ -230,7 +251,13 @@ class SearchEngine:
     def warmup(self, max_batch: int) -> None:
         """Search (and encode) once per batch size the server will use (powers of two when padding), so that
         kernel compilation and CUDA graph capture happen before the first request, not in its latency. The
-        query is the first document's first 64 terms: the block path's smallest query-length bucket."""
+        query is the first document's first 64 terms: the block path's smallest query-length bucket. The
+        query encoder's graphs are captured for batches of up to ``max_batch`` texts of 3-24 tokens."""
+        if self.encoder is not None:
+            runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
+            if runner is not None and runner.device == self.searcher.device:
+                runner.warmup(max_batch)
+            self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
         if self.index.n_docs == 0:
             return
         first = self.index.docs[0:1].to("cpu")
@@ -242,31 +269,57 @@ class SearchEngine:
             sorted({1, max_batch})
         for b in sizes:
             self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
-        if self.encoder is not None:
-            self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
 
-    def _stack(self, parts: list[SparseVectors], n: int) -> SparseVectors:
+    def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
-        with copies of the last row when ``pad_batches``. Stacked on the host (the parts live there) and copied
-        once: three transfers per batch instead of three per request."""
-        parts = [p.to("cpu") for p in parts]
+        with copies of the last row when ``pad_batches``. Parts are (vectors, their row lengths on the host
+        or None). Host parts are stacked on the host and copied once (three transfers per batch instead of
+        three per request); where a part is on the device already, the others join it there, without a sync."""
         target = _next_pow2(n) if self.pad_batches else n
-        if target > n:
-            last = parts[-1]
-            parts.append(last[[len(last) - 1] * (target - n)])
-        indptr = [parts[0].indptr[:1]]
-        offset = 0
-        for p in parts:
-            indptr.append(p.indptr[1:] + offset)
-            offset += p.nnz
-        stacked = SparseVectors(torch.cat(indptr), torch.cat([p.indices for p in parts]),
-                                torch.cat([p.values for p in parts]), [str(i) for i in range(target)],
+        dev = self.searcher.device
+        if dev.type == "cpu" or all(v.device.type == "cpu" for v, _ in parts):
+            parts = [(v.to("cpu"), v.lengths.numpy()) for v, _ in parts]
+        else:
+            parts = [(v.to(dev), v.lengths.numpy() if v.device.type == "cpu" else lens) for v, lens in parts]
+        lengths = [lens for _, lens in parts]
+        if target > n:  # copies of the last row: its terms repeated, where they lie (no sync)
+            last, lens = parts[-1]
+            a = int(lens[:-1].sum())
+            rows = target - n
+            parts.append((SparseVectors(torch.arange(rows + 1, device=last.device) * int(lens[-1]),
+                                        last.indices[a:].repeat(rows), last.values[a:].repeat(rows), None,
+                                        last.vocab_size, validate=False), None))
+            lengths.append(np.full(rows, lens[-1], dtype=np.int64))
+        all_lengths = np.concatenate(lengths)
+        indptr = np.zeros(target + 1, dtype=np.int64)
+        np.cumsum(all_lengths, out=indptr[1:])
+        device = parts[0][0].device
+        stacked = SparseVectors(torch.from_numpy(indptr).to(device), torch.cat([p.indices for p, _ in parts]),
+                                torch.cat([p.values for p, _ in parts]), [str(i) for i in range(target)],
                                 self.index.vocab_size, validate=False)
-        return stacked.to(self.searcher.device)
+        return stacked.to(dev)
 
     def _hits(self, scores: np.ndarray, doc_idx: np.ndarray, k: int) -> dict[str, list]:
         n = int(np.count_nonzero(doc_idx[:k] >= 0))  # padding (-1) only follows the hits
         return {"docnos": self._docnos[doc_idx[:n]].tolist(), "scores": scores[:n].tolist()}
+
+
+STAGES = ("tokenize", "encode", "search", "answers")  # the stages of run_batch that ``timings`` gets
+
+
+class _StageClock:
+    """Adds the wall ms since the previous lap to ``timings[stage + "_ms"]`` (nothing when timings is None)."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            key = f"{stage}_ms"
+            self.timings[key] = self.timings.get(key, 0.0) + (now - self.t) * 1000
+            self.t = now
 
 
 def _term_id(key: str) -> int:
