@@ -12,7 +12,8 @@ vectors, term-id keys), ``real`` (the 6,980 SPLADE++ ED dev-small query vectors)
 query texts encoded by the server with --model, whose vocabulary must be BERT's 30522 word pieces).
 
 Per (query set, max_batch, concurrency): QPS, client latency p50/p90/p99 (ms), the server's mean batch size
-and time per batch in its worker thread (encode + search + answers), peak extra GPU memory; over the answers to the first --check requests: ``exact`` (vector queries: each
+and time per batch in its worker thread (encode + search + answers) with its stages (``tokenize_ms``,
+``encode_ms``, ``search_ms``, ``answers_ms``, ``json_ms``: mean ms per batch, from /stats), peak extra GPU memory; over the answers to the first --check requests: ``exact`` (vector queries: each
 answer keeps lsr's exact top-k contract against a float64 brute force, lsr.testing.topk_violations) and
 ``same_as_alone``, the fraction identical byte for byte to the request searched alone (batch invariance; a
 text query's encoding also depends on its batch's padding). Summary: per query set and max_batch the
@@ -160,11 +161,20 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "batch_ms": (after["device_busy_s"] - before["device_busy_s"]) * 1000 / batches if batches else None,
            "max_batch_seen": after["max_batch_queries"], "checked": len(same),
            "same_as_alone": sum(same) / len(same) if same else None,
-           "error": load["first_error"] if load["errors"] else None}
+           "error": load["first_error"] if load["errors"] else None, **stage_means(before, after)}
     if base_row["queries"] != "text" and same:
         row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
+
+
+def stage_means(before: dict, after: dict) -> dict:
+    """Mean ms per batch of each worker-thread stage over the level (``/stats`` totals before and after)."""
+    n = after.get("stage_batches", 0) - before.get("stage_batches", 0)
+    if n <= 0:
+        return {}
+    old = before.get("stage_ms_total", {})
+    return {f"{k}_ms": (v - old.get(k, 0.0)) / n for k, v in after.get("stage_ms_total", {}).items()}
 
 
 def summarize(rows: list[dict], slo_ms: float) -> dict:
@@ -277,8 +287,9 @@ def main() -> None:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
     print(format_table(results.rows, ["method", "queries", "max_batch", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
-                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), "errors", "exact",
-                                      ("same_as_alone", ".2f")]))
+                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
+                                      ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
+                                      "errors", "exact", ("same_as_alone", ".2f")]))
     print(json.dumps(results.summary, indent=1))
 
 
