@@ -165,7 +165,7 @@ class _Graph:
             body(self.buf)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.out = body(self.buf)
 
     def __call__(self, packed: np.ndarray) -> tuple[torch.Tensor, ...]:

@@ -62,6 +62,16 @@ def load_query_encoder(model: str | Path, device: str) -> Any:
     return SpladeEncoder.from_pretrained(str(model), device=device)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one ("cuda" is the current CUDA device)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    return (a.index if a.index is not None else torch.cuda.current_device()) == \
+        (b.index if b.index is not None else torch.cuda.current_device())
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -234,8 +244,8 @@ class SearchEngine:
         """The texts' vectors and, where known on the host, their row lengths. Short batches of a SPLADE
         encoder whose device is the search's take the bucketed path (``lsr.encode.query_graphs``: a CUDA graph
         on CUDA, the vectors stay on the device), which is what ``encode_query`` runs for them too."""
-        runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
-        packed = runner.pack(texts) if runner is not None and runner.device == self.searcher.device else None
+        runner = self._query_runner()
+        packed = runner.pack(texts) if runner is not None else None
         clock.lap("tokenize")
         if packed is not None:
             vectors, lengths = runner.encode_packed(packed, device_output=True)
@@ -243,6 +253,12 @@ class SearchEngine:
             vectors, lengths = self.encoder.encode_query(texts), None
         clock.lap("encode")
         return vectors, lengths
+
+    def _query_runner(self) -> Any:
+        """The encoder's bucketed query path (``SpladeEncoder.query_runner``) where it runs on the search's
+        device, else None."""
+        runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
+        return runner if runner is not None and _same_device(runner.device, self.searcher.device) else None
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
         """One request on its own (no batching)."""
@@ -254,8 +270,8 @@ class SearchEngine:
         query is the first document's first 64 terms: the block path's smallest query-length bucket. The
         query encoder's graphs are captured for batches of up to ``max_batch`` texts of 3-24 tokens."""
         if self.encoder is not None:
-            runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
-            if runner is not None and runner.device == self.searcher.device:
+            runner = self._query_runner()
+            if runner is not None:
                 runner.warmup(max_batch)
             self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
         if self.index.n_docs == 0:
