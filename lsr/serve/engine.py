@@ -22,7 +22,7 @@ import torch
 
 from lsr.sparse import SparseVectors, weight_limit
 
-__all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
+__all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "Batch", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
 
 MAX_QUERIES_PER_REQUEST = 4096
 _FIELDS = ("queries", "query", "vectors")
@@ -74,6 +74,22 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass
+class Batch:
+    """One batch between ``SearchEngine``'s steps: requests, row layout (``order``: text requests first;
+    ``first_row``: each request's first row), texts and their bucketed pack, then the top-k on the host."""
+
+    requests: list[SearchRequest]
+    order: list[int]
+    texts: list[str]
+    packed: Any
+    first_row: dict[int, int]
+    n_rows: int
+    timings: dict[str, float] | None = None
+    scores: np.ndarray | None = None
+    doc_idx: np.ndarray | None = None
 
 
 class SearchEngine:
@@ -218,41 +234,53 @@ class SearchEngine:
     def run_batch(self, requests: Sequence[SearchRequest], timings: dict[str, float] | None = None,
                   ) -> list[dict[str, Any]]:
         """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}].
-        ``timings``: gets each stage's wall ms added (tokenize, encode, search, answers; see ``STAGES``)."""
+        ``timings``: gets each stage's wall ms added (tokenize, encode, search, answers; see ``STAGES``).
+        The three steps (``prepare_batch``, ``search_batch``, ``answer_batch``) may run on different threads."""
+        return self.answer_batch(self.search_batch(self.prepare_batch(requests, timings)))
+
+    def prepare_batch(self, requests: Sequence[SearchRequest], timings: dict[str, float] | None = None) -> Batch:
+        """Host work before the device: the batch's row layout and its texts tokenized (and packed for the
+        encoder's bucketed path where it applies)."""
         clock = _StageClock(timings)
         # rows: every text query first (one encoder call), then the vector queries, each in request order
         order = [i for i, r in enumerate(requests) if r.texts is not None] + \
                 [i for i, r in enumerate(requests) if r.vectors is not None]
         texts = [t for i in order if requests[i].texts is not None for t in requests[i].texts]
-        parts = [self._encode(texts, clock)] if texts else []
-        parts += [(requests[i].vectors, None) for i in order if requests[i].vectors is not None]
+        runner = self._query_runner() if texts else None
+        packed = runner.pack(texts) if runner is not None else None
         first_row, n = {}, 0
         for i in order:
             first_row[i] = n
             n += requests[i].n_queries
-        queries = self._stack(parts, n)
+        clock.lap("tokenize")
+        return Batch(list(requests), order, texts, packed, first_row, n, timings)
+
+    def search_batch(self, batch: Batch) -> Batch:
+        """Device work: encode the texts, search every row; the top-k lands on the host (``batch.scores``,
+        ``batch.doc_idx``) with the batch's last device sync."""
+        clock = _StageClock(batch.timings)
+        requests, parts = batch.requests, []
+        if batch.packed is not None:
+            parts.append(self._query_runner().encode_packed(batch.packed, device_output=True))
+        elif batch.texts:
+            parts.append((self.encoder.encode_query(batch.texts), None))
+        clock.lap("encode")
+        parts += [(requests[i].vectors, None) for i in batch.order if requests[i].vectors is not None]
+        queries = self._stack(parts, batch.n_rows)
         scores, doc_idx = self.searcher.search(queries, k=max(r.k for r in requests), show_progress_bar=False)
-        scores, doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync for the whole batch
+        batch.scores, batch.doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync per batch
         clock.lap("search")
+        return batch
+
+    def answer_batch(self, batch: Batch) -> list[dict[str, Any]]:
+        """Host work after the device: each request's hits as {"results": [{"docnos", "scores"}]}."""
+        clock = _StageClock(batch.timings)
+        scores, doc_idx = batch.scores, batch.doc_idx
         answers = [{"results": [self._hits(scores[q], doc_idx[q], r.k)
-                                for q in range(first_row[i], first_row[i] + r.n_queries)]}
-                   for i, r in enumerate(requests)]
+                                for q in range(batch.first_row[i], batch.first_row[i] + r.n_queries)]}
+                   for i, r in enumerate(batch.requests)]
         clock.lap("answers")
         return answers
-
-    def _encode(self, texts: list[str], clock: _StageClock) -> tuple[SparseVectors, np.ndarray | None]:
-        """The texts' vectors and, where known on the host, their row lengths. Short batches of a SPLADE
-        encoder whose device is the search's take the bucketed path (``lsr.encode.query_graphs``: a CUDA graph
-        on CUDA, the vectors stay on the device), which is what ``encode_query`` runs for them too."""
-        runner = self._query_runner()
-        packed = runner.pack(texts) if runner is not None else None
-        clock.lap("tokenize")
-        if packed is not None:
-            vectors, lengths = runner.encode_packed(packed, device_output=True)
-        else:
-            vectors, lengths = self.encoder.encode_query(texts), None
-        clock.lap("encode")
-        return vectors, lengths
 
     def _query_runner(self) -> Any:
         """The encoder's bucketed query path (``SpladeEncoder.query_runner``) where it runs on the search's
