@@ -183,7 +183,7 @@ def summarize(rows: list[dict], slo_ms: float) -> dict:
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}"
+        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("" if r.get("pipeline", 1) else "/no-pipeline")
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
                         "mean_batch": r["mean_batch"]}
@@ -197,9 +197,13 @@ def plot(rows: list[dict], slo_ms: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in sorted({(r["queries"], r["max_batch"]) for r in rows if r.get("qps")}):
-        pts = [(r["qps"], r["p99_ms"]) for r in rows if (r["queries"], r["max_batch"]) == key and r.get("p99_ms")]
-        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}")
+
+    def series(r: dict) -> tuple:
+        return r["queries"], r["max_batch"], r.get("pipeline", 1)
+
+    for key in sorted({series(r) for r in rows if r.get("qps")}):
+        pts = [(r["qps"], r["p99_ms"]) for r in rows if series(r) == key and r.get("p99_ms")]
+        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}" + ("" if key[2] else ", no pipeline"))
     ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("QPS (closed loop, one query per request)")
     ax.set_ylabel("client p99 latency (ms)")
@@ -228,6 +232,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting levels after this many seconds")
     ap.add_argument("--switch-interval-ms", type=float, default=0.5,
                     help="the interpreter's thread switch interval (lsr serve's setting; Python's default is 5)")
+    ap.add_argument("--pipeline", default="1", help="server settings to compare: 1 = tokenizing and answers on a "
+                    "second thread, overlapping the device work (lsr serve's default); 0 = all in the device thread")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
@@ -260,19 +266,19 @@ def main() -> None:
     with mp.get_context("spawn").Pool(1) as pool:
         for qname in args.queries.split(","):
             bodies, requests = query_set(qname, args.n_queries, spec, args.k)
-            for max_batch in ints(args.max_batch):
+            for max_batch, pipeline in [(b, p) for b in ints(args.max_batch) for p in ints(args.pipeline)]:
                 if time.time() - t_start > args.budget_s:
                     results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
                     continue
                 model = args.model if qname == "text" else None
                 app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                                 k=args.k)
+                                 k=args.k, pipeline=bool(pipeline))
                 refs = reference_answers(app.state.engine, requests, args.check)
                 server = Server(app)
                 try:
                     for c in ints(args.concurrency):
                         base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname,
-                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch,
+                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch, "pipeline": pipeline,
                                 "max_wait_ms": args.max_wait_ms, "concurrency": c}
                         if time.time() - t_start > args.budget_s:
                             results.add({**base, "status": "skipped: budget"})
@@ -286,7 +292,7 @@ def main() -> None:
     if args.plot:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
-    print(format_table(results.rows, ["method", "queries", "max_batch", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
+    print(format_table(results.rows, ["method", "queries", "max_batch", "pipeline", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
                                       ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
                                       ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
                                       "errors", "exact", ("same_as_alone", ".2f")]))

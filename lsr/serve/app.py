@@ -49,7 +49,7 @@ def _thread_init(device: str) -> Any:
 
 def create_app(index: str | Path | Any, model: str | Path | None = None, *, device: str = "auto", max_batch: int = 64,
                max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
-               pad_batches: bool | None = None, warmup: bool = True) -> Any:
+               pad_batches: bool | None = None, warmup: bool = True, pipeline: bool = True) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
     Args:
@@ -62,6 +62,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         k: hits per query when a request does not say; max_k: the largest k a request may ask for
             (default: max(k, 1000)).
         backend: Searcher backend; pad_batches: see ``SearchEngine``; warmup: compile and capture before serving.
+        pipeline: tokenize the next batch and build this batch's answers on a second thread while the device
+            works (``lsr.serve.batcher``); False: every step of a batch in the device thread.
     """
     try:
         from fastapi import FastAPI, Request
@@ -78,17 +80,23 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     if warmup:
         engine.warmup(max_batch)
 
-    def process(requests: list[Any]) -> list[bytes]:
-        timings: dict[str, float] = {}
-        answers = engine.run_batch(requests, timings)
+    def prepare(requests: list[Any]) -> Any:  # host thread: tokenize (and pack) the batch's texts
+        return engine.prepare_batch(requests, {})
+
+    def finish(batch: Any) -> list[bytes]:  # host thread: the answers as JSON bodies
+        answers = engine.answer_batch(batch)
         t = time.perf_counter()
         body = [json.dumps(r, separators=(",", ":")).encode() for r in answers]
-        timings["json_ms"] = (time.perf_counter() - t) * 1000
-        batcher.stats.record_stages(timings)
+        batch.timings["json_ms"] = (time.perf_counter() - t) * 1000
+        batcher.stats.record_stages(batch.timings)
         return body
 
-    batcher = DynamicBatcher(process, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                             thread_init=_thread_init(str(engine.searcher.device)))
+    def process(requests: list[Any]) -> list[bytes]:  # all steps in the device thread (pipeline=False)
+        return finish(engine.search_batch(prepare(requests)))
+
+    batcher = DynamicBatcher(engine.search_batch if pipeline else process, max_batch=max_batch,
+                             max_wait_ms=max_wait_ms, thread_init=_thread_init(str(engine.searcher.device)),
+                             prepare=prepare if pipeline else None, finish=finish if pipeline else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
@@ -97,7 +105,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     app = FastAPI(title="lsr search", lifespan=lifespan)
     app.state.engine, app.state.batcher = engine, batcher
-    config = {"max_batch": max_batch, "max_wait_ms": max_wait_ms}
+    config = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline}
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -5,6 +5,11 @@ One asyncio worker task owns the device. It waits for a request, then keeps coll
 runs the batch in a single worker thread so the event loop keeps accepting requests meanwhile; requests that
 arrive during a batch form the next one. ``max_batch=1`` turns batching off (one request per device call):
 the baseline the benchmark compares with.
+
+Pipelining (``prepare`` / ``finish`` given): a batch's host work before and after the device (tokenizing;
+building the answers) runs on a second thread, so the next batch is gathered and tokenized while this one is on
+the device, and this one's answers are built while the next one is; two batches are in flight at most, and the
+device thread takes them in order.
 """
 
 from __future__ import annotations
@@ -83,29 +88,42 @@ class BatchStats:
                 "stage_batches": self.stage_batches}
 
 
+def _timed(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    return fn(arg), time.perf_counter() - t
+
+
 class DynamicBatcher:
-    """Gathers submitted items into batches for ``process(items) -> results`` (same length and order).
+    """Gathers submitted items into batches for ``finish(process(prepare(items))) -> results`` (same length
+    and order as the items; ``prepare`` / ``finish`` default to passing their argument through).
 
     Args:
-        process: runs one batch; called in one worker thread, one batch at a time.
+        process: runs one batch on the device; called in one worker thread, one batch at a time, in order.
         max_batch: most queries per batch (an item larger than this runs alone); 1 = no batching.
         max_wait_ms: longest wait for more items after the first of a batch arrived.
         thread_init: run once in the worker thread (e.g. select the CUDA device).
+        prepare, finish: a batch's host work before and after ``process``, run in a second thread; given
+            either, two batches are in flight at once (see the module doc).
     """
 
-    def __init__(self, process: Callable[[list[Any]], list[Any]], max_batch: int = 64, max_wait_ms: float = 2.0,
-                 thread_init: Callable[[], None] | None = None) -> None:
+    def __init__(self, process: Callable[[Any], Any], max_batch: int = 64, max_wait_ms: float = 2.0,
+                 thread_init: Callable[[], None] | None = None, prepare: Callable[[list[Any]], Any] | None = None,
+                 finish: Callable[[Any], list[Any]] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.process, self.max_batch, self.max_wait_s = process, int(max_batch), max_wait_ms / 1000
+        self.prepare, self.finish = prepare, finish
+        self.pipelined = prepare is not None or finish is not None
         self.stats = BatchStats()
         self._pending: deque[_Job] = deque()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lsr-serve", initializer=thread_init)
+        self._host = ThreadPoolExecutor(1, thread_name_prefix="lsr-serve-host") if self.pipelined else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()
 
     @property
     def queue_depth(self) -> int:
@@ -134,10 +152,19 @@ class DynamicBatcher:
                 await self._wakeup.wait()
                 continue
             batch = await self._gather()
-            t0 = time.perf_counter()
-            outcomes = await self._run(batch)
+            task = self._loop.create_task(self._complete(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            limit = 2 if self.pipelined else 1  # pipelined: the next batch is gathered while this one runs
+            while len(self._inflight) >= limit:
+                await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _complete(self, batch: list[_Job]) -> None:
+        """Run one batch and hand each request its outcome."""
+        try:
+            outcomes, busy_s = await self._run(batch)
             failed = sum(isinstance(o, Exception) for o in outcomes)
-            self.stats.record_batch(batch, time.perf_counter() - t0, failed)
+            self.stats.record_batch(batch, busy_s, failed)
             for job, outcome in zip(batch, outcomes):
                 if job.future.done():  # a client that went away has cancelled its future
                     continue
@@ -145,24 +172,39 @@ class DynamicBatcher:
                     job.future.set_exception(outcome)
                 else:
                     job.future.set_result(outcome)
+        finally:  # cancelled (the server is closing): nobody may wait forever
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("the server is shutting down"))
 
-    async def _run(self, batch: list[_Job]) -> list[Any]:
-        """Results of the batch in the worker thread; where the batch fails, each request alone, so that one
-        request the parser let through cannot fail the others (an item's outcome is then its exception)."""
+    async def _chain(self, items: list[Any]) -> tuple[list[Any], float]:
+        """prepare (host thread), process (device thread), finish (host thread) of one batch: the results and
+        the seconds ``process`` took."""
         run = self._loop.run_in_executor
+        state = await run(self._host, self.prepare, items) if self.prepare is not None else items
+        state, busy_s = await run(self._executor, _timed, self.process, state)
+        results = await run(self._host, self.finish, state) if self.finish is not None else state
+        return list(results), busy_s
+
+    async def _run(self, batch: list[_Job]) -> tuple[list[Any], float]:
+        """Results of the batch and its device seconds; where the batch fails, each request alone, so that one
+        request the parser let through cannot fail the others (an item's outcome is then its exception)."""
         try:
-            return list(await run(self._executor, self.process, [j.item for j in batch]))
+            return await self._chain([j.item for j in batch])
         except Exception as e:  # noqa: BLE001 - reported to the requests, the worker goes on
             log.error("a batch of %d requests failed (%s: %s)", len(batch), type(e).__name__, e)
             if len(batch) == 1:
-                return [e]
+                return [e], 0.0
         outcomes: list[Any] = []
+        busy = 0.0
         for job in batch:
             try:
-                outcomes.extend(await run(self._executor, self.process, [job.item]))
+                results, busy_s = await self._chain([job.item])
+                outcomes.extend(results)
+                busy += busy_s
             except Exception as e:  # noqa: BLE001
                 outcomes.append(e)
-        return outcomes
+        return outcomes, busy
 
     async def _gather(self) -> list[_Job]:
         """The next batch: what is queued, then what arrives until the deadline, up to max_batch queries."""
@@ -189,14 +231,17 @@ class DynamicBatcher:
 
     async def close(self) -> None:
         """Stop the worker (queued requests get a RuntimeError) and the thread."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._inflight]:
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         while self._pending:
             job = self._pending.popleft()
             if not job.future.done():
                 job.future.set_exception(RuntimeError("the server is shutting down"))
         self._executor.shutdown(wait=True)
+        if self._host is not None:
+            self._host.shutdown(wait=True)
