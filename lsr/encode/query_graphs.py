@@ -26,6 +26,7 @@ the real texts come first); a batch whose vectors hold more falls back to ``nonz
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -159,14 +160,22 @@ class _Graph:
     def __init__(self, body: _Body, size: int, device: torch.device, pool: Any) -> None:
         self.host = torch.empty(size, dtype=torch.int64, pin_memory=True)
         self.buf = torch.zeros(size, dtype=torch.int64, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # compile / tune every kernel outside the capture
-            body(self.buf)
-        torch.cuda.current_stream(device).wait_stream(side)
+        main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+        side.wait_stream(main)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-            self.out = body(self.buf)
+        # capture_begin / capture_end rather than torch.cuda.graph, which runs gc.collect() and empty_cache()
+        # before every capture: dozens of buckets are captured at warm-up, in a process holding the docnos
+        with torch.cuda.stream(side):
+            body(self.buf)  # compile / tune every kernel outside the capture
+            self.graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                self.out = body(self.buf)
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the body's error is the one to report
+                    self.graph.capture_end()
+                raise
+            self.graph.capture_end()
+        main.wait_stream(side)
 
     def __call__(self, packed: np.ndarray) -> tuple[torch.Tensor, ...]:
         self.host.numpy()[:] = packed  # the previous call has synchronised: its copy is done
