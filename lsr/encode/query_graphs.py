@@ -163,8 +163,9 @@ class _Graph:
         main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
         side.wait_stream(main)
         self.graph = torch.cuda.CUDAGraph()
-        # capture_begin / capture_end rather than torch.cuda.graph, which runs gc.collect() and empty_cache()
-        # before every capture: dozens of buckets are captured at warm-up, in a process holding the docnos
+        # capture_begin / capture_end rather than torch.cuda.graph, which synchronises the device and empties
+        # the allocator's caches before every capture (older releases also run gc.collect()): dozens of
+        # buckets are captured at warm-up
         with torch.cuda.stream(side):
             body(self.buf)  # compile / tune every kernel outside the capture
             self.graph.capture_begin(pool=pool, capture_error_mode="thread_local")
