@@ -228,10 +228,12 @@ class QueryGraphs:
         return None if packed is None else self.encode_packed(packed, ids, device_output=device_output)[0]
 
     @torch.inference_mode()
-    def encode_packed(self, packed: QueryPack, ids: Sequence[str] | None = None, *,
-                      device_output: bool = False) -> tuple[SparseVectors, np.ndarray]:
+    def encode_packed(self, packed: QueryPack, ids: Sequence[str] | None = None, *, device_output: bool = False,
+                      copy: bool = True) -> tuple[SparseVectors, np.ndarray]:
         """The vectors of a ``pack`` result, SparseVectors in input order on the CPU (``device_output``: on the
-        encoder's device, without the copy back), and their row lengths (int64 [n], on the host)."""
+        encoder's device, without the copy back), and their row lengths (int64 [n], on the host).
+        ``copy=False`` (with ``device_output``): views of the graph's output buffers, which this runner's next
+        call overwrites: for a caller that consumes them first (the server's device thread)."""
         ids = [str(i) for i in range(packed.n)] if ids is None else [str(i) for i in ids]
         if len(ids) != packed.n or len(set(ids)) != len(ids):
             raise ValueError(f"got {len(ids)} ids for {packed.n} texts; they must be unique")
@@ -249,9 +251,10 @@ class QueryGraphs:
                 raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.encoder.dtype}; "
                                          "try dtype=torch.float32")
             nnz = int(counts.sum())
-            if terms is not None and nnz <= packed.slots * ROW_CAP:  # clones: the next replay overwrites them
-                vectors = SparseVectors(indptr[:n + 1].clone(), terms[:nnz].clone(), values[:nnz].clone(), ids,
-                                        self.encoder.vocab_size, validate=False)
+            if terms is not None and nnz <= packed.slots * ROW_CAP:
+                own = copy and device_output  # (without device_output, .to("cpu") below copies)
+                parts = [t.clone() if own else t for t in (indptr[:n + 1], terms[:nnz], values[:nnz])]
+                vectors = SparseVectors(*parts, ids, self.encoder.vocab_size, validate=False)
             else:
                 _, t, v = to_csr(y[:n], None)
                 vectors = SparseVectors(indptr[:n + 1].clone(), t, v, ids, self.encoder.vocab_size, validate=False)

@@ -261,7 +261,8 @@ class SearchEngine:
         clock = _StageClock(batch.timings)
         requests, parts = batch.requests, []
         if batch.packed is not None:
-            parts.append(self._query_runner().encode_packed(batch.packed, device_output=True))
+            # views of the graph's outputs: _stack copies them before the next batch replays the graph
+            parts.append(self._query_runner().encode_packed(batch.packed, device_output=True, copy=False))
         elif batch.texts:
             parts.append((self.encoder.encode_query(batch.texts), None))
         clock.lap("encode")
