@@ -261,7 +261,7 @@ class SearchEngine:
         clock = _StageClock(batch.timings)
         requests, parts = batch.requests, []
         if batch.packed is not None:
-            # views of the graph's outputs: _stack copies them before the next batch replays the graph
+            # views of the graph's outputs: the search reads them before this thread replays the graph again
             parts.append(self._query_runner().encode_packed(batch.packed, device_output=True, copy=False))
         elif batch.texts:
             parts.append((self.encoder.encode_query(batch.texts), None))
@@ -317,32 +317,33 @@ class SearchEngine:
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
-        with copies of the last row when ``pad_batches``. Parts are (vectors, their row lengths on the host
-        or None). Host parts are stacked on the host and copied once (three transfers per batch instead of
-        three per request); where a part is on the device already, the others join it there, without a sync."""
+        with copies of the last row when ``pad_batches``. Parts are (vectors, their row lengths on the host or
+        None). Host parts are stacked on the host and copied once (three transfers per batch instead of three
+        per request); where a part is on the device already, the others join it there, without a sync and with
+        few calls into torch (each lets the event loop take the GIL: docs/architecture.md, serving)."""
         target = _next_pow2(n) if self.pad_batches else n
         dev = self.searcher.device
-        if dev.type == "cpu" or all(v.device.type == "cpu" for v, _ in parts):
-            parts = [(v.to("cpu"), v.lengths.numpy()) for v, _ in parts]
-        else:
-            parts = [(v.to(dev), v.lengths.numpy() if v.device.type == "cpu" else lens) for v, lens in parts]
-        lengths = [lens for _, lens in parts]
-        if target > n:  # copies of the last row: its terms repeated, where they lie (no sync)
-            last, lens = parts[-1]
-            a = int(lens[:-1].sum())
-            rows = target - n
-            parts.append((SparseVectors(torch.arange(rows + 1, device=last.device) * int(lens[-1]),
-                                        last.indices[a:].repeat(rows), last.values[a:].repeat(rows), None,
-                                        last.vocab_size, validate=False), None))
-            lengths.append(np.full(rows, lens[-1], dtype=np.int64))
-        all_lengths = np.concatenate(lengths)
+        place = "cpu" if dev.type == "cpu" or all(v.device.type == "cpu" for v, _ in parts) else dev.type
+        vectors, lengths = [], []
+        for v, lens in parts:
+            if lens is None:
+                lens = v.lengths.cpu().numpy()
+            vectors.append(v if v.device.type == place else v.to(dev if place != "cpu" else "cpu"))
+            lengths.append(lens)
+        lengths = np.concatenate(lengths)
+        cat = (lambda ts: ts[0]) if len(vectors) == 1 else torch.cat  # noqa: E731 - one part: read as it is
+        indices, values = cat([v.indices for v in vectors]), cat([v.values for v in vectors])
+        if target > n:  # copies of the last row: one gather of its terms, where they lie
+            nnz, last = int(lengths.sum()), int(lengths[-1])
+            src = np.concatenate([np.arange(nnz), np.tile(np.arange(nnz - last, nnz), target - n)])
+            src = torch.from_numpy(src).to(indices.device)
+            indices, values = indices[src], values[src]
+            lengths = np.concatenate([lengths, np.full(target - n, last, dtype=np.int64)])
         indptr = np.zeros(target + 1, dtype=np.int64)
-        np.cumsum(all_lengths, out=indptr[1:])
-        device = parts[0][0].device
-        stacked = SparseVectors(torch.from_numpy(indptr).to(device), torch.cat([p.indices for p, _ in parts]),
-                                torch.cat([p.values for p, _ in parts]), [str(i) for i in range(target)],
-                                self.index.vocab_size, validate=False)
-        return stacked.to(dev)
+        np.cumsum(lengths, out=indptr[1:])
+        stacked = SparseVectors(torch.from_numpy(indptr).to(indices.device), indices, values,
+                                [str(i) for i in range(target)], self.index.vocab_size, validate=False)
+        return stacked if place != "cpu" or dev.type == "cpu" else stacked.to(dev)
 
     def _hits(self, scores: np.ndarray, doc_idx: np.ndarray, k: int) -> dict[str, list]:
         n = int(np.count_nonzero(doc_idx[:k] >= 0))  # padding (-1) only follows the hits
