@@ -201,6 +201,7 @@ class QueryGraphs:
         self._lock = threading.Lock()
         self._pool = None
         self._summary = torch.empty(2 * MAX_SLOTS, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._done = torch.cuda.Event() if self.device.type == "cuda" else None
         self.failures: list[str] = []  # why captures failed (the batches of those buckets run eagerly)
 
     @staticmethod
@@ -243,11 +244,11 @@ class QueryGraphs:
             host = self._summary[:2 * packed.slots].view(2, packed.slots)
             host.copy_(summary, non_blocking=True)
             if self.device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()
-                done.synchronize()  # the batch's one host sync; waits without holding the GIL
-            counts = host[0, :n].numpy().copy()
-            if host[1, :n].any():
+                self._done.record()
+                self._done.synchronize()  # the batch's one host sync; waits without holding the GIL
+            row_counts, row_bad = host.numpy()  # (numpy from here: every torch call is a GIL hand-off)
+            counts = row_counts[:n].copy()
+            if row_bad[:n].any():
                 raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.encoder.dtype}; "
                                          "try dtype=torch.float32")
             nnz = int(counts.sum())
