@@ -17,7 +17,10 @@ texts, per batch size B (median of --repeats, CUDA synchronised after every stag
   vectors; ``search_device_ms`` the same on the graph path's device vectors (what the server now does);
 * ``run_batch_ms``: ``SearchEngine.run_batch`` (encode + search + answers as dicts), what the worker thread runs,
   and ``stage_*_ms`` its own breakdown (tokenize, encode, search, answers; means over the repeats);
-* ``json_ms``: the answers serialised as the app does.
+* ``json_ms``: the answers serialised as the app does;
+* ``run_batch_busy_ms``: ``run_batch`` while another thread runs Python without pause (as the event loop does
+  under load; the interpreter's switch interval is set as ``lsr serve`` sets it), and
+  ``run_batch_busy_eager_ms`` the same with the query graphs off: what the GIL hand-offs of each path cost.
 
 Then ``torch.profiler`` traces of ``encode_query`` at the largest B, through the graph (``profile``) and the
 unbucketed eager path (``profile_eager``): the ops with the most host time and the GPU kernels' total time, so
@@ -30,6 +33,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,7 +86,33 @@ def stage_times(engine: SearchEngine, eager: QueryGraphs | None, texts: list[str
     row["run_batch_ms"], answers = timed(lambda: engine.run_batch(requests, stages), repeats)
     row |= {f"stage_{key}": v / repeats for key, v in stages.items()}
     row["json_ms"], _ = timed(lambda: [json.dumps(a, separators=(",", ":")).encode() for a in answers], repeats)
+    row["run_batch_busy_ms"], _ = busy(lambda: engine.run_batch(requests), repeats)
+    if runner is not None:
+        enc.query_graphs = False
+        try:
+            row["run_batch_busy_eager_ms"], _ = busy(lambda: engine.run_batch(requests), repeats)
+        finally:
+            enc.query_graphs = None
     return row
+
+
+def busy(fn, repeats: int) -> tuple[float, object]:
+    """``timed(fn)`` while a second thread spins in Python (it takes the GIL whenever fn's thread lets go)."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            for _ in range(1000):
+                n += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        return timed(fn, repeats)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def profile_encode(encode, texts: list[str]) -> dict:
@@ -112,7 +142,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.5, help="as lsr serve's (for run_batch_busy_ms)")
     args = ap.parse_args()
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
     dev = torch.device(args.device)
     spec = SynthSpec() if dev.type == "cuda" else SynthSpec(block_rows=4096)
     index = InvertedIndex.build(synth_docs(parse_size(args.n_docs), spec, device=dev), device=dev)
@@ -141,7 +173,8 @@ def main() -> None:
                                                 "capture_failures")}, indent=1))
     cols = ["batch", "prepare_ms", "encode_prepared_ms", "pack_ms", "encode_graph_ms", "encode_bucketed_eager_ms",
             "encode_query_ms", "search_ms", "search_device_ms", "run_batch_ms", "stage_tokenize_ms",
-            "stage_encode_ms", "stage_search_ms", "stage_answers_ms", "json_ms"]
+            "stage_encode_ms", "stage_search_ms", "stage_answers_ms", "json_ms", "run_batch_busy_ms",
+            "run_batch_busy_eager_ms"]
     print(" | ".join(cols))
     for r in out["rows"]:
         print(" | ".join(f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c)) for c in cols))
