@@ -56,7 +56,7 @@ class BatchStats:
 
     def record_stages(self, timings: dict[str, float]) -> None:
         """One batch's stage times (ms by stage name, e.g. ``SearchEngine.run_batch``'s ``timings``); called
-        by the batch's process function in the worker thread."""
+        by the thread that finishes the batch."""
         stage_ms = dict(self.stage_ms)  # replaced whole: /stats reads it from the event loop's thread
         for key, ms in timings.items():
             stage_ms[key.removesuffix("_ms")] = stage_ms.get(key.removesuffix("_ms"), 0.0) + ms
