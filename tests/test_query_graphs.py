@@ -117,6 +117,22 @@ def test_fallbacks(encoder, monkeypatch):
     encoder._query_runner = None
 
 
+def test_graphs_are_dropped_when_the_weights_change():
+    from lsr.encode.query_graphs import QueryGraphs
+    from lsr.encode.splade import SpladeEncoder
+
+    enc = SpladeEncoder.from_pretrained(MODEL, device="cpu", varlen=True)
+    runner = QueryGraphs(enc, graphs=False)
+    runner._drop_stale_graphs()
+    runner._cache[(1, 16)] = None  # a captured graph's place
+    runner._drop_stale_graphs()
+    assert list(runner._cache) == [(1, 16)]  # unchanged weights keep it
+    with torch.no_grad():
+        enc._towers["query"].model.bert.encoder.layer[0].attention.self.query.weight.mul_(1.5)  # in place
+    runner._drop_stale_graphs()
+    assert not runner._cache
+
+
 def test_cpu_default_keeps_the_padded_path():
     from lsr.encode.splade import SpladeEncoder
 
@@ -188,6 +204,11 @@ def test_gpu_graphs_equal_the_bucketed_eager_run_bit_for_bit():
     assert runner.failures == [] and all(g is not None and g.out[2] is not None for g in runner._cache.values())
     long = (SCIFACT * 2)[:65]  # beyond the largest bucket: the unbucketed path, equal in both
     assert enc.encode_query(long).equal(eager.encode_query(long))
+    with torch.no_grad():  # new weights (in place): the graphs captured with the old ones are dropped
+        for e in (enc, eager):
+            e._towers["query"].model.bert.encoder.layer[0].attention.self.query.weight.mul_(1.5)
+    texts = SCIFACT[:9]
+    assert enc.encode_query(texts).equal(eager.encode_query(texts))
     # the padded HF path and the unbucketed padding-free one agree with the bucketed vectors to bf16 rounding
     texts = SCIFACT[:20]
     got = enc.encode_query(texts)

@@ -203,6 +203,7 @@ class QueryGraphs:
         self._summary = torch.empty(2 * MAX_SLOTS, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self._done = torch.cuda.Event() if self.device.type == "cuda" else None
         self.failures: list[str] = []  # why captures failed (the batches of those buckets run eagerly)
+        self._captured_with: tuple = ()  # the weights' signature the cached graphs were captured with
 
     @staticmethod
     def applies(encoder: SpladeEncoder) -> bool:
@@ -261,8 +262,21 @@ class QueryGraphs:
                 vectors = SparseVectors(indptr[:n + 1].clone(), t, v, ids, self.encoder.vocab_size, validate=False)
         return (vectors if device_output else vectors.to("cpu")), counts
 
+    def _drop_stale_graphs(self) -> None:
+        """Drop the graphs after a change of the query tower's weights (an optimizer step, a reload: their
+        addresses or version counters): a graph reads the tensors it was captured with, among them the
+        padding-free body's Q/K/V copy, which that body rebuilds on such a change."""
+        tower = self.encoder._towers["query"]
+        params = [*tower.model.parameters(), tower.weight] + ([tower.bias] if tower.bias is not None else [])
+        weights = tuple((p.data_ptr(), p._version) for p in params)
+        if weights != self._captured_with:
+            self._cache.clear()
+            self._captured_with = weights
+
     def _run(self, packed: QueryPack) -> tuple[torch.Tensor, ...]:
         body_args = (packed.slots, packed.tokens, packed.n_seqs)
+        if self.graphs:
+            self._drop_stale_graphs()
         graph = self._graph(packed.key, body_args) if self.graphs else None
         if graph is not None:
             return graph(packed.host)
@@ -299,6 +313,7 @@ class QueryGraphs:
         for n in range(1, min(max_batch, MAX_SLOTS) + 1):
             keys |= {(slot_bucket(n), token_bucket(t)) for t in range(n * lo, n * min(hi, max_len) + 1)}
         with self._lock, torch.inference_mode():
+            self._drop_stale_graphs()
             for slots, tokens in sorted(k for k in keys if k[1] is not None):
                 self._graph((slots, tokens), (slots, tokens, n_sequences(slots, tokens, max_len)))
         return sum(g is not None for g in self._cache.values())
