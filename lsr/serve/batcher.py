@@ -157,7 +157,8 @@ class DynamicBatcher:
             task.add_done_callback(self._inflight.discard)
             limit = 2 if self.pipelined else 1  # pipelined: the next batch is gathered while this one runs
             while len(self._inflight) >= limit:
-                await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+                self._inflight.difference_update(done)
 
     async def _complete(self, batch: list[_Job]) -> None:
         """Run one batch and hand each request its outcome."""
