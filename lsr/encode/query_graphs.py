@@ -205,6 +205,15 @@ class QueryGraphs:
         self.failures: list[str] = []  # why captures failed (the batches of those buckets run eagerly)
         self._captured_with: tuple = ()  # the weights' signature the cached graphs were captured with
 
+    def describe(self) -> dict[str, Any]:
+        """Whether graphs are on, how many are held (per text slots) and why captures failed (if any)."""
+        held: dict[str, int] = {}
+        for (slots, _), graph in list(self._cache.items()):
+            if graph is not None:
+                held[str(slots)] = held.get(str(slots), 0) + 1
+        return {"graphs": self.graphs, "held": sum(held.values()), "held_by_slots": held,
+                "failures": self.failures[:5]}
+
     @staticmethod
     def applies(encoder: SpladeEncoder) -> bool:
         """Whether the encoder's query tower runs the padding-free body this path captures."""

@@ -141,6 +141,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config}
+        runner = engine.query_runner() if engine.encoder is not None else None
+        graphs = runner.describe() if runner is not None else None
+        return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs}
 
     return app

@@ -246,7 +246,7 @@ class SearchEngine:
         order = [i for i, r in enumerate(requests) if r.texts is not None] + \
                 [i for i, r in enumerate(requests) if r.vectors is not None]
         texts = [t for i in order if requests[i].texts is not None for t in requests[i].texts]
-        runner = self._query_runner() if texts else None
+        runner = self.query_runner() if texts else None
         packed = runner.pack(texts) if runner is not None else None
         first_row, n = {}, 0
         for i in order:
@@ -262,7 +262,7 @@ class SearchEngine:
         requests, parts = batch.requests, []
         if batch.packed is not None:
             # views of the graph's outputs: the search reads them before this thread replays the graph again
-            parts.append(self._query_runner().encode_packed(batch.packed, device_output=True, copy=False))
+            parts.append(self.query_runner().encode_packed(batch.packed, device_output=True, copy=False))
         elif batch.texts:
             parts.append((self.encoder.encode_query(batch.texts), None))
         clock.lap("encode")
@@ -283,7 +283,7 @@ class SearchEngine:
         clock.lap("answers")
         return answers
 
-    def _query_runner(self) -> Any:
+    def query_runner(self) -> Any:
         """The encoder's bucketed query path (``SpladeEncoder.query_runner``) where it runs on the search's
         device, else None."""
         runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
@@ -299,7 +299,7 @@ class SearchEngine:
         query is the first document's first 64 terms: the block path's smallest query-length bucket. The
         query encoder's graphs are captured for batches of up to ``max_batch`` texts of 3-24 tokens."""
         if self.encoder is not None:
-            runner = self._query_runner()
+            runner = self.query_runner()
             if runner is not None:
                 runner.warmup(max_batch)
             self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
