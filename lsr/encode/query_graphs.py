@@ -5,9 +5,10 @@
     packed = runner.pack(texts)                            # or in two steps: tokenize (host), then encode
     vectors, lengths = runner.encode_packed(packed, device_output=True)
 
-Why: a batch of a few short queries costs the GPU ~0.5 ms but takes ~3 ms of host time to issue eagerly
-(backbone, Sparton head and extraction: ~90 kernels and several host syncs), and the server's event loop
-competes with that Python for the GIL. Here the device work of one batch, from packed token ids to the CSR
+Why: the GPU runs a batch of a few short queries in far less time than the host takes to issue its
+backbone, Sparton head and extraction eagerly (dozens of small kernels and several host syncs; the
+measurements are in docs/benchmarks.md), and in the server every torch call also hands the GIL to the
+event loop and waits to get it back. Here the device work of one batch, from packed token ids to the CSR
 rows of its vectors, is captured once per bucket and replayed: one copy of the inputs, one replay, one copy
 of the row lengths back (the only host sync, waited on with the GIL released), three slices.
 
