@@ -6,8 +6,8 @@
     vectors, lengths = runner.encode_packed(packed, device_output=True)
 
 Why: the GPU runs a batch of a few short queries in far less time than the host takes to issue its
-backbone, Sparton head and extraction eagerly (dozens of small kernels and several host syncs; the
-measurements are in docs/benchmarks.md), and in the server every torch call also hands the GIL to the
+backbone, Sparton head and extraction eagerly (dozens of small kernels and several host syncs;
+scripts/profile_serve.py times both paths), and in the server every torch call also hands the GIL to the
 event loop and waits to get it back. Here the device work of one batch, from packed token ids to the CSR
 rows of its vectors, is captured once per bucket and replayed: one copy of the inputs, one replay, one copy
 of the row lengths back (the only host sync, waited on with the GIL released), three slices.
