@@ -5,7 +5,14 @@ Nothing here knows about HTTP or asyncio: ``SearchEngine.parse`` turns a decoded
 answers several requests with one encoder call and one ``Searcher.search`` (it is what the batcher's worker
 thread runs). Results are exact: the same documents and float32 scores as ``Searcher.search`` (and
 ``lsr search``) give for the same query vectors, since every top-k keeps the total order score descending,
-doc index ascending and a request's k hits are the first k of the batch's larger k.
+doc index ascending and a request's k hits are the first k of the batch's larger k. Text queries are encoded
+as ``encoder.encode_query`` encodes the batch's texts (bit for bit; short batches of a SPLADE encoder through
+``lsr.encode.query_graphs``, replayed as a CUDA graph on CUDA): deterministic for a given batch, while the same
+text in a batch of another bucket may differ in the last bits of its weights (the encoder's GEMMs run at the
+bucket's token count), as it could with the batch's padding before.
+
+A batch runs in three steps that the batcher may put on two threads: ``prepare_batch`` (host: tokenize),
+``search_batch`` (device: encode, stack, search, top-k to the host) and ``answer_batch`` (host: the hits).
 """
 
 from __future__ import annotations
