@@ -303,7 +303,8 @@ class SearchEngine:
     def warmup(self, max_batch: int) -> None:
         """Search (and encode) once per batch size the server will use (powers of two when padding), so that
         kernel compilation and CUDA graph capture happen before the first request, not in its latency. The
-        query is the first document's first 64 terms: the block path's smallest query-length bucket. The
+        query is the first document's first 64 terms: the block path's smallest query-length bucket (with a
+        query encoder also a query of 100 terms: its next bucket, which a batch of expanded texts may reach). The
         query encoder's graphs are captured for batches of up to ``max_batch`` texts of 3-24 tokens."""
         if self.encoder is not None:
             runner = self.query_runner()
@@ -316,11 +317,17 @@ class SearchEngine:
         m = min(64, first.nnz)
         if m == 0:
             return
-        query = SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size, validate=False)
+        queries = [SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size,
+                                 validate=False)]
+        V = self.index.vocab_size
+        if self.encoder is not None and V >= 128:  # text batches: a query of 65-128 terms makes the next bucket
+            queries.append(SparseVectors([0, 100], torch.arange(100, dtype=torch.int32) * (V // 100),
+                                         torch.ones(100), None, V, validate=False))
         sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
             sorted({1, max_batch})
-        for b in sizes:
-            self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
+        for query in queries:
+            for b in sizes:
+                self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
