@@ -60,8 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup,
                      pipeline=not args.no_pipeline)
     health = app.state.engine.describe()
+    runner = app.state.engine.query_runner() if app.state.engine.encoder is not None else None
+    graphs = f", {runner.describe()['held']} query-encoder CUDA graphs" if runner is not None and runner.graphs else ""
     print(f"serving {health['n_docs']} documents on {health['device']} ({health['backend']}; encoder: "
-          f"{health['encoder'] or 'none, pre-encoded vectors'}) at http://{args.host}:{args.port} "
+          f"{health['encoder'] or 'none, pre-encoded vectors'}{graphs}) at http://{args.host}:{args.port} "
           f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
