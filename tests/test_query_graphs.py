@@ -112,9 +112,9 @@ def test_fallbacks(encoder, monkeypatch):
     assert encoder.encode_query(few, batch_size=3).equal(encoder.encode_prepared(encoder.prepare(few, "query", 3)))
     ref = encoder.encode_query(few)
     monkeypatch.setattr(qg, "ROW_CAP", 2)
-    encoder._query_runner = None  # a fresh runner (on a GPU: graphs captured with the small capacity)
+    encoder._query_runners.clear()  # a fresh runner (on a GPU: graphs captured with the small capacity)
     assert encoder.encode_query(few).equal(ref)
-    encoder._query_runner = None
+    encoder._query_runners.clear()
 
 
 def test_graphs_are_dropped_when_the_weights_change():

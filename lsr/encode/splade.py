@@ -113,7 +113,7 @@ class SpladeEncoder(PluralAliases):
         self._pools: dict[str, tuple[int, int, TokenizerPool]] = {}  # kind -> (workers, pid, pool)
         self._pool_lock = threading.Lock()
         self.query_graphs: bool | None = None  # CUDA graphs for short query batches (None: on CUDA)
-        self._query_runner: tuple[bool | None, QueryGraphs] | None = None
+        self._query_runners: dict[bool | None, QueryGraphs] = {}  # by query_graphs setting
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
@@ -366,9 +366,9 @@ class SpladeEncoder(PluralAliases):
         query tower does not run the padding-free body."""
         if not QueryGraphs.applies(self):
             return None
-        if self._query_runner is None or self._query_runner[0] != self.query_graphs:
-            self._query_runner = (self.query_graphs, QueryGraphs(self, graphs=self.query_graphs))
-        return self._query_runner[1]
+        if self.query_graphs not in self._query_runners:
+            self._query_runners[self.query_graphs] = QueryGraphs(self, graphs=self.query_graphs)
+        return self._query_runners[self.query_graphs]
 
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
                 show_progress_bar: bool, convert_to_sparse_tensor: bool,
