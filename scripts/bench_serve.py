@@ -12,7 +12,8 @@ vectors, term-id keys), ``real`` (the 6,980 SPLADE++ ED dev-small query vectors)
 query texts encoded by the server with --model, whose vocabulary must be BERT's 30522 word pieces).
 
 Per (query set, max_batch, concurrency): QPS, client latency p50/p90/p99 (ms), the server's mean batch size
-and time per batch in its worker thread (encode + search + answers), peak extra GPU memory; over the answers to the first --check requests: ``exact`` (vector queries: each
+and time per batch in its worker thread (encode + search + answers) with its stages (``tokenize_ms``,
+``encode_ms``, ``search_ms``, ``answers_ms``, ``json_ms``: mean ms per batch, from /stats), peak extra GPU memory; over the answers to the first --check requests: ``exact`` (vector queries: each
 answer keeps lsr's exact top-k contract against a float64 brute force, lsr.testing.topk_violations) and
 ``same_as_alone``, the fraction identical byte for byte to the request searched alone (batch invariance; a
 text query's encoding also depends on its batch's padding). Summary: per query set and max_batch the
@@ -160,11 +161,21 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "batch_ms": (after["device_busy_s"] - before["device_busy_s"]) * 1000 / batches if batches else None,
            "max_batch_seen": after["max_batch_queries"], "checked": len(same),
            "same_as_alone": sum(same) / len(same) if same else None,
-           "error": load["first_error"] if load["errors"] else None}
+           "error": load["first_error"] if load["errors"] else None, **stage_means(before, after),
+           "query_graphs_held": (after.get("query_graphs") or {}).get("held")}
     if base_row["queries"] != "text" and same:
         row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
+
+
+def stage_means(before: dict, after: dict) -> dict:
+    """Mean ms per batch of each worker-thread stage over the level (``/stats`` totals before and after)."""
+    n = after.get("stage_batches", 0) - before.get("stage_batches", 0)
+    if n <= 0:
+        return {}
+    old = before.get("stage_ms_total", {})
+    return {f"{k}_ms": (v - old.get(k, 0.0)) / n for k, v in after.get("stage_ms_total", {}).items()}
 
 
 def summarize(rows: list[dict], slo_ms: float) -> dict:
@@ -173,7 +184,7 @@ def summarize(rows: list[dict], slo_ms: float) -> dict:
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}"
+        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("" if r.get("pipeline", 1) else "/no-pipeline")
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
                         "mean_batch": r["mean_batch"]}
@@ -187,9 +198,13 @@ def plot(rows: list[dict], slo_ms: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in sorted({(r["queries"], r["max_batch"]) for r in rows if r.get("qps")}):
-        pts = [(r["qps"], r["p99_ms"]) for r in rows if (r["queries"], r["max_batch"]) == key and r.get("p99_ms")]
-        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}")
+
+    def series(r: dict) -> tuple:
+        return r["queries"], r["max_batch"], r.get("pipeline", 1)
+
+    for key in sorted({series(r) for r in rows if r.get("qps")}):
+        pts = [(r["qps"], r["p99_ms"]) for r in rows if series(r) == key and r.get("p99_ms")]
+        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}" + ("" if key[2] else ", no pipeline"))
     ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("QPS (closed loop, one query per request)")
     ax.set_ylabel("client p99 latency (ms)")
@@ -218,6 +233,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting levels after this many seconds")
     ap.add_argument("--switch-interval-ms", type=float, default=0.5,
                     help="the interpreter's thread switch interval (lsr serve's setting; Python's default is 5)")
+    ap.add_argument("--pipeline", default="1", help="server settings to compare: 1 = tokenizing and answers on a "
+                    "second thread, overlapping the device work (lsr serve's default); 0 = all in the device thread")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
@@ -250,19 +267,19 @@ def main() -> None:
     with mp.get_context("spawn").Pool(1) as pool:
         for qname in args.queries.split(","):
             bodies, requests = query_set(qname, args.n_queries, spec, args.k)
-            for max_batch in ints(args.max_batch):
+            for max_batch, pipeline in [(b, p) for b in ints(args.max_batch) for p in ints(args.pipeline)]:
                 if time.time() - t_start > args.budget_s:
                     results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
                     continue
                 model = args.model if qname == "text" else None
                 app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                                 k=args.k)
+                                 k=args.k, pipeline=bool(pipeline))
                 refs = reference_answers(app.state.engine, requests, args.check)
                 server = Server(app)
                 try:
                     for c in ints(args.concurrency):
                         base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname,
-                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch,
+                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch, "pipeline": pipeline,
                                 "max_wait_ms": args.max_wait_ms, "concurrency": c}
                         if time.time() - t_start > args.budget_s:
                             results.add({**base, "status": "skipped: budget"})
@@ -276,9 +293,10 @@ def main() -> None:
     if args.plot:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
-    print(format_table(results.rows, ["method", "queries", "max_batch", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
-                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), "errors", "exact",
-                                      ("same_as_alone", ".2f")]))
+    print(format_table(results.rows, ["method", "queries", "max_batch", "pipeline", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
+                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
+                                      ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
+                                      "errors", "exact", ("same_as_alone", ".2f")]))
     print(json.dumps(results.summary, indent=1))
 
 

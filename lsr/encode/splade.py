@@ -41,6 +41,7 @@ from lsr.encode.extract import rows_to_input_order, to_csr
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
+from lsr.encode.query_graphs import QueryGraphs
 from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
 from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize_pool import TokenizerPool
@@ -111,6 +112,8 @@ class SpladeEncoder(PluralAliases):
         self._lock = threading.Lock()
         self._pools: dict[str, tuple[int, int, TokenizerPool]] = {}  # kind -> (workers, pid, pool)
         self._pool_lock = threading.Lock()
+        self.query_graphs: bool | None = None  # CUDA graphs for short query batches (None: on CUDA)
+        self._query_runners: dict[bool | None, QueryGraphs] = {}  # by query_graphs setting
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, device: str | torch.device | None = None,
@@ -358,15 +361,29 @@ class SpladeEncoder(PluralAliases):
         return rows_to_input_order(torch.cat(lengths), torch.cat(indices), torch.cat(values), torch.cat(rows), ids,
                                    self.vocab_size)
 
+    def query_runner(self) -> QueryGraphs | None:
+        """The bucketed query path (``lsr.encode.query_graphs``; graphs per ``query_graphs``), None where the
+        query tower does not run the padding-free body."""
+        if not QueryGraphs.applies(self):
+            return None
+        if self.query_graphs not in self._query_runners:
+            self._query_runners[self.query_graphs] = QueryGraphs(self, graphs=self.query_graphs)
+        return self._query_runners[self.query_graphs]
+
     def _encode(self, texts: Sequence[str], ids: Sequence[str] | None, kind: str, batch_size: int | None,
-                show_progress_bar: bool, convert_to_sparse_tensor: bool) -> SparseVectors | torch.Tensor:
+                show_progress_bar: bool, convert_to_sparse_tensor: bool,
+                device_output: bool = False) -> SparseVectors | torch.Tensor:
+        runner = self.query_runner() if kind == "query" and len(texts) <= (batch_size or len(texts)) else None
+        vectors = runner.encode(texts, ids, device_output=device_output) if runner is not None else None
+        if vectors is not None:  # a short query batch: one bucket, replayed as a CUDA graph where it can be
+            return sparse_output(vectors, convert_to_sparse_tensor)
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
             if len(texts) > WINDOW or windows_pool(self, kind, len(texts), None) is not None:
                 # tokenized in worker processes, the next window while the model encodes this one
                 vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
             else:
                 vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)
-            return sparse_output(vectors, convert_to_sparse_tensor)
+            return sparse_output(vectors.to(self.device) if device_output else vectors, convert_to_sparse_tensor)
 
     def encode_document(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
                         batch_size: int | None = None, show_progress_bar: bool = False,
@@ -378,10 +395,12 @@ class SpladeEncoder(PluralAliases):
 
     def encode_query(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
                      batch_size: int | None = None, show_progress_bar: bool = False,
-                     convert_to_sparse_tensor: bool = False) -> SparseVectors | torch.Tensor:
+                     convert_to_sparse_tensor: bool = False, device_output: bool = False) -> SparseVectors | torch.Tensor:
         """Query texts -> SparseVectors (CPU, input order), truncated to ``max_length_query`` tokens
-        (``convert_to_sparse_tensor``: see ``encode_document``)."""
-        return self._encode(texts, ids, "query", batch_size, show_progress_bar, convert_to_sparse_tensor)
+        (``convert_to_sparse_tensor``: see ``encode_document``; ``device_output``: on the encoder's device).
+        Up to 64 short texts run as one bucketed batch (``lsr.encode.query_graphs``), a CUDA graph on CUDA."""
+        return self._encode(texts, ids, "query", batch_size, show_progress_bar, convert_to_sparse_tensor,
+                            device_output)
 
     def save_pretrained(self, folder: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write this encoder as a sentence-transformers SparseEncoder checkpoint that ``SparseEncoder(folder)``

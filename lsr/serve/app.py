@@ -6,7 +6,8 @@ Endpoints:
   (keys: tokens of the encoder's vocabulary when the server has one, else term ids), optional ``"k"``;
   answers ``{"results": [{"docnos": [...], "scores": [...]}, ...]}``, one entry per query, best first.
 * ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder.
-* ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth.
+* ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth, and the mean ms
+  per batch of each stage in the worker thread (``stage_ms_mean``: tokenize, encode, search, answers, json).
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
 404/405 wrong route, 413 too many queries, 422 invalid values) and 500 for a failure on the server; never a
@@ -17,6 +18,7 @@ traceback. Search work runs in the batcher's worker thread, never on the event l
 # inside create_app) at definition time
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,7 @@ def _thread_init(device: str) -> Any:
 
 def create_app(index: str | Path | Any, model: str | Path | None = None, *, device: str = "auto", max_batch: int = 64,
                max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
-               pad_batches: bool | None = None, warmup: bool = True) -> Any:
+               pad_batches: bool | None = None, warmup: bool = True, pipeline: bool = True) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
     Args:
@@ -60,6 +62,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         k: hits per query when a request does not say; max_k: the largest k a request may ask for
             (default: max(k, 1000)).
         backend: Searcher backend; pad_batches: see ``SearchEngine``; warmup: compile and capture before serving.
+        pipeline: tokenize the next batch and build this batch's answers on a second thread while the device
+            works (``lsr.serve.batcher``); False: every step of a batch in the device thread.
     """
     try:
         from fastapi import FastAPI, Request
@@ -76,11 +80,23 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     if warmup:
         engine.warmup(max_batch)
 
-    def process(requests: list[Any]) -> list[bytes]:
-        return [json.dumps(r, separators=(",", ":")).encode() for r in engine.run_batch(requests)]
+    def prepare(requests: list[Any]) -> Any:  # host thread: tokenize (and pack) the batch's texts
+        return engine.prepare_batch(requests, {})
 
-    batcher = DynamicBatcher(process, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                             thread_init=_thread_init(str(engine.searcher.device)))
+    def finish(batch: Any) -> list[bytes]:  # host thread: the answers as JSON bodies
+        answers = engine.answer_batch(batch)
+        t = time.perf_counter()
+        body = [json.dumps(r, separators=(",", ":")).encode() for r in answers]
+        batch.timings["json_ms"] = (time.perf_counter() - t) * 1000
+        batcher.stats.record_stages(batch.timings)
+        return body
+
+    def process(requests: list[Any]) -> list[bytes]:  # all steps in the device thread (pipeline=False)
+        return finish(engine.search_batch(prepare(requests)))
+
+    batcher = DynamicBatcher(engine.search_batch if pipeline else process, max_batch=max_batch,
+                             max_wait_ms=max_wait_ms, thread_init=_thread_init(str(engine.searcher.device)),
+                             prepare=prepare if pipeline else None, finish=finish if pipeline else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
@@ -89,7 +105,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     app = FastAPI(title="lsr search", lifespan=lifespan)
     app.state.engine, app.state.batcher = engine, batcher
-    config = {"max_batch": max_batch, "max_wait_ms": max_wait_ms}
+    config = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline}
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -125,6 +141,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config}
+        runner = engine.query_runner() if engine.encoder is not None else None
+        graphs = runner.describe() if runner is not None else None
+        return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs}
 
     return app

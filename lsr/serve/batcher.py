@@ -5,6 +5,11 @@ One asyncio worker task owns the device. It waits for a request, then keeps coll
 runs the batch in a single worker thread so the event loop keeps accepting requests meanwhile; requests that
 arrive during a batch form the next one. ``max_batch=1`` turns batching off (one request per device call):
 the baseline the benchmark compares with.
+
+Pipelining (``prepare`` / ``finish`` given): a batch's host work before and after the device (tokenizing;
+building the answers) runs on a second thread, so the next batch is gathered and tokenized while this one is on
+the device, and this one's answers are built while the next one is; two batches are in flight at most, and the
+device thread takes them in order.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ class _Job:
 
 @dataclass
 class BatchStats:
-    """Counters since start: requests, queries, batches, errors and the latency (arrival -> answer) window."""
+    """Counters since start: requests, queries, batches, errors, the latency (arrival -> answer) window and
+    the time per stage of a batch (mean ms per batch, where the process function reports them)."""
 
     requests: int = 0
     queries: int = 0
@@ -45,6 +51,16 @@ class BatchStats:
     busy_s: float = 0.0
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     started: float = field(default_factory=time.time)
+    stage_ms: dict = field(default_factory=dict)  # stage -> total ms over the batches that reported stages
+    stage_batches: int = 0
+
+    def record_stages(self, timings: dict[str, float]) -> None:
+        """One batch's stage times (ms by stage name, e.g. ``SearchEngine.run_batch``'s ``timings``); called
+        by the thread that finishes the batch."""
+        stage_ms = dict(self.stage_ms)  # replaced whole: /stats reads it from the event loop's thread
+        for key, ms in timings.items():
+            stage_ms[key.removesuffix("_ms")] = stage_ms.get(key.removesuffix("_ms"), 0.0) + ms
+        self.stage_ms, self.stage_batches = stage_ms, self.stage_batches + 1
 
     def record_batch(self, jobs: Sequence[_Job], busy_s: float, failed: int) -> None:
         now = time.perf_counter()
@@ -66,32 +82,48 @@ class BatchStats:
                 "mean_batch_requests": round(self.requests / self.batches, 3) if self.batches else None,
                 "max_batch_queries": self.max_batch_seen, "device_busy_s": round(self.busy_s, 3),
                 "latency_ms": {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": pick(1.0),
-                               "window": len(lat)}}
+                               "window": len(lat)},
+                "stage_ms_mean": {k: round(v / self.stage_batches, 4) for k, v in self.stage_ms.items()},
+                "stage_ms_total": {k: round(v, 3) for k, v in self.stage_ms.items()},
+                "stage_batches": self.stage_batches}
+
+
+def _timed(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    return fn(arg), time.perf_counter() - t
 
 
 class DynamicBatcher:
-    """Gathers submitted items into batches for ``process(items) -> results`` (same length and order).
+    """Gathers submitted items into batches for ``finish(process(prepare(items))) -> results`` (same length
+    and order as the items; ``prepare`` / ``finish`` default to passing their argument through).
 
     Args:
-        process: runs one batch; called in one worker thread, one batch at a time.
+        process: runs one batch on the device; called in one worker thread, one batch at a time, in order.
         max_batch: most queries per batch (an item larger than this runs alone); 1 = no batching.
         max_wait_ms: longest wait for more items after the first of a batch arrived.
         thread_init: run once in the worker thread (e.g. select the CUDA device).
+        prepare, finish: a batch's host work before and after ``process``, run in a second thread; given
+            either, two batches are in flight at once (see the module doc).
     """
 
-    def __init__(self, process: Callable[[list[Any]], list[Any]], max_batch: int = 64, max_wait_ms: float = 2.0,
-                 thread_init: Callable[[], None] | None = None) -> None:
+    def __init__(self, process: Callable[[Any], Any], max_batch: int = 64, max_wait_ms: float = 2.0,
+                 thread_init: Callable[[], None] | None = None, prepare: Callable[[list[Any]], Any] | None = None,
+                 finish: Callable[[Any], list[Any]] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.process, self.max_batch, self.max_wait_s = process, int(max_batch), max_wait_ms / 1000
+        self.prepare, self.finish = prepare, finish
+        self.pipelined = prepare is not None or finish is not None
         self.stats = BatchStats()
         self._pending: deque[_Job] = deque()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lsr-serve", initializer=thread_init)
+        self._host = ThreadPoolExecutor(1, thread_name_prefix="lsr-serve-host") if self.pipelined else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()
 
     @property
     def queue_depth(self) -> int:
@@ -120,10 +152,20 @@ class DynamicBatcher:
                 await self._wakeup.wait()
                 continue
             batch = await self._gather()
-            t0 = time.perf_counter()
-            outcomes = await self._run(batch)
+            task = self._loop.create_task(self._complete(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            limit = 2 if self.pipelined else 1  # pipelined: the next batch is gathered while this one runs
+            while len(self._inflight) >= limit:
+                done, _ = await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
+                self._inflight.difference_update(done)
+
+    async def _complete(self, batch: list[_Job]) -> None:
+        """Run one batch and hand each request its outcome."""
+        try:
+            outcomes, busy_s = await self._run(batch)
             failed = sum(isinstance(o, Exception) for o in outcomes)
-            self.stats.record_batch(batch, time.perf_counter() - t0, failed)
+            self.stats.record_batch(batch, busy_s, failed)
             for job, outcome in zip(batch, outcomes):
                 if job.future.done():  # a client that went away has cancelled its future
                     continue
@@ -131,24 +173,39 @@ class DynamicBatcher:
                     job.future.set_exception(outcome)
                 else:
                     job.future.set_result(outcome)
+        finally:  # cancelled (the server is closing): nobody may wait forever
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("the server is shutting down"))
 
-    async def _run(self, batch: list[_Job]) -> list[Any]:
-        """Results of the batch in the worker thread; where the batch fails, each request alone, so that one
-        request the parser let through cannot fail the others (an item's outcome is then its exception)."""
+    async def _chain(self, items: list[Any]) -> tuple[list[Any], float]:
+        """prepare (host thread), process (device thread), finish (host thread) of one batch: the results and
+        the seconds ``process`` took."""
         run = self._loop.run_in_executor
+        state = await run(self._host, self.prepare, items) if self.prepare is not None else items
+        state, busy_s = await run(self._executor, _timed, self.process, state)
+        results = await run(self._host, self.finish, state) if self.finish is not None else state
+        return list(results), busy_s
+
+    async def _run(self, batch: list[_Job]) -> tuple[list[Any], float]:
+        """Results of the batch and its device seconds; where the batch fails, each request alone, so that one
+        request the parser let through cannot fail the others (an item's outcome is then its exception)."""
         try:
-            return list(await run(self._executor, self.process, [j.item for j in batch]))
+            return await self._chain([j.item for j in batch])
         except Exception as e:  # noqa: BLE001 - reported to the requests, the worker goes on
             log.error("a batch of %d requests failed (%s: %s)", len(batch), type(e).__name__, e)
             if len(batch) == 1:
-                return [e]
+                return [e], 0.0
         outcomes: list[Any] = []
+        busy = 0.0
         for job in batch:
             try:
-                outcomes.extend(await run(self._executor, self.process, [job.item]))
+                results, busy_s = await self._chain([job.item])
+                outcomes.extend(results)
+                busy += busy_s
             except Exception as e:  # noqa: BLE001
                 outcomes.append(e)
-        return outcomes
+        return outcomes, busy
 
     async def _gather(self) -> list[_Job]:
         """The next batch: what is queued, then what arrives until the deadline, up to max_batch queries."""
@@ -175,14 +232,17 @@ class DynamicBatcher:
 
     async def close(self) -> None:
         """Stop the worker (queued requests get a RuntimeError) and the thread."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._inflight]:
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         while self._pending:
             job = self._pending.popleft()
             if not job.future.done():
                 job.future.set_exception(RuntimeError("the server is shutting down"))
         self._executor.shutdown(wait=True)
+        if self._host is not None:
+            self._host.shutdown(wait=True)

@@ -5,12 +5,20 @@ Nothing here knows about HTTP or asyncio: ``SearchEngine.parse`` turns a decoded
 answers several requests with one encoder call and one ``Searcher.search`` (it is what the batcher's worker
 thread runs). Results are exact: the same documents and float32 scores as ``Searcher.search`` (and
 ``lsr search``) give for the same query vectors, since every top-k keeps the total order score descending,
-doc index ascending and a request's k hits are the first k of the batch's larger k.
+doc index ascending and a request's k hits are the first k of the batch's larger k. Text queries are encoded
+as ``encoder.encode_query`` encodes the batch's texts (bit for bit; short batches of a SPLADE encoder through
+``lsr.encode.query_graphs``, replayed as a CUDA graph on CUDA): deterministic for a given batch, while the same
+text in a batch of another bucket may differ in the last bits of its weights (the encoder's GEMMs run at the
+bucket's token count), as it could with the batch's padding before.
+
+A batch runs in three steps that the batcher may put on two threads: ``prepare_batch`` (host: tokenize),
+``search_batch`` (device: encode, stack, search, top-k to the host) and ``answer_batch`` (host: the hits).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +29,7 @@ import torch
 
 from lsr.sparse import SparseVectors, weight_limit
 
-__all__ = ["MAX_QUERIES_PER_REQUEST", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
+__all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "Batch", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
 
 MAX_QUERIES_PER_REQUEST = 4096
 _FIELDS = ("queries", "query", "vectors")
@@ -61,8 +69,34 @@ def load_query_encoder(model: str | Path, device: str) -> Any:
     return SpladeEncoder.from_pretrained(str(model), device=device)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one ("cuda" is the current CUDA device)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    return (a.index if a.index is not None else torch.cuda.current_device()) == \
+        (b.index if b.index is not None else torch.cuda.current_device())
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass
+class Batch:
+    """One batch between ``SearchEngine``'s steps: requests, row layout (``order``: text requests first;
+    ``first_row``: each request's first row), texts and their bucketed pack, then the top-k on the host."""
+
+    requests: list[SearchRequest]
+    order: list[int]
+    texts: list[str]
+    packed: Any
+    first_row: dict[int, int]
+    n_rows: int
+    timings: dict[str, float] | None = None
+    scores: np.ndarray | None = None
+    doc_idx: np.ndarray | None = None
 
 
 class SearchEngine:
@@ -204,24 +238,63 @@ class SearchEngine:
         return terms.astype(np.int32), w
 
     # ------------------------------------------------------------------ searching
-    def run_batch(self, requests: Sequence[SearchRequest]) -> list[dict[str, Any]]:
-        """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}]."""
+    def run_batch(self, requests: Sequence[SearchRequest], timings: dict[str, float] | None = None,
+                  ) -> list[dict[str, Any]]:
+        """Answer every request with one encoder call and one search: [{"results": [{"docnos", "scores"}]}].
+        ``timings``: gets each stage's wall ms added (tokenize, encode, search, answers; see ``STAGES``).
+        The three steps (``prepare_batch``, ``search_batch``, ``answer_batch``) may run on different threads."""
+        return self.answer_batch(self.search_batch(self.prepare_batch(requests, timings)))
+
+    def prepare_batch(self, requests: Sequence[SearchRequest], timings: dict[str, float] | None = None) -> Batch:
+        """Host work before the device: the batch's row layout and its texts tokenized (and packed for the
+        encoder's bucketed path where it applies)."""
+        clock = _StageClock(timings)
         # rows: every text query first (one encoder call), then the vector queries, each in request order
         order = [i for i, r in enumerate(requests) if r.texts is not None] + \
                 [i for i, r in enumerate(requests) if r.vectors is not None]
         texts = [t for i in order if requests[i].texts is not None for t in requests[i].texts]
-        parts = [self.encoder.encode_query(texts)] if texts else []
-        parts += [requests[i].vectors for i in order if requests[i].vectors is not None]
+        runner = self.query_runner() if texts else None
+        packed = runner.pack(texts) if runner is not None else None
         first_row, n = {}, 0
         for i in order:
             first_row[i] = n
             n += requests[i].n_queries
-        queries = self._stack(parts, n)
+        clock.lap("tokenize")
+        return Batch(list(requests), order, texts, packed, first_row, n, timings)
+
+    def search_batch(self, batch: Batch) -> Batch:
+        """Device work: encode the texts, search every row; the top-k lands on the host (``batch.scores``,
+        ``batch.doc_idx``) with the batch's last device sync."""
+        clock = _StageClock(batch.timings)
+        requests, parts = batch.requests, []
+        if batch.packed is not None:
+            # views of the graph's outputs: the search reads them before this thread replays the graph again
+            parts.append(self.query_runner().encode_packed(batch.packed, device_output=True, copy=False))
+        elif batch.texts:
+            parts.append((self.encoder.encode_query(batch.texts), None))
+        clock.lap("encode")
+        parts += [(requests[i].vectors, None) for i in batch.order if requests[i].vectors is not None]
+        queries = self._stack(parts, batch.n_rows)
         scores, doc_idx = self.searcher.search(queries, k=max(r.k for r in requests), show_progress_bar=False)
-        scores, doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync for the whole batch
-        return [{"results": [self._hits(scores[q], doc_idx[q], r.k)
-                             for q in range(first_row[i], first_row[i] + r.n_queries)]}
-                for i, r in enumerate(requests)]
+        batch.scores, batch.doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync per batch
+        clock.lap("search")
+        return batch
+
+    def answer_batch(self, batch: Batch) -> list[dict[str, Any]]:
+        """Host work after the device: each request's hits as {"results": [{"docnos", "scores"}]}."""
+        clock = _StageClock(batch.timings)
+        scores, doc_idx = batch.scores, batch.doc_idx
+        answers = [{"results": [self._hits(scores[q], doc_idx[q], r.k)
+                                for q in range(batch.first_row[i], batch.first_row[i] + r.n_queries)]}
+                   for i, r in enumerate(batch.requests)]
+        clock.lap("answers")
+        return answers
+
+    def query_runner(self) -> Any:
+        """The encoder's bucketed query path (``SpladeEncoder.query_runner``) where it runs on the search's
+        device, else None."""
+        runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
+        return runner if runner is not None and _same_device(runner.device, self.searcher.device) else None
 
     def search(self, request: SearchRequest) -> dict[str, Any]:
         """One request on its own (no batching)."""
@@ -230,43 +303,83 @@ class SearchEngine:
     def warmup(self, max_batch: int) -> None:
         """Search (and encode) once per batch size the server will use (powers of two when padding), so that
         kernel compilation and CUDA graph capture happen before the first request, not in its latency. The
-        query is the first document's first 64 terms: the block path's smallest query-length bucket."""
+        query is the first document's first 64 terms: the block path's smallest query-length bucket (with a
+        query encoder also a query of 100 terms: its next bucket, which a batch of expanded texts may reach). The
+        query encoder's graphs are captured for batches of up to ``max_batch`` texts of 3-24 tokens."""
+        if self.encoder is not None:
+            runner = self.query_runner()
+            if runner is not None:
+                runner.warmup(max_batch)
+            self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
         if self.index.n_docs == 0:
             return
         first = self.index.docs[0:1].to("cpu")
         m = min(64, first.nnz)
         if m == 0:
             return
-        query = SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size, validate=False)
+        queries = [SparseVectors([0, m], first.indices[:m], first.values[:m], None, self.index.vocab_size,
+                                 validate=False)]
+        V = self.index.vocab_size
+        if self.encoder is not None and V >= 128:  # text batches: a query of 65-128 terms makes the next bucket
+            queries.append(SparseVectors([0, 100], torch.arange(100, dtype=torch.int32) * (V // 100),
+                                         torch.ones(100), None, V, validate=False))
         sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
             sorted({1, max_batch})
-        for b in sizes:
-            self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
-        if self.encoder is not None:
-            self.run_batch([SearchRequest(["warm up the query encoder"], None, self.k)])
+        for query in queries:
+            for b in sizes:
+                self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
-    def _stack(self, parts: list[SparseVectors], n: int) -> SparseVectors:
+    def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
-        with copies of the last row when ``pad_batches``. Stacked on the host (the parts live there) and copied
-        once: three transfers per batch instead of three per request."""
-        parts = [p.to("cpu") for p in parts]
+        with copies of the last row when ``pad_batches``. Parts are (vectors, their row lengths on the host or
+        None). Host parts are stacked on the host and copied once (three transfers per batch instead of three
+        per request); where a part is on the device already, the others join it there, without a sync and with
+        few calls into torch (each lets the event loop take the GIL: docs/architecture.md, serving)."""
         target = _next_pow2(n) if self.pad_batches else n
-        if target > n:
-            last = parts[-1]
-            parts.append(last[[len(last) - 1] * (target - n)])
-        indptr = [parts[0].indptr[:1]]
-        offset = 0
-        for p in parts:
-            indptr.append(p.indptr[1:] + offset)
-            offset += p.nnz
-        stacked = SparseVectors(torch.cat(indptr), torch.cat([p.indices for p in parts]),
-                                torch.cat([p.values for p in parts]), [str(i) for i in range(target)],
-                                self.index.vocab_size, validate=False)
-        return stacked.to(self.searcher.device)
+        dev = self.searcher.device
+        place = "cpu" if dev.type == "cpu" or all(v.device.type == "cpu" for v, _ in parts) else dev.type
+        vectors, lengths = [], []
+        for v, lens in parts:
+            if lens is None:
+                lens = v.lengths.cpu().numpy()
+            vectors.append(v if v.device.type == place else v.to(dev if place != "cpu" else "cpu"))
+            lengths.append(lens)
+        lengths = np.concatenate(lengths)
+        cat = (lambda ts: ts[0]) if len(vectors) == 1 else torch.cat  # noqa: E731 - one part: read as it is
+        indices, values = cat([v.indices for v in vectors]), cat([v.values for v in vectors])
+        if target > n:  # copies of the last row: one gather of its terms, where they lie
+            nnz, last = int(lengths.sum()), int(lengths[-1])
+            src = np.concatenate([np.arange(nnz), np.tile(np.arange(nnz - last, nnz), target - n)])
+            src = torch.from_numpy(src).to(indices.device)
+            indices, values = indices[src], values[src]
+            lengths = np.concatenate([lengths, np.full(target - n, last, dtype=np.int64)])
+        indptr = np.zeros(target + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        stacked = SparseVectors(torch.from_numpy(indptr).to(indices.device), indices, values,
+                                [str(i) for i in range(target)], self.index.vocab_size, validate=False)
+        return stacked if place != "cpu" or dev.type == "cpu" else stacked.to(dev)
 
     def _hits(self, scores: np.ndarray, doc_idx: np.ndarray, k: int) -> dict[str, list]:
         n = int(np.count_nonzero(doc_idx[:k] >= 0))  # padding (-1) only follows the hits
         return {"docnos": self._docnos[doc_idx[:n]].tolist(), "scores": scores[:n].tolist()}
+
+
+STAGES = ("tokenize", "encode", "search", "answers")  # the stages of run_batch that ``timings`` gets
+
+
+class _StageClock:
+    """Adds the wall ms since the previous lap to ``timings[stage + "_ms"]`` (nothing when timings is None)."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            key = f"{stage}_ms"
+            self.timings[key] = self.timings.get(key, 0.0) + (now - self.t) * 1000
+            self.t = now
 
 
 def _term_id(key: str) -> int:
