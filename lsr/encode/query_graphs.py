@@ -191,13 +191,17 @@ class QueryGraphs:
 
     Args:
         encoder: a SpladeEncoder whose query tower has the padding-free body and max pooling.
-        graphs: capture and replay CUDA graphs (default: on CUDA); False runs the bucketed body eagerly.
+        graphs: capture and replay CUDA graphs (default and possible: on CUDA in fp16 / bf16); False runs the
+            bucketed body eagerly.
     """
 
     def __init__(self, encoder: SpladeEncoder, graphs: bool | None = None) -> None:
         self.encoder = encoder
         self.device = encoder.device
-        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs) and self.device.type == "cuda"
+        # graphs hold the flash-attention body (fp16 / bf16); in fp32 the attention twin runs, which the
+        # capture's warm-up on an all-zero input drives out of bounds (a device-side assert, seen on an H100)
+        capturable = self.device.type == "cuda" and encoder.dtype in (torch.float16, torch.bfloat16)
+        self.graphs = capturable if graphs is None else bool(graphs) and capturable
         self._cache: OrderedDict[tuple[int, int], _Graph | None] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
