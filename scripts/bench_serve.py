@@ -184,7 +184,7 @@ def summarize(rows: list[dict], slo_ms: float) -> dict:
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("" if r.get("pipeline", 1) else "/no-pipeline")
+        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("/pipeline" if r.get("pipeline", 0) else "")
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
                         "mean_batch": r["mean_batch"]}
@@ -200,11 +200,11 @@ def plot(rows: list[dict], slo_ms: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
 
     def series(r: dict) -> tuple:
-        return r["queries"], r["max_batch"], r.get("pipeline", 1)
+        return r["queries"], r["max_batch"], r.get("pipeline", 0)
 
     for key in sorted({series(r) for r in rows if r.get("qps")}):
         pts = [(r["qps"], r["p99_ms"]) for r in rows if series(r) == key and r.get("p99_ms")]
-        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}" + ("" if key[2] else ", no pipeline"))
+        ax.plot(*zip(*pts), marker="o", label=f"{key[0]}, max_batch={key[1]}" + (", pipeline" if key[2] else ""))
     ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("QPS (closed loop, one query per request)")
     ax.set_ylabel("client p99 latency (ms)")
@@ -233,8 +233,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting levels after this many seconds")
     ap.add_argument("--switch-interval-ms", type=float, default=0.5,
                     help="the interpreter's thread switch interval (lsr serve's setting; Python's default is 5)")
-    ap.add_argument("--pipeline", default="1", help="server settings to compare: 1 = tokenizing and answers on a "
-                    "second thread, overlapping the device work (lsr serve's default); 0 = all in the device thread")
+    ap.add_argument("--pipeline", default="0", help="server settings to compare: 1 = tokenizing and answers on a "
+                    "second thread, overlapping the device work; 0 = all in the device thread (lsr serve's default)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
