@@ -84,8 +84,12 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
     """``encoder.encode_prepared(encoder.prepare(texts))`` for a long list, a window at a time: the next
     window is tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
     model encodes this one, as corpus encoding does; the first window by the workers and this process
-    together (the model has nothing to do yet). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
-    from lsr.sparse import SparseVectors
+    together (the model has nothing to do yet). A helper thread copies each window's vectors from pinned
+    memory into the result while the model runs the next (``lsr.encode.extract.VectorsBuilder``: no final
+    concatenation). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from lsr.encode.extract import VectorsBuilder
 
     n = len(texts)
     ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
@@ -98,10 +102,19 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
     def prepare(start: int) -> tuple[int, Any]:
         return start, encoder.prepare(texts[start:start + window], kind, batch_size, pool=pool, join_pool=start == 0)
 
+    out = VectorsBuilder(n, ids, encoder.vocab_size)
     prefetch = Prefetch(iter(range(0, n, window)), prepare, depth=2)
+    copier = ThreadPoolExecutor(1, thread_name_prefix="lsr-encode-copy")
+    copying: Future | None = None
     try:
-        parts = [encoder.encode_prepared(prepared, ids[start:start + window], on_batch=on_batch)
-                 for start, prepared in prefetch]
+        for start, prepared in prefetch:
+            pending = encoder.encode_prepared_async(prepared, ids[start:start + window], on_batch=on_batch)
+            if copying is not None:
+                copying.result()  # one window in flight: its pinned buffers go back to the cache
+            copying = copier.submit(out.append, pending)
+        if copying is not None:
+            copying.result()
     finally:
         prefetch.close()
-    return SparseVectors.concat(parts) if len(parts) != 1 else parts[0]
+        copier.shutdown(wait=True)
+    return out.result()
