@@ -15,6 +15,7 @@ after each shard, so a killed writer leaves a directory whose manifest lists onl
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -339,13 +340,14 @@ class ShardWriter:
             shard, self._open = self._open, None
             with contextlib.suppress(Exception):
                 self._run(self._k(), shard.abort).result()
-        while True:
-            with self._lock:
-                head = self._in_flight[0] if self._in_flight else None
-            if head is None:
-                return
-            head.result()  # a failed shard raises here
-            self._commit_done()
+        with self._lock:
+            writing = list(self._in_flight)
+        concurrent.futures.wait(writing)  # all of them, even after a failure: no file is left half-written
+        self._commit_done()
+        with self._lock:
+            failed = self._in_flight[0] if self._in_flight else None
+        if failed is not None:
+            failed.result()  # raises the first failure; the shards after it are not listed
 
     def _commit(self, shard: dict[str, Any]) -> None:
         self.manifest["shards"].append(shard)
