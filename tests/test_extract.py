@@ -88,3 +88,19 @@ def test_cuda_extraction_matches_the_cpu():
     assert got.equal(_window(y, order, ids).result())
     for k in (None, 5):
         assert [t.cpu().tolist() for t in CountedRows(y.cuda(), k).csr()] == [list(x) for x in _reference(y, k)]
+
+
+def test_windows_grow_from_the_first_one_and_give_the_same_vectors(tmp_path, data_dir):
+    from lsr.encode.splade import SpladeEncoder
+    from lsr.encode.stream import encode_windows, window_spans
+    from lsr.testing import SAMPLE_TEXTS, save_tiny_mlm
+
+    assert window_spans(23, 8, 2) == [(0, 2), (2, 4), (6, 8), (14, 8), (22, 1)]
+    assert window_spans(5, 8, 100) == [(0, 5)] and window_spans(0, 8, 2) == []
+    enc = SpladeEncoder.from_pretrained(save_tiny_mlm("bert", tmp_path / "bert", data_dir), device="cpu", batch_size=3)
+    texts = [f"{t} {i}" for i in range(3) for t in SAMPLE_TEXTS]
+    whole = enc.encode_document(texts)
+    grown = encode_windows(enc, texts, None, "doc", 3, window=8, first_window=2, tokenize_workers=0)
+    assert grown.ids == whole.ids and torch.equal(grown.indptr, whole.indptr)
+    assert torch.equal(grown.indices, whole.indices)
+    torch.testing.assert_close(grown.values, whole.values, rtol=1e-6, atol=1e-6)
