@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import Prefetch
+from lsr.encode.stream import FIRST_WINDOW, Prefetch
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -50,11 +50,25 @@ __all__ = ["encode_corpus"]
 log = logging.getLogger(__name__)
 
 
+def _window_end(pos: int, shard_rows: int, sort_window: int) -> int:
+    """End of the window that starts at stream position ``pos``: the next multiple of either size; inside
+    the stream's first window also at 4,096, 12,288, 28,672... (windows doubling from ``FIRST_WINDOW``),
+    so that the model starts early. Only positions matter, so a resume (always at a shard boundary, past
+    the first window) or a slice of a longer stream cuts the windows of an uninterrupted run."""
+    end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
+    if pos >= min(sort_window, shard_rows):
+        return end
+    cut = FIRST_WINDOW
+    while cut <= pos:
+        cut = 2 * cut + FIRST_WINDOW
+    return min(end, cut)
+
+
 def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
-    """(ids, texts) windows of the stream from position ``start``, cut at multiples of both sizes."""
+    """(ids, texts) windows of the stream from position ``start`` (``_window_end``)."""
     pos = start
     while True:
-        end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
+        end = _window_end(pos, shard_rows, sort_window)
         ids, texts = [], []
         for item in itertools.islice(docs, end - pos):
             try:
