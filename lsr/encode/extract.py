@@ -92,7 +92,8 @@ def rows_to_input_order(counts: torch.Tensor, indices: torch.Tensor, values: tor
     n = order.numel()
     position = torch.empty_like(order)
     position[order] = torch.arange(n)  # text i is row position[i]
-    position = position.to(counts.device, non_blocking=True)
+    if counts.is_cuda:  # from pinned memory: no wait for the queued batches
+        position = position.pin_memory().to(counts.device, non_blocking=True)
     lens = counts[position]
     starts = torch.cumsum(counts, 0) - counts
     _, src = ragged_positions(starts[position], lens, total=indices.numel())
