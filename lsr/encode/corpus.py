@@ -225,7 +225,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
             if clock["first_window_s"] is None:
                 clock["first_window_s"] = start - t0
             if fast:  # queued on the device: the writer thread waits for the vectors and copies them
-                vectors = encoder.encode_prepared_async(payload, ids, on_batch=bar.update, **top_k)
+                run = getattr(encoder, "encode_prepared_async", encoder.encode_prepared)
+                vectors = run(payload, ids, on_batch=bar.update, **top_k)
                 totals["tokens"] += payload.n_tokens
                 totals["padded_tokens"] += payload.n_slots
             else:
