@@ -77,10 +77,14 @@ def test_builder_stacks_windows_and_grows_past_its_estimate():
 
 
 @pytest.mark.gpu
-def test_cuda_extraction_matches_the_cpu():
+def test_cuda_extraction_matches_the_cpu(monkeypatch):
+    from lsr.encode import extract
+
     y = _weights(64, 3000, 0.02, seed=9)
     order = torch.randperm(64, generator=seeded_generator(1))
     ids = [str(i) for i in range(64)]
+    assert _window(y.cuda(), order, ids).result().equal(_window(y, order, ids).result())  # small: copied at once
+    monkeypatch.setattr(extract, "_ASYNC_MIN_NNZ", 1)  # the pinned side-stream path even for this small window
     on_gpu = _window(y.cuda(), order, ids)
     assert on_gpu.wait()[1].is_pinned()
     got = on_gpu.result()
@@ -104,3 +108,20 @@ def test_windows_grow_from_the_first_one_and_give_the_same_vectors(tmp_path, dat
     assert grown.ids == whole.ids and torch.equal(grown.indptr, whole.indptr)
     assert torch.equal(grown.indices, whole.indices)
     torch.testing.assert_close(grown.values, whole.values, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_windows_equal_one_call(monkeypatch, tmp_path, data_dir):
+    from lsr.encode import extract
+    from lsr.encode.splade import SpladeEncoder
+    from lsr.encode.stream import encode_windows
+    from lsr.testing import SAMPLE_TEXTS, save_tiny_mlm
+
+    monkeypatch.setattr(extract, "_ASYNC_MIN_NNZ", 1)
+    enc = SpladeEncoder.from_pretrained(save_tiny_mlm("bert", tmp_path / "bert", data_dir), device="cuda",
+                                        batch_size=7)
+    texts = [f"{t} {i}" for i in range(40) for t in SAMPLE_TEXTS]
+    one = enc.encode_prepared(enc.prepare(texts))
+    grown = encode_windows(enc, texts, None, "doc", 7, window=64, first_window=16, tokenize_workers=0)
+    assert grown.ids == one.ids and torch.equal(grown.indptr, one.indptr) and torch.equal(grown.indices, one.indices)
+    torch.testing.assert_close(grown.values, one.values, rtol=1e-2, atol=1e-3)  # bf16 batches of other shapes

@@ -24,6 +24,7 @@ __all__ = ["CountedRows", "PendingVectors", "VectorsBuilder", "rows_to_input_ord
 
 _STATIC_NONZERO: list[bool] = []  # [False] once torch.nonzero_static failed on CUDA (torch < 2.6)
 _COPY_STREAMS: dict[int, torch.cuda.Stream] = {}
+_ASYNC_MIN_NNZ = 1 << 18  # smaller results (~700 passages) are copied to the host at once
 
 
 def _prune(y: torch.Tensor, top_k: int | None) -> torch.Tensor:
@@ -52,7 +53,7 @@ class CountedRows:
     def __init__(self, y: torch.Tensor, top_k: int | None) -> None:
         # (the caller checks finiteness before pruning, which could drop a NaN unseen)
         self.y = _prune(y, top_k)
-        self.counts = (self.y != 0).sum(1)  # int64 [B]; NaN counts as non-zero, as in nonzero
+        self.counts = torch.count_nonzero(self.y, dim=1)  # int64 [B]; NaN counts, as in nonzero
         self._event = None
         if self.y.is_cuda:
             self._total = torch.empty((), dtype=torch.int64, pin_memory=True)
@@ -121,7 +122,9 @@ class PendingVectors:
         arrays = (indptr, indices, values) + (() if finite is None else (finite.reshape(1),))
         self._device: tuple[torch.Tensor, ...] | None = arrays
         self._event = None
-        if indptr.is_cuda:
+        if indptr.is_cuda and indices.numel() < _ASYNC_MIN_NNZ:  # a few queries: a plain copy is quicker
+            self._host = tuple(t.cpu() for t in arrays)
+        elif indptr.is_cuda:
             stream = _copy_stream(indptr.device)
             stream.wait_stream(torch.cuda.current_stream(indptr.device))
             with torch.cuda.stream(stream):
