@@ -92,12 +92,13 @@ def window_spans(n: int, window: int, first: int) -> list[tuple[int, int]]:
 
 def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None, kind: str,
                    batch_size: int | None = None, *, window: int = WINDOW, tokenize_workers: int | None = None,
-                   on_batch: Callable[[int], None] | None = None, first_window: int = FIRST_WINDOW) -> Any:
+                   on_batch: Callable[[int], None] | None = None, first_window: int | None = None) -> Any:
     """``encoder.encode_prepared(encoder.prepare(texts))`` for a long list, a window at a time: the next
     window is tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
     model encodes this one, as corpus encoding does; the first window by the workers and this process
-    together (the model has nothing to do yet). Windows grow from ``first_window`` to ``window`` texts
-    (``window_spans``); vectors equal those of one window up to the rounding of other batch shapes. A helper thread copies each window's vectors from pinned
+    together (the model has nothing to do yet). Windows grow from ``first_window`` (default ``FIRST_WINDOW``)
+    to ``window`` texts (``window_spans``); vectors equal those of one window up to the rounding of other
+    batch shapes. A helper thread copies each window's vectors from pinned
     memory into the result while the model runs the next (``lsr.encode.extract.VectorsBuilder``: no final
     concatenation). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -118,7 +119,8 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
                                             join_pool=start == 0)
 
     out = VectorsBuilder(n, ids, encoder.vocab_size)
-    prefetch = Prefetch(iter(window_spans(n, window, first_window)), prepare, depth=2)
+    spans = window_spans(n, window, FIRST_WINDOW if first_window is None else first_window)
+    prefetch = Prefetch(iter(spans), prepare, depth=2)
     copier = ThreadPoolExecutor(1, thread_name_prefix="lsr-encode-copy")
     copying: Future | None = None
     try:
