@@ -44,14 +44,23 @@ def main() -> None:
                     help="also profile encode_document on this many passages (cProfile of the calling thread + "
                          "torch.profiler GPU kernel time); printed as a second JSON line")
     ap.add_argument("--skip-corpus", action="store_true", help="time encode_document only")
+    ap.add_argument("--old-windows", action="store_true",
+                    help="no small first windows (windows cut as before session 12): the vectors of an older tree "
+                         "exactly, for a comparison of non-zeros")
     args = ap.parse_args()
+    if args.old_windows:
+        import lsr.encode.corpus as corpus_module
+        import lsr.encode.stream as stream_module
+
+        stream_module.FIRST_WINDOW, corpus_module.FIRST_WINDOW = stream_module.WINDOW, 2**62
     from transformers import AutoTokenizer
 
     texts, _ = synth_texts(args.passages, AutoTokenizer.from_pretrained(args.tokenizer), np.random.default_rng(0))
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     enc = SpladeEncoder.from_pretrained(args.model, device=args.device, dtype=dtype)
     enc.encode_document(texts[:args.warmup])
-    row: dict = {"label": args.label, "passages": args.passages, "device": args.device}
+    row: dict = {"label": args.label, "passages": args.passages, "device": args.device,
+                 "old_windows": args.old_windows}
     t = time.perf_counter()
     out = enc.encode_document(texts)
     row["api_pps"] = args.passages / (time.perf_counter() - t)

@@ -74,8 +74,9 @@ def windows(texts: list[str]) -> list[list[str]]:
 
 
 class NullModel:
-    """Monkeypatches ``SpladeEncoder._encode_batch`` / ``splade.to_csr`` so that a batch costs no model
-    work: every row gets ``NNZ`` fixed terms, as ready CSR parts built once per batch size."""
+    """Monkeypatches ``SpladeEncoder._encode_batch`` and the CSR extraction (``splade.CountedRows``; before
+    session 12 ``splade.to_csr``) so that a batch costs no model work: every row gets ``NNZ`` fixed terms,
+    as ready CSR parts built once per batch size."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size, self._parts = vocab_size, {}
@@ -91,10 +92,19 @@ class NullModel:
         return self._parts[B]
 
     def __enter__(self) -> NullModel:
-        self._name = "to_csr" if hasattr(splade, "to_csr") else "_to_csr"  # (its name before session 11)
+        null = self
+
+        class ReadyRows:  # CountedRows' interface
+            def __init__(self, y: torch.Tensor, top_k: int | None) -> None:
+                self._parts = null.to_csr(y, top_k)
+
+            def csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return self._parts
+
+        self._name = next(n for n in ("CountedRows", "to_csr", "_to_csr") if hasattr(splade, n))
         self._saved = splade.SpladeEncoder._encode_batch, getattr(splade, self._name)
         splade.SpladeEncoder._encode_batch = lambda enc, tower, batch, head=True: self._encode_batch(tower, batch, head)
-        setattr(splade, self._name, self.to_csr)
+        setattr(splade, self._name, ReadyRows if self._name == "CountedRows" else self.to_csr)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -158,8 +168,11 @@ def host_stages(enc: splade.SpladeEncoder, parts: list[list[str]], n: int, repea
     if hasattr(splade, "rows_to_input_order"):  # since session 11
         order = [torch.cat([b.rows for b in p.batches]) for p in prepared]
         rows = [(torch.full((p.n,), NNZ), torch.zeros(p.n * NNZ, dtype=torch.int32), torch.rand(p.n * NNZ)) for p in prepared]
-        out["extract_reorder"] = best_us(lambda: [splade.rows_to_input_order(*r, o, i, enc.vocab_size)
-                                                  for r, o, i in zip(rows, order, ids)], n, repeats)
+        def reorder() -> list:
+            out = [splade.rows_to_input_order(*r, o, i, enc.vocab_size) for r, o, i in zip(rows, order, ids)]
+            return [getattr(v, "result", lambda v=v: v)() for v in out]  # (PendingVectors since session 12)
+
+        out["extract_reorder"] = best_us(reorder, n, repeats)
 
     def write() -> None:
         with tempfile.TemporaryDirectory() as tmp:

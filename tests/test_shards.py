@@ -86,3 +86,53 @@ def test_shard_with_invalid_vectors_is_rejected(tmp_path):
     (tmp_path / "vec" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         read_vectors(tmp_path / "vec")
+
+
+def test_row_groups_stream_into_the_same_files_however_rows_arrive(tmp_path):
+    v = random_collection(50, 64, seed=8)
+    one = ShardWriter(tmp_path / "one", 64, {"m": 1}, shard_rows=12, row_group_rows=5)
+    one.add(v)
+    ref = one.close()
+    assert [s["rows"] for s in ref["shards"]] == [12, 12, 12, 12, 2]
+    meta = pq.read_metadata(tmp_path / "one" / "part-00000.parquet")
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [5, 5, 2]
+    for threads, step in ((1, 7), (3, 4), (4, 1)):
+        w = ShardWriter(tmp_path / f"t{threads}", 64, {"m": 1}, shard_rows=12, write_threads=threads,
+                        row_group_rows=5)
+        for start in range(0, 50, step):
+            w.add(v[start:start + step])
+        assert w.close() == ref
+    assert read_vectors(tmp_path / "t3").equal(v)
+
+
+def test_settle_drops_a_half_written_shard(tmp_path):
+    v = random_collection(30, 64, seed=9)
+    w = ShardWriter(tmp_path / "vec", 64, {"m": 1}, shard_rows=12, write_threads=2, row_group_rows=4)
+    w.add(v[:20])  # shard 0 complete, shard 1 has two of its three row groups
+    w.settle()  # what a run stopped by an error does
+    assert [s["rows"] for s in read_manifest(tmp_path / "vec")["shards"]] == [12]
+    assert sorted(p.name for p in (tmp_path / "vec").iterdir()) == ["manifest.json", "part-00000.parquet"]
+    w = ShardWriter(tmp_path / "vec", 64, {"m": 1}, shard_rows=12, resume=True, row_group_rows=4)
+    w.add(v[w.rows_done:])
+    w.close()
+    assert read_vectors(tmp_path / "vec").equal(v)
+
+
+def test_a_failed_shard_write_raises_and_leaves_no_file(tmp_path, monkeypatch):
+    import lsr.shards as shards
+
+    v = random_collection(30, 64, seed=10)
+    real = shards.vectors_to_table
+
+    def flaky(vectors):
+        if vectors.ids[0] == v.ids[8]:  # shard 1's first row group
+            raise OSError("disk full")
+        return real(vectors)
+
+    monkeypatch.setattr(shards, "vectors_to_table", flaky)
+    w = ShardWriter(tmp_path / "vec", 64, {"m": 1}, shard_rows=8, write_threads=2, row_group_rows=4)
+    with pytest.raises(RuntimeError, match="disk full"):
+        w.add(v[:24])
+        w.close()
+    assert [s["rows"] for s in read_manifest(tmp_path / "vec")["shards"]] == [8]
+    assert not [p for p in (tmp_path / "vec").iterdir() if p.name.endswith(".tmp") or p.name == "part-00001.parquet"]

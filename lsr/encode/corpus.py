@@ -14,9 +14,10 @@ Design (simplest one that is resumable and exact):
   windows and batches as an uninterrupted run: no document is lost or duplicated and the shards are
   identical (bit-exact on a deterministic device), not merely equivalent.
 * A worker thread reads the next windows and has them tokenized by a pool of worker processes
-  (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model, and
-  two threads write Parquet shards (at once, listed in the manifest in order), so the GPU does not wait
-  on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
+  (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model; a writer
+  thread takes each window's vectors once they are on the host (``encode_prepared_async``) and four threads
+  write Parquet shards (at once, listed in the manifest in order; a row group per window, written as the
+  window arrives), so the GPU does not wait on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
   model slowed the launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s,
   docs/benchmarks.md).
 
@@ -39,7 +40,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import Prefetch
+from lsr.encode.stream import FIRST_WINDOW, Prefetch
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -49,11 +50,25 @@ __all__ = ["encode_corpus"]
 log = logging.getLogger(__name__)
 
 
+def _window_end(pos: int, shard_rows: int, sort_window: int) -> int:
+    """End of the window that starts at stream position ``pos``: the next multiple of either size; inside
+    the stream's first window also at 4,096, 12,288, 28,672... (windows doubling from ``FIRST_WINDOW``),
+    so that the model starts early. Only positions matter, so a resume (always at a shard boundary, past
+    the first window) or a slice of a longer stream cuts the windows of an uninterrupted run."""
+    end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
+    if pos >= min(sort_window, shard_rows):
+        return end
+    cut = FIRST_WINDOW
+    while cut <= pos:
+        cut = 2 * cut + FIRST_WINDOW
+    return min(end, cut)
+
+
 def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
-    """(ids, texts) windows of the stream from position ``start``, cut at multiples of both sizes."""
+    """(ids, texts) windows of the stream from position ``start`` (``_window_end``)."""
     pos = start
     while True:
-        end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
+        end = _window_end(pos, shard_rows, sort_window)
         ids, texts = [], []
         for item in itertools.islice(docs, end - pos):
             try:
@@ -85,6 +100,15 @@ def _skip_written(writer: ShardWriter, stream: Iterator[Any], skip: int) -> None
         raise ValueError(f"cannot resume {writer.path}: it holds {skip} documents ending with {stored!r}, but the "
                          f"stream {'is shorter' if last_seen is None else f'has {last_seen!r} there'}; "
                          "pass the same documents in the same order, or start a new directory")
+
+
+def _add(writer: ShardWriter, vectors: Any) -> int:
+    """Hand a window to the writer (waiting for it first when it is still on its way from the GPU: a
+    ``PendingVectors``); returns its non-zeros."""
+    if not isinstance(vectors, SparseVectors):
+        vectors = vectors.result()
+    writer.add(vectors)
+    return vectors.nnz
 
 
 def _settle(writer: ShardWriter) -> None:
@@ -152,8 +176,10 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
+    # one thread writes ~8-12 µs per passage (docs/benchmarks.md): four keep up with ~300K passages/s, and a
+    # row group per window leaves only the last window to write after the last batch
     writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin,
-                         write_threads=2)  # one thread writes a shard at ~4-10 µs per passage (docs/benchmarks.md)
+                         write_threads=4, row_group_rows=sort_window)
     if was_complete:  # the writer re-verified settings and checksums; nothing to do
         log.info("%s is already complete (%d documents)", out_dir, writer.rows_done)
         return writer.close()
@@ -198,8 +224,9 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
             clock["wait_input_s"] += start - mark
             if clock["first_window_s"] is None:
                 clock["first_window_s"] = start - t0
-            if fast:
-                vectors = encoder.encode_prepared(payload, ids, on_batch=bar.update, **top_k)
+            if fast:  # queued on the device: the writer thread waits for the vectors and copies them
+                run = getattr(encoder, "encode_prepared_async", encoder.encode_prepared)
+                vectors = run(payload, ids, on_batch=bar.update, **top_k)
                 totals["tokens"] += payload.n_tokens
                 totals["padded_tokens"] += payload.n_slots
             else:
@@ -211,12 +238,11 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
                 vectors = SparseVectors.concat(parts)
             encoded = time.perf_counter()
             clock["encode_s"] += encoded - start
-            totals["docs"] += len(vectors)
-            totals["nnz"] += vectors.nnz
+            totals["docs"] += len(ids)
             if pending is not None:
-                pending.result()  # one shard write in flight at most: bounded memory, errors surface
+                totals["nnz"] += pending.result()  # one window in flight at most: bounded memory, errors surface
                 clock["wait_writer_s"] += time.perf_counter() - encoded
-            pending = pool.submit(writer.add, vectors)
+            pending = pool.submit(_add, writer, vectors)
             postfix = {"nnz/doc": f"{totals['nnz'] / max(totals['docs'], 1):.0f}"}
             if fast:
                 postfix["pad"] = f"{totals['padded_tokens'] / max(totals['tokens'], 1) - 1:.1%}"
@@ -225,7 +251,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         end = time.perf_counter()
         clock["wait_input_s"] += end - mark  # waiting for the end of the stream
         if pending is not None:
-            pending.result()
+            totals["nnz"] += pending.result()
             clock["wait_writer_s"] += time.perf_counter() - end
         closing = time.perf_counter()
         manifest = writer.close()  # waits for the shard-writer threads' last files, writes the manifest

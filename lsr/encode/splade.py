@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from lsr.encode.base import PluralAliases, sparse_output
 from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
-from lsr.encode.extract import rows_to_input_order, to_csr
+from lsr.encode.extract import CountedRows, PendingVectors, rows_to_input_order
 from lsr.encode.kernels.sparton import sparton_head
 from lsr.encode.kernels.sparton_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
 from lsr.encode.lexical import decode_rows, vocab_hash
@@ -330,13 +330,21 @@ class SpladeEncoder(PluralAliases):
             return pool_logits(hidden, tower.weight, tower.bias, mask, tower.activation, _TORCH_HEAD_BYTES)
         return activate(self._head(tower, hidden, mask), tower.activation)
 
-    @torch.inference_mode()
     def encode_prepared(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *, top_k: Any = _KEEP,
                         on_batch: Callable[[int], None] | None = None) -> SparseVectors:
         """Encode ``prepare``'s batches; returns SparseVectors on the CPU in the original text order.
 
         ``top_k``: keep each row's k largest weights (ties: lower term id); default: ``doc_top_k`` for
         documents, None for queries. ``on_batch(n_texts)`` is called after every batch (progress)."""
+        return self.encode_prepared_async(prepared, ids, top_k=top_k, on_batch=on_batch).result()
+
+    @torch.inference_mode()
+    def encode_prepared_async(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *,
+                              top_k: Any = _KEEP, on_batch: Callable[[int], None] | None = None) -> PendingVectors:
+        """``encode_prepared`` that returns once the device work is queued: the vectors are then on their
+        way to pinned host memory, and ``.result()`` (SparseVectors) or ``.wait()`` (pinned CSR arrays)
+        waits for them, so the caller can queue the next window meanwhile. Batch i's non-zeros are
+        read out after batch i+1's model is queued: the host never waits for an idle GPU."""
         tower = self._towers[prepared.kind]
         k = (self.doc_top_k if prepared.kind == "doc" else None) if top_k is _KEEP else top_k
         ids = [str(i) for i in range(prepared.n)] if ids is None else [str(i) for i in ids]
@@ -344,22 +352,27 @@ class SpladeEncoder(PluralAliases):
             raise ValueError(f"got {len(ids)} ids for {prepared.n} texts")
         if len(set(ids)) != len(ids):
             raise ValueError("ids must be unique")
+        if not prepared.batches:
+            empty = torch.empty(0)
+            return PendingVectors(torch.zeros(1, dtype=torch.int64), empty.to(torch.int32), empty, ids, self.vocab_size)
         lengths, indices, values, rows = [], [], [], []
         finite = torch.ones((), dtype=torch.bool, device=self.device)
+        counted: CountedRows | None = None
         for batch in prepared.batches:
             y = self._encode_batch(tower, batch)
-            finite &= torch.isfinite(y).all()  # read once at the end: no host sync per batch
-            for out, part in zip((lengths, indices, values), to_csr(y, k)):
-                out.append(part)
+            finite &= torch.isfinite(y).all()  # read with the result: no host sync per batch
+            previous, counted = counted, CountedRows(y, k)
+            if previous is not None:  # this batch's model is queued: the GPU stays busy while we wait
+                for out, part in zip((lengths, indices, values), previous.csr()):
+                    out.append(part)
             rows.append(batch.rows)
             if on_batch is not None:
                 on_batch(len(batch.rows))
-        if not bool(finite):
-            raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.dtype}; try dtype=torch.float32")
-        if not prepared.batches:
-            return SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], ids, self.vocab_size, validate=False)
-        return rows_to_input_order(torch.cat(lengths), torch.cat(indices), torch.cat(values), torch.cat(rows), ids,
-                                   self.vocab_size)
+        for out, part in zip((lengths, indices, values), counted.csr()):
+            out.append(part)
+        cat = (torch.cat(parts) if len(parts) > 1 else parts[0] for parts in (lengths, indices, values, rows))
+        return rows_to_input_order(*cat, ids, self.vocab_size, finite,
+                                   f"the model produced NaN/Inf SPLADE weights in {self.dtype}; try dtype=torch.float32")
 
     def query_runner(self) -> QueryGraphs | None:
         """The bucketed query path (``lsr.encode.query_graphs``; graphs per ``query_graphs``), None where the

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["Prefetch", "encode_windows", "windows_pool"]
+__all__ = ["Prefetch", "encode_windows", "window_spans", "windows_pool"]
 
 _END = object()
 
@@ -64,6 +64,7 @@ class _Failure:
 
 
 WINDOW = 32_768  # texts tokenized together: sorted by length into batches, and the unit of overlap
+FIRST_WINDOW = 4_096  # the first window of a long list (windows then double up to WINDOW)
 
 
 def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) -> Any:
@@ -78,14 +79,31 @@ def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) 
     return encoder.shared_tokenizer_pool(kind, tokenize_workers)
 
 
+def window_spans(n: int, window: int, first: int) -> list[tuple[int, int]]:
+    """(start, size) of the windows of ``n`` texts: ``first``, twice that, ... up to ``window``. The model
+    starts after a small first window, and each window is tokenized while the model runs the previous
+    one, which is half its size (a full first window made the GPU wait ~0.5 s, docs/benchmarks.md)."""
+    spans, start, size = [], 0, max(1, min(first, window))
+    while start < n:
+        spans.append((start, min(size, n - start)))
+        start, size = start + size, min(window, 2 * size)
+    return spans
+
+
 def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None, kind: str,
                    batch_size: int | None = None, *, window: int = WINDOW, tokenize_workers: int | None = None,
-                   on_batch: Callable[[int], None] | None = None) -> Any:
+                   on_batch: Callable[[int], None] | None = None, first_window: int | None = None) -> Any:
     """``encoder.encode_prepared(encoder.prepare(texts))`` for a long list, a window at a time: the next
     window is tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
     model encodes this one, as corpus encoding does; the first window by the workers and this process
-    together (the model has nothing to do yet). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
-    from lsr.sparse import SparseVectors
+    together (the model has nothing to do yet). Windows grow from ``first_window`` (default ``FIRST_WINDOW``)
+    to ``window`` texts (``window_spans``); vectors equal those of one window up to the rounding of other
+    batch shapes. A helper thread copies each window's vectors from pinned
+    memory into the result while the model runs the next (``lsr.encode.extract.VectorsBuilder``: no final
+    concatenation). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from lsr.encode.extract import VectorsBuilder
 
     n = len(texts)
     ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
@@ -95,13 +113,25 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
         raise ValueError("ids must be unique")
     pool = windows_pool(encoder, kind, n, tokenize_workers)
 
-    def prepare(start: int) -> tuple[int, Any]:
-        return start, encoder.prepare(texts[start:start + window], kind, batch_size, pool=pool, join_pool=start == 0)
+    def prepare(span: tuple[int, int]) -> tuple[int, int, Any]:
+        start, size = span
+        return start, size, encoder.prepare(texts[start:start + size], kind, batch_size, pool=pool,
+                                            join_pool=start == 0)
 
-    prefetch = Prefetch(iter(range(0, n, window)), prepare, depth=2)
+    out = VectorsBuilder(n, ids, encoder.vocab_size)
+    spans = window_spans(n, window, FIRST_WINDOW if first_window is None else first_window)
+    prefetch = Prefetch(iter(spans), prepare, depth=2)
+    copier = ThreadPoolExecutor(1, thread_name_prefix="lsr-encode-copy")
+    copying: Future | None = None
     try:
-        parts = [encoder.encode_prepared(prepared, ids[start:start + window], on_batch=on_batch)
-                 for start, prepared in prefetch]
+        for start, size, prepared in prefetch:
+            pending = encoder.encode_prepared_async(prepared, ids[start:start + size], on_batch=on_batch)
+            if copying is not None:
+                copying.result()  # one window in flight: its pinned buffers go back to the cache
+            copying = copier.submit(out.append, pending)
+        if copying is not None:
+            copying.result()
     finally:
         prefetch.close()
-    return SparseVectors.concat(parts) if len(parts) != 1 else parts[0]
+        copier.shutdown(wait=True)
+    return out.result()

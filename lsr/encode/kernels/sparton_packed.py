@@ -123,16 +123,30 @@ if triton is not None:
             nargs["h_desc"].block_shape = [nargs["BLOCK_T"], nargs["BLOCK_D"]]
             nargs["e_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_D"]]
 
+    # (BLOCK_V, BLOCK_T, BLOCK_D, warps, stages): the padded forward's best H200 bf16 shapes (256x128 w8)
+    _SHAPES = [(256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 8, 3)]
+    # Small models (D <= 128: two K steps) are bound by the epilogue (masked max per text, atomics), not the
+    # GEMM. The shapes above fit one program per SM (sm_90: 254 registers x 8 warps); these fit 2-4 (125-168
+    # registers, 48-82 KB of shared memory with two stages), so one program's GEMM overlaps another's
+    # epilogue, and 64-token tiles hold fewer texts (fewer masked passes per logit). Tuned only for such D.
+    _SMALL_D_SHAPES = [(128, 128, 64, 4, 2), (256, 64, 64, 8, 2), (128, 64, 64, 4, 2)]
+
     def _configs(tma: bool) -> list:
-        # (BLOCK_V, BLOCK_T, BLOCK_D, warps, stages): the padded forward's best H200 bf16 shapes (256x128 w8)
-        shapes = [(256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 8, 3)]
         return [triton.Config({"BLOCK_V": bv, "BLOCK_T": bt, "BLOCK_D": bd, "GROUP_T": 8, "USE_TMA": tma},
                               num_warps=w, num_stages=st, pre_hook=_set_desc_blocks)
-                for bv, bt, bd, w, st in shapes]
+                for bv, bt, bd, w, st in _SHAPES + _SMALL_D_SHAPES]
+
+    def _prune(configs: list, named_args: dict, **_: object) -> list:
+        if named_args["D"] <= 128:
+            return configs
+        big = {(bv, bt, bd, w, st) for bv, bt, bd, w, st in _SHAPES}
+        return [c for c in configs if (c.kwargs["BLOCK_V"], c.kwargs["BLOCK_T"], c.kwargs["BLOCK_D"], c.num_warps,
+                                       c.num_stages) in big]
 
     # Re-running a config while tuning is harmless: an atomic max of the same values is idempotent.
     # TMA loads (Hopper, triton >= 3.4) where they compile, else plain loads (_TMA_BROKEN remembers).
-    _TMA_TUNER, _PLAIN_TUNER = (triton.autotune(_configs(tma), key=["V", "D"])(_packed_fwd_kernel)
+    _TMA_TUNER, _PLAIN_TUNER = (triton.autotune(_configs(tma), key=["V", "D"],
+                                                prune_configs_by={"early_config_prune": _prune})(_packed_fwd_kernel)
                                 for tma in (True, False))
 
 _TMA_BROKEN: list[str] = []   # why the TMA configs failed to compile here, once they have
