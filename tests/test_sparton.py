@@ -158,6 +158,24 @@ def test_negative_logits_route_no_gradient(poison):
     assert (got[1] == 0).all() and (got[2] == 0).all()
 
 
+def test_sparse_gradient_tiles_match_fp64(poison):
+    """A trained head's output: most vocabulary tiles get no gradient in any row (the dE kernel skips them),
+    one tile holds a single live entry, and rows differ in which entries are live."""
+    B, S, V, D = 3, 11, 200, 32
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.float32, True, "padded", seed=5)
+    b = b.clone()
+    b[:] = -100.0  # dead: no logit reaches 0
+    b[[3, 4, 40, 131, 199]] = 0.0  # live entries in three of the interpreter's 16-wide tiles (one alone)
+    dy = torch.randn(B, V, generator=torch.Generator().manual_seed(3)).to(DEV).double()
+    dy[1, 40] = 0.0  # a live entry without upstream gradient in one row only
+    ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
+    got = grads_of(lambda *a: sparton_head(*a, backend="triton"), hidden, weight, b, mask, dy)
+    live = (ref[0] > 0).any(0)
+    assert 0 < int(live.sum()) <= 5 and (got[2][~live] == 0).all()
+    scale = [1.0 + r.abs().max().item() for r in ref]
+    assert all(e <= 2e-5 * s for e, s in zip(errors(got, ref), scale, strict=False))
+
+
 def test_deterministic_mode_is_bit_identical(poison):
     # few positions and many vocab entries: every dH row sums many terms, so order would show
     B, S, V, D = 3, 5, 260, 32
