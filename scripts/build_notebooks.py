@@ -186,14 +186,16 @@ rows.pivot_table(index=['queries', 'B'], columns='postings', values='qps').round
 SERVE = """serve = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(run=p.stem)
                    for p in [BENCH / 'bench_serve.json', *sorted((BENCH / 'extra').glob('bench_serve*.json'))]])
 serve = serve[serve.qps.notna()]
-fig, ax = plt.subplots(figsize=(8, 4.5))
-for (q, mb), part in serve.groupby(['queries', 'max_batch']):
-    ax.plot(part.qps, part.p99_ms, marker='o', label=f'{q} queries, max_batch={mb}')
+serve['pipeline'] = serve['pipeline'].fillna(0).astype(int) if 'pipeline' in serve else 0
+fig, ax = plt.subplots(figsize=(9, 5))
+for (run, q, mb, pl), part in serve.groupby(['run', 'queries', 'max_batch', 'pipeline']):
+    label = f'{run.replace("bench_serve_", "")}: {q}, max_batch={mb}' + (', pipelined' if pl else '')
+    ax.plot(part.qps, part.p99_ms, marker='o', label=label)
 ax.axhline(20, color='k', ls='--', lw=1, label='p99 = 20 ms'); ax.set_yscale('log'); ax.set_xscale('log')
-ax.set_xlabel('queries / s'); ax.set_ylabel('p99 latency (ms)'); ax.legend(fontsize=8)
+ax.set_xlabel('queries / s'); ax.set_ylabel('p99 latency (ms)'); ax.legend(fontsize=6)
 ax.set_title('lsr serve, 8.8M docs, k=10, 1-128 clients (H100)')
 plt.tight_layout(); plt.savefig(FIG / 'serve.png', dpi=110); plt.show()
-serve[['run', 'queries', 'max_batch', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
+serve[['run', 'queries', 'max_batch', 'pipeline', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
