@@ -119,17 +119,17 @@ def test_settle_drops_a_half_written_shard(tmp_path):
 
 
 def test_a_failed_shard_write_raises_and_leaves_no_file(tmp_path, monkeypatch):
-    import lsr.shards as shards
+    import lsr.shard_writer as writer
 
     v = random_collection(30, 64, seed=10)
-    real = shards.vectors_to_table
+    real = writer.vectors_to_table
 
     def flaky(vectors):
         if vectors.ids[0] == v.ids[8]:  # shard 1's first row group
             raise OSError("disk full")
         return real(vectors)
 
-    monkeypatch.setattr(shards, "vectors_to_table", flaky)
+    monkeypatch.setattr(writer, "vectors_to_table", flaky)
     w = ShardWriter(tmp_path / "vec", 64, {"m": 1}, shard_rows=8, write_threads=2, row_group_rows=4)
     with pytest.raises(RuntimeError, match="disk full"):
         w.add(v[:24])
