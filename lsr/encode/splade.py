@@ -27,15 +27,14 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from lsr.encode.base import PluralAliases, sparse_output
+from lsr.encode.batching import PreparedTexts, TokenBatch, length_sorted_batches
 from lsr.encode.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
 from lsr.encode.extract import CountedRows, PendingVectors, rows_to_input_order
 from lsr.encode.kernels.sparton import sparton_head
@@ -54,31 +53,6 @@ _TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: c
 _KEEP = object()  # "use the encoder's doc_top_k"
 # sentence-transformers' activation names -> the per-position function, as describe() records it
 _ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
-
-
-@dataclass
-class TokenBatch:
-    """One padded batch: ``input_ids`` / ``attention_mask`` int64 [B, L] (pinned memory when bound for
-    CUDA), ``rows`` int64 [B], the positions of these texts in the prepared input, and for the
-    padding-free path ``lengths`` int32 [B] (real tokens per text, pinned likewise) with their sum
-    ``n_tokens``."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    rows: torch.Tensor
-    lengths: torch.Tensor | None = None
-    n_tokens: int = 0
-
-
-@dataclass
-class PreparedTexts:
-    """Tokenized texts cut into length-sorted batches (see ``SpladeEncoder.prepare``)."""
-
-    kind: str  # "query" | "doc"
-    batches: list[TokenBatch]
-    n: int
-    n_tokens: int  # real tokens, special tokens included
-    n_slots: int  # padded positions actually computed (sum of B·L): n_slots / n_tokens - 1 = padding waste
 
 
 class SpladeEncoder(PluralAliases):
@@ -262,30 +236,10 @@ class SpladeEncoder(PluralAliases):
             flat, lengths = self._tokenizer(kind)(texts)
         else:
             flat, lengths = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
-        batch_size = batch_size or self.batch_size
-        max_tokens = max_tokens if max_tokens is not None else self.max_tokens
-        mult = max(1, self.pad_multiple)
-        pad_id, pin = self._towers[kind].pad_id, self.device.type == "cuda"
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        order = np.argsort(-lengths, kind="stable")
-        batches, i, slots = [], 0, 0
-        while i < len(order):
-            width = -(-max(int(lengths[order[i]]), 1) // mult) * mult  # the longest remaining text
-            size = batch_size if max_tokens is None else max(1, min(batch_size, max_tokens // width))
-            sel = order[i:i + size]
-            lens = lengths[sel]
-            col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            ids = np.full((len(sel), width), pad_id, dtype=np.int64)
-            ids[np.repeat(np.arange(len(sel)), lens), col] = flat[np.repeat(starts[sel], lens) + col]
-            mask = (np.arange(width)[None, :] < lens[:, None]).astype(np.int64)
-            tensors = [torch.from_numpy(a) for a in (ids, mask, lens.astype(np.int32))]
-            if pin:
-                tensors = [t.pin_memory() for t in tensors]
-            batches.append(TokenBatch(tensors[0], tensors[1], torch.from_numpy(sel.astype(np.int64)), tensors[2],
-                                      int(lens.sum())))
-            slots += ids.size
-            i += len(sel)
-        return PreparedTexts(kind, batches, len(lengths), int(lengths.sum()), slots)
+        return length_sorted_batches(kind, flat, lengths, batch_size or self.batch_size,
+                                     max_tokens if max_tokens is not None else self.max_tokens,
+                                     max(1, self.pad_multiple), self._towers[kind].pad_id,
+                                     pin=self.device.type == "cuda")
 
     # ------------------------------------------------------------------ encode (device)
     def _head(self, tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
