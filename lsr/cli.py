@@ -185,6 +185,12 @@ def cmd_search(args: argparse.Namespace) -> int:
         from lsr.search.distributed import search_sharded
 
         return search_sharded(args, device, _queries_from_args)
+    from lsr.distributed import is_distributed
+
+    if is_distributed():  # every rank would search all of it and write the same --out
+        raise UsageError(f"{args.index} is a single index; under torchrun search a sharded one: "
+                         "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
+                         "--partitions N splits the documents")
     index = InvertedIndex.load(args.index, device=device)
     queries, query_meta = _queries_from_args(args, device)
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(

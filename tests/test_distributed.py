@@ -261,3 +261,15 @@ def test_two_ranks_sharing_one_gpu(tmp_path):
     for r in range(2):
         assert np.array_equal(np.load(tmp_path / f"r{r}-s.npy"), want_s.cpu().numpy())
         assert np.array_equal(np.load(tmp_path / f"r{r}-i.npy"), want_i.cpu().numpy())
+
+
+def test_single_index_under_torchrun_is_a_usage_error(tmp_path, monkeypatch):
+    from lsr.cli import main
+
+    docs = random_collection(N_DOCS, VOCAB, 11, density=0.15)
+    InvertedIndex.build(docs, block_size=16).save(tmp_path / "idx")
+    write_vectors(tmp_path / "q", random_collection(3, VOCAB, 12, density=0.2))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
+                 str(tmp_path / "run.trec"), "--device", "cpu"]) == 2
+    assert not (tmp_path / "run.trec").exists()
