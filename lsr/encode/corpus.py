@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import FIRST_WINDOW, Prefetch
+from lsr.encode.stream import FIRST_WINDOW, Prefetch, window_spans
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -52,16 +52,15 @@ log = logging.getLogger(__name__)
 
 def _window_end(pos: int, shard_rows: int, sort_window: int) -> int:
     """End of the window that starts at stream position ``pos``: the next multiple of either size; inside
-    the stream's first window also at 4,096, 12,288, 28,672... (windows doubling from ``FIRST_WINDOW``),
-    so that the model starts early. Only positions matter, so a resume (always at a shard boundary, past
-    the first window) or a slice of a longer stream cuts the windows of an uninterrupted run."""
+    the stream's first window also at the ends of the in-memory path's growing windows (``window_spans``:
+    4,096, 12,288, 28,672...), so that the model starts early. Only positions matter, so a resume (always at
+    a shard boundary, past the first window) or a slice of a longer stream cuts the windows of an
+    uninterrupted run."""
     end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
-    if pos >= min(sort_window, shard_rows):
+    first = min(sort_window, shard_rows)
+    if pos >= first:
         return end
-    cut = FIRST_WINDOW
-    while cut <= pos:
-        cut = 2 * cut + FIRST_WINDOW
-    return min(end, cut)
+    return min(end, next(s + z for s, z in window_spans(first, sort_window, FIRST_WINDOW) if s + z > pos))
 
 
 def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
