@@ -201,8 +201,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330, help="stop starting cases after this many seconds")
     ap.add_argument("--baseline-max-n", type=float, default=9e6)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script under TRITON_INTERPRET=1")
-    ap.add_argument("--profile", action="store_true", help="cProfile 20 single-query lsr-auto calls at the "
-                    "largest N (OUT/profile_b1.txt): where the host time of a search goes")
+    ap.add_argument("--profile", nargs="?", const="1", default="", metavar="BATCHES",
+                    help="cProfile + torch.profiler of 20 lsr-auto calls per batch size (default 1; e.g. 1,64,500) "
+                    "at the largest N (OUT/profile_b{B}.txt): where the host and GPU time of a search go")
     args = ap.parse_args()
     t_start = time.time()
     out_dir = Path(args.out)
@@ -260,7 +261,8 @@ def main() -> None:
                     run_case(results, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
             if bs == int(args.block_sizes.split(",")[0]):
                 if args.profile and N == max(sizes) and i_case == 0:
-                    profile_single(index, next(iter(qsets.values())), out_dir / "profile_b1.txt")
+                    for B in (int(b) for b in args.profile.split(",")):
+                        profile_batch(index, next(iter(qsets.values())), B, out_dir / f"profile_b{B}.txt")
                 run_methods(results, index, qsets, ctx)
             del index
         del docs, compact
@@ -293,24 +295,29 @@ def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str,
     return index, coll
 
 
-def profile_single(index, queries, path: Path, n: int = 20) -> None:
-    """cProfile of n single-query searches (after a warm-up), sorted by own and cumulative time."""
+def profile_batch(index, queries, B: int, path: Path, n: int = 20) -> None:
+    """cProfile of n searches of B queries (after a warm-up), sorted by own and cumulative time, then the
+    torch.profiler's view of the same calls."""
     import cProfile
     import io
     import pstats
+
+    def call(i: int) -> None:
+        triton_search(index, window(queries, B, i), 1000)
+
     for i in range(3):
-        triton_search(index, window(queries, 1, i), 1000)
+        call(i)
     synchronize()
     prof = cProfile.Profile()
     prof.enable()
     for i in range(n):
-        triton_search(index, window(queries, 1, i), 1000)
+        call(i)
         synchronize()
     prof.disable()
     buf = io.StringIO()
     for key in ("tottime", "cumulative"):
         pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
-    buf.write(device_profile(lambda i: triton_search(index, window(queries, 1, i), 1000), n))
+    buf.write(device_profile(call, n))
     path.write_text(buf.getvalue())
 
 
