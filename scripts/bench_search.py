@@ -203,7 +203,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script under TRITON_INTERPRET=1")
     ap.add_argument("--profile", nargs="?", const="1", default="", metavar="BATCHES",
                     help="cProfile + torch.profiler of 20 lsr-auto calls per batch size (default 1; e.g. 1,64,500) "
-                    "at the largest N (OUT/profile_b{B}.txt): where the host and GPU time of a search go")
+                    "at the largest N, first k of --ks, first query set (OUT/profile_b{B}.txt): where the host "
+                    "and GPU time of a search go")
     args = ap.parse_args()
     t_start = time.time()
     out_dir = Path(args.out)
@@ -262,7 +263,8 @@ def main() -> None:
             if bs == int(args.block_sizes.split(",")[0]):
                 if args.profile and N == max(sizes) and i_case == 0:
                     for B in (int(b) for b in args.profile.split(",")):
-                        profile_batch(index, next(iter(qsets.values())), B, out_dir / f"profile_b{B}.txt")
+                        profile_batch(index, next(iter(qsets.values())), B, int(args.ks.split(",")[0]),
+                                      out_dir / f"profile_b{B}.txt")
                 run_methods(results, index, qsets, ctx)
             del index
         del docs, compact
@@ -295,15 +297,15 @@ def build_index(docs: SparseVectors, dev: torch.device, bs: int, layout: str,
     return index, coll
 
 
-def profile_batch(index, queries, B: int, path: Path, n: int = 20) -> None:
-    """cProfile of n searches of B queries (after a warm-up), sorted by own and cumulative time, then the
-    torch.profiler's view of the same calls."""
+def profile_batch(index, queries, B: int, k: int, path: Path, n: int = 20) -> None:
+    """cProfile of n top-k searches of B queries (after a warm-up), sorted by own and cumulative time, then
+    the torch.profiler's view of the same calls."""
     import cProfile
     import io
     import pstats
 
     def call(i: int) -> None:
-        triton_search(index, window(queries, B, i), 1000)
+        triton_search(index, window(queries, B, i), k)
 
     for i in range(3):
         call(i)

@@ -145,7 +145,17 @@ class ChunkResult(NamedTuple):
     overflow: torch.Tensor | None      # bool [B, n_spans] pairs whose slots overflowed (exact pass 2)
     theta: torch.Tensor                # float32 [B] pass 1's lower bound of the k-th score
     args: ScoreArgs
-    redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle
+    redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle (exact pass 2)
+    rescue: torch.Tensor | None = None  # bool [B] queries settled by rescoring all their coarse candidates
+    cand: torch.Tensor | None = None   # int64 [B, C] the coarse candidate keys (-1 = empty slot)
+
+
+class Settled(NamedTuple):
+    """A chunk after ``_settle``: copies that outlive the next graph replay."""
+
+    best: torch.Tensor                 # int64 [B, k]
+    redo: torch.Tensor | None          # int64 [n] queries for the exact pass 2, None if none
+    rescue: tuple[torch.Tensor, torch.Tensor] | None  # (int64 [n] queries, their coarse candidates [n, C])
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -223,11 +233,14 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
                 out = _settle(plan, graph(*queries))
     if out is None:
         out = _settle(plan, body(*queries))
-    best, redo = out
-    if redo is not None:
-        sel = torch.nonzero(redo).flatten()
+    best = out.best
+    if out.rescue is not None:
+        sel, cand = out.rescue
+        best[sel] = _rescore_candidates(plan, queries.select(sel), cand)
+    if out.redo is not None:
+        sel = out.redo
         exact = replace(plan, coarse=None)
-        best[sel], _ = _settle(exact, _score_chunk(exact, *queries.select(sel)))
+        best[sel] = _settle(exact, _score_chunk(exact, *queries.select(sel))).best
     return unpack_keys(best)
 
 
@@ -252,8 +265,8 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     maxima, _ = plan.scorer(*args, span_items(B, sample, cfg.group, width), B * plan.n_sample * width, **kw)
     theta = kth_threshold(maxima.view(B, -1), plan.k)
     if plan.coarse is not None:
-        best, redo = _coarse_pass2(plan, args, theta, kw)
-        return ChunkResult(best, None, theta, args, redo)
+        best, redo, rescue, cand = _coarse_pass2(plan, args, theta, kw)
+        return ChunkResult(best, None, theta, args, redo, rescue, cand)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
     items = span_items(B, torch.arange(plan.n_spans, device=dev), cfg.group, cap)
@@ -265,8 +278,15 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
-                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coarse pass 2 + exact rescoring (see ``_score_chunk``): (best keys [B, k], redo bool [B])."""
+                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Coarse pass 2 + exact rescoring (see ``_score_chunk``): best keys [B, k], the queries for the exact
+    pass 2 (bool [B]: a span's slots overflowed, or no usable theta), the queries whose list failed only the
+    completeness test (bool [B]) and the coarse candidates [B, C].
+
+    A list fails that test when many docs tie at the k-th coarse sum (quantised weights, few matching
+    terms). Such a query still has every doc that can reach theta among its candidates (no slot
+    overflowed), so rescoring all of them settles it exactly; ``_search_chunk`` does that for the few.
+    """
     indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
     B = indptr.numel() - 1
     cspan, coff = plan.coarse
@@ -286,30 +306,46 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
     _, docs = unpack_keys(top)   # coarse keys hold docs like exact ones
-    best = topk_keys(pack_keys(_exact_scores(plan.index, args, docs), docs), k)  # -1: score 0
-    return best, over | ~complete | (floor < 1)
+    queries = QueryCSR(args.indptr, args.terms, args.weights)
+    best = topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), k)  # -1: score 0
+    redo = over | (floor < 1)
+    return best, redo, ~complete & ~redo, cand
 
 
-def _exact_scores(index: InvertedIndex, args: ScoreArgs, docs: torch.Tensor) -> torch.Tensor:
+def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, inv_scale: torch.Tensor,
+                  docs: torch.Tensor) -> torch.Tensor:
     """Exact float32 scores of candidate docs [B, C] (-1 = none: 0.0), free of host syncs."""
-    dev = args.indptr.device
-    qd = dense_queries(args.indptr, args.terms, args.weights, index.vocab_size)
+    dev = queries.indptr.device
+    qd = dense_queries(*queries, index.vocab_size)
     csr = index.docs
     if dev.type == "cuda" and block_cuda.available(dev.index or 0):
-        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, args.scale, args.inv_scale, docs)
-    return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, args.scale, args.inv_scale, docs)
+        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs)
+    return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs)
 
 
-def _settle(plan: BlockPlan, result: ChunkResult) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rescore the (rare) overflowed (query, span) pairs (host side): (best keys [B, k], the queries
-    to redo with the exact pass 2 as a bool mask, or None). The outputs are copies (a graph's outputs
-    are overwritten by its next replay)."""
-    best, over, redo = result.best, result.overflow, result.redo
+def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor) -> torch.Tensor:
+    """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C]."""
+    scale, inv = query_scales(*queries, plan.index.max_scores)   # a query's scale depends on it alone
+    _, docs = unpack_keys(cand)
+    return topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
+
+
+def _settle(plan: BlockPlan, result: ChunkResult) -> Settled:
+    """Rescore the (rare) overflowed (query, span) pairs (host side) and pick out the queries that need
+    more: the exact pass 2, or the rescoring of all their coarse candidates. The outputs are copies (a
+    graph's outputs are overwritten by its next replay)."""
+    best, over = result.best, result.overflow
     if over is not None and bool(over.any()):
         best = _rescore_overflow(plan, result, torch.nonzero(over))
-    if redo is not None:
-        redo = redo.clone() if bool(redo.any()) else None
-    return best.clone(), redo
+    if result.redo is None:
+        return Settled(best.clone(), None, None)
+    any_redo, any_rescue = torch.stack((result.redo.any(), result.rescue.any())).tolist()   # one host sync
+    redo = torch.nonzero(result.redo).flatten() if any_redo else None
+    rescue = None
+    if any_rescue:
+        sel = torch.nonzero(result.rescue).flatten()
+        rescue = (sel, result.cand[sel])
+    return Settled(best.clone(), redo, rescue)
 
 
 def _rescore_overflow(plan: BlockPlan, result: ChunkResult, over: torch.Tensor) -> torch.Tensor:

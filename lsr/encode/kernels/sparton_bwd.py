@@ -117,11 +117,13 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, s
 
 
 @triton.jit
-def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
                    HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v].
 
     Two batch rows per iteration, both gathers issued before either is used (twice the loads in flight).
+    A vocabulary tile without gradient in any row (live[tile] == 0: most of a trained head's vocabulary)
+    skips the loop and stores zeros; the test is once per program, so dense gradients pay nothing.
     """
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
@@ -130,23 +132,24 @@ def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, s
     acc = tl.zeros([BLOCK_V, BLOCK_D], tl.float32)
     g_sum = tl.zeros([BLOCK_V], tl.float32)
     h_b = h_ptr  # advanced by 2·stride_h_b per iteration (pointer arithmetic is 64-bit)
-    for b in range(0, B, 2):
-        ok1 = v_ok & (offs_v * 0 + b + 1 < B)  # (a tensor compare: the interpreter's b is a Python int)
-        g0 = tl.load(g_ptr + b * V + offs_v, mask=v_ok, other=0.0)  # B·V < 2**31 (checked by the launcher)
-        g1 = tl.load(g_ptr + (b + 1) * V + offs_v, mask=ok1, other=0.0)
-        g_sum += g0 + g1
-        if HAS_DE:
-            a0 = tl.load(arg_ptr + b * V + offs_v, mask=v_ok, other=0)
-            a1 = tl.load(arg_ptr + (b + 1) * V + offs_v, mask=ok1, other=0)
-            live0 = v_ok & (g0 != 0.0)  # g = 0: the H row is not needed
-            live1 = ok1 & (g1 != 0.0)
-            h0 = tl.load(h_b + a0.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
-                         mask=live0[:, None] & d_ok[None, :], other=0.0)
-            h1 = tl.load(h_b + stride_h_b + a1.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
-                         mask=live1[:, None] & d_ok[None, :], other=0.0)
-            acc += g0[:, None] * h0.to(tl.float32)
-            acc += g1[:, None] * h1.to(tl.float32)
-        h_b += 2 * stride_h_b
+    if tl.load(live_ptr + tl.program_id(0)) != 0:
+        for b in range(0, B, 2):
+            ok1 = v_ok & (offs_v * 0 + b + 1 < B)  # (a tensor compare: the interpreter's b is a Python int)
+            g0 = tl.load(g_ptr + b * V + offs_v, mask=v_ok, other=0.0)  # B·V < 2**31 (checked by the launcher)
+            g1 = tl.load(g_ptr + (b + 1) * V + offs_v, mask=ok1, other=0.0)
+            g_sum += g0 + g1
+            if HAS_DE:
+                a0 = tl.load(arg_ptr + b * V + offs_v, mask=v_ok, other=0)
+                a1 = tl.load(arg_ptr + (b + 1) * V + offs_v, mask=ok1, other=0)
+                live0 = v_ok & (g0 != 0.0)  # g = 0: the H row is not needed
+                live1 = ok1 & (g1 != 0.0)
+                h0 = tl.load(h_b + a0.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                             mask=live0[:, None] & d_ok[None, :], other=0.0)
+                h1 = tl.load(h_b + stride_h_b + a1.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                             mask=live1[:, None] & d_ok[None, :], other=0.0)
+                acc += g0[:, None] * h0.to(tl.float32)
+                acc += g1[:, None] * h1.to(tl.float32)
+            h_b += 2 * stride_h_b
     if HAS_DE:
         tl.store(de_ptr + offs_v.to(tl.int64)[:, None] * stride_de_v + offs_d[None, :],
                  acc.to(de_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
@@ -236,11 +239,18 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         block_v, block_d = (16, 32) if INTERPRET else (32, 128)
         if V and D:
             grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if need_dw else 1)
-            _bwd_de_kernel[grid](hidden, g, arg, dw if need_dw else g, db if need_db else g, B, V, D,
-                                 hidden.stride(0), hidden.stride(1), weight.stride(0),
+            _bwd_de_kernel[grid](hidden, g, arg, _live_tiles(g, block_v), dw if need_dw else g, db if need_db else g,
+                                 B, V, D, hidden.stride(0), hidden.stride(1), weight.stride(0),
                                  HAS_DE=need_dw, HAS_DB=need_db, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=4)
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
+
+
+def _live_tiles(g: torch.Tensor, block_v: int) -> torch.Tensor:
+    """int8 [cdiv(V, block_v)]: 1 where some row of g [B, V] has a non-zero entry in that vocabulary tile."""
+    live = (g != 0).any(0)
+    pad = -live.numel() % block_v
+    return torch.nn.functional.pad(live, (0, pad)).view(-1, block_v).any(1).to(torch.int8)
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

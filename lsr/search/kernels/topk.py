@@ -84,7 +84,10 @@ def merge_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
     """float32 [B]: the score of the k-th largest key of every row (0.0 when a row has fewer than k)."""
-    return unpack_keys(topk_keys(keys, k)[:, k - 1])[0]
+    if keys.shape[1] < k:
+        return torch.zeros(keys.shape[0], dtype=torch.float32, device=keys.device)
+    # the smallest of the k largest: no sort of the k (keys are unique, so it is the k-th)
+    return unpack_keys(torch.topk(keys, k, dim=1, sorted=False).values.amin(1))[0]
 
 
 def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
