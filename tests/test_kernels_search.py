@@ -121,6 +121,18 @@ def test_keys_roundtrip_and_order(gen):
     assert order.tolist()[:4] == [5, 2, 1, 0], "score descending, then doc ascending"
 
 
+@pytest.mark.parametrize("B,C,k", [(3, 40, 7), (2, 5, 7), (65, 50, 9), (2, (1 << 15) + 3, 20)])
+def test_kth_threshold_is_the_kth_score(gen, B, C, k):
+    """Both selections (radix select for small batches of row maxima, topk beyond) give the k-th score,
+    0.0 when a row has fewer than k keys; -1 keys (empty slots) repeat."""
+    scores = torch.rand(B, C, generator=gen).to(DEV)
+    scores[torch.rand(B, C, generator=gen).to(DEV) < 0.3] = 0.0
+    keys = topk.pack_keys(scores, torch.arange(C, device=DEV).unsqueeze(0))
+    got = topk.kth_threshold(keys, k)
+    want = scores.sort(1, descending=True).values[:, k - 1] if C >= k else torch.zeros(B, device=DEV)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("N,k,cap", [(300, 7, 64), (70, 100, 64), (500, 40, 2)])
 def test_topk_dense_matches_twin(gen, N, k, cap):
     B = 5
@@ -291,10 +303,13 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert n_sent("redo") <= 1, "only the empty query (no theta) needs the exact pass"
     monkeypatch.setattr(bp, "_coarse_margin", lambda k: 0)   # lists of exactly k: the completeness test fails
-    settled.clear()
-    got = triton_search(index, q, k, path="block", config=cfg)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert n_sent("rescue") >= 2 and n_sent("redo") <= 1, "incomplete lists are settled from their candidates"
+    for cells in (bp.RESCUE_CELLS, 0):   # settled from all candidates inside the chunk, then on the host side
+        monkeypatch.setattr(bp, "RESCUE_CELLS", cells)
+        settled.clear()
+        got = triton_search(index, q, k, path="block", config=cfg)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert n_sent("redo") <= 1
+        assert (n_sent("rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
     monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 1)   # and slots overflow
     settled.clear()
     got = triton_search(index, q, k, path="block", config=cfg)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span", "default_config"]
 
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
+RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
 
 SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -285,7 +286,9 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
 
     A list fails that test when many docs tie at the k-th coarse sum (quantised weights, few matching
     terms). Such a query still has every doc that can reach theta among its candidates (no slot
-    overflowed), so rescoring all of them settles it exactly; ``_search_chunk`` does that for the few.
+    overflowed), so rescoring all of them settles it exactly: here, inside the chunk (no host step), when
+    the candidates are few (B x C <= RESCUE_CELLS: small batches, as a server runs); else
+    ``_search_chunk`` does it for the flagged queries.
     """
     indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
     B = indptr.numel() - 1
@@ -307,9 +310,17 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
     _, docs = unpack_keys(top)   # coarse keys hold docs like exact ones
     queries = QueryCSR(args.indptr, args.terms, args.weights)
-    best = topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), k)  # -1: score 0
+    exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
     redo = over | (floor < 1)
-    return best, redo, ~complete & ~redo, cand
+    rescue = ~complete & ~redo
+    if cand.numel() <= RESCUE_CELLS:   # every candidate of a flagged query, -1 for the others
+        _, all_docs = unpack_keys(cand)
+        all_docs = torch.where(rescue.unsqueeze(1), all_docs, -1)
+        rescued = pack_keys(_exact_scores(plan.index, queries, scale, inv, all_docs), all_docs)
+        # a flagged query's list is among its candidates: keep one copy of each doc
+        exact = torch.cat([exact.masked_fill(rescue.unsqueeze(1), -1), rescued], 1)
+        rescue = torch.zeros_like(rescue)
+    return topk_keys(exact, k), redo, rescue, cand
 
 
 def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, inv_scale: torch.Tensor,

@@ -84,10 +84,14 @@ def merge_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
     """float32 [B]: the score of the k-th largest key of every row (0.0 when a row has fewer than k)."""
-    if keys.shape[1] < k:
-        return torch.zeros(keys.shape[0], dtype=torch.float32, device=keys.device)
-    # the smallest of the k largest: no sort of the k (keys are unique, so it is the k-th)
-    return unpack_keys(torch.topk(keys, k, dim=1, sorted=False).values.amin(1))[0]
+    B, C = keys.shape
+    if C < k:
+        return torch.zeros(B, dtype=torch.float32, device=keys.device)
+    if B <= 64 and C <= 1 << 15:   # pass 1's row maxima at small batches: a radix select beats topk 1.5-3x
+        kth = torch.kthvalue(keys, C - k + 1, dim=1).values
+    else:                          # the smallest of the k largest (keys are unique, so it is the k-th)
+        kth = torch.topk(keys, k, dim=1, sorted=False).values.amin(1)
+    return unpack_keys(kth)[0]
 
 
 def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
