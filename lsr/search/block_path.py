@@ -33,7 +33,7 @@ from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import query_scales
-from lsr.search.kernels.topk import ROW, kth_threshold, pack_keys, topk_keys, unpack_keys
+from lsr.search.kernels.topk import DOC_MASK, ROW, kth_threshold, pack_keys, topk_keys, unpack_keys
 from lsr.search.spans import span_limit, span_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -314,8 +314,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     redo = over | (floor < 1)
     rescue = ~complete & ~redo
     if cand.numel() <= RESCUE_CELLS:   # every candidate of a flagged query, -1 for the others
-        _, all_docs = unpack_keys(cand)
-        all_docs = torch.where(rescue.unsqueeze(1), all_docs, -1)
+        all_docs = torch.where(rescue.unsqueeze(1) & (cand >= 0), DOC_MASK - (cand & DOC_MASK), -1)
         rescued = pack_keys(_exact_scores(plan.index, queries, scale, inv, all_docs), all_docs)
         # a flagged query's list is among its candidates: keep one copy of each doc
         exact = torch.cat([exact.masked_fill(rescue.unsqueeze(1), -1), rescued], 1)
