@@ -7,10 +7,12 @@ with all its docs >= theta. The exact top-k of the candidates is the answer. Mem
 B * n_spans * cap * 8 bytes, never [B, N].
 
 The span scorer is the CUDA kernel (``kernels.block_cuda``, shared-memory accumulation, NVRTC-compiled)
-where it can run, else the Triton kernel (``kernels.block``); ``BlockConfig.kernel`` forces one. Both
-give the same bits. With the CUDA kernel, pass 2 may sum coarse uint32 fixed point (one shared atomic
-per posting) and rescore the best k + margin docs exactly (``kernels.rescore_cuda``); queries whose
-checks cannot settle take the exact pass 2. docs/notes-search.md explains each choice.
+where it can run, else the Triton kernel (``kernels.block``); ``lsr.search.span_scorer`` chooses, and
+``BlockConfig.kernel`` forces one. Both give the same bits. With the CUDA kernel, pass 2 may sum coarse
+uint32 fixed point (one shared atomic per posting) and rescore the best k + margin docs exactly
+(``kernels.rescore_cuda``); a query whose list fails the completeness test has all its candidates rescored,
+and one whose slots overflowed (or has no usable theta) takes the exact pass 2. docs/notes-search.md
+explains each choice.
 
 ``BlockPlan`` holds what every query chunk of one search shares (index arrays, the chosen scorer and
 span, slots per span, ...), so the helpers below take one plan instead of a dozen arguments.
@@ -20,21 +22,20 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from lsr.index.compact import COMPACT
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
-from lsr.search.kernels.block import coarse_floor, default_programs, span_items, terms_bucket, triton_block_candidates
+from lsr.search.kernels.block import coarse_floor, span_items, terms_bucket
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.kernels.topk import DOC_MASK, ROW, kth_threshold, pack_keys, topk_keys, unpack_keys
-from lsr.search.spans import span_limit, span_offsets
+from lsr.search.span_scorer import SpanScorer, _coarse_span, _select_span_scorer, cuda_span
+from lsr.search.spans import span_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -43,9 +44,6 @@ __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"
 
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
-
-SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-
 
 @dataclass(frozen=True)
 class BlockConfig:
@@ -373,43 +371,3 @@ def _rescore_overflow(plan: BlockPlan, result: ChunkResult, over: torch.Tensor) 
                        device=q.device)
     extra[q, rank] = keys
     return topk_keys(torch.cat([best, extra.view(best.shape[0], -1)], 1), k)
-
-
-def _select_span_scorer(cfg: BlockConfig, index: InvertedIndex) -> tuple[SpanScorer, int]:
-    """(span scorer with its tuning bound, span) for ``cfg.kernel``: "auto" takes the CUDA kernel where
-    it serves (CUDA device with NVRTC, group 1, aligned postings, a collection of at least one CUDA
-    span), else the Triton one. Spans never exceed the collection rounded up to a power of two."""
-    if cfg.kernel not in ("auto", "cuda", "triton"):
-        raise ValueError(f"kernel must be 'auto', 'cuda' or 'triton', got {cfg.kernel!r}")
-    span = cuda_span(cfg, index) if cfg.kernel != "triton" else None
-    if cfg.kernel == "cuda" and span is None:
-        raise RuntimeError("kernel='cuda' needs a CUDA device with NVRTC, group=1, 16-byte aligned postings "
-                           "and at least cuda_span docs")
-    if span is not None:
-        return functools.partial(block_cuda.cuda_block_candidates, warps=cfg.cuda_warps), span
-    scorer = functools.partial(triton_block_candidates, rows=cfg.rows, chunk=cfg.chunk, readout=cfg.readout,
-                               num_warps=cfg.num_warps, n_programs=default_programs(index.device, cfg.per_sm))
-    return scorer, min(cfg.span, _max_span(index))
-
-
-def _max_span(index: InvertedIndex) -> int:
-    """The largest span the kernels can read: compact postings hold block-local ids, so spans divide the
-    block (lsr.index.compact); float32 postings allow any span."""
-    return min(index.block_size, span_limit(index)) if index.postings == COMPACT else span_limit(index)
-
-
-def cuda_span(cfg: BlockConfig, index: InvertedIndex) -> int | None:
-    """cfg.cuda_span where the CUDA kernel serves this index (group 1, a collection of at least one CUDA
-    span, a CUDA device with NVRTC, aligned postings), else None."""
-    ok = cfg.group == 1 and min(cfg.cuda_span, _max_span(index)) == cfg.cuda_span \
-        and block_cuda.usable(index.doc_ids, index.scores, cfg.cuda_span, cfg.cuda_warps)
-    return cfg.cuda_span if ok else None
-
-
-def _coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> int | None:
-    """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
-    if not cfg.coarse or getattr(scorer, "func", None) is not block_cuda.cuda_block_candidates:
-        return None
-    cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_SPAN))
-    bs = index.block_size
-    return cspan if cspan % bs == 0 or bs % cspan == 0 else None
