@@ -7,7 +7,7 @@ is present), and in ``encode_corpus`` reading the (id, text) stream into windows
 GIL that the thread launching the model needs, so every µs here is a µs the launcher may wait.
 
 Each stage reports, per passage and best of --repeats: ``cpu_us`` (this process, all threads:
-``time.process_time``; the worker processes excluded), ``thread_us`` (the calling thread alone:
+``time.process_time``; the worker processes excluded) and its ``user_us`` / ``sys_us`` parts, ``thread_us`` (the calling thread alone:
 ``time.thread_time``) and ``wall_us``. Passages: ``bench_encode.synth_texts`` (MS MARCO length, ~75 word
 pieces), tokenizer and settings of --model, windows as ``encode_document`` cuts them (``window_spans``).
 
@@ -15,7 +15,9 @@ Stages:
   generator        the (str(i), text) generator alone, as scripts/ab_encode.py feeds encode_corpus
   read_windows     ``encode_corpus``'s window reader (``_windows``) over that generator
   pool             ``TokenizerPool(window)`` with --workers processes
-  batches          ``length_sorted_batches`` on ready token arrays (what ``prepare`` does after tokenizing)
+  batches          ``prepare`` on ready token arrays (what it does after tokenizing) for the padding-free
+                   backbone (what splade-tiny runs on CUDA in bf16): since session 13 packed token slices
+  batches_padded   ``length_sorted_batches`` building padded [B, L] ids and masks (every tree before session 13)
   prepare          ``SpladeEncoder.prepare(window, pool=...)``: pool + batches
   api_input        the windows of ``encode_document`` prepared on a ``Prefetch`` thread, drained by a thread
                    that does nothing else (``encode_windows``' input side)
@@ -30,6 +32,7 @@ With --launcher, the api_input / corpus_input rows also say how many tiny torch 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import threading
 import time
@@ -51,14 +54,18 @@ from lsr.encode.stream import FIRST_WINDOW, WINDOW, Prefetch, window_spans  # no
 
 
 def measure(fn: Callable[[], object], n: int, repeats: int) -> dict:
-    """µs per passage of ``fn()`` (which handles ``n`` passages): the repeat with the least process CPU."""
+    """µs per passage of ``fn()`` (which handles ``n`` passages), the repeat with the least process CPU:
+    ``cpu_us`` split into ``user_us`` and ``sys_us`` (system calls, page faults: pipe copies run there,
+    without the GIL), ``thread_us`` of the calling thread, ``wall_us``."""
     best = None
     for _ in range(repeats):
-        w, p, t = time.perf_counter(), time.process_time(), time.thread_time()
+        r, w, p, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), time.process_time(), time.thread_time()
         fn()
-        got = (time.process_time() - p, time.thread_time() - t, time.perf_counter() - w)
+        r2 = resource.getrusage(resource.RUSAGE_SELF)
+        got = (time.process_time() - p, time.thread_time() - t, time.perf_counter() - w, r2.ru_utime - r.ru_utime,
+               r2.ru_stime - r.ru_stime)
         best = got if best is None or got[0] < best[0] else best
-    return {"cpu_us": best[0] / n * 1e6, "thread_us": best[1] / n * 1e6, "wall_us": best[2] / n * 1e6}
+    return {k: v / n * 1e6 for k, v in zip(("cpu_us", "thread_us", "wall_us", "user_us", "sys_us"), best)}
 
 
 class Launcher:
@@ -91,6 +98,18 @@ class Launcher:
                 "launcher_share": round(rate / self.alone, 3)}
 
 
+class ReadyTokens:
+    """Stands in for a tokenizer pool that has already tokenized the windows: ``prepare`` minus tokenizing."""
+
+    tag = "doc"
+
+    def __init__(self, arrays: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        self.arrays = arrays
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays[id(texts)]
+
+
 def drain(items: Prefetch) -> None:
     try:
         for _ in items:
@@ -112,7 +131,9 @@ def main() -> None:
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # on CUDA, batches go to pinned memory
     enc = SpladeEncoder.from_pretrained(args.model, device=device, max_length_doc=MAX_LEN)
-    enc.batch_size, enc.max_tokens = 1024, 131072  # the CUDA defaults, also on the CPU
+    # what a CUDA bf16 encoder does, also on the CPU: batches of 1,024 texts / 131,072 tokens, bound for
+    # the padding-free backbone (on the CPU its torch twin; only the input side runs here)
+    enc.batch_size, enc.max_tokens, enc.varlen = 1024, 131072, True
     pin = device == "cuda"
     texts, _ = synth_texts(args.passages, enc._towers["doc"].tokenizer, np.random.default_rng(0))
     n = len(texts)
@@ -124,8 +145,10 @@ def main() -> None:
     arrays = [pool(w) for w in windows]
     tower = enc._towers["doc"]
 
-    def batches(flat: np.ndarray, lengths: np.ndarray) -> object:
+    def padded_batches(flat: np.ndarray, lengths: np.ndarray) -> object:
         return length_sorted_batches("doc", flat, lengths, enc.batch_size, enc.max_tokens, 1, tower.pad_id, pin=pin)
+
+    ready = ReadyTokens({id(w): a for w, a in zip(windows, arrays)})
 
     def prepare(w: list[str]) -> object:
         return enc.prepare(w, "doc", pool=pool)
@@ -143,7 +166,8 @@ def main() -> None:
         "generator": lambda: sum(1 for _ in stream()),
         "read_windows": lambda: sum(len(w[0]) for w in _windows(stream(), 0, args.shard_rows, sort_window)),
         "pool": lambda: [pool(w) for w in windows],
-        "batches": lambda: [batches(f, le) for f, le in arrays],
+        "batches": lambda: [enc.prepare(w, "doc", pool=ready) for w in windows],
+        "batches_padded": lambda: [padded_batches(f, le) for f, le in arrays],
         "prepare": lambda: [prepare(w) for w in windows],
         "api_input": api_input,
         "corpus_input": corpus_input,
@@ -163,7 +187,7 @@ def main() -> None:
     finally:
         pool.close()
     print({k: env[k] for k in ("device", "cpu_count", "commit", "passages", "workers", "pinned", "tokens_per_passage")})
-    cols = [("method", ""), ("cpu_us", ".3f"), ("thread_us", ".3f"), ("wall_us", ".3f")]
+    cols = [("method", ""), ("cpu_us", ".3f"), ("user_us", ".3f"), ("sys_us", ".3f"), ("thread_us", ".3f"), ("wall_us", ".3f")]
     if launcher is not None:
         cols += [("launcher_share", ".3f")]
     print(format_table(rows, cols))

@@ -12,9 +12,13 @@ boundary as flat buffers. Each worker tokenizes on one core (the pool is the par
 thread pool would otherwise start one thread per core in every worker), with ``tokenize_function``: the
 bulk WordPiece path of ``lsr.encode.wordpiece`` for BERT-like tokenizers, else Rust.
 
-Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and tokenizers and talk pickle over
-their stdin / stdout, not multiprocessing children: those would re-import the caller's ``__main__``
-module (a script that loads a model) and need a ``__main__`` guard in every script.
+Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and
+tokenizers, not multiprocessing children: those would re-import the caller's ``__main__`` module (a script that
+loads a model) and need a ``__main__`` guard in every script. They talk over their stdin / stdout in raw
+buffers, no pickle: a chunk of texts goes as its code-point lengths and one UTF-8 blob, and its token arrays
+come back as a two-number header and the arrays' bytes, read straight into NumPy arrays (``readinto``, which
+releases the GIL); the pipes are enlarged to hold a whole chunk (``_PIPE_BYTES``), so a round trip is a few
+system calls. What this costs the encoding process per passage: ``scripts/bench_host_input.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ import contextlib
 import functools
 import itertools
 import os
-import pickle
 import queue
 import select
+import struct
 import subprocess
 import sys
 import threading
@@ -80,13 +84,58 @@ def default_workers() -> int:
     return 0 if cores < 6 else min(8, cores - 4)
 
 
-def _send(stream: BinaryIO, obj: Any) -> None:
-    pickle.dump(obj, stream, protocol=pickle.HIGHEST_PROTOCOL)
+_HEADER = struct.Struct("=qq")  # every message starts with two int64s (their meaning: below)
+_READY, _FAILED = -2, -1  # first number of a worker's "tokenizer loaded" / "this chunk failed" message
+_PIPE_BYTES = 1 << 20  # a chunk of 1,024 MS MARCO passages is ~0.6 MB of text and ~0.3 MB of ids
+
+
+def _read_exact(stream: BinaryIO, buffer: Any) -> None:
+    """Fill ``buffer`` (any writable buffer: a NumPy array, a bytearray) from ``stream``; EOFError if the
+    stream ends first."""
+    view = memoryview(buffer).cast("B")
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            raise EOFError(f"stream ended after {got} of {len(view)} bytes")
+        got += n
+
+
+def _read_header(stream: BinaryIO) -> tuple[int, int]:
+    head = bytearray(_HEADER.size)
+    _read_exact(stream, head)
+    return _HEADER.unpack(head)
+
+
+def _write(stream: BinaryIO, first: int, second: int, *payload: Any) -> None:
+    stream.write(_HEADER.pack(first, second))
+    for part in payload:
+        stream.write(part)
     stream.flush()
 
 
+def _send_texts(stream: BinaryIO, texts: list[str]) -> None:
+    """A chunk as (texts, UTF-8 bytes), code-point lengths int64 [n], the UTF-8 of the texts joined (lone
+    surrogates kept: ``surrogatepass``, the worker decodes the same code points)."""
+    try:
+        blob = "".join(texts).encode("utf-8", "surrogatepass")
+    except TypeError as e:
+        raise TypeError(f"texts must be strings: {e}") from None
+    _write(stream, len(texts), len(blob), np.fromiter(map(len, texts), np.int64, len(texts)), blob)
+
+
+def _receive_texts(stream: BinaryIO, n: int, n_bytes: int) -> list[str]:
+    lengths = np.empty(n, np.int64)
+    _read_exact(stream, lengths)
+    blob = bytearray(n_bytes)
+    _read_exact(stream, blob)
+    joined = blob.decode("utf-8", "surrogatepass")
+    ends = np.cumsum(lengths).tolist()
+    return [joined[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
 def _serve() -> None:
-    """Worker main: a (tokenizer json, max_length) header, then text lists -> token_arrays, until the
+    """Worker main: a (max_length, tokenizer JSON) header, then text chunks -> token arrays, until the
     pool hangs up (EOF or a closed result pipe, possibly before the header arrived)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints go to stderr, not into the result stream
@@ -97,15 +146,21 @@ def _serve() -> None:
 
 
 def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
-    tokenize = tokenize_function(*pickle.load(inp))
-    _send(out, "ready")
+    max_length, n_bytes = _read_header(inp)
+    spec = bytearray(n_bytes)
+    _read_exact(inp, spec)
+    tokenize = tokenize_function(spec.decode("utf-8"), max_length)
+    _write(out, _READY, 0)
     while True:
-        texts = pickle.load(inp)
+        texts = _receive_texts(inp, *_read_header(inp))
         try:
-            result: Any = tokenize(texts)
+            flat, lengths = tokenize(texts)
+            flat, lengths = np.ascontiguousarray(flat, np.int32), np.ascontiguousarray(lengths, np.int64)
         except Exception as e:  # noqa: BLE001 - reported to the caller, the worker stays usable
-            result = RuntimeError(f"tokenizer worker: {type(e).__name__}: {e}")
-        _send(out, result)
+            message = f"tokenizer worker: {type(e).__name__}: {e}".encode("utf-8", "backslashreplace")
+            _write(out, _FAILED, len(message), message)
+            continue
+        _write(out, len(lengths), len(flat), lengths, flat)
 
 
 def _worker_command() -> list[str]:
@@ -124,6 +179,8 @@ class _Worker:
     def __init__(self, tokenizer_json: str, max_length: int) -> None:
         env = dict(os.environ, RAYON_NUM_THREADS="1")
         self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            _enlarge(pipe)
         # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
         # send it from a thread, so that all workers start at once
         self._header_error: BaseException | None = None
@@ -133,7 +190,8 @@ class _Worker:
 
     def _send_header(self, tokenizer_json: str, max_length: int) -> None:
         try:
-            _send(self.proc.stdin, (tokenizer_json, max_length))
+            spec = tokenizer_json.encode("utf-8")
+            _write(self.proc.stdin, max_length, len(spec), spec)
         except BaseException as e:  # noqa: BLE001 - re-raised by call()
             self._header_error = e
 
@@ -149,28 +207,35 @@ class _Worker:
             if timeout is not None and os.name == "posix" and not select.select([self.proc.stdout], [], [], timeout)[0]:
                 return False
             with self._died():
-                self.ready = self._receive() == "ready"
+                kind, _ = _read_header(self.proc.stdout)
+            if kind != _READY:
+                raise RuntimeError(f"tokenizer worker {self.proc.pid} sent {kind} instead of its ready message")
+            self.ready = True
         return self.ready
 
     def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         self.wait_ready()
         with self._died():
-            _send(self.proc.stdin, texts)
-            result = self._receive()
-        if isinstance(result, Exception):
-            raise result
-        return result
+            _send_texts(self.proc.stdin, texts)
+            n, size = _read_header(self.proc.stdout)
+            if n == _FAILED:
+                message = bytearray(size)
+                _read_exact(self.proc.stdout, message)
+                raise _WorkerError(message.decode("utf-8"))
+            if n != len(texts) or size < 0:
+                raise EOFError(f"a result of {n} texts and {size} tokens for {len(texts)} texts")
+            lengths, flat = np.empty(n, np.int64), np.empty(size, np.int32)
+            _read_exact(self.proc.stdout, lengths)
+            _read_exact(self.proc.stdout, flat)
+        return flat, lengths
 
     @contextlib.contextmanager
     def _died(self) -> Iterator[None]:
         try:
             yield
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
+        except (OSError, EOFError, ValueError) as e:  # (ValueError: I/O on a pipe closed by close())
             raise RuntimeError(f"tokenizer worker {self.proc.pid} died (exit code {self.proc.poll()}); "
                                "its error, if any, is on stderr") from e
-
-    def _receive(self) -> Any:
-        return pickle.load(self.proc.stdout)
 
     def hang_up(self) -> None:
         """Close the pipes: the worker reads EOF and exits."""
@@ -186,6 +251,21 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class _WorkerError(RuntimeError):
+    """A chunk the worker could not tokenize (the worker goes on serving)."""
+
+
+def _enlarge(pipe: BinaryIO) -> None:
+    """Let the pipe hold a whole chunk where the system allows it (Linux ``F_SETPIPE_SZ``; elsewhere, or over
+    the user's pipe quota, it keeps its size and messages just take more system calls)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 class _Chunks:
