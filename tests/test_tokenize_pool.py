@@ -70,8 +70,10 @@ def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
         assert a.input_ids.equal(b.input_ids) and a.attention_mask.equal(b.attention_mask) and a.rows.equal(b.rows)
 
 
-def test_worker_errors_are_raised_not_lost(data_dir):
+def test_worker_errors_are_raised_not_lost(data_dir, monkeypatch):
     from transformers import AutoTokenizer
+
+    import lsr.encode.tokenize_pool as tp
 
     tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
     pool = tok.pool(1)
@@ -83,6 +85,16 @@ def test_worker_errors_are_raised_not_lost(data_dir):
         with pytest.raises(TypeError):
             tok(["a lone surrogate \ud800"])  # (as in this process)
         assert pool(["still serving"])[1].tolist() == [4]
+        texts = [f"text number {i}" for i in range(9)]
+        want = token_arrays(tok._fast, texts)
+        with monkeypatch.context() as m:  # chunks of 2: the next chunk is in the worker's pipe when one fails
+            m.setattr(tp, "CHUNK", 2)
+            for bad, error in (("\ud800", RuntimeError), (None, TypeError)):
+                for at in (0, 3, 8):
+                    with pytest.raises(error):
+                        pool(texts[:at] + [bad] + texts[at:])
+                    for got, ref in zip(pool(texts), want):  # the answers still owed were read: in step
+                        np.testing.assert_array_equal(got, ref)
         pool._all[0].proc.kill()
         pool._all[0].proc.wait()
         with pytest.raises(RuntimeError, match="died"):
@@ -113,7 +125,7 @@ def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir, monkeypatc
     monkeypatch.setattr(tp, "CHUNK", 5)  # chunks of 5 texts: every edge case lands at a chunk edge somewhere
     monkeypatch.setattr(tp, "_PIPE_BYTES", 4096)  # pipes shrunk: messages larger than the pipe go in parts
     with tok.pool(2) as pool:
-        for part in (texts, texts[:1], texts[:5], texts[:6], [AWKWARD[-1] * 300] * 3):
+        for part in (texts, texts[:1], texts[:5], texts[:6], [AWKWARD[-1] * 300] * 12):  # (too big to go ahead)
             flat, lengths = pool(part)
             ref_flat, ref_lengths = (want_flat, want_lengths) if part is texts else token_arrays(tok._fast, part)
             np.testing.assert_array_equal(lengths, ref_lengths)

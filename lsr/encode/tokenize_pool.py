@@ -23,6 +23,7 @@ system calls. What this costs the encoding process per passage: ``scripts/bench_
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -114,14 +115,14 @@ def _write(stream: BinaryIO, first: int, second: int, *payload: Any) -> None:
     stream.flush()
 
 
-def _send_texts(stream: BinaryIO, texts: list[str]) -> None:
-    """A chunk as (texts, UTF-8 bytes), code-point lengths int64 [n], the UTF-8 of the texts joined (lone
-    surrogates kept: ``surrogatepass``, the worker decodes the same code points)."""
+def _texts_message(texts: list[str]) -> tuple[np.ndarray, bytes]:
+    """A chunk as its code-point lengths int64 [n] and the UTF-8 of the texts joined (lone surrogates kept:
+    ``surrogatepass``, the worker decodes the same code points)."""
     try:
         blob = "".join(texts).encode("utf-8", "surrogatepass")
     except TypeError as e:
         raise TypeError(f"texts must be strings: {e}") from None
-    _write(stream, len(texts), len(blob), np.fromiter(map(len, texts), np.int64, len(texts)), blob)
+    return np.fromiter(map(len, texts), np.int64, len(texts)), blob
 
 
 def _receive_texts(stream: BinaryIO, n: int, n_bytes: int) -> list[str]:
@@ -179,8 +180,8 @@ class _Worker:
     def __init__(self, tokenizer_json: str, max_length: int) -> None:
         env = dict(os.environ, RAYON_NUM_THREADS="1")
         self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            _enlarge(pipe)
+        _enlarge(self.proc.stdout)
+        self.capacity = _enlarge(self.proc.stdin)  # bytes a request may have to be sent ahead (0: none)
         # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
         # send it from a thread, so that all workers start at once
         self._header_error: BaseException | None = None
@@ -213,21 +214,31 @@ class _Worker:
             self.ready = True
         return self.ready
 
-    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def send(self, message: tuple[np.ndarray, bytes]) -> None:
+        """Queue a chunk (``_texts_message``); its result comes from ``receive``, in the order sent."""
         self.wait_ready()
+        lengths, blob = message
         with self._died():
-            _send_texts(self.proc.stdin, texts)
-            n, size = _read_header(self.proc.stdout)
-            if n == _FAILED:
+            _write(self.proc.stdin, len(lengths), len(blob), lengths, blob)
+
+    def receive(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (flat ids, lengths) of the oldest chunk sent, of ``n`` texts."""
+        with self._died():
+            got, size = _read_header(self.proc.stdout)
+            if got == _FAILED:
                 message = bytearray(size)
                 _read_exact(self.proc.stdout, message)
                 raise _WorkerError(message.decode("utf-8"))
-            if n != len(texts) or size < 0:
-                raise EOFError(f"a result of {n} texts and {size} tokens for {len(texts)} texts")
+            if got != n or size < 0:
+                raise EOFError(f"a result of {got} texts and {size} tokens for {n} texts")
             lengths, flat = np.empty(n, np.int64), np.empty(size, np.int32)
             _read_exact(self.proc.stdout, lengths)
             _read_exact(self.proc.stdout, flat)
         return flat, lengths
+
+    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        self.send(_texts_message(texts))
+        return self.receive(len(texts))
 
     @contextlib.contextmanager
     def _died(self) -> Iterator[None]:
@@ -257,15 +268,18 @@ class _WorkerError(RuntimeError):
     """A chunk the worker could not tokenize (the worker goes on serving)."""
 
 
-def _enlarge(pipe: BinaryIO) -> None:
+def _enlarge(pipe: BinaryIO) -> int:
     """Let the pipe hold a whole chunk where the system allows it (Linux ``F_SETPIPE_SZ``; elsewhere, or over
-    the user's pipe quota, it keeps its size and messages just take more system calls)."""
+    the user's pipe quota, it keeps its size and messages just take more system calls); returns the bytes it
+    holds (0 where that is not known)."""
     try:
         import fcntl
 
-        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        return fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ)
     except (ImportError, AttributeError, OSError):
-        pass
+        return 0
 
 
 class _Chunks:
@@ -280,14 +294,51 @@ class _Chunks:
     def exhausted(self) -> bool:
         return self._next >= len(self.parts)
 
+    def _take(self) -> int | None:
+        with self._lock:
+            i, self._next = self._next, self._next + 1
+        return i if i < len(self.parts) else None
+
     def drain(self, tokenize: Callable[[list[str]], Any]) -> None:
         """Tokenize parts until none is left."""
-        while True:
-            with self._lock:
-                i, self._next = self._next, self._next + 1
-            if i >= len(self.parts):
-                return
+        while (i := self._take()) is not None:
             self.results[i] = tokenize(self.parts[i])
+
+    def feed(self, worker: _Worker, done: Callable[[tuple[np.ndarray, np.ndarray]], Any]) -> None:
+        """Hand parts to ``worker`` until none is left, the next one sent before the last one's result is read:
+        the worker goes on as soon as it has answered, however long this thread then waits for the GIL. A
+        part goes ahead only if it fits in the pipe (``worker.capacity``): the worker writes its answer only
+        after reading the whole next request, so neither side then waits on a full pipe."""
+        sent: collections.deque[int] = collections.deque()
+        try:
+            while (i := self._take()) is not None:
+                message = _texts_message(self.parts[i])
+                if sent and _HEADER.size + message[0].nbytes + len(message[1]) > worker.capacity:
+                    self._collect(worker, sent, done, keep=0)
+                worker.send(message)
+                sent.append(i)
+                self._collect(worker, sent, done, keep=1)
+            self._collect(worker, sent, done, keep=0)
+        except BaseException:
+            _settle(worker, [len(self.parts[j]) for j in sent])
+            raise
+
+    def _collect(self, worker: _Worker, sent: collections.deque[int], done: Callable, keep: int) -> None:
+        while len(sent) > keep:
+            j = sent.popleft()  # (its answer is read below, an error message included)
+            self.results[j] = done(worker.receive(len(self.parts[j])))
+
+
+def _settle(worker: _Worker, owed: list[int]) -> None:
+    """After an error, read the answers ``worker`` still owes (their text counts), so that its next request
+    starts a fresh exchange; stop at the first sign that it died."""
+    for n in owed:
+        try:
+            worker.receive(n)
+        except _WorkerError:
+            continue
+        except Exception:  # noqa: BLE001 - it died: its next call reports that
+            return
 
 
 class TokenizerPool:
@@ -320,7 +371,7 @@ class TokenizerPool:
             while not worker.wait_ready(0.01):  # a worker still starting takes no chunk: the others go on
                 if chunks.exhausted:
                     return
-            chunks.drain(lambda texts: self._count(worker.call(texts)))
+            chunks.feed(worker, self._count)
         finally:
             self._idle.put(worker)
 
