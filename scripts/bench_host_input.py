@@ -15,6 +15,8 @@ Stages:
   generator        the (str(i), text) generator alone, as scripts/ab_encode.py feeds encode_corpus
   read_windows     ``encode_corpus``'s window reader (``_windows``) over that generator
   pool             ``TokenizerPool(window)`` with --workers processes
+  pool_beside_python  the same while another thread of this process runs Python nonstop (the worst case of a
+                   launching thread): its wall_us shows how long the workers wait for this process's GIL
   batches          ``prepare`` on ready token arrays (what it does after tokenizing) for the padding-free
                    backbone (what splade-tiny runs on CUDA in bf16): since session 13 packed token slices
   batches_padded   ``length_sorted_batches`` building padded [B, L] ids and masks (every tree before session 13)
@@ -110,6 +112,27 @@ class ReadyTokens:
         return self.arrays[id(texts)]
 
 
+def beside_python(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run while another thread runs Python nonstop (holding the GIL but for the interpreter's switches)."""
+
+    def run() -> object:
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                sum(range(1000))
+
+        thread = threading.Thread(target=spin)
+        thread.start()
+        try:
+            return fn()
+        finally:
+            stop.set()
+            thread.join()
+
+    return run
+
+
 def drain(items: Prefetch) -> None:
     try:
         for _ in items:
@@ -166,6 +189,7 @@ def main() -> None:
         "generator": lambda: sum(1 for _ in stream()),
         "read_windows": lambda: sum(len(w[0]) for w in _windows(stream(), 0, args.shard_rows, sort_window)),
         "pool": lambda: [pool(w) for w in windows],
+        "pool_beside_python": beside_python(lambda: [pool(w) for w in windows]),
         "batches": lambda: [enc.prepare(w, "doc", pool=ready) for w in windows],
         "batches_padded": lambda: [padded_batches(f, le) for f, le in arrays],
         "prepare": lambda: [prepare(w) for w in windows],
