@@ -227,20 +227,40 @@ class SpladeEncoder(PluralAliases):
         memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
         the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL);
         ``join_pool``: this thread tokenizes chunks too (when nothing else needs it, e.g. the first window)."""
+        texts = self._prompted(texts, kind, pool)
+        if pool is None:
+            tokens = self._tokenizer(kind)(texts)
+        else:
+            tokens = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
+        return self.prepare_tokens(tokens, kind, batch_size, max_tokens)
+
+    def tokenize_async(self, texts: Sequence[str], kind: str = "doc", *, pool: TokenizerPool | None = None,
+                       ) -> Callable[[bool], tuple[Any, Any]]:
+        """``prepare`` in two halves, so that a pipeline can submit the next texts to the pool before it cuts
+        these into batches: this starts tokenizing (in ``pool``'s workers; without a pool nothing starts yet)
+        and returns ``finish(join_pool)`` -> (flat int32 ids, lengths int64) for ``prepare_tokens``."""
+        texts = self._prompted(texts, kind, pool)
+        tokenizer = self._tokenizer(kind)
+        if pool is None:
+            return lambda join_pool=False: tokenizer(texts)
+        finish = pool.submit(texts)
+        return lambda join_pool=False: finish(tokenizer if join_pool else None)
+
+    def prepare_tokens(self, tokens: tuple[Any, Any], kind: str = "doc", batch_size: int | None = None,
+                       max_tokens: int | None = None) -> PreparedTexts:
+        """``prepare`` of texts already tokenized (``tokenize_async``): (flat ids, lengths) -> batches."""
+        tower = self._towers[kind]
+        return length_sorted_batches(kind, *tokens, batch_size or self.batch_size,
+                                     max_tokens if max_tokens is not None else self.max_tokens,
+                                     max(1, self.pad_multiple), tower.pad_id, pin=self.device.type == "cuda",
+                                     padded=not self._runs_packed(tower))
+
+    def _prompted(self, texts: Sequence[str], kind: str, pool: TokenizerPool | None) -> Sequence[str]:
         if pool is not None and getattr(pool, "tag", None) != kind:
             raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
                              "use tokenizer_pool(kind)")
         prompt = self.prompts.get(kind, "")
-        texts = [prompt + t for t in texts] if prompt else texts
-        if pool is None:
-            flat, lengths = self._tokenizer(kind)(texts)
-        else:
-            flat, lengths = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
-        tower = self._towers[kind]
-        return length_sorted_batches(kind, flat, lengths, batch_size or self.batch_size,
-                                     max_tokens if max_tokens is not None else self.max_tokens,
-                                     max(1, self.pad_multiple), tower.pad_id, pin=self.device.type == "cuda",
-                                     padded=not self._runs_packed(tower))
+        return [prompt + t for t in texts] if prompt else texts
 
     # ------------------------------------------------------------------ encode (device)
     def _head(self, tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ import numpy as np
 
 __all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
 
+Tokenize = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]  # texts -> (flat int32 ids, lengths int64)
 CHUNK = 1024  # texts per task: balances 8-16 workers (and a helping caller) over a 32K window
 
 
@@ -380,23 +381,32 @@ class TokenizerPool:
             self.texts_by_workers += len(result[1])
         return result
 
-    def __call__(self, texts: Sequence[str], local: Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None = None,
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, texts: Sequence[str], local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:
         """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order. Chunks of
         ``CHUNK`` texts go to whichever worker is free; ``local`` (an in-process tokenizer giving the same
         arrays): the calling thread tokenizes chunks too, e.g. while the workers start up."""
+        return self.submit(texts)(local)
+
+    def submit(self, texts: Sequence[str]) -> Callable[[Tokenize | None], tuple[np.ndarray, np.ndarray]]:
+        """Start tokenizing ``texts`` and return at once a function ``finish(local)`` that returns what this
+        pool's call returns (``local``: as there). The chunks of texts submitted later go to the workers as
+        they finish these, so a caller can submit the next text list before it handles this one's arrays."""
         texts = texts if isinstance(texts, list) else list(texts)
-        if not texts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
         if not self._all:
             raise RuntimeError("this TokenizerPool is closed")
         chunks = _Chunks(texts)
         helpers = [self._threads.submit(self._drain_with_worker, chunks) for _ in range(min(self.workers, len(chunks.parts)))]
-        if local is not None:
-            chunks.drain(local)
-        for helper in helpers:
-            helper.result()
-        return np.concatenate([r[0] for r in chunks.results]), np.concatenate([r[1] for r in chunks.results])
+
+        def finish(local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:
+            if local is not None:
+                chunks.drain(local)
+            for helper in helpers:
+                helper.result()
+            if not texts:
+                return np.zeros(0, np.int32), np.zeros(0, np.int64)
+            return np.concatenate([r[0] for r in chunks.results]), np.concatenate([r[1] for r in chunks.results])
+
+        return finish
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
