@@ -21,9 +21,9 @@ Stages:
                    backbone (what splade-tiny runs on CUDA in bf16): since session 13 packed token slices
   batches_padded   ``length_sorted_batches`` building padded [B, L] ids and masks (every tree before session 13)
   prepare          ``SpladeEncoder.prepare(window, pool=...)``: pool + batches
-  api_input        the windows of ``encode_document`` prepared on a ``Prefetch`` thread, drained by a thread
-                   that does nothing else (``encode_windows``' input side)
-  corpus_input     ``encode_corpus``'s input thread: ``_windows`` + ``prepare`` on a ``Prefetch`` thread
+  api_input        the windows of ``encode_document`` prepared as ``encode_windows`` does (``stream.Pipeline``; before
+                   session 13 one ``Prefetch`` thread), drained by a thread that does nothing else
+  corpus_input     ``encode_corpus``'s input side: ``_windows`` + the same
 With --launcher, the api_input / corpus_input rows also say how many tiny torch ops per second a thread
 (standing in for the one launching the model) completes beside them, against alone (GIL pressure).
 
@@ -38,7 +38,7 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +53,11 @@ from lsr.encode.batching import length_sorted_batches  # noqa: E402
 from lsr.encode.corpus import _windows  # noqa: E402
 from lsr.encode.splade import SpladeEncoder  # noqa: E402
 from lsr.encode.stream import FIRST_WINDOW, WINDOW, Prefetch, window_spans  # noqa: E402
+
+try:
+    from lsr.encode.stream import Pipeline  # since session 13
+except ImportError:
+    Pipeline = None
 
 
 def measure(fn: Callable[[], object], n: int, repeats: int) -> dict:
@@ -133,7 +138,7 @@ def beside_python(fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
-def drain(items: Prefetch) -> None:
+def drain(items: Iterator) -> None:
     try:
         for _ in items:
             pass
@@ -179,11 +184,19 @@ def main() -> None:
     def stream() -> object:
         return ((str(i), t) for i, t in enumerate(texts))
 
+    def prepared(items: Iterator[list[str]]) -> Prefetch:
+        """What encode_windows / encode_corpus run: since session 13 a thread submitting windows to the pool
+        and another cutting them into batches, before it one thread doing both."""
+        if Pipeline is None:
+            return Prefetch(items, prepare, 2)
+        return Pipeline(items, lambda w: enc.tokenize_async(w, "doc", pool=pool),
+                        lambda tokenized: enc.prepare_tokens(tokenized(False), "doc"), 2)
+
     def corpus_input() -> None:
-        drain(Prefetch(_windows(stream(), 0, args.shard_rows, sort_window), lambda w: prepare(w[1]), 2))
+        drain(prepared(texts for _, texts in _windows(stream(), 0, args.shard_rows, sort_window)))
 
     def api_input() -> None:
-        drain(Prefetch(iter(windows), prepare, 2))
+        drain(prepared(iter(windows)))
 
     stages = {
         "generator": lambda: sum(1 for _ in stream()),
