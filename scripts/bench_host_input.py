@@ -47,6 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from bench_encode import MAX_LEN, synth_texts  # noqa: E402
+from profile_host import ReadyTokens  # noqa: E402
 
 from lsr.bench import Results, environment, format_table  # noqa: E402
 from lsr.encode.batching import length_sorted_batches  # noqa: E402
@@ -103,18 +104,6 @@ class Launcher:
         rate = self._rate(work)
         return {"launcher_ops_per_s": round(rate), "launcher_alone_ops_per_s": round(self.alone),
                 "launcher_share": round(rate / self.alone, 3)}
-
-
-class ReadyTokens:
-    """Stands in for a tokenizer pool that has already tokenized the windows: ``prepare`` minus tokenizing."""
-
-    tag = "doc"
-
-    def __init__(self, arrays: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        self.arrays = arrays
-
-    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        return self.arrays[id(texts)]
 
 
 def beside_python(fn: Callable[[], object]) -> Callable[[], object]:
