@@ -65,3 +65,19 @@ def test_token_batch_needs_ids_or_tokens():
         given.attention_mask  # noqa: B018 - the property raises
     with pytest.raises(ValueError, match="needs input_ids, or tokens with lengths and width"):
         TokenBatch(None, None, torch.tensor([0]), tokens=torch.tensor([5, 6], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_pinned_batches_for_cuda():
+    gen = seeded_generator(5)
+    lengths = torch.randint(1, 40, (300,), generator=gen).numpy().astype(np.int64)
+    flat = torch.randint(0, 1000, (int(lengths.sum()),), generator=gen).numpy().astype(np.int32)
+    lazy = length_sorted_batches("doc", flat, lengths, 64, None, 1, 0, pin=True, padded=False)
+    eager = length_sorted_batches("doc", flat, lengths, 64, None, 1, 0, pin=False)
+    for z, e in zip(lazy.batches, eager.batches, strict=True):
+        assert z.tokens.is_pinned() and z.lengths.is_pinned() and z._input_ids is None
+        assert z.input_ids.is_pinned() and z.attention_mask.is_pinned()  # padded on access, pinned too
+        assert z.input_ids.equal(e.input_ids) and z.attention_mask.equal(e.attention_mask)
+        on_device = z.tokens.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        assert on_device.cpu().equal(e.input_ids[e.attention_mask.bool()].to(torch.int32))
