@@ -131,3 +131,18 @@ def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir, monkeypatc
             np.testing.assert_array_equal(lengths, ref_lengths)
             np.testing.assert_array_equal(flat, ref_flat)
             assert flat.dtype == np.int32 and lengths.dtype == np.int64
+
+
+def test_pipes_of_unknown_size_send_nothing_ahead(data_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    import lsr.encode.tokenize_pool as tp
+
+    tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 64)
+    monkeypatch.setattr(tp, "_enlarge", lambda pipe: 0)  # (no F_SETPIPE_SZ / F_GETPIPE_SZ, e.g. macOS)
+    monkeypatch.setattr(tp, "CHUNK", 3)
+    texts = AWKWARD * 2
+    with tok.pool(2) as pool:
+        assert all(w.capacity == 0 for w in pool._all)
+        for got, want in zip(pool(texts), token_arrays(tok._fast, texts)):
+            np.testing.assert_array_equal(got, want)
