@@ -70,15 +70,31 @@ def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
         assert a.input_ids.equal(b.input_ids) and a.attention_mask.equal(b.attention_mask) and a.rows.equal(b.rows)
 
 
-def test_worker_errors_are_raised_not_lost(data_dir):
+def test_worker_errors_are_raised_not_lost(data_dir, monkeypatch):
     from transformers import AutoTokenizer
+
+    import lsr.encode.tokenize_pool as tp
 
     tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
     pool = tok.pool(1)
     try:
+        with pytest.raises(TypeError, match="texts must be strings: sequence item 1"):
+            pool(["a text", 2])  # refused before anything is sent
         with pytest.raises(RuntimeError, match="tokenizer worker: TypeError"):
-            pool([1, 2])  # not texts: the worker reports the error and stays usable
+            pool(["fine", "a lone surrogate \ud800"])  # Rust refuses it in the worker, which stays usable
+        with pytest.raises(TypeError):
+            tok(["a lone surrogate \ud800"])  # (as in this process)
         assert pool(["still serving"])[1].tolist() == [4]
+        texts = [f"text number {i}" for i in range(9)]
+        want = token_arrays(tok._fast, texts)
+        with monkeypatch.context() as m:  # chunks of 2: the next chunk is in the worker's pipe when one fails
+            m.setattr(tp, "CHUNK", 2)
+            for bad, error in (("\ud800", RuntimeError), (None, TypeError)):
+                for at in (0, 3, 8):
+                    with pytest.raises(error):
+                        pool(texts[:at] + [bad] + texts[at:])
+                    for got, ref in zip(pool(texts), want):  # the answers still owed were read: in step
+                        np.testing.assert_array_equal(got, ref)
         pool._all[0].proc.kill()
         pool._all[0].proc.wait()
         with pytest.raises(RuntimeError, match="died"):
@@ -87,3 +103,46 @@ def test_worker_errors_are_raised_not_lost(data_dir):
         pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool(["x"])
+    with TokenizerPool("not a tokenizer", 16, 1) as broken, pytest.raises(RuntimeError, match="died"):
+        broken(["the worker could not load its tokenizer"])
+
+
+AWKWARD = ["", "x\x00y", "na\u00efve caf\u00e9 \u00c9COLE", "emoji \U0001F600\U0001F469\u200d\U0001F52C!", "\u4e2d\u6587 text",
+           "\u2028\ufeff\U000E0001 tags", "e\u0301 combining", "\u05e9\u05dc\u05d5\u05dd rtl", "tab\tnew\nline\r",
+           "ALL CAPS, punctuation... (brackets) [MASK] #hash", "word " * 400, "\u03a3\u03a3 sigma",
+           "supercalifragilisticexpialidocious" * 20]
+
+
+def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    import lsr.encode.tokenize_pool as tp
+
+    tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 64)
+    texts = AWKWARD * 4
+    want_flat, want_lengths = token_arrays(tok._fast, texts)  # the Rust ids
+    assert want_lengths[AWKWARD.index("word " * 400)] == 64  # truncated
+    monkeypatch.setattr(tp, "CHUNK", 5)  # chunks of 5 texts: every edge case lands at a chunk edge somewhere
+    monkeypatch.setattr(tp, "_PIPE_BYTES", 4096)  # pipes shrunk: messages larger than the pipe go in parts
+    with tok.pool(2) as pool:
+        for part in (texts, texts[:1], texts[:5], texts[:6], [AWKWARD[-1] * 300] * 12):  # (too big to go ahead)
+            flat, lengths = pool(part)
+            ref_flat, ref_lengths = (want_flat, want_lengths) if part is texts else token_arrays(tok._fast, part)
+            np.testing.assert_array_equal(lengths, ref_lengths)
+            np.testing.assert_array_equal(flat, ref_flat)
+            assert flat.dtype == np.int32 and lengths.dtype == np.int64
+
+
+def test_pipes_of_unknown_size_send_nothing_ahead(data_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    import lsr.encode.tokenize_pool as tp
+
+    tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 64)
+    monkeypatch.setattr(tp, "_enlarge", lambda pipe: 0)  # (no F_SETPIPE_SZ / F_GETPIPE_SZ, e.g. macOS)
+    monkeypatch.setattr(tp, "CHUNK", 3)
+    texts = AWKWARD * 2
+    with tok.pool(2) as pool:
+        assert all(w.capacity == 0 for w in pool._all)
+        for got, want in zip(pool(texts), token_arrays(tok._fast, texts)):
+            np.testing.assert_array_equal(got, want)

@@ -12,6 +12,7 @@ from lsr.testing import save_tiny_mlm
 transformers = pytest.importorskip("transformers")
 
 from lsr.encode import splade
+from lsr.encode.batching import PreparedTexts, TokenBatch
 from lsr.encode.varlen_body import VarlenBody, pack_batch, torch_varlen_attention, varlen_attention
 from lsr.testing import SAMPLE_TEXTS as TEXTS
 
@@ -109,6 +110,14 @@ def test_encoder_varlen_matches_padded(models, kind, monkeypatch):
         calls.clear()
         out[varlen] = enc.encode_document(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
         assert bool(calls) is (varlen is True)
+        if varlen is True:  # prepare hands over packed tokens only; a padded batch takes the same route exactly
+            prepared = enc.prepare(TEXTS, "doc")
+            assert all(b._input_ids is None for b in prepared.batches)
+            padded = PreparedTexts("doc", [TokenBatch(b.input_ids, b.attention_mask, b.rows, b.lengths, b.n_tokens)
+                                           for b in prepared.batches], prepared.n, prepared.n_tokens, prepared.n_slots)
+            assert all(b.tokens is None for b in padded.batches)
+            torch.testing.assert_close(enc.encode_prepared(padded).to_dense(), enc.encode_prepared(prepared).to_dense(),
+                                       rtol=0, atol=0)
     assert out[True].nnz > 0 and out[True].ids == out[False].ids
     torch.testing.assert_close(out[True].to_dense(), out[False].to_dense(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[None].to_dense(), out[False].to_dense(), rtol=0, atol=0)

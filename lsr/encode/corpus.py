@@ -13,8 +13,9 @@ Design (simplest one that is resumable and exact):
   ``writer.rows_done`` documents of the stream (a shard boundary), so the rerun sees the very same
   windows and batches as an uninterrupted run: no document is lost or duplicated and the shards are
   identical (bit-exact on a deterministic device), not merely equivalent.
-* A worker thread reads the next windows and has them tokenized by a pool of worker processes
-  (``tokenize_workers``; batches go to pinned memory) while the main thread runs the model; a writer
+* A thread reads the next windows and submits them to a pool of worker processes (``tokenize_workers``), a
+  second cuts each tokenized window into batches (in pinned memory; ``stream.Pipeline``: the workers tokenize
+  the next window meanwhile) while the main thread runs the model; a writer
   thread takes each window's vectors once they are on the host (``encode_prepared_async``) and four threads
   write Parquet shards (at once, listed in the manifest in order; a row group per window, written as the
   window arrives), so the GPU does not wait on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
@@ -40,7 +41,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
-from lsr.encode.stream import FIRST_WINDOW, Prefetch, window_spans
+from lsr.encode.stream import FIRST_WINDOW, Pipeline, window_spans
 from lsr.encode.tokenize_pool import default_workers
 from lsr.shards import MANIFEST, ShardWriter, read_manifest
 from lsr.sparse import SparseVectors
@@ -200,20 +201,24 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     by_workers_before = tokenizers.texts_by_workers if tokenizers is not None else 0
     first = [True]
 
-    def prepare(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
-        ids, texts = window
+    def start(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
+        ids, texts = window  # (read by this thread, which then submits the texts to the worker processes)
+        return ids, encoder.tokenize_async(texts, "doc", pool=tokenizers) if fast else texts
+
+    def prepare(started: tuple[list[str], Any]) -> tuple[list[str], Any]:
+        ids, tokenized = started
         if not fast:
-            return ids, texts
+            return ids, tokenized
         # every window goes to the worker processes; the model waits for the first one anyway, so this
         # thread tokenizes part of it too (while the workers start, on a first call)
         join, first[0] = first[0], False
-        return ids, encoder.prepare(texts, "doc", batch_size, max_tokens, pool=tokenizers, join_pool=join)
+        return ids, encoder.prepare_tokens(tokenized(join), "doc", batch_size, max_tokens)
 
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
-    prefetcher = Prefetch(_windows(stream, stream_offset + skip, shard_rows, sort_window), prepare, prefetch)
+    prefetcher = Pipeline(_windows(stream, stream_offset + skip, shard_rows, sort_window), start, prepare, prefetch)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
     pending: Future | None = None
     t0 = mark = time.perf_counter()

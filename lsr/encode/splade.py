@@ -44,7 +44,7 @@ from lsr.encode.query_graphs import QueryGraphs
 from lsr.encode.st_checkpoint import StaticTower, activate, find_st_folder, load_st_towers, pool_logits, read_st_checkpoint
 from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize_pool import TokenizerPool
-from lsr.encode.varlen_body import pack_batch
+from lsr.encode.varlen_body import pack_batch, pack_tokens
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
@@ -227,19 +227,40 @@ class SpladeEncoder(PluralAliases):
         memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
         the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL);
         ``join_pool``: this thread tokenizes chunks too (when nothing else needs it, e.g. the first window)."""
+        texts = self._prompted(texts, kind, pool)
+        if pool is None:
+            tokens = self._tokenizer(kind)(texts)
+        else:
+            tokens = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
+        return self.prepare_tokens(tokens, kind, batch_size, max_tokens)
+
+    def tokenize_async(self, texts: Sequence[str], kind: str = "doc", *, pool: TokenizerPool | None = None,
+                       ) -> Callable[[bool], tuple[Any, Any]]:
+        """``prepare`` in two halves, so that a pipeline can submit the next texts to the pool before it cuts
+        these into batches: this starts tokenizing (in ``pool``'s workers; without a pool nothing starts yet)
+        and returns ``finish(join_pool)`` -> (flat int32 ids, lengths int64) for ``prepare_tokens``."""
+        texts = self._prompted(texts, kind, pool)
+        tokenizer = self._tokenizer(kind)
+        if pool is None:
+            return lambda join_pool=False: tokenizer(texts)
+        finish = pool.submit(texts)
+        return lambda join_pool=False: finish(tokenizer if join_pool else None)
+
+    def prepare_tokens(self, tokens: tuple[Any, Any], kind: str = "doc", batch_size: int | None = None,
+                       max_tokens: int | None = None) -> PreparedTexts:
+        """``prepare`` of texts already tokenized (``tokenize_async``): (flat ids, lengths) -> batches."""
+        tower = self._towers[kind]
+        return length_sorted_batches(kind, *tokens, batch_size or self.batch_size,
+                                     max_tokens if max_tokens is not None else self.max_tokens,
+                                     max(1, self.pad_multiple), tower.pad_id, pin=self.device.type == "cuda",
+                                     padded=not self._runs_packed(tower))
+
+    def _prompted(self, texts: Sequence[str], kind: str, pool: TokenizerPool | None) -> Sequence[str]:
         if pool is not None and getattr(pool, "tag", None) != kind:
             raise ValueError(f"this pool tokenizes {getattr(pool, 'tag', None)!r} texts, not {kind!r}; "
                              "use tokenizer_pool(kind)")
         prompt = self.prompts.get(kind, "")
-        texts = [prompt + t for t in texts] if prompt else texts
-        if pool is None:
-            flat, lengths = self._tokenizer(kind)(texts)
-        else:
-            flat, lengths = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
-        return length_sorted_batches(kind, flat, lengths, batch_size or self.batch_size,
-                                     max_tokens if max_tokens is not None else self.max_tokens,
-                                     max(1, self.pad_multiple), self._towers[kind].pad_id,
-                                     pin=self.device.type == "cuda")
+        return [prompt + t for t in texts] if prompt else texts
 
     # ------------------------------------------------------------------ encode (device)
     def _head(self, tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -256,26 +277,34 @@ class SpladeEncoder(PluralAliases):
         return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
                           for i in range(0, B, rows)])
 
-    def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
-        if tower.varlen is None or tower.pooling != "max" or self.varlen is False or batch.lengths is None:
+    def _runs_packed(self, tower: MaskedLMTower | StaticTower) -> bool:
+        """Would inference run this tower's batches padding-free (so ``prepare`` need not pad them)?"""
+        if tower.varlen is None or tower.pooling != "max" or self.varlen is False:
             return False  # (the padding-free path feeds the max-pooling packed head only)
-        if torch.is_grad_enabled():
-            return False
-        return self.varlen or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
+        return bool(self.varlen) or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
+
+    def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
+        return batch.lengths is not None and not torch.is_grad_enabled() and self._runs_packed(tower)
 
     def _encode_batch(self, tower: MaskedLMTower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
         """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D]
         packed or [B, L, D] padded, for profiling)."""
-        input_ids = batch.input_ids.to(self.device, non_blocking=True)
         if tower.static:  # no model: the weights of the text's tokens
-            return tower.encode(input_ids, batch.attention_mask.to(self.device, non_blocking=True))
+            return tower.encode(batch.input_ids.to(self.device, non_blocking=True),
+                                batch.attention_mask.to(self.device, non_blocking=True))
         if self._uses_varlen(tower, batch):
-            packed = pack_batch(input_ids, batch.lengths.to(self.device, non_blocking=True), batch.n_tokens)
+            lengths = batch.lengths.to(self.device, non_blocking=True)
+            if batch.tokens is not None:  # the batch's ids back to back: no padded form on the host
+                packed = pack_tokens(batch.tokens.to(self.device, non_blocking=True), lengths, batch.n_tokens,
+                                     batch.width)
+            else:
+                packed = pack_batch(batch.input_ids.to(self.device, non_blocking=True), lengths, batch.n_tokens)
             states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"])
             if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
                 return states
-            return activate(packed_tokens_sparton_head(states, packed["segments"], input_ids.shape[0], tower.weight,
+            return activate(packed_tokens_sparton_head(states, packed["segments"], len(batch.rows), tower.weight,
                                                        tower.bias, backend=self.backend), tower.activation)
+        input_ids = batch.input_ids.to(self.device, non_blocking=True)
         mask = batch.attention_mask.to(self.device, non_blocking=True)
         hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
         if not head:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["Prefetch", "encode_windows", "window_spans", "windows_pool"]
+__all__ = ["Pipeline", "Prefetch", "encode_windows", "window_spans", "windows_pool"]
 
 _END = object()
 
@@ -46,7 +46,12 @@ class Prefetch:
 
     def __iter__(self) -> Iterator[Any]:
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():  # closed: nothing more comes
+                    return
+                continue
             if item is _END:
                 return
             if isinstance(item, _Failure):
@@ -56,6 +61,25 @@ class Prefetch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)  # it may sit in a slow document iterator; it is a daemon anyway
+
+
+class Pipeline:
+    """Two ``Prefetch`` threads in a row: ``start`` runs ahead over ``items`` (e.g. submitting texts to the
+    tokenizer pool, which returns at once), ``finish`` turns its results into what the consumer takes, at most
+    ``depth`` ahead. So the worker processes tokenize the next window while ``finish`` cuts this one into
+    batches, instead of waiting for it."""
+
+    def __init__(self, items: Iterator[Any], start: Callable[[Any], Any], finish: Callable[[Any], Any],
+                 depth: int) -> None:
+        self._started = Prefetch(items, start, 1)
+        self._finished = Prefetch(iter(self._started), finish, depth)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._finished)
+
+    def close(self) -> None:
+        self._started.close()  # (first: the finishing thread may be waiting for it)
+        self._finished.close()
 
 
 class _Failure:
@@ -94,7 +118,7 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
                    batch_size: int | None = None, *, window: int = WINDOW, tokenize_workers: int | None = None,
                    on_batch: Callable[[int], None] | None = None, first_window: int | None = None) -> Any:
     """``encoder.encode_prepared(encoder.prepare(texts))`` for a long list, a window at a time: the next
-    window is tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
+    windows are tokenized (in the encoder's shared worker processes on CUDA, see ``windows_pool``) while the
     model encodes this one, as corpus encoding does; the first window by the workers and this process
     together (the model has nothing to do yet). Windows grow from ``first_window`` (default ``FIRST_WINDOW``)
     to ``window`` texts (``window_spans``); vectors equal those of one window up to the rounding of other
@@ -113,14 +137,17 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
         raise ValueError("ids must be unique")
     pool = windows_pool(encoder, kind, n, tokenize_workers)
 
-    def prepare(span: tuple[int, int]) -> tuple[int, int, Any]:
-        start, size = span
-        return start, size, encoder.prepare(texts[start:start + size], kind, batch_size, pool=pool,
-                                            join_pool=start == 0)
+    def start(span: tuple[int, int]) -> tuple[int, int, Any]:
+        first, size = span
+        return first, size, encoder.tokenize_async(texts[first:first + size], kind, pool=pool)
+
+    def finish(started: tuple[int, int, Any]) -> tuple[int, int, Any]:
+        first, size, tokenized = started
+        return first, size, encoder.prepare_tokens(tokenized(first == 0), kind, batch_size)
 
     out = VectorsBuilder(n, ids, encoder.vocab_size)
     spans = window_spans(n, window, FIRST_WINDOW if first_window is None else first_window)
-    prefetch = Prefetch(iter(spans), prepare, depth=2)
+    prefetch = Pipeline(iter(spans), start, finish, depth=2)
     copier = ThreadPoolExecutor(1, thread_name_prefix="lsr-encode-copy")
     copying: Future | None = None
     try:

@@ -12,20 +12,25 @@ boundary as flat buffers. Each worker tokenizes on one core (the pool is the par
 thread pool would otherwise start one thread per core in every worker), with ``tokenize_function``: the
 bulk WordPiece path of ``lsr.encode.wordpiece`` for BERT-like tokenizers, else Rust.
 
-Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and tokenizers and talk pickle over
-their stdin / stdout, not multiprocessing children: those would re-import the caller's ``__main__``
-module (a script that loads a model) and need a ``__main__`` guard in every script.
+Workers are plain isolated ``python -I -c`` subprocesses (see ``_worker_command``) that import only numpy and
+tokenizers, not multiprocessing children: those would re-import the caller's ``__main__`` module (a script that
+loads a model) and need a ``__main__`` guard in every script. They talk over their stdin / stdout in raw
+buffers, no pickle: a chunk of texts goes as its code-point lengths and one UTF-8 blob, and its token arrays
+come back as a two-number header and the arrays' bytes, read straight into NumPy arrays (``readinto``, which
+releases the GIL); the pipes are enlarged to hold a whole chunk (``_PIPE_BYTES``), so a round trip is a few
+system calls. What this costs the encoding process per passage: ``scripts/bench_host_input.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
 import os
-import pickle
 import queue
 import select
+import struct
 import subprocess
 import sys
 import threading
@@ -38,6 +43,7 @@ import numpy as np
 
 __all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
 
+Tokenize = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]  # texts -> (flat int32 ids, lengths int64)
 CHUNK = 1024  # texts per task: balances 8-16 workers (and a helping caller) over a 32K window
 
 
@@ -80,13 +86,58 @@ def default_workers() -> int:
     return 0 if cores < 6 else min(8, cores - 4)
 
 
-def _send(stream: BinaryIO, obj: Any) -> None:
-    pickle.dump(obj, stream, protocol=pickle.HIGHEST_PROTOCOL)
+_HEADER = struct.Struct("=qq")  # every message starts with two int64s (their meaning: below)
+_READY, _FAILED = -2, -1  # first number of a worker's "tokenizer loaded" / "this chunk failed" message
+_PIPE_BYTES = 1 << 20  # a chunk of 1,024 MS MARCO passages is ~0.6 MB of text and ~0.3 MB of ids
+
+
+def _read_exact(stream: BinaryIO, buffer: Any) -> None:
+    """Fill ``buffer`` (any writable buffer: a NumPy array, a bytearray) from ``stream``; EOFError if the
+    stream ends first."""
+    view = memoryview(buffer).cast("B")
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            raise EOFError(f"stream ended after {got} of {len(view)} bytes")
+        got += n
+
+
+def _read_header(stream: BinaryIO) -> tuple[int, int]:
+    head = bytearray(_HEADER.size)
+    _read_exact(stream, head)
+    return _HEADER.unpack(head)
+
+
+def _write(stream: BinaryIO, first: int, second: int, *payload: Any) -> None:
+    stream.write(_HEADER.pack(first, second))
+    for part in payload:
+        stream.write(part)
     stream.flush()
 
 
+def _texts_message(texts: list[str]) -> tuple[np.ndarray, bytes]:
+    """A chunk as its code-point lengths int64 [n] and the UTF-8 of the texts joined (lone surrogates kept:
+    ``surrogatepass``, the worker decodes the same code points)."""
+    try:
+        blob = "".join(texts).encode("utf-8", "surrogatepass")
+    except TypeError as e:
+        raise TypeError(f"texts must be strings: {e}") from None
+    return np.fromiter(map(len, texts), np.int64, len(texts)), blob
+
+
+def _receive_texts(stream: BinaryIO, n: int, n_bytes: int) -> list[str]:
+    lengths = np.empty(n, np.int64)
+    _read_exact(stream, lengths)
+    blob = bytearray(n_bytes)
+    _read_exact(stream, blob)
+    joined = blob.decode("utf-8", "surrogatepass")
+    ends = np.cumsum(lengths).tolist()
+    return [joined[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
 def _serve() -> None:
-    """Worker main: a (tokenizer json, max_length) header, then text lists -> token_arrays, until the
+    """Worker main: a (max_length, tokenizer JSON) header, then text chunks -> token arrays, until the
     pool hangs up (EOF or a closed result pipe, possibly before the header arrived)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints go to stderr, not into the result stream
@@ -97,15 +148,21 @@ def _serve() -> None:
 
 
 def _serve_loop(inp: BinaryIO, out: BinaryIO) -> None:
-    tokenize = tokenize_function(*pickle.load(inp))
-    _send(out, "ready")
+    max_length, n_bytes = _read_header(inp)
+    spec = bytearray(n_bytes)
+    _read_exact(inp, spec)
+    tokenize = tokenize_function(spec.decode("utf-8"), max_length)
+    _write(out, _READY, 0)
     while True:
-        texts = pickle.load(inp)
+        texts = _receive_texts(inp, *_read_header(inp))
         try:
-            result: Any = tokenize(texts)
+            flat, lengths = tokenize(texts)
+            flat, lengths = np.ascontiguousarray(flat, np.int32), np.ascontiguousarray(lengths, np.int64)
         except Exception as e:  # noqa: BLE001 - reported to the caller, the worker stays usable
-            result = RuntimeError(f"tokenizer worker: {type(e).__name__}: {e}")
-        _send(out, result)
+            message = f"tokenizer worker: {type(e).__name__}: {e}".encode("utf-8", "backslashreplace")
+            _write(out, _FAILED, len(message), message)
+            continue
+        _write(out, len(lengths), len(flat), lengths, flat)
 
 
 def _worker_command() -> list[str]:
@@ -124,6 +181,8 @@ class _Worker:
     def __init__(self, tokenizer_json: str, max_length: int) -> None:
         env = dict(os.environ, RAYON_NUM_THREADS="1")
         self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        _enlarge(self.proc.stdout)
+        self.capacity = _enlarge(self.proc.stdin)  # bytes a request may have to be sent ahead (0: none)
         # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
         # send it from a thread, so that all workers start at once
         self._header_error: BaseException | None = None
@@ -133,7 +192,8 @@ class _Worker:
 
     def _send_header(self, tokenizer_json: str, max_length: int) -> None:
         try:
-            _send(self.proc.stdin, (tokenizer_json, max_length))
+            spec = tokenizer_json.encode("utf-8")
+            _write(self.proc.stdin, max_length, len(spec), spec)
         except BaseException as e:  # noqa: BLE001 - re-raised by call()
             self._header_error = e
 
@@ -149,28 +209,45 @@ class _Worker:
             if timeout is not None and os.name == "posix" and not select.select([self.proc.stdout], [], [], timeout)[0]:
                 return False
             with self._died():
-                self.ready = self._receive() == "ready"
+                kind, _ = _read_header(self.proc.stdout)
+            if kind != _READY:
+                raise RuntimeError(f"tokenizer worker {self.proc.pid} sent {kind} instead of its ready message")
+            self.ready = True
         return self.ready
 
-    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def send(self, message: tuple[np.ndarray, bytes]) -> None:
+        """Queue a chunk (``_texts_message``); its result comes from ``receive``, in the order sent."""
         self.wait_ready()
+        lengths, blob = message
         with self._died():
-            _send(self.proc.stdin, texts)
-            result = self._receive()
-        if isinstance(result, Exception):
-            raise result
-        return result
+            _write(self.proc.stdin, len(lengths), len(blob), lengths, blob)
+
+    def receive(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (flat ids, lengths) of the oldest chunk sent, of ``n`` texts."""
+        with self._died():
+            got, size = _read_header(self.proc.stdout)
+            if got == _FAILED:
+                message = bytearray(size)
+                _read_exact(self.proc.stdout, message)
+                raise _WorkerError(message.decode("utf-8"))
+            if got != n or size < 0:
+                raise EOFError(f"a result of {got} texts and {size} tokens for {n} texts")
+            lengths, flat = np.empty(n, np.int64), np.empty(size, np.int32)
+            _read_exact(self.proc.stdout, lengths)
+            _read_exact(self.proc.stdout, flat)
+        return flat, lengths
+
+    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        self.send(_texts_message(texts))
+        return self.receive(len(texts))
 
     @contextlib.contextmanager
     def _died(self) -> Iterator[None]:
         try:
             yield
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
+        except (OSError, EOFError, ValueError) as e:  # (ValueError: I/O on a pipe closed by close())
             raise RuntimeError(f"tokenizer worker {self.proc.pid} died (exit code {self.proc.poll()}); "
                                "its error, if any, is on stderr") from e
-
-    def _receive(self) -> Any:
-        return pickle.load(self.proc.stdout)
 
     def hang_up(self) -> None:
         """Close the pipes: the worker reads EOF and exits."""
@@ -188,6 +265,24 @@ class _Worker:
             self.proc.wait()
 
 
+class _WorkerError(RuntimeError):
+    """A chunk the worker could not tokenize (the worker goes on serving)."""
+
+
+def _enlarge(pipe: BinaryIO) -> int:
+    """Let the pipe hold a whole chunk where the system allows it (Linux ``F_SETPIPE_SZ``; elsewhere, or over
+    the user's pipe quota, it keeps its size and messages just take more system calls); returns the bytes it
+    holds (0 where that is not known)."""
+    try:
+        import fcntl
+
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        return fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ)
+    except (ImportError, AttributeError, OSError):
+        return 0
+
+
 class _Chunks:
     """A text list cut into ``CHUNK``-text parts that several threads take one at a time."""
 
@@ -200,14 +295,51 @@ class _Chunks:
     def exhausted(self) -> bool:
         return self._next >= len(self.parts)
 
+    def _take(self) -> int | None:
+        with self._lock:
+            i, self._next = self._next, self._next + 1
+        return i if i < len(self.parts) else None
+
     def drain(self, tokenize: Callable[[list[str]], Any]) -> None:
         """Tokenize parts until none is left."""
-        while True:
-            with self._lock:
-                i, self._next = self._next, self._next + 1
-            if i >= len(self.parts):
-                return
+        while (i := self._take()) is not None:
             self.results[i] = tokenize(self.parts[i])
+
+    def feed(self, worker: _Worker, done: Callable[[tuple[np.ndarray, np.ndarray]], Any]) -> None:
+        """Hand parts to ``worker`` until none is left, the next one sent before the last one's result is read:
+        the worker goes on as soon as it has answered, however long this thread then waits for the GIL. A
+        part goes ahead only if it fits in the pipe (``worker.capacity``): the worker writes its answer only
+        after reading the whole next request, so neither side then waits on a full pipe."""
+        sent: collections.deque[int] = collections.deque()
+        try:
+            while (i := self._take()) is not None:
+                message = _texts_message(self.parts[i])
+                if sent and _HEADER.size + message[0].nbytes + len(message[1]) > worker.capacity:
+                    self._collect(worker, sent, done, keep=0)
+                worker.send(message)
+                sent.append(i)
+                self._collect(worker, sent, done, keep=1)
+            self._collect(worker, sent, done, keep=0)
+        except BaseException:
+            _settle(worker, [len(self.parts[j]) for j in sent])
+            raise
+
+    def _collect(self, worker: _Worker, sent: collections.deque[int], done: Callable, keep: int) -> None:
+        while len(sent) > keep:
+            j = sent.popleft()  # (its answer is read below, an error message included)
+            self.results[j] = done(worker.receive(len(self.parts[j])))
+
+
+def _settle(worker: _Worker, owed: list[int]) -> None:
+    """After an error, read the answers ``worker`` still owes (their text counts), so that its next request
+    starts a fresh exchange; stop at the first sign that it died."""
+    for n in owed:
+        try:
+            worker.receive(n)
+        except _WorkerError:
+            continue
+        except Exception:  # noqa: BLE001 - it died: its next call reports that
+            return
 
 
 class TokenizerPool:
@@ -240,7 +372,7 @@ class TokenizerPool:
             while not worker.wait_ready(0.01):  # a worker still starting takes no chunk: the others go on
                 if chunks.exhausted:
                     return
-            chunks.drain(lambda texts: self._count(worker.call(texts)))
+            chunks.feed(worker, self._count)
         finally:
             self._idle.put(worker)
 
@@ -249,23 +381,32 @@ class TokenizerPool:
             self.texts_by_workers += len(result[1])
         return result
 
-    def __call__(self, texts: Sequence[str], local: Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None = None,
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, texts: Sequence[str], local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:
         """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order. Chunks of
         ``CHUNK`` texts go to whichever worker is free; ``local`` (an in-process tokenizer giving the same
         arrays): the calling thread tokenizes chunks too, e.g. while the workers start up."""
+        return self.submit(texts)(local)
+
+    def submit(self, texts: Sequence[str]) -> Callable[[Tokenize | None], tuple[np.ndarray, np.ndarray]]:
+        """Start tokenizing ``texts`` and return at once a function ``finish(local)`` that returns what this
+        pool's call returns (``local``: as there). The chunks of texts submitted later go to the workers as
+        they finish these, so a caller can submit the next text list before it handles this one's arrays."""
         texts = texts if isinstance(texts, list) else list(texts)
-        if not texts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
         if not self._all:
             raise RuntimeError("this TokenizerPool is closed")
         chunks = _Chunks(texts)
         helpers = [self._threads.submit(self._drain_with_worker, chunks) for _ in range(min(self.workers, len(chunks.parts)))]
-        if local is not None:
-            chunks.drain(local)
-        for helper in helpers:
-            helper.result()
-        return np.concatenate([r[0] for r in chunks.results]), np.concatenate([r[1] for r in chunks.results])
+
+        def finish(local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:
+            if local is not None:
+                chunks.drain(local)
+            for helper in helpers:
+                helper.result()
+            if not texts:
+                return np.zeros(0, np.int32), np.zeros(0, np.int64)
+            return np.concatenate([r[0] for r in chunks.results]), np.concatenate([r[1] for r in chunks.results])
+
+        return finish
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

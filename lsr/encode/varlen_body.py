@@ -35,7 +35,7 @@ from torch import nn
 from lsr.encode.kernels.add_layer_norm import add_layer_norm
 from lsr.ragged import ragged_positions
 
-__all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "torch_varlen_attention", "varlen_attention"]
+__all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "pack_tokens", "torch_varlen_attention", "varlen_attention"]
 
 _FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin is used)
 
@@ -210,16 +210,26 @@ def _add_norm(norm: nn.Module, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor
     return norm(h + x)
 
 
+def _layout(lengths: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.to(torch.int64), 0, out=cu[1:])
+    return (cu, *_segments(cu, n_tokens))
+
+
 def pack_batch(input_ids: torch.Tensor, lengths: torch.Tensor, n_tokens: int) -> dict[str, Any]:
     """Padded batch -> packed inputs, on input_ids' device without a host sync.
 
     input_ids [B, L] (text b in row b, its first lengths[b] positions real), lengths int [B] (same
     device), n_tokens = sum(lengths) known on the host -> dict(ids [T] int64, positions [T] int64,
     segments [T] int32 (text of each token), cu_seqlens [B+1] int32, max_len L)."""
-    B, L = input_ids.shape
-    dev = input_ids.device
-    cu = torch.zeros(B + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(lengths.to(torch.int64), 0, out=cu[1:])
-    seg, pos = _segments(cu, n_tokens)
+    cu, seg, pos = _layout(lengths, n_tokens)
     return {"ids": input_ids[seg, pos], "positions": pos, "segments": seg.to(torch.int32),
-            "cu_seqlens": cu.to(torch.int32), "max_len": L}
+            "cu_seqlens": cu.to(torch.int32), "max_len": input_ids.shape[1]}
+
+
+def pack_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n_tokens: int, max_len: int) -> dict[str, Any]:
+    """``pack_batch`` of a batch given as its texts' ids back to back (tokens int [T], lengths int [B], both
+    on one device; max_len >= the longest text, the width the padded batch would have)."""
+    cu, seg, pos = _layout(lengths, n_tokens)
+    return {"ids": tokens.to(torch.int64), "positions": pos, "segments": seg.to(torch.int32),
+            "cu_seqlens": cu.to(torch.int32), "max_len": max_len}
