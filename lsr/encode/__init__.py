@@ -10,6 +10,7 @@ Module map:
 * ``lexical`` / ``analyzer``: BM25 weights over a Lucene-like English analyzer.
 * ``corpus``: ``encode_corpus``, a document stream to resumable Parquet shards.
 * ``tokenize_pool``: tokenizer worker processes that feed ``encode_corpus`` and long ``encode_document`` calls.
+* ``tokenize_worker``: what runs in those processes (tokenize functions, the wire format, the worker loop).
 * ``wordpiece``: bulk BERT WordPiece tokenization, the Rust tokenizer's ids at a fraction of its cost.
 * ``extract``: the head's dense weights to CSR rows, gathered back into input order.
 * ``kernels/``: the Sparton heads and the fused add + LayerNorm, each with its torch twin.
