@@ -197,6 +197,17 @@ ax.set_title('lsr serve, 8.8M docs, k=10, 1-128 clients (H100)')
 plt.tight_layout(); plt.savefig(FIG / 'serve.png', dpi=110); plt.show()
 serve[['run', 'queries', 'max_batch', 'pipeline', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
 
+RESCUE = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[-2])
+                  for p in sorted((BENCH / 'extra').glob('bench_search_ingraph_rescue_*_session13.json'))])
+runs = runs[runs.qps.notna()]
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+for ax, (q, k) in zip(axes, [('real', 10), ('synth', 1000)]):
+    part = runs[(runs.queries == q) & (runs.k == k)]
+    part.pivot_table(index='B', columns='tree', values='ms').plot(ax=ax, marker='o', logx=True)
+    ax.set_title(f'8.8M docs, {q} queries, top-{k}: ms per batch (H100, one call)'); ax.set_ylabel('ms'); ax.set_ylim(0)
+plt.tight_layout(); plt.savefig(FIG / 'search_rescue.png', dpi=110); plt.show()
+runs.pivot_table(index=['queries', 'k', 'B'], columns='tree', values=['ms', 'qps']).round(2)"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -223,6 +234,8 @@ BENCHMARKS = [
     new_code_cell(COMPACT),
     new_markdown_cell("## Serving: throughput against p99 latency, batching off and on"),
     new_code_cell(SERVE),
+    new_markdown_cell("## Small batches: coarse lists with ties settled inside the chunk (session 13, old = 9e6cc32)"),
+    new_code_cell(RESCUE),
 ]
 
 
