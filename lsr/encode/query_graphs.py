@@ -222,18 +222,12 @@ class QueryGraphs:
     @staticmethod
     def applies(encoder: SpladeEncoder) -> bool:
         """Whether the encoder's query tower runs the padding-free body this path captures."""
-        tower = encoder._towers["query"]
-        if getattr(tower, "static", False) or tower.varlen is None or tower.pooling != "max":
-            return False
-        if encoder.varlen is False:
-            return False
-        return bool(encoder.varlen) or (encoder.device.type == "cuda" and encoder.dtype in (torch.float16, torch.bfloat16))
+        return encoder._runs_packed(encoder._towers["query"])   # (a static tower has no body: varlen None)
 
     def pack(self, texts: Sequence[str]) -> QueryPack | None:
         """Tokenize ``texts`` as queries (with the encoder's prompt) and pack them for their bucket."""
         enc = self.encoder
-        prompt = enc.prompts.get("query", "")
-        flat, lengths = enc._tokenizer("query")([prompt + t for t in texts] if prompt else list(texts))
+        flat, lengths = enc._tokenizer("query")(list(enc._prompted(texts, "query", None)))
         return pack_queries(flat, lengths, enc._towers["query"].pad_id, enc.max_length_query)
 
     @torch.inference_mode()
