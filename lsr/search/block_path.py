@@ -33,7 +33,7 @@ from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import coarse_floor, span_items, terms_bucket
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import query_scales
-from lsr.search.kernels.topk import DOC_MASK, ROW, kth_threshold, pack_keys, topk_keys, unpack_keys
+from lsr.search.kernels.topk import ROW, key_docs, kth_threshold, pack_keys, topk_keys, unpack_keys
 from lsr.search.span_scorer import SpanScorer, _coarse_span, _select_span_scorer, cuda_span
 from lsr.search.spans import span_offsets
 
@@ -306,13 +306,13 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
-    _, docs = unpack_keys(top)   # coarse keys hold docs like exact ones
+    docs = key_docs(top)   # coarse keys hold docs like exact ones
     queries = QueryCSR(args.indptr, args.terms, args.weights)
     exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
     redo = over | (floor < 1)
     rescue = ~complete & ~redo
     if cand.numel() <= RESCUE_CELLS:   # every candidate of a flagged query, -1 for the others
-        all_docs = torch.where(rescue.unsqueeze(1) & (cand >= 0), DOC_MASK - (cand & DOC_MASK), -1)
+        all_docs = key_docs(cand, rescue.unsqueeze(1))
         rescued = pack_keys(_exact_scores(plan.index, queries, scale, inv, all_docs), all_docs)
         # a flagged query's list is among its candidates: keep one copy of each doc
         exact = torch.cat([exact.masked_fill(rescue.unsqueeze(1), -1), rescued], 1)
@@ -334,7 +334,7 @@ def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, 
 def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor) -> torch.Tensor:
     """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C]."""
     scale, inv = query_scales(*queries, plan.index.max_scores)   # a query's scale depends on it alone
-    _, docs = unpack_keys(cand)
+    docs = key_docs(cand)
     return topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "DOC_MASK",
     "ROW",
     "emit_tile",
+    "key_docs",
     "kth_threshold",
     "merge_topk",
     "pack_key",
@@ -62,11 +63,15 @@ def pack_keys(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
 
 def unpack_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores float32, doc_idx int64) of keys; -1 keys give (0.0, -1)."""
-    valid = keys >= 0
     bits = (keys >> 31).clamp(0, DOC_MASK).to(torch.int32)
-    scores = torch.where(valid, bits.view(torch.float32), torch.zeros((), dtype=torch.float32, device=keys.device))
-    docs = torch.where(valid, DOC_MASK - (keys & DOC_MASK), torch.full_like(keys, -1))
-    return scores, docs
+    scores = torch.where(keys >= 0, bits.view(torch.float32), torch.zeros((), dtype=torch.float32, device=keys.device))
+    return scores, key_docs(keys)
+
+
+def key_docs(keys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 doc_idx of keys (``unpack_keys``'s second half); -1 for -1 keys and where ``keep`` is False."""
+    valid = keys >= 0 if keep is None else (keys >= 0) & keep
+    return torch.where(valid, DOC_MASK - (keys & DOC_MASK), -1)
 
 
 def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
