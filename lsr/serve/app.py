@@ -142,7 +142,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        runner = engine.query_runner() if engine.encoder is not None else None
+        runner = engine.query_runner()
         graphs = runner.describe() if runner is not None else None
         return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs}
 

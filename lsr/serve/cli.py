@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup,
                      pipeline=args.pipeline)
     health = app.state.engine.describe()
-    runner = app.state.engine.query_runner() if app.state.engine.encoder is not None else None
+    runner = app.state.engine.query_runner()
     graphs = f", {runner.describe()['held']} query-encoder CUDA graphs" if runner is not None and runner.graphs else ""
     print(f"serving {health['n_docs']} documents on {health['device']} ({health['backend']}; encoder: "
           f"{health['encoder'] or 'none, pre-encoded vectors'}{graphs}) at http://{args.host}:{args.port} "

@@ -292,7 +292,7 @@ class SearchEngine:
 
     def query_runner(self) -> Any:
         """The encoder's bucketed query path (``SpladeEncoder.query_runner``) where it runs on the search's
-        device, else None."""
+        device, else None (also without an encoder)."""
         runner = self.encoder.query_runner() if hasattr(self.encoder, "query_runner") else None
         return runner if runner is not None and _same_device(runner.device, self.searcher.device) else None
 
