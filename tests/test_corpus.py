@@ -23,7 +23,7 @@ from lsr.shards import read_manifest, read_vectors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_DOCS, SHARD, WINDOW, BATCH = 300, 64, 32, 32
-SETTINGS = {"batch_size": BATCH, "shard_rows": SHARD, "sort_window": WINDOW, "progress": False}
+SETTINGS = {"batch_size": BATCH, "shard_rows": SHARD, "sort_window": WINDOW, "show_progress_bar": False}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,13 @@ def test_refusals(tmp_path, roberta, encoder, docs):
         encode_corpus(other, docs, out, **SETTINGS)
     with pytest.raises(TypeError, match="pairs"):
         encode_corpus(encoder, [("a", "x"), "not a pair"], tmp_path / "bad", **SETTINGS)
+
+
+def test_progress_is_a_deprecated_name_of_show_progress_bar(encoder, docs, tmp_path):
+    settings = {k: v for k, v in SETTINGS.items() if k != "show_progress_bar"}
+    with pytest.warns(DeprecationWarning, match="show_progress_bar"):
+        manifest = encode_corpus(encoder, docs[:40], tmp_path / "vec", progress=False, **settings)
+    assert sum(s["rows"] for s in manifest["shards"]) == 40
 
 
 def test_doc_top_k_stats_and_bucketing(tmp_path, encoder, docs):
