@@ -118,7 +118,6 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
         the number of lines written per file.
     """
     import numpy as np
-    import pyarrow as pa
 
     targets = dict(path) if isinstance(path, Mapping) else {fmt: path}
     if not targets or set(targets) - {"trec", "msmarco"}:
@@ -128,62 +127,79 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
         raise ValueError(f"scores {s.shape} / doc_idx {d.shape} must be [B, k] with B = {len(qids)} qids")
     where = ", ".join(map(str, targets.values()))
     check_id(tag, "run tag", where)
+    rows = _TopkRows(_checked_qids(qids, where), s, d, docnos, tag, where)
+    # Slices of whole queries are formatted in parallel threads (Arrow's take / cast / CSV writer
+    # release the GIL), then concatenated in order: the file is the same for any number of slices.
+    n_parts = max(1, min(len(qids), os.cpu_count() or 1, 16, -(-rows.n // _ROWS_PER_SLICE)))
+    bounds = np.linspace(0, len(qids), n_parts + 1).astype(np.int64)
+    slices = [(int(bounds[i]), int(bounds[i + 1]), list(targets)) for i in range(n_parts)]
+    if n_parts == 1:
+        parts = [rows.render(*slices[0])]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(n_parts) as pool:
+            parts = list(pool.map(lambda sl: rows.render(*sl), slices))
+    for f, target in targets.items():
+        _write_bytes([p[f] for p in parts], Path(target), replace)
+    return rows.n
+
+
+def _checked_qids(qids: Sequence[str], where: str) -> list[str]:
+    """Query ids as strings: one-line errors for an id a run file cannot hold and for duplicates."""
     qid_strs = [str(q) for q in qids]
     bad = first_bad_id(qid_strs)
     if bad is not None:
         check_id(qid_strs[bad], f"query id (row {bad})", where)
     if len(set(qid_strs)) != len(qids):
         raise ValueError(f"{where}: duplicate query ids")
-    valid = d >= 0
-    finite = np.isfinite(s) | ~valid
-    if not finite.all():
-        row, col = (int(x[0]) for x in np.nonzero(~finite))
-        raise ValueError(f"{where}: query {qid_strs[row]!r} has score {s[row, col]} at rank {col + 1}; {_FINITE_FIX}")
-    doc_arr = arrow_strings(docnos)
-    flat = d[valid]
-    if flat.size and int(flat.max()) >= len(doc_arr):
-        raise ValueError(f"doc index {int(flat.max())} is out of range for {len(doc_arr)} docnos")
-    bad = first_bad_arrow_id(doc_arr)
-    if bad is not None:
-        check_id(doc_arr[bad].as_py() or "", f"docno (doc index {bad})", where)
-    n = len(flat)
-    qid_arr = pa.array(qid_strs, pa.string())
-    counts = valid.sum(1)
-    row_start = np.concatenate([[0], np.cumsum(counts)])
-    # Slices of whole queries are formatted in parallel threads (Arrow's take / cast / CSV writer
-    # release the GIL), then concatenated in order: the file is the same for any number of slices.
-    n_parts = max(1, min(len(qids), os.cpu_count() or 1, 16, -(-n // _ROWS_PER_SLICE)))
-    bounds = np.linspace(0, len(qids), n_parts + 1).astype(np.int64)
+    return qid_strs
 
-    def render(part: int) -> dict[str, bytes]:
-        qa, qb = int(bounds[part]), int(bounds[part + 1])
-        pa_, pb = int(row_start[qa]), int(row_start[qb])
-        m = pb - pa_
-        v = valid[qa:qb]
-        cols = {"q": qid_arr.take(pa.array(np.repeat(np.arange(qa, qb), counts[qa:qb]))),
-                "d": doc_arr.take(pa.array(flat[pa_:pb])), "r": pa.array((np.nonzero(v)[1] + 1).astype(np.int32))}
+
+class _TopkRows:
+    """The checked columns of ``write_topk``'s [B, k] output (padding dropped), rendered by query slices."""
+
+    def __init__(self, qids: list[str], s: Any, d: Any, docnos: Any, tag: str, where: str) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        self.valid = d >= 0
+        finite = np.isfinite(s) | ~self.valid
+        if not finite.all():
+            row, col = (int(x[0]) for x in np.nonzero(~finite))
+            raise ValueError(f"{where}: query {qids[row]!r} has score {s[row, col]} at rank {col + 1}; {_FINITE_FIX}")
+        self.docs = arrow_strings(docnos)
+        self.flat = d[self.valid]
+        if self.flat.size and int(self.flat.max()) >= len(self.docs):
+            raise ValueError(f"doc index {int(self.flat.max())} is out of range for {len(self.docs)} docnos")
+        bad = first_bad_arrow_id(self.docs)
+        if bad is not None:
+            check_id(self.docs[bad].as_py() or "", f"docno (doc index {bad})", where)
+        self.n, self.s, self.tag = len(self.flat), s, tag
+        self.qids = pa.array(qids, pa.string())
+        self.counts = self.valid.sum(1)
+        self.row_start = np.concatenate([[0], np.cumsum(self.counts)])
+
+    def render(self, qa: int, qb: int, formats: list[str]) -> dict[str, bytes]:
+        """The lines of queries [qa, qb) in each format."""
+        import numpy as np
+        import pyarrow as pa
+
+        pa_, pb = int(self.row_start[qa]), int(self.row_start[qb])
+        v = self.valid[qa:qb]
+        cols = {"q": self.qids.take(pa.array(np.repeat(np.arange(qa, qb), self.counts[qa:qb]))),
+                "d": self.docs.take(pa.array(self.flat[pa_:pb])), "r": pa.array((np.nonzero(v)[1] + 1).astype(np.int32))}
         out = {}
-        for f in targets:
+        for f in formats:
             if f == "trec":
-                zeros = pa.array(np.zeros(m, np.int32))  # constant columns: one dictionary entry each
+                zeros = pa.array(np.zeros(pb - pa_, np.int32))  # constant columns: one dictionary entry each
                 table = pa.table({"q": cols["q"], "q0": pa.DictionaryArray.from_arrays(zeros, pa.array(["Q0"])),
-                                  "d": cols["d"], "r": cols["r"], "s": pa.array(s[qa:qb][v]).cast(pa.string()),
-                                  "t": pa.DictionaryArray.from_arrays(zeros, pa.array([tag]))})
+                                  "d": cols["d"], "r": cols["r"], "s": pa.array(self.s[qa:qb][v]).cast(pa.string()),
+                                  "t": pa.DictionaryArray.from_arrays(zeros, pa.array([self.tag]))})
             else:
                 table = pa.table(cols)
             out[f] = _csv_bytes(table, " " if f == "trec" else "\t")
         return out
-
-    if n_parts == 1:
-        parts = [render(0)]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(n_parts) as pool:
-            parts = list(pool.map(render, range(n_parts)))
-    for f, target in targets.items():
-        _write_bytes([p[f] for p in parts], Path(target), replace)
-    return n
 
 
 def _csv_bytes(table: Any, delimiter: str) -> Any:

@@ -166,12 +166,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
                       stacklevel=2)
         show_progress_bar = progress
-    if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
-        raise ValueError("shard_rows and sort_window must be positive")
-    if stream_offset < 0 or stream_offset % shard_rows:
-        raise ValueError(f"stream_offset {stream_offset} must be a non-negative multiple of shard_rows {shard_rows}")
-    # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/benchmarks.md)
-    sort_window = sort_window or -(-shard_rows // -(-shard_rows // 65536))
+    sort_window = _check_windows(shard_rows, sort_window, stream_offset)
     metadata = dict(encoder.describe())
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
@@ -188,86 +183,126 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if skip:
         log.info("resuming %s after %d documents", out_dir, skip)
         _skip_written(writer, stream, skip)
-
-    fast = hasattr(encoder, "prepare") and hasattr(encoder, "encode_prepared")
-    batch_size = batch_size or getattr(encoder, "batch_size", None) or 1024
-    top_k = {} if doc_top_k is None else {"top_k": doc_top_k}
-    totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
-    clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0, "close_s": 0.0}
-
-    if tokenize_workers is None:
-        tokenize_workers = default_workers() if fast and getattr(encoder.device, "type", None) == "cuda" else 0
-    tokenizers = encoder.shared_tokenizer_pool("doc", tokenize_workers) if fast and tokenize_workers > 0 else None
-    by_workers_before = tokenizers.texts_by_workers if tokenizers is not None else 0
-    first = [True]
-
-    def start(window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
-        ids, texts = window  # (read by this thread, which then submits the texts to the worker processes)
-        return ids, encoder.tokenize_async(texts, "doc", pool=tokenizers) if fast else texts
-
-    def prepare(started: tuple[list[str], Any]) -> tuple[list[str], Any]:
-        ids, tokenized = started
-        if not fast:
-            return ids, tokenized
-        # every window goes to the worker processes; the model waits for the first one anyway, so this
-        # thread tokenizes part of it too (while the workers start, on a first call)
-        join, first[0] = first[0], False
-        return ids, encoder.prepare_tokens(tokenized(join), "doc", batch_size, max_tokens)
-
+    run = _CorpusRun(encoder, writer, batch_size, doc_top_k, max_tokens, tokenize_workers)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
-    prefetcher = Pipeline(_windows(stream, stream_offset + skip, shard_rows, sort_window), start, prepare, prefetch)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
-    pending: Future | None = None
-    t0 = mark = time.perf_counter()
     try:
-        for ids, payload in prefetcher:
-            start = time.perf_counter()
-            clock["wait_input_s"] += start - mark
-            if clock["first_window_s"] is None:
-                clock["first_window_s"] = start - t0
-            if fast:  # queued on the device: the writer thread waits for the vectors and copies them
-                run = getattr(encoder, "encode_prepared_async", encoder.encode_prepared)
-                vectors = run(payload, ids, on_batch=bar.update, **top_k)
-                totals["tokens"] += payload.n_tokens
-                totals["padded_tokens"] += payload.n_slots
-            else:
-                parts = []
-                for i in range(0, len(ids), batch_size):
-                    part = encoder.encode_document(payload[i:i + batch_size], ids=ids[i:i + batch_size])
-                    parts.append(part.prune_top_k(doc_top_k) if doc_top_k is not None else part)
-                    bar.update(len(part))
-                vectors = SparseVectors.concat(parts)
-            encoded = time.perf_counter()
-            clock["encode_s"] += encoded - start
-            totals["docs"] += len(ids)
-            if pending is not None:
-                totals["nnz"] += pending.result()  # one window in flight at most: bounded memory, errors surface
-                clock["wait_writer_s"] += time.perf_counter() - encoded
-            pending = pool.submit(_add, writer, vectors)
-            postfix = {"nnz/doc": f"{totals['nnz'] / max(totals['docs'], 1):.0f}"}
-            if fast:
-                postfix["pad"] = f"{totals['padded_tokens'] / max(totals['tokens'], 1) - 1:.1%}"
-            bar.set_postfix(postfix, refresh=False)
-            mark = time.perf_counter()
-        end = time.perf_counter()
-        clock["wait_input_s"] += end - mark  # waiting for the end of the stream
-        if pending is not None:
-            totals["nnz"] += pending.result()
-            clock["wait_writer_s"] += time.perf_counter() - end
-        closing = time.perf_counter()
-        manifest = writer.close()  # waits for the shard-writer threads' last files, writes the manifest
-        clock["close_s"] = time.perf_counter() - closing
+        manifest = run.run(_windows(stream, stream_offset + skip, shard_rows, sort_window), prefetch, bar)
     finally:
-        prefetcher.close()
-        pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
-        _settle(writer)
         bar.close()
-    seconds = time.perf_counter() - t0
     if stats is not None:
-        stats.update(totals, **clock, seconds=seconds, tokenize_workers=tokenize_workers if fast else 0,
-                     tokenized_by_workers=(tokenizers.texts_by_workers - by_workers_before) if tokenizers else 0,
-                     docs_per_s=totals["docs"] / seconds if seconds > 0 else 0.0)
+        stats.update(run.stats())
     return manifest
+
+
+def _check_windows(shard_rows: int, sort_window: int | None, stream_offset: int) -> int:
+    """Refuse bad sizes; the sort window (default: shard_rows split into equal windows of <= 65,536)."""
+    if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
+        raise ValueError("shard_rows and sort_window must be positive")
+    if stream_offset < 0 or stream_offset % shard_rows:
+        raise ValueError(f"stream_offset {stream_offset} must be a non-negative multiple of shard_rows {shard_rows}")
+    # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/benchmarks.md)
+    return sort_window or -(-shard_rows // -(-shard_rows // 65536))
+
+
+class _CorpusRun:
+    """One pass of ``encode_corpus`` over the windows still to write: tokenizing ahead (``Pipeline``), the
+    model on this thread, a writer thread behind it; counts and the main thread's time split for ``stats``."""
+
+    def __init__(self, encoder: Encoder, writer: ShardWriter, batch_size: int | None, doc_top_k: int | None,
+                 max_tokens: int | None, tokenize_workers: int | None) -> None:
+        self.encoder, self.writer, self.doc_top_k, self.max_tokens = encoder, writer, doc_top_k, max_tokens
+        self.fast = hasattr(encoder, "prepare") and hasattr(encoder, "encode_prepared")
+        self.batch_size = batch_size or getattr(encoder, "batch_size", None) or 1024
+        self.totals = {"docs": 0, "nnz": 0, "tokens": 0, "padded_tokens": 0}
+        self.clock = {"first_window_s": None, "wait_input_s": 0.0, "encode_s": 0.0, "wait_writer_s": 0.0,
+                      "close_s": 0.0, "seconds": 0.0}
+        if tokenize_workers is None:
+            on_cuda = getattr(getattr(encoder, "device", None), "type", None) == "cuda"
+            tokenize_workers = default_workers() if self.fast and on_cuda else 0
+        self.workers = tokenize_workers if self.fast else 0
+        self.tokenizers = encoder.shared_tokenizer_pool("doc", self.workers) if self.workers > 0 else None
+        self.by_workers_before = self.tokenizers.texts_by_workers if self.tokenizers is not None else 0
+        self.first = True
+
+    def start(self, window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
+        ids, texts = window  # (read by this thread, which then submits the texts to the worker processes)
+        return ids, self.encoder.tokenize_async(texts, "doc", pool=self.tokenizers) if self.fast else texts
+
+    def prepare(self, started: tuple[list[str], Any]) -> tuple[list[str], Any]:
+        ids, tokenized = started
+        if not self.fast:
+            return ids, tokenized
+        # every window goes to the worker processes; the model waits for the first one anyway, so this
+        # thread tokenizes part of it too (while the workers start, on a first call)
+        join, self.first = self.first, False
+        return ids, self.encoder.prepare_tokens(tokenized(join), "doc", self.batch_size, self.max_tokens)
+
+    def encode(self, ids: list[str], payload: Any, bar: Any) -> Any:
+        """A window's vectors: queued on the device (the writer thread waits for them and copies them) on
+        the fast path, else the encoder's ``encode_document`` per batch."""
+        if self.fast:
+            run = getattr(self.encoder, "encode_prepared_async", self.encoder.encode_prepared)
+            top_k = {} if self.doc_top_k is None else {"top_k": self.doc_top_k}
+            self.totals["tokens"] += payload.n_tokens
+            self.totals["padded_tokens"] += payload.n_slots
+            return run(payload, ids, on_batch=bar.update, **top_k)
+        parts = []
+        for i in range(0, len(ids), self.batch_size):
+            part = self.encoder.encode_document(payload[i:i + self.batch_size], ids=ids[i:i + self.batch_size])
+            parts.append(part.prune_top_k(self.doc_top_k) if self.doc_top_k is not None else part)
+            bar.update(len(part))
+        return SparseVectors.concat(parts)
+
+    def run(self, windows: Iterator[tuple[list[str], list[str]]], prefetch: int, bar: Any) -> dict[str, Any]:
+        """Encode every window and close the writer; returns the manifest."""
+        prefetcher = Pipeline(windows, self.start, self.prepare, prefetch)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsr-shard-writer")
+        pending: Future | None = None
+        clock, totals = self.clock, self.totals
+        t0 = mark = time.perf_counter()
+        try:
+            for ids, payload in prefetcher:
+                start = time.perf_counter()
+                clock["wait_input_s"] += start - mark
+                if clock["first_window_s"] is None:
+                    clock["first_window_s"] = start - t0
+                vectors = self.encode(ids, payload, bar)
+                encoded = time.perf_counter()
+                clock["encode_s"] += encoded - start
+                totals["docs"] += len(ids)
+                if pending is not None:
+                    totals["nnz"] += pending.result()  # one window in flight at most: bounded memory, errors surface
+                    clock["wait_writer_s"] += time.perf_counter() - encoded
+                pending = pool.submit(_add, self.writer, vectors)
+                bar.set_postfix(self.postfix(), refresh=False)
+                mark = time.perf_counter()
+            end = time.perf_counter()
+            clock["wait_input_s"] += end - mark  # waiting for the end of the stream
+            if pending is not None:
+                totals["nnz"] += pending.result()
+                clock["wait_writer_s"] += time.perf_counter() - end
+            closing = time.perf_counter()
+            manifest = self.writer.close()  # waits for the shard-writer threads' last files, writes the manifest
+            clock["close_s"] = time.perf_counter() - closing
+        finally:
+            prefetcher.close()
+            pool.shutdown(wait=True)  # an in-flight shard is complete work: let it land
+            _settle(self.writer)
+            clock["seconds"] = time.perf_counter() - t0
+        return manifest
+
+    def postfix(self) -> dict[str, str]:
+        docs = max(self.totals["docs"], 1)
+        out = {"nnz/doc": f"{self.totals['nnz'] / docs:.0f}"}
+        if self.fast:
+            out["pad"] = f"{self.totals['padded_tokens'] / max(self.totals['tokens'], 1) - 1:.1%}"
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        seconds = self.clock["seconds"]
+        by_workers = self.tokenizers.texts_by_workers - self.by_workers_before if self.tokenizers else 0
+        return {**self.totals, **self.clock, "tokenize_workers": self.workers, "tokenized_by_workers": by_workers,
+                "docs_per_s": self.totals["docs"] / seconds if seconds > 0 else 0.0}

@@ -25,6 +25,7 @@ so the CPU and CUDA builds are identical bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 
@@ -166,79 +167,97 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
     shift = check_block_size(block_size)
     if postings not in LAYOUTS:
         raise ValueError(f"postings must be one of {LAYOUTS}, got {postings!r}")
-    if postings == COMPACT:
+    if postings == COMPACT:   # refused before any work: a block size or weights the layout cannot hold
         check_compact_block_size(block_size)
-        w_dtype = compact_weight_dtype(vectors.values)
+    w_dtype = compact_weight_dtype(vectors.values) if postings == COMPACT else torch.float32
     dev = vectors.device
     n, V = len(vectors), vectors.vocab_size
     if n > _INT32_MAX:
         raise ValueError(f"{n} documents do not fit int32 doc ids")
     nb = n_blocks_for(n, block_size)
-    n_keys = V * nb
-    key_dtype = torch.int32 if n_keys <= _INT32_MAX else torch.int64
+    keys = _SegmentKeys(nb, shift, torch.int32 if V * nb <= _INT32_MAX else torch.int64, V * nb)
     budget = default_memory_budget(dev) if max_memory_bytes is None else int(max_memory_bytes)
     per_chunk = min(max(budget // BYTES_PER_POSTING, PAD), _MAX_CHUNK_POSTINGS)
-    chunks = _chunks(vectors.indptr, per_chunk)
+    chunks = [c for c in _chunks(vectors.indptr, per_chunk) if c[3] > c[2]]
 
-    # pass 1: postings per (term, block) segment and the max weight of every term
-    counts = torch.zeros(n_keys, dtype=torch.int64, device=dev)
-    max_scores = torch.zeros(V, dtype=torch.float32, device=dev)
-    for r0, r1, p0, p1 in chunks:
-        if p1 == p0:
-            continue
-        terms = vectors.indices[p0:p1]
-        counts += torch.bincount(_segment_keys(terms, _chunk_docs(vectors, r0, r1, p0, p1), nb, shift, key_dtype),
-                                 minlength=n_keys)
-        # amax is order-independent, hence deterministic even with atomics
-        max_scores.scatter_reduce_(0, terms.to(torch.int64), vectors.values[p0:p1], reduce="amax")
-
+    counts, max_scores = _count_segments(vectors, chunks, keys)
     padded = (counts + (PAD - 1)) // PAD * PAD
-    seg_start = torch.zeros(n_keys + 1, dtype=torch.int64, device=dev)
+    seg_start = torch.zeros(keys.n + 1, dtype=torch.int64, device=dev)
     torch.cumsum(padded, 0, out=seg_start[1:])
     # column j < nb: start of segment (t, j); column nb: end of term t = start of segment (t + 1, 0)
     ends = seg_start[nb::nb] if V else seg_start[:0]
     block_offsets = torch.cat([seg_start[:-1].view(V, nb), ends.view(V, 1)], dim=1)
     lengths64 = counts.view(V, nb).sum(1)
     padded64 = padded.view(V, nb).sum(1)
-    total = int(seg_start[-1])
     longest = int(padded64.max()) if V else 0
     if longest > _INT32_MAX:
         raise ValueError(f"a posting list of {longest} entries does not fit int32 lengths")
+    doc_ids, scores = _empty_postings(int(seg_start[-1]), block_size, w_dtype, dev)
+    _scatter_postings(vectors, chunks, keys, seg_start, doc_ids, scores, block_size if postings == COMPACT else 0)
+    return PostingArrays(doc_ids=doc_ids, scores=scores, offsets=block_offsets[:, 0].contiguous(),
+                         lengths=lengths64.to(torch.int32), padded_lengths=padded64.to(torch.int32),
+                         max_scores=max_scores, block_offsets=block_offsets.contiguous(),
+                         block_size=int(block_size), n_blocks=nb)
 
-    # pass 2: scatter every posting to its place
-    if postings == COMPACT:   # padding: weight 0, local id block_size - 1 (see lsr.index.compact)
-        doc_ids = encode_docs(torch.full((total,), block_size - 1, dtype=torch.int32, device=dev), block_size)
-        scores = torch.zeros(total, dtype=w_dtype, device=dev)
-    else:
-        doc_ids = torch.full((total,), -1, dtype=torch.int32, device=dev)
-        scores = torch.zeros(total, dtype=torch.float32, device=dev)
-    written = torch.zeros(n_keys, dtype=torch.int64, device=dev)  # postings per segment placed so far
+
+class _SegmentKeys(NamedTuple):
+    """Keys of the (term, block) posting segments: term * n_blocks + doc >> shift, in ``dtype``; n of them."""
+
+    n_blocks: int
+    shift: int
+    dtype: torch.dtype
+    n: int
+
+
+def _count_segments(vectors: SparseVectors, chunks: list[tuple[int, int, int, int]],
+                    keys: _SegmentKeys) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1: postings per (term, block) segment and the max weight of every term."""
+    counts = torch.zeros(keys.n, dtype=torch.int64, device=vectors.device)
+    max_scores = torch.zeros(vectors.vocab_size, dtype=torch.float32, device=vectors.device)
     for r0, r1, p0, p1 in chunks:
-        if p1 == p0:
-            continue
-        sort_key, key_shift = _sort_key(vectors.indices[p0:p1], V)
+        terms = vectors.indices[p0:p1]
+        docs = _chunk_docs(vectors, r0, r1, p0, p1)
+        counts += torch.bincount(_segment_keys(terms, docs, keys.n_blocks, keys.shift, keys.dtype), minlength=keys.n)
+        # amax is order-independent, hence deterministic even with atomics
+        max_scores.scatter_reduce_(0, terms.to(torch.int64), vectors.values[p0:p1], reduce="amax")
+    return counts, max_scores
+
+
+def _empty_postings(total: int, block_size: int, w_dtype: torch.dtype,
+                    dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded posting arrays before the scatter: doc id -1 and weight 0, or for the compact layout (16-bit
+    weights) local id block_size - 1 and weight 0 (see lsr.index.compact)."""
+    scores = torch.zeros(total, dtype=w_dtype, device=dev)
+    if w_dtype != torch.float32:
+        return encode_docs(torch.full((total,), block_size - 1, dtype=torch.int32, device=dev), block_size), scores
+    return torch.full((total,), -1, dtype=torch.int32, device=dev), scores
+
+
+def _scatter_postings(vectors: SparseVectors, chunks: list[tuple[int, int, int, int]], keys: _SegmentKeys,
+                      seg_start: torch.Tensor, doc_ids: torch.Tensor, scores: torch.Tensor, compact_block: int) -> None:
+    """Pass 2: every posting to its place (segments in term order, docs ascending inside); compact_block > 0
+    stores block-local ids of that block size."""
+    dev = vectors.device
+    written = torch.zeros(keys.n, dtype=torch.int64, device=dev)  # postings per segment placed so far
+    for r0, r1, p0, p1 in chunks:
+        sort_key, key_shift = _sort_key(vectors.indices[p0:p1], vectors.vocab_size)
         sorted_terms, order = torch.sort(sort_key, stable=True)
         del sort_key
         # index_select: several times faster than advanced indexing for these big random gathers on CPU
         docs = _chunk_docs(vectors, r0, r1, p0, p1).index_select(0, order)
         vals = vectors.values[p0:p1].index_select(0, order)
         del order
-        key = _segment_keys(sorted_terms, docs, nb, shift, key_dtype)
+        key = _segment_keys(sorted_terms, docs, keys.n_blocks, keys.shift, keys.dtype)
         if key_shift:
-            key += key_shift * nb
+            key += key_shift * keys.n_blocks
         del sorted_terms
-        chunk_counts = torch.bincount(key, minlength=n_keys)
+        chunk_counts = torch.bincount(key, minlength=keys.n)
         first = torch.cumsum(chunk_counts, 0) - chunk_counts  # first sorted position of each key
         dest = (seg_start[:-1] + written - first).index_select(0, key)
         del key, first
         dest += torch.arange(p1 - p0, dtype=torch.int64, device=dev)
         # destinations are unique (and ascending), so the copies are deterministic
-        doc_ids.index_copy_(0, dest, encode_docs(docs, block_size) if postings == COMPACT else docs)
+        doc_ids.index_copy_(0, dest, encode_docs(docs, compact_block) if compact_block else docs)
         scores.index_copy_(0, dest, vals.to(scores.dtype))
         written += chunk_counts
         del docs, vals, dest
-
-    return PostingArrays(doc_ids=doc_ids, scores=scores, offsets=block_offsets[:, 0].contiguous(),
-                         lengths=lengths64.to(torch.int32), padded_lengths=padded64.to(torch.int32),
-                         max_scores=max_scores, block_offsets=block_offsets.contiguous(),
-                         block_size=int(block_size), n_blocks=nb)

@@ -69,9 +69,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     try:
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse, Response
+        from fastapi.responses import JSONResponse
         from starlette.exceptions import HTTPException
-        from starlette.routing import Route
     except ImportError as e:
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
@@ -80,6 +79,32 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     engine = SearchEngine(index, model, device=device, k=k, max_k=max_k, backend=backend, pad_batches=pad_batches)
     if warmup:
         engine.warmup(max_batch)
+
+    batcher = _make_batcher(engine, max_batch, max_wait_ms, pipeline)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
+        yield
+        await batcher.close()
+
+    app = FastAPI(title="lsr search", lifespan=lifespan)
+    app.state.engine, app.state.batcher = engine, batcher
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
+
+    _add_routes(app, engine, batcher, {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline})
+    return app
+
+
+def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipeline: bool) -> DynamicBatcher:
+    """The dynamic batcher over ``engine``: every step of a batch in the device thread, or (``pipeline``)
+    tokenizing and answering on a second host thread."""
 
     def prepare(requests: list[Any]) -> Any:  # host thread: tokenize (and pack) the batch's texts
         return engine.prepare_batch(requests, {})
@@ -98,23 +123,14 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     batcher = DynamicBatcher(engine.search_batch if pipeline else process, max_batch=max_batch,
                              max_wait_ms=max_wait_ms, thread_init=_thread_init(str(engine.searcher.device)),
                              prepare=prepare if pipeline else None, finish=finish if pipeline else None)
+    return batcher
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
-        yield
-        await batcher.close()
 
-    app = FastAPI(title="lsr search", lifespan=lifespan)
-    app.state.engine, app.state.batcher = engine, batcher
-    config = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline}
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, exc.detail)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
+def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config: dict[str, Any]) -> None:
+    """POST /search, GET /health and GET /stats."""
+    from fastapi import Request
+    from fastapi.responses import Response
+    from starlette.routing import Route
 
     async def search(request: Request) -> Response:
         try:
@@ -145,5 +161,3 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         runner = engine.query_runner()
         graphs = runner.describe() if runner is not None else None
         return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs}
-
-    return app

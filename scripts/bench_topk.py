@@ -1,0 +1,181 @@
+"""Benchmark the top-k selections a small-batch block search makes, and exact alternatives to them.
+
+    PYTHONPATH=. python scripts/bench_topk.py --out OUT [--size 8.8m] [--cases real:1:10,synth:1:1000,...]
+        [--chunks 2048,4096,8192,16384]
+
+A B=1 search at 8.8M docs spends ~190 of its ~460 us of GPU time in torch.topk / kthvalue (profile of
+session 13, docs/benchmarks.md). This script runs one eager search per case (``query set:B:k``) on a
+synthetic collection (lsr.synth, as bench_search.py builds it), records the input of every
+``torch.topk`` / ``torch.kthvalue`` call the search makes, and times on those very inputs (inside a CUDA
+graph, as the block path runs them):
+
+* ``topk``: the call as made; ``sort``: a full sort, then the first k; ``unsorted+sort``: an unsorted
+  topk, then a sort of its k keys; ``chunk{C}``: top k of every C-key slice of the row, then top k of
+  those (exact: keys are unique, so the top k of the row are among the slices' top k);
+* for a k-th value (pass 1's threshold): ``kthvalue``, ``topk_amin`` and ``chunk{C}_amin``.
+
+Every variant's output is compared with the call's own (the ``equal`` column). Writes OUT/bench_topk.json
+and .csv; prints a table last: per call, the baseline and the fastest variant.
+``--device cpu`` is a dry run (small collection, interpreter mode, host timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from bench_search import parse_size, read_real_queries
+
+from lsr.bench import Results, environment, format_table, synchronize
+from lsr.index.inverted import InvertedIndex
+from lsr.search.triton_backend import default_config, triton_search
+from lsr.synth import SynthSpec, synth_docs, synth_queries
+
+TOPK, KTHVALUE = torch.topk, torch.kthvalue
+
+
+def record_calls(search: Callable[[], object]) -> list[tuple[str, torch.Tensor, int, bool]]:
+    """(op, input copy, k, sorted) of every 2-D torch.topk / torch.kthvalue call ``search`` makes."""
+    calls = []
+
+    def topk(x, k, dim=-1, largest=True, sorted=True, **kw):  # noqa: A002 - torch's own argument name
+        if x.dim() == 2 and dim in (1, -1) and largest:
+            calls.append(("topk", x.detach().clone(), int(k), bool(sorted)))
+        return TOPK(x, k, dim=dim, largest=largest, sorted=sorted, **kw)
+
+    def kthvalue(x, k, dim=-1, **kw):
+        if x.dim() == 2 and dim in (1, -1):
+            calls.append(("kth", x.detach().clone(), int(k), False))
+        return KTHVALUE(x, k, dim=dim, **kw)
+
+    torch.topk, torch.kthvalue = topk, kthvalue
+    try:
+        search()
+    finally:
+        torch.topk, torch.kthvalue = TOPK, KTHVALUE
+    return calls
+
+
+def chunked_topk(x: torch.Tensor, k: int, chunk: int, sorted_: bool) -> torch.Tensor:
+    """Top k of every ``chunk`` keys (padded with -1), then top k of those."""
+    B, C = x.shape
+    n = -(-C // chunk)
+    if n * chunk != C:
+        x = torch.cat([x, x.new_full((B, n * chunk - C), -1)], 1)
+    part = TOPK(x.view(B * n, chunk), min(k, chunk), dim=1, sorted=False).values.view(B, -1)
+    return TOPK(part, k, dim=1, sorted=sorted_).values
+
+
+def variants(op: str, x: torch.Tensor, k: int, sorted_: bool,
+             chunks: list[int]) -> dict[str, Callable[[], torch.Tensor]]:
+    """name -> a call whose output must equal the first one's (for "topk": up to order when unsorted)."""
+    C = x.shape[1]
+    if op == "kth":
+        kk = C - k + 1   # kthvalue's k-th smallest is the (C - k + 1)-th largest
+        out = {"kthvalue": lambda: KTHVALUE(x, k, dim=1).values,
+               "topk_amin": lambda: TOPK(x, kk, dim=1, sorted=False).values.amin(1)}
+        for c in chunks:
+            if kk <= c < C:
+                out[f"chunk{c}_amin"] = lambda c=c: chunked_topk(x, kk, c, False).amin(1)
+        return out
+    out = {"topk": lambda: TOPK(x, k, dim=1, sorted=sorted_).values,
+           "sort": lambda: torch.sort(x, dim=1, descending=True).values[:, :k]}
+    if sorted_:
+        out["unsorted+sort"] = lambda: torch.sort(TOPK(x, k, dim=1, sorted=False).values, dim=1, descending=True).values
+    for c in chunks:
+        if 2 * k <= c < C:
+            out[f"chunk{c}"] = lambda c=c: chunked_topk(x, k, c, sorted_)
+    return out
+
+
+def same(a: torch.Tensor, b: torch.Tensor, ordered: bool) -> bool:
+    if ordered:
+        return torch.equal(a, b)
+    return torch.equal(torch.sort(a, dim=-1).values, torch.sort(b, dim=-1).values)
+
+
+def time_us(fn: Callable[[], object], cuda: bool, reps: int = 20) -> float:
+    """Median µs per call: a CUDA graph of ``reps`` calls replayed 5 times (the block path replays graphs),
+    or host time on the CPU."""
+    fn()
+    synchronize()
+    if not cuda:
+        t = time.perf_counter()
+        for _ in range(3):
+            fn()
+        return (time.perf_counter() - t) / 3 * 1e6
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return sorted(times)[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="8.8m")
+    ap.add_argument("--cases", default="real:1:10,synth:1:10,synth:1:1000,real:16:10,synth:64:1000,real:64:1000")
+    ap.add_argument("--chunks", default="2048,4096,8192,16384")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run (small collection, interpreter mode)")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    chunks = [int(c) for c in args.chunks.split(",")]
+    results = Results(args.out, "bench_topk", environment(dev), {"args": vars(args)})
+    spec = SynthSpec() if cuda else SynthSpec(block_rows=4096)
+    n_docs = parse_size(args.size) if cuda else 20_000
+    index = InvertedIndex.build(synth_docs(n_docs, spec, device=dev), device=dev, block_size=65536 if cuda else 4096)
+    qsets = {"synth": synth_queries(2000, spec, device=dev), "real": read_real_queries().to(dev)}
+    best = []
+    for case in args.cases.split(","):
+        name, B, k = case.split(":")
+        B, k = int(B), int(k)
+        cfg = replace(default_config(B), graphs=False)   # eager: every call runs (and is recorded) each time
+        calls = record_calls(lambda: triton_search(index, qsets[name][:B], k, path="block", config=cfg))
+        for i, (op, x, kk, sorted_) in enumerate(calls):
+            fns = variants(op, x, kk, sorted_, chunks)
+            ref = next(iter(fns.values()))()
+            rows = []
+            for vname, fn in fns.items():
+                row = {"case": case, "call": i, "op": op, "B": x.shape[0], "C": x.shape[1], "k": kk,
+                       "sorted": sorted_, "valid_keys": int((x >= 0).sum()), "variant": vname,
+                       "equal": same(fn(), ref, ordered=op == "kth" or sorted_), "us": time_us(fn, cuda)}
+                rows.append(results.add(row, echo=False))
+            base = rows[0]
+            fastest = min((r for r in rows if r["equal"]), key=lambda r: r["us"])
+            best.append({**base, "base_us": base["us"], "best": fastest["variant"], "best_us": fastest["us"],
+                         "all_equal": all(r["equal"] for r in rows)})
+    results.save()
+    print(format_table(best, ["case", "call", "op", "B", "C", "k", "sorted", "valid_keys", ("base_us", ".1f"),
+                              "best", ("best_us", ".1f"), "all_equal"]))
+
+
+if __name__ == "__main__":
+    main()
