@@ -258,9 +258,13 @@ def _rows(path: PathLike, n_cols: int, fmt: str):
 
 
 def read_trec(path: PathLike) -> Run:
-    """Read a TREC run (6 columns); each query's documents come back sorted by score, best first."""
+    """Read a TREC run (6 columns); each query's documents come back sorted by score, best first.
+
+    A last line whose run tag is a shorter prefix of the tag on the line before is refused: a file cut
+    short inside its last tag would otherwise be read as complete."""
     rows = []
-    for n, (qid, _q0, docno, _rank, score, _tag) in _rows(path, 6, "TREC"):
+    tags = ("", "")
+    for n, (qid, _q0, docno, _rank, score, tag) in _rows(path, 6, "TREC"):
         try:
             value = float(score)
         except ValueError:
@@ -269,15 +273,27 @@ def read_trec(path: PathLike) -> Run:
             raise ValueError(f"{path}:{n}: score {score!r} of query {qid!r}, doc {docno!r} is not finite; "
                              "evaluation tools cannot rank it: fix or drop the line")
         rows.append((qid, docno, value, n))
+        tags = (tags[1], tag)
+    before, last = tags
+    if len(rows) > 1 and last != before and before.startswith(last):
+        raise ValueError(f"{path}:{rows[-1][3]}: the last line's run tag {last!r} is the start of {before!r} on the "
+                         "line before: the file looks cut short; write or copy it again")
     return _build(rows, path)
 
 
 def read_msmarco(path: PathLike) -> Run:
-    """Read an MS MARCO run (``qid docno rank``); score = 1 / rank (see the module docstring)."""
+    """Read an MS MARCO run (``qid docno rank``); score = 1 / rank (see the module docstring). Two documents
+    at one rank of a query are refused: their order is ambiguous (and a file cut inside its last rank
+    repeats an earlier rank)."""
     rows = []
+    ranks: dict[tuple[str, int], int] = {}
     for n, (qid, docno, rank) in _rows(path, 3, "MS MARCO"):
         if not rank.isdigit() or int(rank) < 1:
             raise ValueError(f"{path}:{n}: rank {rank!r} is not a positive integer")
+        first = ranks.setdefault((qid, int(rank)), n)
+        if first != n:
+            raise ValueError(f"{path}:{n}: query {qid!r} has rank {int(rank)} again (first on line {first}): the order "
+                             "is ambiguous, or the file was cut short; give each document of a query its own rank")
         rows.append((qid, docno, 1.0 / int(rank), n))
     return _build(rows, path)
 

@@ -187,6 +187,41 @@ def test_run_readers_refuse_non_finite_scores(tmp_path, score):
         evaluate(path, {"q1": {"d1": 1}}, ["RR@10"])
 
 
+# ---------------------------------------------------------------------------------------- runs cut short
+def test_a_run_cut_inside_its_last_line_is_refused(tmp_path):
+    full = "".join(f"q{q} Q0 d{d} {d + 1} {9.5 - d} my-run\n" for q in (1, 2) for d in range(3))
+    cut = _write(tmp_path / "cut.trec", full[:-4])   # "... my-" : six columns, the tag cut short
+    with pytest.raises(ValueError, match=r"cut\.trec:6: the last line's run tag 'my-' is the start of 'my-run'"):
+        runs.read_trec(cut)
+    other = _write(tmp_path / "other.trec", full + "q3 Q0 d0 1 1.0 other\n")   # a new tag, not a prefix: fine
+    assert runs.read_trec(other)["q3"] == {"d0": 1.0}
+    lines = "".join(f"q1\td{d}\t{d + 1}\n" for d in range(12))
+    cut = _write(tmp_path / "cut.tsv", lines[:-2])     # rank 12 -> 1: query q1 has rank 1 twice
+    with pytest.raises(ValueError, match=r"cut\.tsv:12: query 'q1' has rank 1 again \(first on line 1\)"):
+        runs.read_msmarco(cut)
+    assert list(runs.read_msmarco(_write(tmp_path / "ok.tsv", lines))["q1"]) == [f"d{d}" for d in range(12)]
+
+
+def test_judged_queries_missing_from_a_run_are_named_in_a_warning(tmp_path, caplog):
+    from lsr.evaluation.topk import evaluate_topk
+
+    qrels = {"q1": {"d1": 1}, "q2": {"d2": 1}, "q3": {"d3": 1}}
+    path = _write(tmp_path / "r.trec", "q1 Q0 d1 1 2.0 t\n")   # cut at a line end: only the count tells
+    with caplog.at_level("WARNING", logger="lsr.evaluation"):
+        assert evaluate(path, qrels, ["RR@10"]) == {"RR@10": pytest.approx(1 / 3)}
+        assert evaluate_topk(["q1", "q2"], np.array([[0], [-1]]), ["d1"], qrels, ["RR@10"]) == \
+            {"RR@10": pytest.approx(1 / 3)}
+    assert [r.getMessage() for r in caplog.records] == [
+        "r.trec has no results for 2 of the 3 judged queries (e.g. 'q2'); they count 0, as with trec_eval -c"
+        .replace("r.trec", str(path)),
+        "the search output has no results for 2 of the 3 judged queries (e.g. 'q2'); they count 0, as with "
+        "trec_eval -c"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lsr.evaluation"):
+        evaluate({"q1": {"d1": 1.0}, "q2": {"d1": 1.0}, "q3": {"d3": 1.0}}, qrels, ["RR@10"])
+    assert not caplog.records
+
+
 def test_run_writers_name_the_query_of_a_non_finite_score(tmp_path):
     scores = np.float32([[2.0, 1.0], [np.inf, 1.0]])
     with pytest.raises(ValueError, match="query 'q2' has score inf at rank 1"):

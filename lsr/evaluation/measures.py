@@ -7,11 +7,14 @@ missing from the run scores 0. TREC DL reports recall and MAP at relevance level
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lsr.io import PathLike
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BEIR_METRICS", "DL_METRICS", "MSMARCO_METRICS", "evaluate", "parse_metrics", "per_query"]
 
@@ -76,8 +79,19 @@ def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMA
     import ir_measures
 
     parsed = parse_metrics(metrics)
-    agg = ir_measures.calc_aggregate(list(parsed.values()), _as_qrels(qrels), _as_run(run))
+    qrels_map, run_map = _as_qrels(qrels), _as_run(run)
+    note_missing_queries(qrels_map, run_map, "the run" if isinstance(run, Mapping) else str(run))
+    agg = ir_measures.calc_aggregate(list(parsed.values()), qrels_map, run_map)
     return {text: float(agg[m]) for text, m in parsed.items()}
+
+
+def note_missing_queries(qrels: Mapping[str, Any], answered: Any, what: str) -> None:
+    """Log a warning when judged queries have no results in ``answered`` (a set or mapping of query ids):
+    they count 0, and a run cut short or written for other queries should not pass as a low score."""
+    missing = [q for q in qrels if q not in answered]
+    if missing:
+        log.warning("%s has no results for %d of the %d judged queries (e.g. %r); they count 0, as with trec_eval -c",
+                    what, len(missing), len(qrels), missing[0])
 
 
 def per_query(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMARCO_METRICS

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.evaluation.measures import parse_metrics
+from lsr.evaluation.measures import note_missing_queries, parse_metrics
 from lsr.io import arrow_strings, to_numpy
 
 __all__ = ["FAST_MEASURES", "evaluate_topk"]
@@ -189,6 +189,7 @@ def evaluate_topk(query_ids: Sequence[str], doc_idx: Any, docnos: Sequence[str],
     n_ret = (idx >= 0).sum(1)
     keep = np.array([q in qrels for q in query_ids], dtype=bool) & (n_ret > 0)
     qids = [q for q, m in zip(query_ids, keep) if m]
+    note_missing_queries(qrels, set(qids), "the search output")
     idx = idx[keep]
     score_arr = None
     if scores is not None:
