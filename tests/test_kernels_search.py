@@ -455,7 +455,8 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
             want = triton_search(index, q, k, path="block", config=eager)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
             assert_exact_topk(*got, float64_scores(q, docs), k)
-    assert sg._GRAPHS[index] and all(g is not None for g in sg._GRAPHS[index].values()), "captured, not eager"
+    held = sg._GRAPHS[index].graphs
+    assert held and all(g is not None for g in held.values()), "captured, not eager"
     alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]
     batch = triton_search(index, queries[:4], 50, path="block")
     assert torch.equal(torch.cat([a[0] for a in alone]), batch[0]) and torch.equal(torch.cat([a[1] for a in alone]), batch[1])
@@ -465,3 +466,46 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
     want = triton_search(index, q, 200, path="block", config=eager)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert_exact_topk(*got, float64_scores(q, docs), 200)
+
+
+@pytest.mark.gpu
+def test_gpu_block_graphs_share_one_pool(monkeypatch):
+    """With SHARED_POOL the graphs of an index share one memory pool and one lock: graphs of five batch
+    sizes replayed in a shuffled order give the eager path's bits, and hold less memory than private pools."""
+    import random
+
+    import lsr.search.graphs as sg
+    from lsr.synth import synth_docs, synth_queries
+    docs = synth_docs(40_000, device="cuda")
+    queries = synth_queries(24, device="cuda")
+    eager = BlockConfig(graphs=False)
+    sizes = (1, 2, 3, 5, 8)
+    held = {}
+
+    def graph_pool_bytes() -> int:   # segments of private (graph) pools; the default pool is (0, 0)
+        segments = torch.cuda.memory_snapshot()
+        assert all("segment_pool_id" in seg for seg in segments)
+        return sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) != (0, 0))
+
+    for shared in (False, True):
+        monkeypatch.setattr(sg, "SHARED_POOL", shared)
+        index = build_index(docs, 2048)
+        for B in sizes:   # kernels compiled and tuned before any capture
+            triton_search(index, queries[:B], 100, path="block", config=eager)
+        before = graph_pool_bytes()
+        for B in sizes:
+            triton_search(index, queries[:B], 100, path="block")
+        held[shared] = graph_pool_bytes() - before
+        graphs = sg._GRAPHS[index]
+        assert all(g is not None for g in graphs.graphs.values()) and len(graphs.graphs) == len(sizes)
+        assert (graphs.pool is not None) == shared
+        assert all((g.lock is graphs.lock) == shared for g in graphs.graphs.values())
+        order = [B for B in sizes for _ in range(3)]
+        random.Random(7).shuffle(order)
+        for i, B in enumerate(order):
+            q = queries[i % 8:i % 8 + B]
+            got = triton_search(index, q, 100, path="block")
+            want = triton_search(index, q, 100, path="block", config=eager)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        del index, graphs
+    assert held[True] < held[False], f"one pool should hold less than five: {held}"

@@ -2,6 +2,12 @@
 
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
 captured graph removes that host cost. Graphs are cached per index (least recently used dropped).
+
+Each graph holds a private memory pool (22-142 MiB measured at 8.8M docs), so a server that sees many batch
+sizes can hold GRAPH_CACHE of them. With ``SHARED_POOL`` the graphs of one index share one pool and one
+lock, as ``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what it keeps
+under that lock, so no graph's memory is read after another graph of the index ran. Off until measured on a
+GPU (``tests/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = ["GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph"]
 
 GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
 GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
+SHARED_POOL = False            # one memory pool and one lock for all graphs of an index (module docstring)
 
 ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
@@ -31,11 +38,12 @@ class ChunkGraph:
     copies the queries into the graph's input buffers and replays it. The outputs live in the graph's
     memory until the next replay (``lock`` serialises callers, who copy what they keep)."""
 
-    def __init__(self, body: ChunkBody, B: int, n_terms: int, device: torch.device) -> None:
+    def __init__(self, body: ChunkBody, B: int, n_terms: int, device: torch.device, *, pool: Any = None,
+                 lock: threading.Lock | None = None) -> None:
         self.indptr = torch.zeros(B + 1, dtype=torch.int64, device=device)
         self.terms = torch.zeros(n_terms, dtype=torch.int32, device=device)
         self.weights = torch.zeros(n_terms, dtype=torch.float32, device=device)
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()
         main = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(main)
@@ -43,7 +51,7 @@ class ChunkGraph:
             body(self.indptr, self.terms, self.weights)
         main.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.out = body(self.indptr, self.terms, self.weights)
 
     def __call__(self, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> Any:
@@ -55,16 +63,35 @@ class ChunkGraph:
         return self.out
 
 
+class _IndexGraphs:
+    """The graphs of one index (least recently used first), with the pool and lock they share when
+    ``SHARED_POOL`` is on."""
+
+    def __init__(self) -> None:
+        self.graphs: OrderedDict[Hashable, ChunkGraph | None] = OrderedDict()
+        self.lock = threading.Lock()
+        self.pool: Any = None
+
+    def capture(self, body: ChunkBody, B: int, n_terms: int, device: torch.device) -> ChunkGraph:
+        if not SHARED_POOL:
+            return ChunkGraph(body, B, n_terms, device)
+        with self.lock:   # no graph of this pool runs while another is captured into it
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            return ChunkGraph(body, B, n_terms, device, pool=self.pool, lock=self.lock)
+
+
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
     """The cached graph for ``key`` (least recently used beyond GRAPH_CACHE dropped); None where capture
     failed (then the caller runs eagerly, as it does for every later call with that key)."""
-    graphs = _GRAPHS.setdefault(index, OrderedDict())
+    entry = _GRAPHS.setdefault(index, _IndexGraphs())
+    graphs = entry.graphs
     if key not in graphs:
         try:
-            graphs[key] = ChunkGraph(body, B, n_terms, index.device)
+            graphs[key] = entry.capture(body, B, n_terms, index.device)
         except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
             warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
                           "running it eagerly", RuntimeWarning, stacklevel=3)
