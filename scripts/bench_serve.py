@@ -162,11 +162,21 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "max_batch_seen": after["max_batch_queries"], "checked": len(same),
            "same_as_alone": sum(same) / len(same) if same else None,
            "error": load["first_error"] if load["errors"] else None, **stage_means(before, after),
-           "query_graphs_held": (after.get("query_graphs") or {}).get("held")}
+           "query_graphs_held": (after.get("query_graphs") or {}).get("held"), **gc_columns(before, after)}
     if base_row["queries"] != "text" and same:
         row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
+
+
+def gc_columns(before: dict, after: dict) -> dict:
+    """Full (generation 2) garbage collections in the server process during the level, their summed pause
+    (ms), and the longest pause of any collection since the server started."""
+    b, a = before.get("gc") or {}, after.get("gc") or {}
+    if not a:
+        return {}
+    return {"gc_full": a["collections"][2] - b["collections"][2],
+            "gc_full_ms": round(a["pause_ms"][2] - b["pause_ms"][2], 2), "gc_max_pause_ms": max(a["max_pause_ms"])}
 
 
 def stage_means(before: dict, after: dict) -> dict:
@@ -178,13 +188,28 @@ def stage_means(before: dict, after: dict) -> dict:
     return {f"{k}_ms": (v - old.get(k, 0.0)) / n for k, v in after.get("stage_ms_total", {}).items()}
 
 
+def run_levels(results: Results, app, pool, bodies, requests, base: dict, args, t_start: float) -> None:
+    """Serve ``app`` and load it at every --concurrency level (within the time budget)."""
+    refs = reference_answers(app.state.engine, requests, args.check)
+    server = Server(app)
+    try:
+        for c in ints(args.concurrency):
+            if time.time() - t_start > args.budget_s:
+                results.add({**base, "concurrency": c, "status": "skipped: budget"})
+                continue
+            run_level(results, server, pool, bodies, requests, refs, {**base, "concurrency": c}, args)
+    finally:
+        server.stop()
+
+
 def summarize(rows: list[dict], slo_ms: float) -> dict:
     """Per query set and max_batch: the best QPS with p99 <= slo_ms (and its concurrency)."""
     out: dict = {}
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("/pipeline" if r.get("pipeline", 0) else "")
+        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("/pipeline" if r.get("pipeline", 0) else "") + \
+            ("/gc-not-frozen" if r.get("freeze_gc") == 0 else "")
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
                         "mean_batch": r["mean_batch"]}
@@ -235,6 +260,8 @@ def parse_args() -> argparse.Namespace:
                     help="the interpreter's thread switch interval (lsr serve's setting; Python's default is 5)")
     ap.add_argument("--pipeline", default="0", help="server settings to compare: 1 = tokenizing and answers on a "
                     "second thread, overlapping the device work; 0 = all in the device thread (lsr serve's default)")
+    ap.add_argument("--freeze-gc", default="1", help="server settings to compare: 1 = objects alive after warm-up "
+                    "frozen for the garbage collector (lsr.serve.gcwatch, the default), 0 = not")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
@@ -267,34 +294,27 @@ def main() -> None:
     with mp.get_context("spawn").Pool(1) as pool:
         for qname in args.queries.split(","):
             bodies, requests = query_set(qname, args.n_queries, spec, args.k)
-            for max_batch, pipeline in [(b, p) for b in ints(args.max_batch) for p in ints(args.pipeline)]:
+            settings = [(b, p, f) for b in ints(args.max_batch) for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
+            for max_batch, pipeline, freeze in settings:
                 if time.time() - t_start > args.budget_s:
                     results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
                     continue
+                base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname, "n_docs": index.n_docs,
+                        "k": args.k, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
+                        "max_wait_ms": args.max_wait_ms}
                 model = args.model if qname == "text" else None
                 app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                                 k=args.k, pipeline=bool(pipeline))
-                refs = reference_answers(app.state.engine, requests, args.check)
-                server = Server(app)
-                try:
-                    for c in ints(args.concurrency):
-                        base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname,
-                                "n_docs": index.n_docs, "k": args.k, "max_batch": max_batch, "pipeline": pipeline,
-                                "max_wait_ms": args.max_wait_ms, "concurrency": c}
-                        if time.time() - t_start > args.budget_s:
-                            results.add({**base, "status": "skipped: budget"})
-                            continue
-                        run_level(results, server, pool, bodies, requests, refs, base, args)
-                finally:
-                    server.stop()
+                                 k=args.k, pipeline=bool(pipeline), freeze_gc=bool(freeze))
+                run_levels(results, app, pool, bodies, requests, base, args, t_start)
     results.summary = {"best_within_slo": summarize(results.rows, args.slo_ms), "slo_ms": args.slo_ms,
                        "elapsed_s": time.time() - t_start}
     results.save()
     if args.plot:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
-    print(format_table(results.rows, ["method", "queries", "max_batch", "pipeline", "concurrency", ("qps", ".0f"), ("p50_ms", ".2f"),
-                                      ("p99_ms", ".2f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
+    print(format_table(results.rows, ["method", "queries", "max_batch", "pipeline", "freeze_gc", "concurrency", ("qps", ".0f"),
+                                      ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("max_ms", ".1f"), "gc_full", ("gc_full_ms", ".1f"),
+                                      ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
                                       ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
                                       "errors", "exact", ("same_as_alone", ".2f")]))
     print(json.dumps(results.summary, indent=1))

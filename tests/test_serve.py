@@ -238,8 +238,10 @@ def test_batcher_bounds_batches_and_isolates_failures():
 
 def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     """The real HTTP stack: uvicorn in a thread, lsr.serve.loadgen's keep-alive connections."""
+    import gc
     import threading
     import time
+    import urllib.request
 
     import uvicorn
 
@@ -256,13 +258,41 @@ def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
             time.sleep(0.02)
         bodies = [json.dumps({"query": t, "k": 5}).encode() for t in TEXTS[:16]]
         load = run_load("127.0.0.1", port, bodies, concurrency=8, duration_s=1.0, warmup_s=0.2, keep=16)
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+            stats = json.loads(r.read())
     finally:
         server.should_exit = True
         thread.join(10)
+    # startup froze what warm-up left alive, shutdown unfroze it; /stats counts the collector's pauses
+    assert frozen > 1000 and gc.get_freeze_count() == 0
+    assert stats["freeze_gc"] is True and stats["gc"]["collections"][2] >= 1 and stats["gc"]["frozen"] == frozen
     assert load["errors"] == 0 and load["ok"] > 0 and len(load["latencies_ms"]) == load["ok"]
     ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)
     assert {i: json.loads(a)["results"][0] for i, a in load["answers"].items()} == dict(enumerate(ref))
     assert app.state.batcher.stats.as_dict()["mean_batch_queries"] > 1
+
+
+def test_gc_watch_counts_collections_by_generation():
+    import gc
+
+    from lsr.serve.gcwatch import GcWatch, freeze_after_warmup
+
+    watch = GcWatch()
+    try:
+        gc.collect()
+        gc.collect(0)
+        got = watch.as_dict()
+        assert got["collections"][2] >= 1 and got["collections"][0] >= 1
+        assert got["max_pause_ms"][2] > 0 and got["pause_ms"][2] >= got["max_pause_ms"][2]
+        assert freeze_after_warmup() == gc.get_freeze_count() > 0 and watch.as_dict()["frozen"] > 0
+    finally:
+        gc.unfreeze()
+        watch.close()
+    n = watch.as_dict()["collections"][2]
+    gc.collect()
+    assert watch.as_dict()["collections"][2] == n, "closed: no longer called"
 
 
 def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):

@@ -27,6 +27,8 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "
                    "overlapping the device work (off by default: slower on an H100, docs/benchmarks.md session 12)")
+    p.add_argument("--no-freeze-gc", action="store_true", help="leave the objects alive after warm-up to the garbage "
+                   "collector (by default they are frozen: a full collection during serving skips them)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.add_argument("--switch-interval-ms", type=float, default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
@@ -58,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     app = create_app(args.index, args.model, device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup,
-                     pipeline=args.pipeline)
+                     pipeline=args.pipeline, freeze_gc=not args.no_freeze_gc)
     health = app.state.engine.describe()
     runner = app.state.engine.query_runner()
     graphs = f", {runner.describe()['held']} query-encoder CUDA graphs" if runner is not None and runner.graphs else ""

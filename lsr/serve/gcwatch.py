@@ -1,0 +1,59 @@
+"""Python's garbage collector in a server: freeze what warm-up left alive, and count the pauses.
+
+A full (generation 2) collection walks every tracked object of the process: with torch, transformers and an
+index loaded, hundreds of thousands of them, long enough to stall every request in flight (docs/benchmarks.md,
+session 14). ``gc.freeze()`` after warm-up moves those
+objects to a permanent generation that collections skip, so a full collection during serving walks only
+what was created since. ``GcWatch`` records every collection's pause by generation for ``/stats``.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+__all__ = ["GcWatch", "freeze_after_warmup"]
+
+
+def freeze_after_warmup() -> int:
+    """Collect, then freeze every object alive (they are the server's long-lived state); returns how many
+    objects were frozen. ``gc.unfreeze()`` undoes it."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+class GcWatch:
+    """Collections and their pauses (ms) per generation, from ``gc.callbacks``, until ``close()``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._start: float | None = None
+        self.collections = [0, 0, 0]
+        self.pause_ms = [0.0, 0.0, 0.0]
+        self.max_pause_ms = [0.0, 0.0, 0.0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        if self._start is None:
+            return
+        ms = (time.perf_counter() - self._start) * 1000
+        g = min(int(info.get("generation", 2)), 2)
+        with self._lock:
+            self.collections[g] += 1
+            self.pause_ms[g] += ms
+            self.max_pause_ms[g] = max(self.max_pause_ms[g], ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {"collections": list(self.collections), "pause_ms": [round(x, 3) for x in self.pause_ms],
+                    "max_pause_ms": [round(x, 3) for x in self.max_pause_ms], "frozen": gc.get_freeze_count()}
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
