@@ -162,7 +162,8 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "max_batch_seen": after["max_batch_queries"], "checked": len(same),
            "same_as_alone": sum(same) / len(same) if same else None,
            "error": load["first_error"] if load["errors"] else None, **stage_means(before, after),
-           "query_graphs_held": (after.get("query_graphs") or {}).get("held"), **gc_columns(before, after)}
+           "query_graphs_held": (after.get("query_graphs") or {}).get("held"), **gc_columns(before, after),
+           "client_gc_full": load.get("client_gc_full")}
     if base_row["queries"] != "text" and same:
         row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
         row["exact"] = row["exact_fail"] == 0

@@ -27,7 +27,7 @@ from typing import Any
 
 from lsr.serve.batcher import DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
-from lsr.serve.gcwatch import GcWatch, freeze_after_warmup
+from lsr.serve.gcwatch import GcWatch, frozen
 
 __all__ = ["create_app"]
 
@@ -91,16 +91,15 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
-        if freeze_gc:
-            log.info("froze %d objects for the garbage collector", freeze_after_warmup())
         app.state.gc = GcWatch()
         try:
-            yield
+            with frozen(freeze_gc) as froze:
+                if froze:
+                    log.info("froze %d objects for the garbage collector", gc.get_freeze_count())
+                yield
         finally:
             await batcher.close()
             app.state.gc.close()
-            if freeze_gc:
-                gc.unfreeze()
 
     app = FastAPI(title="lsr search", lifespan=lifespan)
     app.state.engine, app.state.batcher = engine, batcher

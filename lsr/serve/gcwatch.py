@@ -12,9 +12,11 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["GcWatch", "freeze_after_warmup"]
+__all__ = ["GcWatch", "freeze_after_warmup", "frozen"]
 
 
 def freeze_after_warmup() -> int:
@@ -23,6 +25,21 @@ def freeze_after_warmup() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@contextmanager
+def frozen(enabled: bool = True) -> Iterator[bool]:
+    """``freeze_after_warmup`` for the ``with`` block, unfrozen after it; yields whether this block froze.
+    Nothing happens where something else has frozen objects already (a server and its load generator in one
+    process: the first one's freeze stands until it ends)."""
+    mine = enabled and gc.get_freeze_count() == 0
+    if mine:
+        freeze_after_warmup()
+    try:
+        yield mine
+    finally:
+        if mine:
+            gc.unfreeze()
 
 
 class GcWatch:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from lsr.serve.gcwatch import GcWatch, frozen
+
 __all__ = ["run_load"]
 
 _HEAD = b"POST %s HTTP/1.1\r\nHost: lsr\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
@@ -80,13 +82,23 @@ def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, du
     """Closed-loop load: client c sends bodies c, c + concurrency, ... (cycling).
 
     Returns {"latencies_ms": [...], "qps", "ok", "errors", "sent", "answers": {body index: answer text} for
-    body indices < ``keep`` (their first answer), "first_error"}.
+    body indices < ``keep`` (their first answer), "first_error", "client_gc_full": full garbage collections in
+    this process during the run}.
     """
     if concurrency < 1 or not bodies:
         raise ValueError("run_load needs concurrency >= 1 and at least one body")
     coro = _load(host, port, list(bodies), concurrency, duration_s, warmup_s, keep, path.encode())
+    # the client's own full garbage collections would stall its clients and show as server latency: what this
+    # process holds is frozen for the run (lsr.serve.gcwatch), and the ones that still happen are counted
+    watch = GcWatch()
     try:
-        import uvloop  # the faster event loop where installed (uvicorn[standard] brings it)
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        with frozen():
+            try:
+                import uvloop  # the faster event loop where installed (uvicorn[standard] brings it)
+            except ImportError:
+                out = asyncio.run(coro)
+            else:
+                out = uvloop.run(coro)
+    finally:
+        watch.close()
+    return {**out, "client_gc_full": watch.collections[2]}
