@@ -91,15 +91,16 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
-        app.state.gc = GcWatch()
         try:
             with frozen(freeze_gc) as froze:
                 if froze:
                     log.info("froze %d objects for the garbage collector", gc.get_freeze_count())
+                app.state.gc = GcWatch()   # after the freeze's own collection: /stats counts serving's
                 yield
         finally:
             await batcher.close()
-            app.state.gc.close()
+            if getattr(app.state, "gc", None) is not None:
+                app.state.gc.close()
 
     app = FastAPI(title="lsr search", lifespan=lifespan)
     app.state.engine, app.state.batcher = engine, batcher
