@@ -172,12 +172,15 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
 
 def gc_columns(before: dict, after: dict) -> dict:
     """Full (generation 2) garbage collections in the server process during the level, their summed pause
-    (ms), and the longest pause of any collection since the server started."""
+    (ms), the longest pause of any collection since the server started, and the search graphs captured and
+    CUDA kernel variants compiled during the level (``new_*``: each stalls a batch)."""
     b, a = before.get("gc") or {}, after.get("gc") or {}
     if not a:
         return {}
+    cb, ca = before.get("compiled") or {}, after.get("compiled") or {}
     return {"gc_full": a["collections"][2] - b["collections"][2],
-            "gc_full_ms": round(a["pause_ms"][2] - b["pause_ms"][2], 2), "gc_max_pause_ms": max(a["max_pause_ms"])}
+            "gc_full_ms": round(a["pause_ms"][2] - b["pause_ms"][2], 2), "gc_max_pause_ms": max(a["max_pause_ms"]),
+            **{f"new_{key}": ca[key] - cb.get(key, 0) for key in ca}}
 
 
 def stage_means(before: dict, after: dict) -> dict:

@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
 
-__all__ = ["GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph"]
+__all__ = ["GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph", "captures"]
 
 GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
 GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
@@ -73,6 +73,7 @@ class _IndexGraphs:
         self.pool: Any = None
 
     def capture(self, body: ChunkBody, B: int, n_terms: int, device: torch.device) -> ChunkGraph:
+        _CAPTURES[0] += 1
         if not SHARED_POOL:
             return ChunkGraph(body, B, n_terms, device)
         with self.lock:   # no graph of this pool runs while another is captured into it
@@ -82,6 +83,12 @@ class _IndexGraphs:
 
 
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CAPTURES = [0]
+
+
+def captures() -> int:
+    """Block-path graphs captured (or tried) in this process: a server's count after warm-up should not grow."""
+    return _CAPTURES[0]
 
 
 def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:

@@ -8,7 +8,8 @@ Endpoints:
 * ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder.
 * ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth, the mean ms
   per batch of each stage in the worker thread (``stage_ms_mean``: tokenize, encode, search, answers, json) and
-  the garbage collector's collections and pauses per generation (``gc``).
+  the garbage collector's collections and pauses per generation (``gc``) and the search's CUDA graph captures
+  and kernel variants compiled so far (``compiled``).
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
 404/405 wrong route, 413 too many queries, 422 invalid values) and 500 for a failure on the server; never a
@@ -118,6 +119,15 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     return app
 
 
+def _compiled() -> dict[str, int]:
+    """What this process has captured and compiled for the search (counts that should stop growing after
+    warm-up: a first capture or compile stalls the batch that needs it)."""
+    from lsr.search.graphs import captures
+    from lsr.search.kernels.block_cuda import compiled_variants
+
+    return {"search_graph_captures": captures(), "cuda_kernel_variants": compiled_variants()}
+
+
 def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipeline: bool) -> DynamicBatcher:
     """The dynamic batcher over ``engine``: every step of a batch in the device thread, or (``pipeline``)
     tokenizing and answering on a second host thread."""
@@ -178,4 +188,4 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config:
         graphs = runner.describe() if runner is not None else None
         watch = getattr(app.state, "gc", None)
         return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs,
-                "gc": watch.as_dict() if watch is not None else None}
+                "gc": watch.as_dict() if watch is not None else None, "compiled": _compiled()}

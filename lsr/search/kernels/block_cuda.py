@@ -41,7 +41,7 @@ from lsr.search.kernels import cuda_source
 from lsr.search.kernels.block import COARSE_SHIFT, check_block_args
 from lsr.search.kernels.topk import ROW
 
-__all__ = ["MAX_SPAN", "SPAN", "available", "cuda_block_candidates", "programs_per_sm", "usable"]
+__all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "programs_per_sm", "usable"]
 
 _SOURCE = cuda_source("block_scores.cu")
 
@@ -69,6 +69,11 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: b
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
+
+
+def compiled_variants() -> int:
+    """Variants of the kernel compiled in this process (each NVRTC compile stalls its first search)."""
+    return _kernel.cache_info().currsize
 
 
 def _smem(span: int, warps: int, terms: int, coarse: bool = False) -> int:
