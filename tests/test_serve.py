@@ -268,7 +268,8 @@ def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     # startup froze what warm-up left alive, shutdown unfroze it; /stats counts the collector's pauses
     assert frozen > 1000 and gc.get_freeze_count() == 0
     assert stats["freeze_gc"] is True and stats["gc"]["collections"][2] >= 1 and stats["gc"]["frozen"] == frozen
-    assert stats["compiled"] == {"search_graph_captures": 0, "cuda_kernel_variants": 0}   # the CPU: neither
+    assert sorted(stats["compiled"]) == ["cuda_kernel_variants", "search_graph_captures"]
+    assert all(isinstance(n, int) and n >= 0 for n in stats["compiled"].values())
     assert load["errors"] == 0 and load["ok"] > 0 and len(load["latencies_ms"]) == load["ok"]
     assert load["client_gc_full"] >= 0
     ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)
