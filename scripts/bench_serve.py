@@ -61,12 +61,13 @@ def ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
-def query_set(name: str, n: int, spec: SynthSpec, k: int) -> tuple[list[bytes], list[SearchRequest]]:
-    """Request bodies (one query each) and the same requests parsed, for the reference answers."""
+def query_set(name: str, n: int, spec: SynthSpec, ks: list[int]) -> tuple[list[bytes], list[SearchRequest]]:
+    """Request bodies (one query each; request i asks for ks[i % len(ks)] hits) and the same requests
+    parsed, for the reference answers."""
     if name == "text":
         texts = [line.split("\t", 1)[1].strip() for line in TEXTS.read_text().splitlines()[:n]]
-        return [json.dumps({"query": t, "k": k}).encode() for t in texts], \
-            [SearchRequest([t], None, k) for t in texts]
+        return [json.dumps({"query": t, "k": ks[i % len(ks)]}).encode() for i, t in enumerate(texts)], \
+            [SearchRequest([t], None, ks[i % len(ks)]) for i, t in enumerate(texts)]
     if name == "real":
         from lsr.interop.anserini import read_anserini_queries
 
@@ -74,8 +75,9 @@ def query_set(name: str, n: int, spec: SynthSpec, k: int) -> tuple[list[bytes], 
     else:
         vectors = synth_queries(n, spec, device="cpu")
     rows = vectors.to_dicts()
-    bodies = [json.dumps({"vectors": [{str(t): w for t, w in row.items()}], "k": k}).encode() for row in rows]
-    return bodies, [SearchRequest(None, vectors[i:i + 1], k) for i in range(len(rows))]
+    bodies = [json.dumps({"vectors": [{str(t): w for t, w in row.items()}], "k": ks[i % len(ks)]}).encode()
+              for i, row in enumerate(rows)]
+    return bodies, [SearchRequest(None, vectors[i:i + 1], ks[i % len(ks)]) for i in range(len(rows))]
 
 
 def free_port() -> int:
@@ -123,10 +125,11 @@ def doc_index(docnos: list[str], docno: str) -> int:
     return i
 
 
-def exact_failures(engine, requests: list[SearchRequest], answers: dict[int, str], k: int) -> int:
+def exact_failures(engine, requests: list[SearchRequest], answers: dict[int, str]) -> int:
     """Checked answers that break the exact top-k contract against float64 brute force (vector queries)."""
     bad = 0
     for i, text in answers.items():
+        k = requests[i].k
         hits = json.loads(text)["results"][0]
         idx = torch.full((k,), -1, dtype=torch.int64)
         scores = torch.zeros(k, dtype=torch.float32)
@@ -165,7 +168,7 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "query_graphs_held": (after.get("query_graphs") or {}).get("held"), **gc_columns(before, after),
            "client_gc_full": load.get("client_gc_full")}
     if base_row["queries"] != "text" and same:
-        row["exact_fail"] = exact_failures(server.engine, requests, load["answers"], base_row["k"])
+        row["exact_fail"] = exact_failures(server.engine, requests, load["answers"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
 
@@ -254,7 +257,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--concurrency", default="1,4,16,32,64,128,256")
     ap.add_argument("--max-batch", default="1,64", help="server settings to compare (1 = batching off)")
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
-    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--k", default="10", help="hits per request; a list (e.g. 10,100) cycles over the requests "
+                    "(the server's default k, the one its warm-up uses, is the first)")
     ap.add_argument("--duration-s", type=float, default=6.0, help="measured seconds per level")
     ap.add_argument("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each level")
     ap.add_argument("--check", type=int, default=100, help="requests whose answers are checked")
@@ -297,7 +301,7 @@ def main() -> None:
     print(f"index: {index.n_docs} docs, {index.n_postings} postings, built in {time.time() - t0:.1f}s", flush=True)
     with mp.get_context("spawn").Pool(1) as pool:
         for qname in args.queries.split(","):
-            bodies, requests = query_set(qname, args.n_queries, spec, args.k)
+            bodies, requests = query_set(qname, args.n_queries, spec, ints(args.k))
             settings = [(b, p, f) for b in ints(args.max_batch) for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
             for max_batch, pipeline, freeze in settings:
                 if time.time() - t_start > args.budget_s:
@@ -308,7 +312,7 @@ def main() -> None:
                         "max_wait_ms": args.max_wait_ms}
                 model = args.model if qname == "text" else None
                 app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                                 k=args.k, pipeline=bool(pipeline), freeze_gc=bool(freeze))
+                                 k=ints(args.k)[0], pipeline=bool(pipeline), freeze_gc=bool(freeze))
                 run_levels(results, app, pool, bodies, requests, base, args, t_start)
     results.summary = {"best_within_slo": summarize(results.rows, args.slo_ms), "slo_ms": args.slo_ms,
                        "elapsed_s": time.time() - t_start}

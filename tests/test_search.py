@@ -106,6 +106,17 @@ def test_chunking_and_batching_do_not_change_results():
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
+def test_a_query_gets_the_same_bits_in_any_batch():
+    """Continuous weights (float32 sums round): a query alone, in a batch of 3 and in one of 40 gets the same
+    scores, bit for bit (the server batches whatever requests arrive together)."""
+    docs, queries = make_case(2000, 40, 300, 12, quantized=False)
+    searcher = Searcher(InvertedIndex.build(docs, block_size=64))
+    expected = searcher.search(queries, k=20)
+    for start, n in [(i, 1) for i in range(0, 40, 3)] + [(i, 3) for i in range(0, 37, 5)]:
+        got = searcher.search(queries[start:start + n], k=20)
+        assert torch.equal(got[0], expected[0][start:start + n]) and torch.equal(got[1], expected[1][start:start + n])
+
+
 def test_repeated_runs_are_bit_identical():
     docs, queries = make_case(300, 8, 40, 11, quantized=False)
     searcher = Searcher(InvertedIndex.build(docs, block_size=32), max_memory_bytes=50_000)

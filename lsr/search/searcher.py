@@ -36,6 +36,7 @@ ENCODER_IDENTITY_KEYS = ("kind", "model", "model_id", "name_or_path", "revision"
                          "vocab_size", "lowercase", "stemmer", "pooling")
 _TRITON_QUERY_BATCH = 512
 _MAX_QUERY_BATCH = 256
+QUERY_LANES = 16       # torch path: query columns padded to whole 512-bit float vectors (_padded_columns)
 
 
 def check_compatible(query_meta: Mapping[str, Any] | None, index_meta: Mapping[str, Any] | None) -> None:
@@ -250,9 +251,10 @@ class Searcher:
         queries: b sparse queries -> (scores float32 [b, k], doc_idx int64 [b, k]).
         """
         docs = self.index.docs
-        dense_q = queries.to_dense().t().contiguous()  # [V, b]
+        b = len(queries)
+        dense_q = _padded_columns(queries.to_dense().t())  # [V, b rounded up to QUERY_LANES]
         best: tuple[torch.Tensor, torch.Tensor] | None = None
-        for r0, r1, p0, p1 in self._doc_chunks(len(queries)):
+        for r0, r1, p0, p1 in self._doc_chunks(dense_q.shape[1]):
             if p1 == p0:
                 continue
             # CSR chunk @ dense queries as a weighted embedding-bag sum: one fused kernel that sums each
@@ -263,12 +265,23 @@ class Searcher:
             terms = docs.indices[p0:p1].to(torch.int64) if wide else docs.indices[p0:p1]
             bags = (docs.indptr[r0:r1 + 1] - p0).to(terms.dtype)
             chunk_scores = F.embedding_bag(terms, dense_q, bags, mode="sum", per_sample_weights=docs.values[p0:p1],
-                                           include_last_offset=True).t()  # [b, c]
+                                           include_last_offset=True)[:, :b].t()  # [b, c]
             top = exact_topk(chunk_scores, k, offset=r0)
             del chunk_scores
             if best is not None:
                 top = exact_topk(torch.cat([best[0], top[0]], 1), k, torch.cat([best[1], top[1]], 1))
             best = top
         if best is None:
-            return exact_topk(dense_q.new_zeros(len(queries), 0), k)
+            return exact_topk(dense_q.new_zeros(b, 0), k)
         return best
+
+
+def _padded_columns(dense_t: torch.Tensor) -> torch.Tensor:
+    """[V, b] queries as a contiguous [V, b'] block, b' = b rounded up to QUERY_LANES with zero columns. The CPU
+    embedding_bag sums a row's full vector lanes with other instructions than its remainder, so a query's
+    scores changed bits with the batch width it came in (a served query differed from the same query searched
+    alone); with whole lanes only they do not, and one query is no longer the slow remainder-only case."""
+    V, b = dense_t.shape
+    out = dense_t.new_zeros(V, -(-max(b, 1) // QUERY_LANES) * QUERY_LANES)
+    out[:, :b] = dense_t
+    return out
