@@ -226,6 +226,7 @@ class _CorpusRun:
         self.tokenizers = encoder.shared_tokenizer_pool("doc", self.workers) if self.workers > 0 else None
         self.by_workers_before = self.tokenizers.texts_by_workers if self.tokenizers is not None else 0
         self.first = True
+        self.counted_docs = 0   # documents whose non-zeros are in totals["nnz"]
 
     def start(self, window: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
         ids, texts = window  # (read by this thread, which then submits the texts to the worker processes)
@@ -275,6 +276,7 @@ class _CorpusRun:
                 totals["docs"] += len(ids)
                 if pending is not None:
                     totals["nnz"] += pending.result()  # one window in flight at most: bounded memory, errors surface
+                    self.counted_docs = totals["docs"] - len(ids)
                     clock["wait_writer_s"] += time.perf_counter() - encoded
                 pending = pool.submit(_add, self.writer, vectors)
                 bar.set_postfix(self.postfix(), refresh=False)
@@ -295,8 +297,8 @@ class _CorpusRun:
         return manifest
 
     def postfix(self) -> dict[str, str]:
-        docs = max(self.totals["docs"], 1)
-        out = {"nnz/doc": f"{self.totals['nnz'] / docs:.0f}"}
+        # non-zeros are known once a window's vectors reach the writer: per document of those windows
+        out = {"nnz/doc": f"{self.totals['nnz'] / self.counted_docs:.0f}" if self.counted_docs else "-"}
         if self.fast:
             out["pad"] = f"{self.totals['padded_tokens'] / max(self.totals['tokens'], 1) - 1:.1%}"
         return out
