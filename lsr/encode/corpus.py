@@ -285,7 +285,9 @@ class _CorpusRun:
             clock["wait_input_s"] += end - mark  # waiting for the end of the stream
             if pending is not None:
                 totals["nnz"] += pending.result()
+                self.counted_docs = totals["docs"]
                 clock["wait_writer_s"] += time.perf_counter() - end
+                bar.set_postfix(self.postfix())
             closing = time.perf_counter()
             manifest = self.writer.close()  # waits for the shard-writer threads' last files, writes the manifest
             clock["close_s"] = time.perf_counter() - closing
