@@ -3,11 +3,11 @@
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
 captured graph removes that host cost. Graphs are cached per index (least recently used dropped).
 
-Each graph holds a private memory pool (22-142 MiB measured at 8.8M docs), so a server that sees many batch
-sizes can hold GRAPH_CACHE of them. With ``SHARED_POOL`` the graphs of one index share one pool and one
-lock, as ``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what it keeps
-under that lock, so no graph's memory is read after another graph of the index ran. Off until measured on a
-GPU (``tests/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``).
+Each graph holds a private memory pool (docs/benchmarks.md, session 13, measured their sizes), so a server
+that sees many batch sizes holds GRAPH_CACHE of them. With ``SHARED_POOL`` the graphs of one index share one
+pool and one lock, as ``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what
+it keeps under that lock, so no graph's memory is read after another graph of the index ran. Off until
+measured on a GPU (``tests/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``).
 """
 
 from __future__ import annotations
