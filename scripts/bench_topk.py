@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +37,7 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
 
 from bench_search import parse_size, read_real_queries
 
-from lsr.bench import Results, environment, format_table, synchronize
+from lsr.bench import Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.index.inverted import InvertedIndex
 from lsr.search.triton_backend import default_config, triton_search
 from lsr.synth import SynthSpec, synth_docs, synth_queries
@@ -107,15 +106,12 @@ def same(a: torch.Tensor, b: torch.Tensor, ordered: bool) -> bool:
 
 
 def time_us(fn: Callable[[], object], cuda: bool, reps: int = 20) -> float:
-    """Median µs per call: a CUDA graph of ``reps`` calls replayed 5 times (the block path replays graphs),
-    or host time on the CPU."""
+    """Median µs per call (``lsr.bench.time_calls``, 5 repeats): of a CUDA graph of ``reps`` calls (the block
+    path replays graphs), or of one call on the CPU."""
     fn()
     synchronize()
     if not cuda:
-        t = time.perf_counter()
-        for _ in range(3):
-            fn()
-        return (time.perf_counter() - t) / 3 * 1e6
+        return quantiles(time_calls(lambda i: fn(), 5))["ms"] * 1000
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -125,16 +121,7 @@ def time_us(fn: Callable[[], object], cuda: bool, reps: int = 20) -> float:
     with torch.cuda.graph(graph):
         for _ in range(reps):
             fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return sorted(times)[2]
+    return quantiles(time_calls(lambda i: graph.replay(), 5))["ms"] * 1000 / reps
 
 
 def main() -> None:
