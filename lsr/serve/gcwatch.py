@@ -16,25 +16,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["GcWatch", "freeze_after_warmup", "frozen"]
-
-
-def freeze_after_warmup() -> int:
-    """Collect, then freeze every object alive (they are the server's long-lived state); returns how many
-    objects were frozen. ``gc.unfreeze()`` undoes it."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
+__all__ = ["GcWatch", "frozen"]
 
 
 @contextmanager
 def frozen(enabled: bool = True) -> Iterator[bool]:
-    """``freeze_after_warmup`` for the ``with`` block, unfrozen after it; yields whether this block froze.
-    Nothing happens where something else has frozen objects already (a server and its load generator in one
-    process: the first one's freeze stands until it ends)."""
+    """Collect, then freeze every object alive (after warm-up: the server's long-lived state) for the ``with``
+    block, unfrozen after it; yields whether this block froze. Nothing happens where something else has
+    frozen objects already (a server and its load generator in one process: the first one's freeze stands
+    until it ends)."""
     mine = enabled and gc.get_freeze_count() == 0
     if mine:
-        freeze_after_warmup()
+        gc.collect()
+        gc.freeze()
     try:
         yield mine
     finally:
