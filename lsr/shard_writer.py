@@ -28,6 +28,10 @@ from lsr.sparse import SparseVectors
 
 __all__ = ["PARQUET_OPTIONS", "ShardWriter"]
 
+# Parquet layout of a shard: term ids rise within a row (small deltas: delta-packed, which zstd does not
+# shrink further) and bf16-born weights share their high bytes (byte-stream split + zstd); this beats
+# dictionaries + zstd: ~2x faster to write, ~16% smaller, faster to read (docs/benchmarks.md). Any Parquet
+# reader reads them as before.
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": {"id": "zstd", "indices.list.element": "none", "values.list.element": "zstd"},
     "use_dictionary": False, "write_statistics": ["id"],

@@ -125,10 +125,6 @@ def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:
                          f"{rows} / {nnz}; the directory is corrupt")
 
 
-# Parquet layout of a shard: term ids rise within a row (small deltas: delta-packed, which zstd does not
-# shrink further) and bf16-born weights share their high bytes (byte-stream split + zstd); this beats
-# dictionaries + zstd: ~2x faster to write, ~16% smaller, faster to read (docs/benchmarks.md). Any Parquet
-# reader reads them as before.
 def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Mapping[str, Any] | None = None,
                   shard_rows: int = 100_000) -> dict[str, Any]:
     """Write all of ``vectors`` to a new vector directory; returns the manifest."""

@@ -32,7 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from bench_encode import synth_texts  # noqa: E402
 
 from lsr.encode.splade import SpladeEncoder  # noqa: E402
-from lsr.shards import PARQUET_OPTIONS, ShardWriter, vectors_to_table  # noqa: E402
+from lsr.shard_writer import PARQUET_OPTIONS, ShardWriter  # noqa: E402
+from lsr.shards import vectors_to_table  # noqa: E402
 from lsr.sparse import SparseVectors  # noqa: E402
 
 

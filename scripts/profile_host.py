@@ -53,7 +53,7 @@ from lsr.bench import environment
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.stream import WINDOW
 from lsr.encode.tokenize_pool import TokenizerPool, token_arrays
-from lsr.shards import ShardWriter
+from lsr.shard_writer import ShardWriter
 from lsr.sparse import SparseVectors
 
 NNZ = 127  # terms per passage of a trained SPLADE model on MS MARCO

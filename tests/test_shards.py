@@ -7,7 +7,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from lsr.shards import ShardWriter, iter_shards, read_manifest, read_vectors, write_vectors
+from lsr.shard_writer import ShardWriter
+from lsr.shards import iter_shards, read_manifest, read_vectors, write_vectors
 from lsr.testing import random_collection
 
 

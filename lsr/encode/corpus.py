@@ -43,7 +43,8 @@ import pyarrow.parquet as pq
 from lsr.encode.base import Encoder
 from lsr.encode.stream import FIRST_WINDOW, Pipeline, window_spans
 from lsr.encode.tokenize_pool import default_workers
-from lsr.shards import MANIFEST, ShardWriter, read_manifest
+from lsr.shard_writer import ShardWriter
+from lsr.shards import MANIFEST, read_manifest
 from lsr.sparse import SparseVectors
 
 __all__ = ["encode_corpus"]
@@ -146,15 +147,15 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         max_tokens: padded-token budget per batch (SpladeEncoder; default its own).
         prefetch: windows tokenized ahead of the model.
         tokenize_workers: processes that tokenize (SpladeEncoder with a fast tokenizer: its
-            ``shared_tokenizer_pool``, kept for later calls); 0 tokenizes on the reading thread. Default:
-            ``tokenize_pool.default_workers()`` when the encoder runs on CUDA, else 0. The reading
-            thread helps with the first window (the model has nothing to do yet).
+            ``shared_tokenizer_pool``, kept for later calls); 0 tokenizes on the thread that cuts windows
+            into batches. Default: ``tokenize_pool.default_workers()`` when the encoder runs on CUDA, else 0.
+            That thread helps with the first window (the model has nothing to do yet).
         stats: if given, filled with docs, seconds, docs_per_s, nnz, tokens, padded_tokens and the main
             thread's time split (seconds): first_window_s (start to the first tokenized window),
             wait_input_s (blocked on the tokenizing thread, first window included), encode_s (the
             model), wait_writer_s (blocked on the shard writer) and close_s (the last shard files and the
             manifest, after the last window); tokenize_workers and
-            tokenized_by_workers (documents the worker processes tokenized, the rest: the reading thread).
+            tokenized_by_workers (documents the worker processes tokenized, the rest: the batching thread).
         progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.

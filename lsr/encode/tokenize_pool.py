@@ -144,10 +144,6 @@ class _Worker:
             _read_exact(self.proc.stdout, flat)
         return flat, lengths
 
-    def call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        self.send(_texts_message(texts))
-        return self.receive(len(texts))
-
     @contextlib.contextmanager
     def _died(self) -> Iterator[None]:
         try:
