@@ -302,13 +302,14 @@ def main() -> None:
     with mp.get_context("spawn").Pool(1) as pool:
         for qname in args.queries.split(","):
             bodies, requests = query_set(qname, args.n_queries, spec, ints(args.k))
+            k_column = int(args.k) if len(ints(args.k)) == 1 else args.k   # a list of k's stays its string
             settings = [(b, p, f) for b in ints(args.max_batch) for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
             for max_batch, pipeline, freeze in settings:
                 if time.time() - t_start > args.budget_s:
                     results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
                     continue
                 base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname, "n_docs": index.n_docs,
-                        "k": args.k, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
+                        "k": k_column, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
                         "max_wait_ms": args.max_wait_ms}
                 model = args.model if qname == "text" else None
                 app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,

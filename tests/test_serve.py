@@ -305,6 +305,34 @@ def test_gc_watch_counts_collections_by_generation():
     assert watch.as_dict()["collections"][2] == n, "closed: no longer called"
 
 
+def test_gc_watch_survives_a_collection_inside_as_dict():
+    """as_dict allocates while holding the watch's lock; a collection starting there calls the watch on the same
+    thread (a plain lock hung /stats, and with it the event loop)."""
+    import gc
+    import threading
+
+    from lsr.serve.gcwatch import GcWatch
+
+    watch, old = GcWatch(), gc.get_threshold()
+    keep = []
+
+    def poll() -> None:
+        for _ in range(3000):
+            keep.append([{}])   # live containers: collections keep starting
+            watch.as_dict()
+
+    gc.set_threshold(1, 1, 1)
+    try:
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "as_dict deadlocked with the collector"
+    finally:
+        gc.set_threshold(*old)
+        watch.close()
+    assert watch.as_dict()["collections"][0] > 0
+
+
 def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
     assert main(["serve", "--index", str(bm25["index"]), "--device", "cpu"]) == 1

@@ -122,10 +122,14 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 def _compiled() -> dict[str, int]:
     """What this process has captured and compiled for the search (counts that should stop growing after
     warm-up: a first capture or compile stalls the batch that needs it)."""
-    from lsr.search.graphs import captures
-    from lsr.search.kernels.block_cuda import compiled_variants
+    import sys
 
-    return {"search_graph_captures": captures(), "cuda_kernel_variants": compiled_variants()}
+    from lsr.search.graphs import captures
+
+    # the kernel module only where a search loaded it (it needs Triton): else nothing was compiled
+    block_cuda = sys.modules.get("lsr.search.kernels.block_cuda")
+    return {"search_graph_captures": captures(),
+            "cuda_kernel_variants": block_cuda.compiled_variants() if block_cuda is not None else 0}
 
 
 def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipeline: bool) -> DynamicBatcher:

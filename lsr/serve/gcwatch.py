@@ -40,7 +40,8 @@ class GcWatch:
     """Collections and their pauses (ms) per generation, from ``gc.callbacks``, until ``close()``."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: a collection can start inside as_dict (it allocates) and call _on_gc on this thread
+        self._lock = threading.RLock()
         self._start: float | None = None
         self.collections = [0, 0, 0]
         self.pause_ms = [0.0, 0.0, 0.0]

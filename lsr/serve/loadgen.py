@@ -90,9 +90,10 @@ def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, du
     coro = _load(host, port, list(bodies), concurrency, duration_s, warmup_s, keep, path.encode())
     # the client's own full garbage collections would stall its clients and show as server latency: what this
     # process holds is frozen for the run (lsr.serve.gcwatch), and the ones that still happen are counted
-    watch = GcWatch()
+    watch = None
     try:
         with frozen():
+            watch = GcWatch()   # after the freeze's own collection
             try:
                 import uvloop  # the faster event loop where installed (uvicorn[standard] brings it)
             except ImportError:
@@ -100,5 +101,6 @@ def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, du
             else:
                 out = uvloop.run(coro)
     finally:
-        watch.close()
+        if watch is not None:
+            watch.close()
     return {**out, "client_gc_full": watch.collections[2]}
