@@ -32,8 +32,9 @@ from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import coarse_floor, span_items, terms_bucket
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
-from lsr.search.kernels.fixed import query_scales
-from lsr.search.kernels.topk import ROW, key_docs, kth_threshold, pack_keys, topk_keys, unpack_keys
+from lsr.search.kernels.fixed import triton_query_scales
+from lsr.search.kernels.select import bucket_theta, bucket_topk
+from lsr.search.kernels.topk import ROW, key_docs, pack_keys, topk_keys, unpack_keys
 from lsr.search.span_scorer import SpanScorer, _coarse_span, _select_span_scorer, cuda_span
 from lsr.search.spans import span_offsets
 
@@ -145,16 +146,20 @@ class ChunkResult(NamedTuple):
     theta: torch.Tensor                # float32 [B] pass 1's lower bound of the k-th score
     args: ScoreArgs
     redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle (exact pass 2)
-    rescue: torch.Tensor | None = None  # bool [B] queries settled by rescoring all their coarse candidates
-    cand: torch.Tensor | None = None   # int64 [B, C] the coarse candidate keys (-1 = empty slot)
+    rescue: torch.Tensor | None        # bool [B] queries settled by rescoring all their coarse candidates
+    cand: torch.Tensor                 # int64 [B, C] the candidate keys best was selected from (-1 = none)
+    reselect: torch.Tensor | None      # bool [B] exact pass 2: rows whose bucket selection overflowed
+    flags: torch.Tensor                # bool [4]: any overflow / reselect / redo / rescue (one host read)
+    unpacked: tuple[torch.Tensor, torch.Tensor]  # unpack_keys(best): the answer when no flag is set
 
 
 class Settled(NamedTuple):
     """A chunk after ``_settle``: copies that outlive the next graph replay."""
 
-    best: torch.Tensor                 # int64 [B, k]
+    best: torch.Tensor                 # int64 [B, k]; with ``unpacked``: the chunk's own (a graph's: no copy)
     redo: torch.Tensor | None          # int64 [n] queries for the exact pass 2, None if none
     rescue: tuple[torch.Tensor, torch.Tensor] | None  # (int64 [n] queries, their coarse candidates [n, C])
+    unpacked: tuple[torch.Tensor, torch.Tensor] | None = None   # (scores, doc_idx) when nothing was repaired
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -232,6 +237,8 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
                 out = _settle(plan, graph(*queries))
     if out is None:
         out = _settle(plan, body(*queries))
+    if out.unpacked is not None:
+        return out.unpacked
     best = out.best
     if out.rescue is not None:
         sel, cand = out.rescue
@@ -255,25 +262,44 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     B = indptr.numel() - 1
     dev = indptr.device
     cfg, index = plan.cfg, plan.index
-    scale, inv = query_scales(indptr, terms, weights, index.max_scores)
+    scale, inv = triton_query_scales(indptr, terms, weights, index.max_scores)
     kw = {"group": cfg.group, "max_terms": plan.max_terms}
     args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
-    # pass 1: row maxima of sampled spans -> theta
-    sample = (torch.arange(plan.n_sample, device=dev) * plan.n_spans) // plan.n_sample
+    # pass 1: row maxima of sampled spans -> theta (a lower bound of the k-th score: any bound is valid)
     width = cfg.span // ROW
-    maxima, _ = plan.scorer(*args, span_items(B, sample, cfg.group, width), B * plan.n_sample * width, **kw)
-    theta = kth_threshold(maxima.view(B, -1), plan.k)
+    items = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
+    maxima, _ = plan.scorer(*args, items, B * plan.n_sample * width, **kw)
+    theta = bucket_theta(maxima.view(B, -1), plan.k)
     if plan.coarse is not None:
         best, redo, rescue, cand = _coarse_pass2(plan, args, theta, kw)
-        return ChunkResult(best, None, theta, args, redo, rescue, cand)
+        return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),
+                           unpack_keys(best))
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
-    items = span_items(B, torch.arange(plan.n_spans, device=dev), cfg.group, cap)
+    items = _span_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
     cand, counts = plan.scorer(*args, items, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, plan.n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; _settle rescores it whole
-    cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1)
-    return ChunkResult(topk_keys(cand.view(B, -1), plan.k), over, theta, args, None)
+    cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1).view(B, -1)
+    best, reselect = bucket_topk(cand, plan.k)
+    return ChunkResult(best, over, theta, args, None, None, cand, reselect, _flags(over, reselect, None, None),
+                       unpack_keys(best))
+
+
+def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
+    """bool [len(masks)]: whether each mask has a True (False for None), for ``_settle``'s one host read."""
+    dev = next(m for m in masks if m is not None).device
+    no = torch.zeros((), dtype=torch.bool, device=dev)
+    return torch.stack([no if m is None else m.any() for m in masks])
+
+
+@functools.lru_cache(maxsize=64)
+def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
+                device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal): made once
+    per shape, outside the CUDA graphs (they were ~20 of a one-query graph's kernels)."""
+    spans = (torch.arange(n_items, device=device) * n_spans) // n_items
+    return span_items(B, spans, group, width)
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
@@ -294,12 +320,12 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     cap = plan.cap * cspan // plan.cfg.span
     n_spans = coff.shape[1] - 1
     floor = coarse_floor(theta, scale, indptr)
-    items = span_items(B, torch.arange(n_spans, device=indptr.device), 1, cap)
+    items = _span_items(B, n_spans, n_spans, 1, cap, indptr.device)
     cand, counts = plan.scorer(*args._replace(span_off=coff, span=cspan), items, B * n_spans * cap, cap=cap,
                                coarse_lo=floor, **kw)
     over = (counts.view(B, n_spans) > cap).any(1)
     cand = cand.view(B, -1)
-    top = topk_keys(cand, min(k + _coarse_margin(k), cand.shape[1]))
+    top, reselect = bucket_topk(cand, min(k + _coarse_margin(k), cand.shape[1]))   # reselect: exact pass 2
     # the k-th coarse key: k docs have int64 sums >= its coarse sum << 30, so the k-th exact score is at
     # least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
     kth = top[:, min(k, top.shape[1]) - 1]
@@ -309,7 +335,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     docs = key_docs(top)   # coarse keys hold docs like exact ones
     queries = QueryCSR(args.indptr, args.terms, args.weights)
     exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
-    redo = over | (floor < 1)
+    redo = over | (floor < 1) | reselect
     rescue = ~complete & ~redo
     if cand.numel() <= RESCUE_CELLS:   # every candidate of a flagged query, -1 for the others
         all_docs = key_docs(cand, rescue.unsqueeze(1))
@@ -333,27 +359,31 @@ def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, 
 
 def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor) -> torch.Tensor:
     """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C]."""
-    scale, inv = query_scales(*queries, plan.index.max_scores)   # a query's scale depends on it alone
+    scale, inv = triton_query_scales(*queries, plan.index.max_scores)   # a query's scale depends on it alone
     docs = key_docs(cand)
     return topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
 
 
 def _settle(plan: BlockPlan, result: ChunkResult) -> Settled:
-    """Rescore the (rare) overflowed (query, span) pairs (host side) and pick out the queries that need
-    more: the exact pass 2, or the rescoring of all their coarse candidates. The outputs are copies (a
-    graph's outputs are overwritten by its next replay)."""
-    best, over = result.best, result.overflow
-    if over is not None and bool(over.any()):
-        best = _rescore_overflow(plan, result, torch.nonzero(over))
-    if result.redo is None:
-        return Settled(best.clone(), None, None)
-    any_redo, any_rescue = torch.stack((result.redo.any(), result.rescue.any())).tolist()   # one host sync
+    """Read the chunk's flags (the one host sync), repair what they name and pick out the queries that need
+    more: the exact pass 2, or the rescoring of all their coarse candidates. Rows whose bucket selection
+    overflowed are selected again with ``torch.topk``; overflowed (query, span) pairs are rescored. The
+    outputs are copies (a graph's outputs are overwritten by its next replay)."""
+    any_over, any_reselect, any_redo, any_rescue = result.flags.tolist()
+    if not (any_over or any_reselect or any_redo or any_rescue):
+        return Settled(result.best, None, None, tuple(t.clone() for t in result.unpacked))
+    best = result.best.clone()
+    if any_reselect:
+        rows = torch.nonzero(result.reselect).flatten()
+        best[rows] = topk_keys(result.cand[rows], plan.k)
+    if any_over:
+        best = _rescore_overflow(plan, result._replace(best=best), torch.nonzero(result.overflow))
     redo = torch.nonzero(result.redo).flatten() if any_redo else None
     rescue = None
     if any_rescue:
         sel = torch.nonzero(result.rescue).flatten()
         rescue = (sel, result.cand[sel])
-    return Settled(best.clone(), redo, rescue)
+    return Settled(best, redo, rescue)
 
 
 def _rescore_overflow(plan: BlockPlan, result: ChunkResult, over: torch.Tensor) -> torch.Tensor:

@@ -83,9 +83,9 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
     if path == "scatter" and compact:
         raise ValueError("the scatter path reads float32 postings; search a compact index with path 'block' or 'csr'")
     if path == "block":
-        # longest query: free when the queries are on the host, else the one sync before the kernels
+        # longest query: free for one query or queries on the host, else the one sync before the kernels
         # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)
-        max_terms = int(queries.indptr.diff().max())
+        max_terms = queries.nnz if B == 1 else int(queries.indptr.diff().max())
         return block_search(index, _query_csr(index, queries), k, cfg, max_terms)
     return _dense_search(index, _query_csr(index, queries), k, path)
 

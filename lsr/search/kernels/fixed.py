@@ -23,7 +23,7 @@ import triton.language as tl
 from lsr.kernel_utils import check_tensor
 
 __all__ = ["FIXED_BITS", "check_query_csr", "check_scales", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed",
-           "torch_to_fixed"]
+           "torch_to_fixed", "triton_query_scales"]
 
 FIXED_BITS = 61  # partial sums stay below 2**61: 4x headroom under int64's 2**63
 _MAX_EXP = 1000  # keep 2**e finite in float64 for degenerate bounds (empty or tiny queries)
@@ -63,6 +63,53 @@ def query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch
     _, exp = torch.frexp(upper)
     e = (FIXED_BITS - exp.to(f64)).clamp(-_MAX_EXP, _MAX_EXP)
     return torch.exp2(e), torch.exp2(-e)
+
+
+@triton.jit
+def _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK: tl.constexpr):
+    """float64 [BLOCK] bounds w_qt * max_scores[t] of the terms t0.. (0.0 past ``end``)."""
+    offs = t0 + tl.arange(0, BLOCK)
+    mask = offs < end
+    term = tl.load(terms_ptr + offs, mask=mask, other=0)
+    return tl.load(weights_ptr + offs, mask=mask, other=0.0).to(tl.float64) * \
+        tl.load(max_ptr + term, mask=mask, other=0.0).to(tl.float64)
+
+
+@triton.jit
+def _query_scales_kernel(indptr_ptr, terms_ptr, weights_ptr, max_ptr, scale_ptr, inv_ptr, BLOCK: tl.constexpr):
+    """One query per program: ``query_scales``'s float64 steps in the same order (so the same bits; float64
+    division is IEEE round-to-nearest in Triton)."""
+    q = tl.program_id(0)
+    start = tl.load(indptr_ptr + q)
+    end = tl.load(indptr_ptr + q + 1)
+    m = tl.zeros((), dtype=tl.float64)
+    for t0 in range(start, end, BLOCK):
+        m = tl.maximum(m, tl.max(_term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK), 0))
+    denom = tl.maximum(m, 1e-300)
+    total = tl.zeros((), dtype=tl.int64)
+    for t0 in range(start, end, BLOCK):
+        bound = _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK)
+        total += tl.sum(tl.math.ceil(bound / denom * 1099511627776.0).to(tl.int64), 0)   # * 2**40; 0 past end
+    upper = m * total.to(tl.float64) / 1099511627776.0
+    # frexp's exponent from the bits (0 for 0.0; subnormals clamp to the same e below as frexp's)
+    biased = (upper.to(tl.int64, bitcast=True) >> 52) & 2047
+    exp = tl.where(upper > 0, biased - 1022, 0)
+    e = tl.minimum(tl.maximum(61 - exp, -1000), 1000)
+    tl.store(scale_ptr + q, ((e + 1023) << 52).to(tl.float64, bitcast=True))
+    tl.store(inv_ptr + q, ((1023 - e) << 52).to(tl.float64, bitcast=True))
+
+
+def triton_query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
+                        max_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``query_scales`` in one kernel launch (its ~25 small torch kernels dominate a one-query search's
+    CUDA graph); same arguments, same bits (tests/test_kernels_search.py)."""
+    n = check_query_csr(q_indptr, q_terms, q_weights, q_weights.device)
+    check_tensor("max_scores", max_scores, dtype=torch.float32, ndim=1, device=q_weights.device, contiguous=True)
+    scale = torch.empty(n, dtype=torch.float64, device=q_weights.device)
+    inv = torch.empty_like(scale)
+    if n:
+        _query_scales_kernel[(n,)](q_indptr, q_terms, q_weights, max_scores, scale, inv, BLOCK=128, num_warps=4)
+    return scale, inv
 
 
 def torch_to_fixed(w_query: torch.Tensor, w_doc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
