@@ -305,6 +305,26 @@ def test_gc_watch_counts_collections_by_generation():
     assert watch.as_dict()["collections"][2] == n, "closed: no longer called"
 
 
+def test_frozen_freezes_where_objects_were_frozen_before():
+    """Python 3.12 starts with objects in the permanent generation: the server must freeze all the same."""
+    import gc
+
+    from lsr.serve.gcwatch import frozen
+
+    gc.unfreeze()
+    early = [[i] for i in range(50)]
+    gc.freeze()                           # a few objects frozen before the server starts
+    before = gc.get_freeze_count()
+    try:
+        late = [[i] for i in range(5000)]  # alive at warm-up's end
+        with frozen() as froze:
+            assert froze and gc.get_freeze_count() >= before + 5000
+        assert gc.get_freeze_count() == 0, "unfrozen when the block ends"
+    finally:
+        gc.unfreeze()
+    del early, late
+
+
 def test_gc_watch_survives_a_collection_inside_as_dict():
     """as_dict allocates while holding the watch's lock; a collection starting there calls the watch on the same
     thread (a plain lock hung /stats, and with it the event loop)."""

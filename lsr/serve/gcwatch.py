@@ -19,21 +19,33 @@ from typing import Any
 __all__ = ["GcWatch", "frozen"]
 
 
+_FREEZE_LOCK = threading.Lock()
+_FREEZING = [False]   # a frozen() block of this process is active
+
+
 @contextmanager
 def frozen(enabled: bool = True) -> Iterator[bool]:
     """Collect, then freeze every object alive (after warm-up: the server's long-lived state) for the ``with``
-    block, unfrozen after it; yields whether this block froze. Nothing happens where something else has
-    frozen objects already (a server and its load generator in one process: the first one's freeze stands
-    until it ends)."""
-    mine = enabled and gc.get_freeze_count() == 0
-    if mine:
-        gc.collect()
-        gc.freeze()
+    block, and unfreeze everything after it; yields whether this block froze. A block inside another one of
+    this process (a server and its load generator in one process) leaves the outer freeze as it is.
+
+    Objects frozen by others do not stop the freeze: Python 3.12 starts with a few hundred objects in the
+    permanent generation (``gc.get_freeze_count()`` is 375 on the GPU host's 3.12.3), which the first
+    version of this check took for another user, so the server never froze (docs/benchmarks.md, session 15).
+    """
+    with _FREEZE_LOCK:
+        mine = enabled and not _FREEZING[0]
+        if mine:
+            _FREEZING[0] = True
+            gc.collect()
+            gc.freeze()
     try:
         yield mine
     finally:
         if mine:
-            gc.unfreeze()
+            with _FREEZE_LOCK:
+                gc.unfreeze()
+                _FREEZING[0] = False
 
 
 class GcWatch:
