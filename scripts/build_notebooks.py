@@ -188,8 +188,10 @@ SERVE = """serve = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).as
 serve = serve[serve.qps.notna()]
 serve['pipeline'] = serve['pipeline'].fillna(0).astype(int) if 'pipeline' in serve else 0
 fig, ax = plt.subplots(figsize=(9, 5))
-for (run, q, mb, pl), part in serve.groupby(['run', 'queries', 'max_batch', 'pipeline']):
-    label = f'{run.replace("bench_serve_", "")}: {q}, max_batch={mb}' + (', pipelined' if pl else '')
+serve['freeze_gc'] = serve['freeze_gc'].fillna(-1).astype(int) if 'freeze_gc' in serve else -1
+for (run, q, mb, pl, fz), part in serve.groupby(['run', 'queries', 'max_batch', 'pipeline', 'freeze_gc']):
+    label = f'{run.replace("bench_serve_", "")}: {q}, max_batch={mb}' + (', pipelined' if pl else '') + \
+        ('' if fz else ', GC not frozen')
     ax.plot(part.qps, part.p99_ms, marker='o', label=label)
 ax.axhline(20, color='k', ls='--', lw=1, label='p99 = 20 ms'); ax.set_yscale('log'); ax.set_xscale('log')
 ax.set_xlabel('queries / s'); ax.set_ylabel('p99 latency (ms)'); ax.legend(fontsize=6)
@@ -197,16 +199,20 @@ ax.set_title('lsr serve, 8.8M docs, k=10, 1-128 clients (H100)')
 plt.tight_layout(); plt.savefig(FIG / 'serve.png', dpi=110); plt.show()
 serve[['run', 'queries', 'max_batch', 'pipeline', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
 
-RESCUE = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[-2])
-                  for p in sorted((BENCH / 'extra').glob('bench_search_ingraph_rescue_*_session13.json'))])
+OLD_NEW = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[{tree}])
+                  for p in sorted((BENCH / 'extra').glob('{pattern}'))])
 runs = runs[runs.qps.notna()]
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
 for ax, (q, k) in zip(axes, [('real', 10), ('synth', 1000)]):
     part = runs[(runs.queries == q) & (runs.k == k)]
     part.pivot_table(index='B', columns='tree', values='ms').plot(ax=ax, marker='o', logx=True)
-    ax.set_title(f'8.8M docs, {q} queries, top-{k}: ms per batch (H100, one call)'); ax.set_ylabel('ms'); ax.set_ylim(0)
-plt.tight_layout(); plt.savefig(FIG / 'search_rescue.png', dpi=110); plt.show()
-runs.pivot_table(index=['queries', 'k', 'B'], columns='tree', values=['ms', 'qps']).round(2)"""
+    ax.set_title(f'8.8M docs, {{q}} queries, top-{{k}}: ms per batch ({title})'); ax.set_ylabel('ms'); ax.set_ylim(0)
+plt.tight_layout(); plt.savefig(FIG / '{figure}', dpi=110); plt.show()
+runs.pivot_table(index=['queries', 'k', 'B'], columns='tree', values=['ms', 'qps', 'p50_latency_ms']).round(2)"""
+RESCUE = OLD_NEW.format(pattern="bench_search_ingraph_rescue_*_session13.json", tree=-2, title="H100, one call",
+                        figure="search_rescue.png")
+SELECT = OLD_NEW.format(pattern="bench_search_select_*_session15_h100.json", tree=-3, title="H100, one call",
+                        figure="search_select.png")
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -236,6 +242,8 @@ BENCHMARKS = [
     new_code_cell(SERVE),
     new_markdown_cell("## Small batches: coarse lists with ties settled inside the chunk (session 13, old = 9e6cc32)"),
     new_code_cell(RESCUE),
+    new_markdown_cell("## Small batches: bucket selection and one-kernel query scales (session 15, old = 007706d)"),
+    new_code_cell(SELECT),
 ]
 
 
