@@ -151,6 +151,8 @@ class ChunkResult(NamedTuple):
     reselect: torch.Tensor | None      # bool [B] exact pass 2: rows whose bucket selection overflowed
     flags: torch.Tensor                # bool [4]: any overflow / reselect / redo / rescue (one host read)
     unpacked: tuple[torch.Tensor, torch.Tensor]  # unpack_keys(best): the answer when no flag is set
+    items: tuple                       # the cached work items the passes read: a captured graph keeps them
+                                       # alive through its outputs after ``_span_items`` drops them
 
 
 class Settled(NamedTuple):
@@ -267,23 +269,23 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
     # pass 1: row maxima of sampled spans -> theta (a lower bound of the k-th score: any bound is valid)
     width = cfg.span // ROW
-    items = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
-    maxima, _ = plan.scorer(*args, items, B * plan.n_sample * width, **kw)
+    items1 = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
+    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **kw)
     theta = bucket_theta(maxima.view(B, -1), plan.k)
     if plan.coarse is not None:
-        best, redo, rescue, cand = _coarse_pass2(plan, args, theta, kw)
+        best, redo, rescue, cand, items2 = _coarse_pass2(plan, args, theta, kw)
         return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),
-                           unpack_keys(best))
+                           unpack_keys(best), (items1, items2))
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
-    items = _span_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
-    cand, counts = plan.scorer(*args, items, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
+    items2 = _span_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
+    cand, counts = plan.scorer(*args, items2, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, plan.n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; _settle rescores it whole
     cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1).view(B, -1)
     best, reselect = bucket_topk(cand, plan.k)
     return ChunkResult(best, over, theta, args, None, None, cand, reselect, _flags(over, reselect, None, None),
-                       unpack_keys(best))
+                       unpack_keys(best), (items1, items2))
 
 
 def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
@@ -297,16 +299,17 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
 def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                 device: torch.device) -> tuple[torch.Tensor, ...]:
     """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal): made once
-    per shape, outside the CUDA graphs (they were ~20 of a one-query graph's kernels)."""
+    per shape, outside the CUDA graphs (they were ~20 of a one-query graph's kernels). A graph that reads
+    them holds them in its ChunkResult (``items``): an entry dropped from this cache stays allocated."""
     spans = (torch.arange(n_items, device=device) * n_spans) // n_items
     return span_items(B, spans, group, width)
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
-                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """Coarse pass 2 + exact rescoring (see ``_score_chunk``): best keys [B, k], the queries for the exact
-    pass 2 (bool [B]: a span's slots overflowed, or no usable theta), the queries whose list failed only the
-    completeness test (bool [B]) and the coarse candidates [B, C].
+    pass 2 (bool [B]: a span's slots overflowed, a selection overflowed or no usable theta), the queries whose
+    list failed only the completeness test (bool [B]), the coarse candidates [B, C] and the work items read.
 
     A list fails that test when many docs tie at the k-th coarse sum (quantised weights, few matching
     terms). Such a query still has every doc that can reach theta among its candidates (no slot
@@ -343,7 +346,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
         # a flagged query's list is among its candidates: keep one copy of each doc
         exact = torch.cat([exact.masked_fill(rescue.unsqueeze(1), -1), rescued], 1)
         rescue = torch.zeros_like(rescue)
-    return topk_keys(exact, k), redo, rescue, cand
+    return topk_keys(exact, k), redo, rescue, cand, items
 
 
 def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, inv_scale: torch.Tensor,
