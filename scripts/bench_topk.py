@@ -43,7 +43,7 @@ from lsr.bench import Results, environment, format_table, quantiles, synchronize
 from lsr.index.inverted import InvertedIndex
 from lsr.search import block_path
 from lsr.search.kernels.select import bucket_theta, bucket_topk
-from lsr.search.kernels.topk import unpack_keys
+from lsr.search.kernels.topk import key_scores
 from lsr.search.triton_backend import default_config, triton_search
 from lsr.synth import SynthSpec, synth_docs, synth_queries
 
@@ -100,12 +100,12 @@ def variants(op: str, x: torch.Tensor, k: int, sorted_: bool,
     "kth": the k-th largest key's score, except ``bucket_theta``, a lower bound within THETA_SLACK)."""
     C = x.shape[1]
     if op == "kth":   # the k-th largest key's score
-        out = {"kthvalue": lambda: unpack_keys(KTHVALUE(x, C - k + 1, dim=1).values)[0],
-               "topk_amin": lambda: unpack_keys(TOPK(x, k, dim=1, sorted=False).values.amin(1))[0],
+        out = {"kthvalue": lambda: key_scores(KTHVALUE(x, C - k + 1, dim=1).values),
+               "topk_amin": lambda: key_scores(TOPK(x, k, dim=1, sorted=False).values.amin(1)),
                "bucket_theta": lambda: bucket_theta(x, k)}
         for c in chunks:
             if k <= c < C:
-                out[f"chunk{c}_amin"] = lambda c=c: unpack_keys(chunked_topk(x, k, c, False).amin(1))[0]
+                out[f"chunk{c}_amin"] = lambda c=c: key_scores(chunked_topk(x, k, c, False).amin(1))
         return out
     out = {"topk": lambda: TOPK(x, k, dim=1, sorted=sorted_).values,
            "sort": lambda: torch.sort(x, dim=1, descending=True).values[:, :k],

@@ -146,7 +146,8 @@ class ChunkResult(NamedTuple):
     theta: torch.Tensor                # float32 [B] pass 1's lower bound of the k-th score
     args: ScoreArgs
     redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle (exact pass 2)
-    rescue: torch.Tensor | None        # bool [B] queries settled by rescoring all their coarse candidates
+    rescue: torch.Tensor | None        # bool [B] queries to settle by rescoring all their coarse candidates
+                                       # (None: none, or done inside the chunk)
     cand: torch.Tensor                 # int64 [B, C] the candidate keys best was selected from (-1 = none)
     reselect: torch.Tensor | None      # bool [B] exact pass 2: rows whose bucket selection overflowed
     flags: torch.Tensor                # bool [4]: any overflow / reselect / redo / rescue (one host read)
@@ -309,7 +310,8 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
                   kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """Coarse pass 2 + exact rescoring (see ``_score_chunk``): best keys [B, k], the queries for the exact
     pass 2 (bool [B]: a span's slots overflowed, a selection overflowed or no usable theta), the queries whose
-    list failed only the completeness test (bool [B]), the coarse candidates [B, C] and the work items read.
+    list failed only the completeness test (bool [B]; None where the chunk settled them itself), the coarse
+    candidates [B, C] and the work items read.
 
     A list fails that test when many docs tie at the k-th coarse sum (quantised weights, few matching
     terms). Such a query still has every doc that can reach theta among its candidates (no slot
@@ -335,17 +337,16 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
-    docs = key_docs(top)   # coarse keys hold docs like exact ones
-    queries = QueryCSR(args.indptr, args.terms, args.weights)
-    exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
     redo = over | (floor < 1) | reselect
     rescue = ~complete & ~redo
-    if cand.numel() <= RESCUE_CELLS:   # every candidate of a flagged query, -1 for the others
-        all_docs = key_docs(cand, rescue.unsqueeze(1))
-        rescued = pack_keys(_exact_scores(plan.index, queries, scale, inv, all_docs), all_docs)
-        # a flagged query's list is among its candidates: keep one copy of each doc
-        exact = torch.cat([exact.masked_fill(rescue.unsqueeze(1), -1), rescued], 1)
-        rescue = torch.zeros_like(rescue)
+    docs = key_docs(top)   # coarse keys hold docs like exact ones
+    if cand.numel() <= RESCUE_CELLS:
+        # a flagged query is rescored on every one of its candidates instead of its list (which is among
+        # them: one copy of each doc), in the same launch as the other queries' lists
+        docs = torch.cat([docs.masked_fill(rescue.unsqueeze(1), -1), key_docs(cand, rescue.unsqueeze(1))], 1)
+        rescue = None
+    queries = QueryCSR(args.indptr, args.terms, args.weights)
+    exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
     return topk_keys(exact, k), redo, rescue, cand, items
 
 

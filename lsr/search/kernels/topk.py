@@ -32,6 +32,7 @@ __all__ = [
     "ROW",
     "emit_tile",
     "key_docs",
+    "key_scores",
     "kth_threshold",
     "merge_topk",
     "pack_key",
@@ -63,9 +64,13 @@ def pack_keys(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
 
 def unpack_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores float32, doc_idx int64) of keys; -1 keys give (0.0, -1)."""
+    return key_scores(keys), key_docs(keys)
+
+
+def key_scores(keys: torch.Tensor) -> torch.Tensor:
+    """float32 scores of keys (``unpack_keys``'s first half); 0.0 for -1 keys."""
     bits = (keys >> 31).clamp(0, DOC_MASK).to(torch.int32)
-    scores = torch.where(keys >= 0, bits.view(torch.float32), torch.zeros((), dtype=torch.float32, device=keys.device))
-    return scores, key_docs(keys)
+    return torch.where(keys >= 0, bits.view(torch.float32), torch.zeros((), dtype=torch.float32, device=keys.device))
 
 
 def key_docs(keys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,7 +101,7 @@ def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
         kth = torch.kthvalue(keys, C - k + 1, dim=1).values
     else:                          # the smallest of the k largest (keys are unique, so it is the k-th)
         kth = torch.topk(keys, k, dim=1, sorted=False).values.amin(1)
-    return unpack_keys(kth)[0]
+    return key_scores(kth)
 
 
 def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
