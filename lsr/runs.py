@@ -231,18 +231,33 @@ def write_msmarco(run: Mapping[str, Mapping[str, float]], path: PathLike) -> Non
             f.write(f"{qid}\t{docno}\t{rank}\n")
 
 
-def _build(rows: list[tuple[str, str, float, int]], path: PathLike) -> Run:
-    """rows of (qid, docno, score, line) -> run sorted best first; duplicates raise."""
-    per_q: dict[str, list[tuple[str, float]]] = {}
+def _build(rows: list[tuple[str, str, float, int]], path: PathLike, ranks: bool = False) -> Run:
+    """rows of (qid, docno, score, line) -> run sorted best first; duplicates raise. ``ranks``: the scores
+    are 1 / rank (MS MARCO), so two equal scores of a query are one rank given twice, which raises too."""
+    per_q: dict[str, list[tuple[str, float, int]]] = {}
     seen: dict[tuple[str, str], int] = {}
     for qid, docno, score, line in rows:
         if (qid, docno) in seen:
             raise ValueError(f"{path}:{line}: duplicate (query {qid!r}, doc {docno!r}); "
                              f"first seen on line {seen[qid, docno]}")
         seen[qid, docno] = line
-        per_q.setdefault(qid, []).append((docno, score))
-    # best first; stable, so equal scores keep the file order
-    return {qid: dict(sorted(docs, key=lambda kv: -kv[1])) for qid, docs in per_q.items()}
+        per_q.setdefault(qid, []).append((docno, score, line))
+    run = {}
+    for qid, docs in per_q.items():
+        docs.sort(key=lambda d: -d[1])   # best first; stable, so equal scores keep the file order
+        if ranks:
+            _check_ranks(qid, docs, path)
+        run[qid] = {docno: score for docno, score, _ in docs}
+    return run
+
+
+def _check_ranks(qid: str, docs: list[tuple[str, float, int]], path: PathLike) -> None:
+    """Refuse one rank given twice in a query's list sorted by score = 1 / rank."""
+    for (_, a, first), (_, b, line) in zip(docs, docs[1:]):
+        if a == b:
+            raise ValueError(f"{path}:{line}: query {qid!r} has rank {round(1 / a)} again (first on line {first}): "
+                             "the order is ambiguous, or the file was cut short; give each document of a query "
+                             "its own rank")
 
 
 def _rows(path: PathLike, n_cols: int, fmt: str):
@@ -286,16 +301,11 @@ def read_msmarco(path: PathLike) -> Run:
     at one rank of a query are refused: their order is ambiguous (and a file cut inside its last rank
     repeats an earlier rank)."""
     rows = []
-    ranks: dict[tuple[str, int], int] = {}
     for n, (qid, docno, rank) in _rows(path, 3, "MS MARCO"):
-        if not rank.isdigit() or int(rank) < 1:
-            raise ValueError(f"{path}:{n}: rank {rank!r} is not a positive integer")
-        first = ranks.setdefault((qid, int(rank)), n)
-        if first != n:
-            raise ValueError(f"{path}:{n}: query {qid!r} has rank {int(rank)} again (first on line {first}): the order "
-                             "is ambiguous, or the file was cut short; give each document of a query its own rank")
+        if not rank.isdigit() or not 1 <= int(rank) < 1 << 26:   # 1 / rank stays distinct below 2**26
+            raise ValueError(f"{path}:{n}: rank {rank!r} is not an integer in [1, {1 << 26})")
         rows.append((qid, docno, 1.0 / int(rank), n))
-    return _build(rows, path)
+    return _build(rows, path, ranks=True)
 
 
 def detect_run_format(path: PathLike) -> str:

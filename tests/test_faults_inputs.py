@@ -202,6 +202,13 @@ def test_a_run_cut_inside_its_last_line_is_refused(tmp_path):
     assert list(runs.read_msmarco(_write(tmp_path / "ok.tsv", lines))["q1"]) == [f"d{d}" for d in range(12)]
 
 
+@pytest.mark.parametrize("rank", ["0", "-1", "2.5", "x", "67108864"])
+def test_an_msmarco_rank_outside_the_integers_it_orders_is_refused(tmp_path, rank):
+    path = _write(tmp_path / "run.tsv", f"q1\td1\t1\nq1\td2\t{rank}\n")
+    with pytest.raises(ValueError, match=rf"run\.tsv:2: rank '{rank}' is not an integer in \[1, 67108864\)"):
+        runs.read_msmarco(path)
+
+
 def test_judged_queries_missing_from_a_run_are_named_in_a_warning(tmp_path, caplog):
     from lsr.evaluation.topk import evaluate_topk
 
