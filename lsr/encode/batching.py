@@ -73,10 +73,10 @@ class PreparedTexts:
     n_slots: int  # padded positions actually computed (sum of B·L): n_slots / n_tokens - 1 = padding waste
 
 
-def _sorted_tokens(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray, pin: bool) -> torch.Tensor:
-    """The texts' ids in ``order``, back to back: int32 [sum lengths] (pinned when ``pin``), written in place."""
-    ordered = lengths[order]
-    ends = np.cumsum(ordered)
+def _sorted_tokens(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray, ordered: np.ndarray,
+                   ends: np.ndarray, pin: bool) -> torch.Tensor:
+    """The texts' ids in ``order``, back to back: int32 [sum lengths] (pinned when ``pin``), written in place
+    (``ordered`` = lengths[order], ``ends`` its cumulative sum)."""
     total = int(ends[-1]) if len(ends) else 0
     out = torch.empty(total, dtype=torch.int32, pin_memory=pin)
     if total:
@@ -98,13 +98,15 @@ def length_sorted_batches(kind: str, flat: np.ndarray, lengths: np.ndarray, batc
     build the padded form now (False: on first access; the padding-free path never asks)."""
     lengths = np.asarray(lengths, np.int64)
     order = np.argsort(-lengths, kind="stable")
-    tokens = _sorted_tokens(flat, lengths, order, pin)
+    ordered = lengths[order]
+    cum = np.cumsum(ordered)
+    tokens = _sorted_tokens(flat, lengths, order, ordered, cum, pin)
     sorted_lengths = torch.empty(len(order), dtype=torch.int32, pin_memory=pin)
-    np.copyto(sorted_lengths.numpy(), lengths[order], casting="unsafe")
-    ends = np.cumsum(lengths[order]).tolist()
+    np.copyto(sorted_lengths.numpy(), ordered, casting="unsafe")
+    ends = cum.tolist()
     batches, i, slots = [], 0, 0
     while i < len(order):
-        width = -(-max(int(lengths[order[i]]), 1) // mult) * mult  # the longest remaining text
+        width = -(-max(int(ordered[i]), 1) // mult) * mult  # the longest remaining text
         size = batch_size if max_tokens is None else max(1, min(batch_size, max_tokens // width))
         j = min(len(order), i + size)
         start = ends[i - 1] if i else 0
