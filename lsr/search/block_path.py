@@ -64,7 +64,7 @@ class BlockConfig:
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
     coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
     coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
-    coarse_min_batch: int = 12  # smaller batches take the exact pass 2: for them the selection of the best
+    coarse_min_batch: int = 17  # smaller batches take the exact pass 2: for them the selection of the best
                                 # k + margin coarse keys costs more than the coarse sums save
 
 
