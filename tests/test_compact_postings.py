@@ -250,8 +250,8 @@ def test_compact_coarse_pass_matches_exact(gen, monkeypatch):
     cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
     want = triton_search(plain, q, 6, path="block", config=cfg)
     twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (twin, 64))
-    monkeypatch.setattr(bp, "_coarse_span", lambda c, index, scorer: 128)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
     got = triton_search(comp, q, 6, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 

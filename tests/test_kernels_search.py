@@ -289,8 +289,8 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(bp, "_select_span_scorer", lambda c, index: (twin, 64))
-    monkeypatch.setattr(bp, "_coarse_span", lambda c, index, scorer: 128)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
     settled = []
     real = bp._settle
     monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: settled.append(out) or out)(real(*a)))
@@ -346,12 +346,12 @@ def test_search_rejects_bad_arguments(gen):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
-    from lsr.search.block_path import _select_span_scorer
+    from lsr.search.block_path import select_span_scorer
     from lsr.search.kernels import block_cuda
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
-    score, span = _select_span_scorer(BlockConfig(), index)
+    score, span = select_span_scorer(BlockConfig(), index)
     assert score.func is block.triton_block_candidates and span == 256   # the collection, rounded up
     q = rand_vectors(3, 28, 0.3, gen)
     with pytest.raises(RuntimeError, match="kernel='cuda'"):

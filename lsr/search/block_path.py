@@ -35,7 +35,7 @@ from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_theta, bucket_topk
 from lsr.search.kernels.topk import ROW, key_docs, pack_keys, topk_keys, unpack_keys
-from lsr.search.span_scorer import SpanScorer, _coarse_span, _select_span_scorer, cuda_span
+from lsr.search.span_scorer import SpanScorer, coarse_span, select_span_scorer, cuda_span
 from lsr.search.spans import span_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -188,11 +188,11 @@ def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConf
 
 def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> BlockPlan:
     cfg = replace(cfg, group=min(cfg.group, 1 << (B - 1).bit_length()))
-    scorer, span = _select_span_scorer(cfg, index)
+    scorer, span = select_span_scorer(cfg, index)
     cfg = replace(cfg, span=span)
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
-    cspan = _coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None
+    cspan = coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None
     n_sample = _pass1_spans(n_spans, span, k, cfg.sample_every)
     return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
                      cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),

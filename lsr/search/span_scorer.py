@@ -21,12 +21,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.search.block_path import BlockConfig
 
-__all__ = ["SpanScorer", "cuda_span"]
+__all__ = ["SpanScorer", "coarse_span", "cuda_span", "select_span_scorer"]
 
 SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def _select_span_scorer(cfg: BlockConfig, index: InvertedIndex) -> tuple[SpanScorer, int]:
+def select_span_scorer(cfg: BlockConfig, index: InvertedIndex) -> tuple[SpanScorer, int]:
     """(span scorer with its tuning bound, span) for ``cfg.kernel``: "auto" takes the CUDA kernel where
     it serves (CUDA device with NVRTC, group 1, aligned postings, a collection of at least one CUDA
     span), else the Triton one. Spans never exceed the collection rounded up to a power of two."""
@@ -57,7 +57,7 @@ def cuda_span(cfg: BlockConfig, index: InvertedIndex) -> int | None:
     return cfg.cuda_span if ok else None
 
 
-def _coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> int | None:
+def coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> int | None:
     """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
     if not cfg.coarse or getattr(scorer, "func", None) is not block_cuda.cuda_block_candidates:
         return None
