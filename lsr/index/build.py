@@ -167,9 +167,10 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
     shift = check_block_size(block_size)
     if postings not in LAYOUTS:
         raise ValueError(f"postings must be one of {LAYOUTS}, got {postings!r}")
-    if postings == COMPACT:   # refused before any work: a block size or weights the layout cannot hold
+    compact_block = block_size if postings == COMPACT else 0   # > 0: block-local ids (compact layout)
+    if compact_block:   # refused before any work: a block size or weights the layout cannot hold
         check_compact_block_size(block_size)
-    w_dtype = compact_weight_dtype(vectors.values) if postings == COMPACT else torch.float32
+    w_dtype = compact_weight_dtype(vectors.values) if compact_block else torch.float32
     dev = vectors.device
     n, V = len(vectors), vectors.vocab_size
     if n > _INT32_MAX:
@@ -192,8 +193,8 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
     longest = int(padded64.max()) if V else 0
     if longest > _INT32_MAX:
         raise ValueError(f"a posting list of {longest} entries does not fit int32 lengths")
-    doc_ids, scores = _empty_postings(int(seg_start[-1]), block_size, w_dtype, dev)
-    _scatter_postings(vectors, chunks, keys, seg_start, doc_ids, scores, block_size if postings == COMPACT else 0)
+    doc_ids, scores = _empty_postings(int(seg_start[-1]), compact_block, w_dtype, dev)
+    _scatter_postings(vectors, chunks, keys, seg_start, doc_ids, scores, compact_block)
     return PostingArrays(doc_ids=doc_ids, scores=scores, offsets=block_offsets[:, 0].contiguous(),
                          lengths=lengths64.to(torch.int32), padded_lengths=padded64.to(torch.int32),
                          max_scores=max_scores, block_offsets=block_offsets.contiguous(),
@@ -223,13 +224,13 @@ def _count_segments(vectors: SparseVectors, chunks: list[tuple[int, int, int, in
     return counts, max_scores
 
 
-def _empty_postings(total: int, block_size: int, w_dtype: torch.dtype,
+def _empty_postings(total: int, compact_block: int, w_dtype: torch.dtype,
                     dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded posting arrays before the scatter: doc id -1 and weight 0, or for the compact layout (16-bit
-    weights) local id block_size - 1 and weight 0 (see lsr.index.compact)."""
+    """Padded posting arrays before the scatter: doc id -1 and weight 0, or for the compact layout
+    (``compact_block`` > 0, its block size) local id compact_block - 1 and weight 0 (see lsr.index.compact)."""
     scores = torch.zeros(total, dtype=w_dtype, device=dev)
-    if w_dtype != torch.float32:
-        return encode_docs(torch.full((total,), block_size - 1, dtype=torch.int32, device=dev), block_size), scores
+    if compact_block:
+        return encode_docs(torch.full((total,), compact_block - 1, dtype=torch.int32, device=dev), compact_block), scores
     return torch.full((total,), -1, dtype=torch.int32, device=dev), scores
 
 
