@@ -211,9 +211,11 @@ def _add_norm(norm: nn.Module, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor
 
 
 def _layout(lengths: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu_seqlens int64 [B+1], text of each token, its position in the text) of texts of ``lengths``."""
+    lengths = lengths.to(torch.int64)
     cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
-    torch.cumsum(lengths.to(torch.int64), 0, out=cu[1:])
-    return (cu, *_segments(cu, n_tokens))
+    torch.cumsum(lengths, 0, out=cu[1:])
+    return (cu, *ragged_positions(torch.zeros_like(lengths), lengths, n_tokens))
 
 
 def pack_batch(input_ids: torch.Tensor, lengths: torch.Tensor, n_tokens: int) -> dict[str, Any]:
