@@ -133,7 +133,7 @@ def test_gpu_graphs_keep_their_work_items():
     q = synth_queries(3, device="cuda")
     want = triton_search(index, q[:1], 100, path="block", config=BlockConfig(graphs=False))
     triton_search(index, q[:1], 100, path="block")         # captures the graph
-    block_path._span_items.cache_clear()        # the items' blocks go back to the allocator ...
+    block_path._cached_span_items.cache_clear()        # the items' blocks go back to the allocator ...
     clobber = [torch.full((n,), 7, dtype=torch.int64, device="cuda") for n in (8, 16, 32, 64) for _ in range(500)]
     got = triton_search(index, q[:1], 100, path="block")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -325,6 +325,24 @@ def test_frozen_freezes_where_objects_were_frozen_before():
     del early, late
 
 
+def test_frozen_interrupted_before_freezing_leaves_later_blocks_free_to_freeze(monkeypatch):
+    import gc
+
+    from lsr.serve import gcwatch
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(gcwatch.gc, "collect", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            with gcwatch.frozen():
+                pass
+    with gcwatch.frozen() as froze:
+        assert froze and gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+
+
 def test_gc_watch_survives_a_collection_inside_as_dict():
     """as_dict allocates while holding the watch's lock; a collection starting there calls the watch on the same
     thread (a plain lock hung /stats, and with it the event loop)."""

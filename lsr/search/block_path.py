@@ -296,14 +296,23 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
     return torch.stack([no if m is None else m.any() for m in masks])
 
 
-@functools.lru_cache(maxsize=64)
 def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                 device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal): made once
-    per shape, outside the CUDA graphs (they were ~20 of a one-query graph's kernels). A graph that reads
-    them holds them in its ChunkResult (``items``): an entry dropped from this cache stays allocated."""
+    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal). Batches a
+    CUDA graph can hold get them once per shape, outside the graphs (they were ~20 of a one-query graph's
+    kernels); a graph that reads them holds them in its ChunkResult (``items``), so an entry dropped from the
+    cache stays allocated. Larger batches make them per call (16 B per item: 33 MB at B = 2,000, 8.8M docs)."""
+    make = _cached_span_items if B <= GRAPH_MAX_B else _make_span_items
+    return make(B, n_items, n_spans, group, width, device)
+
+
+def _make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
+                     device: torch.device) -> tuple[torch.Tensor, ...]:
     spans = (torch.arange(n_items, device=device) * n_spans) // n_items
     return span_items(B, spans, group, width)
+
+
+_cached_span_items = functools.lru_cache(maxsize=64)(_make_span_items)
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,

@@ -36,9 +36,9 @@ def frozen(enabled: bool = True) -> Iterator[bool]:
     with _FREEZE_LOCK:
         mine = enabled and not _FREEZING[0]
         if mine:
-            _FREEZING[0] = True
-            gc.collect()
+            gc.collect()   # (an interrupt here leaves nothing marked: a later block still freezes)
             gc.freeze()
+            _FREEZING[0] = True
     try:
         yield mine
     finally:

@@ -19,8 +19,10 @@ one-query search in them (docs/benchmarks.md). Here:
    A row with more than ``kmax`` keys >= ``lo`` (thousands of docs tied within 2**-16 of the k-th
    score) is flagged: the caller selects it again with ``torch.topk``.
 
-Counts are integers (exact in any order), so every output is deterministic. ``torch_bucket_levels`` is the
-torch twin of the two levels; the tests compare them bit for bit under the interpreter.
+Counts are integers (exact in any order), so every output is deterministic. The keys of a row must be unique
+(the block path's are: one doc per key), else the rank kernel gives equal keys one rank and leaves a -1.
+``torch_bucket_levels`` is the torch twin of the two levels; the tests compare them bit for bit under the
+interpreter.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def _levels(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def bucket_theta(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """float32 [B]: a lower bound of the score of every row's k-th largest key (0.0 when a row holds fewer
-    than k valid keys), at most 2**-15 relative below it. Keys: int64 [B, C], -1 = none."""
+    """float32 [B]: a lower bound of the score of every row's k-th largest key, at most 2**-15 relative below
+    it for normal floats (0.0 when a row holds fewer than k valid keys, or its k-th score is a subnormal
+    below 128 ulps). Keys: int64 [B, C], unique per row, -1 = none."""
     if keys.shape[1] < k:
         return torch.zeros(keys.shape[0], dtype=torch.float32, device=keys.device)
     return _levels(keys.contiguous(), k)[2]
