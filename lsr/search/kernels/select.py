@@ -9,10 +9,10 @@ one-query search in them (docs/benchmarks.md). Here:
 1. ``level 1``: a histogram of every valid key's bits 61..50 (the float score's exponent and top 4
    mantissa bits; keys are ``bits(score) << 31 | ~doc``, lsr.search.kernels.topk), then the bucket ``p1``
    that holds the k-th largest key (the largest bucket whose keys at or above it number >= k).
-2. ``level 2``: the same over bits 49..38 of the keys in bucket ``p1``: bucket ``p2``. Every key at or
-   above ``lo = p1 << 50 | p2 << 38`` is then >= ... >= the k-th largest key's bucket, so the k largest
-   keys are all >= ``lo``, and ``lo`` read as a score is a lower bound of the k-th score (at most
-   2**-15 relative below it): what pass 1 needs (``bucket_theta``).
+2. ``level 2``: the same over bits 49..38 of the keys in bucket ``p1``: bucket ``p2``, which holds the
+   k-th largest key. ``lo = p1 << 50 | p2 << 38`` is that bucket's lower edge, so the k largest keys are
+   all >= ``lo``, and ``lo`` read as a score is a lower bound of the k-th score (at most 2**-15 relative
+   below it): what pass 1 needs (``bucket_theta``).
 3. ``gather`` (``bucket_topk``): every key >= ``lo`` goes to a row of ``kmax`` slots (in an order the
    atomics choose), then ``rank``: each gathered key's rank is the number of gathered keys above it (keys
    are unique), and the keys of rank < k are written in place: the answer, sorted, whatever the slot order.
