@@ -8,6 +8,7 @@ repeat the end-to-end checks at a larger size on CUDA.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -277,9 +278,6 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
     pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
     below ``coarse_min_batch`` skip it."""
-    import functools
-    from dataclasses import replace
-
     import lsr.search.block_path as bp
     docs = rand_vectors(600, 30, 0.2, gen)
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
@@ -323,6 +321,46 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     got = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=8))  # 7 queries < 8
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert n_sent("redo") == 0 and n_sent("rescue") == 0, "no coarse pass, so nothing to redo"
+
+
+def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
+    """Docs with one huge weight and a query whose other weight is tiny: that term's coarse factor
+    w_query * scale / 2**COARSE_SHIFT falls below float32's normal range (the CUDA kernel's float32
+    coarse sums would not be exact there)."""
+    docs = random_dense_rows(n_docs, 30, 0.3, gen)
+    dense = docs.to_dense(torch.float32)
+    dense[5, 0], dense[:, 1] = 1e18, torch.where(dense[:, 1] > 0, dense[:, 1], 0.5)
+    q = rand_vectors(4, 30, 0.3, gen)
+    qd = q.to_dense(torch.float32)
+    qd[0] = 0
+    qd[0, 0], qd[0, 1] = 1.0, 1e-30
+    return SparseVectors.from_dense(dense), SparseVectors.from_dense(qd)
+
+
+def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatch):
+    """A query whose coarse factor is not a normal float32 is flagged by the coarse pass (its items report
+    an overflow) and settled by the exact pass: the search gives the exact pass's bits. (Weights 18
+    orders of magnitude apart also leave the fixed point's resolution, U_q * 2**-61, above the small
+    scores: this compares with the exact pass, not with float64.)"""
+    import lsr.search.block_path as bp
+    docs, q = _extreme_weights(gen)
+    index = build_index(docs, 64)
+    scale, _ = query_scales(*csr_of(q), index.max_scores)
+    unusual = block._coarse_unusual(q.indptr, q.values, scale)
+    assert unusual.tolist() == [True, False, False, False]
+    off = span_offsets(index, 64)
+    n_spans, cap = off.shape[1] - 1, 16
+    items = block.span_items(4, torch.arange(n_spans, device=DEV), 1, cap)
+    floor = torch.ones(4, dtype=torch.int64, device=DEV)
+    _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, _, 64, items,
+                                             4 * n_spans * cap, cap=cap, coarse_lo=floor)
+    assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
+    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    want = triton_search(index, q, 5, path="block", config=cfg)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
+    got = triton_search(index, q, 5, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_search_query_terms_outside_index_vocab(gen):
@@ -422,6 +460,29 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
                                                warps=warps)
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
+    from lsr.search.kernels import block_cuda
+    from lsr.search.span_scorer import coarse_span, select_span_scorer
+    docs, q = (v.to("cuda") for v in _extreme_weights(torch.Generator(device="cpu").manual_seed(3), 40000))
+    index = InvertedIndex.build(docs, device="cuda", block_size=1024)
+    cfg = BlockConfig(coarse_min_batch=1)
+    assert coarse_span(cfg, index, select_span_scorer(cfg, index)[0]) is not None, "the search runs the coarse pass"
+    off = span_offsets(index, 1024)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 1024)
+    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 64)
+    floor = torch.ones(4, dtype=torch.int64, device="cuda")
+    got = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
+    want = block.torch_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
+    assert torch.equal(got[1], want[1]) and bool((got[1].view(4, -1)[0] == 65).all())
+    # the flagged query's slots are never read; the others' match the twin
+    assert torch.equal(got[0].view(4, -1)[1:], want[0].view(4, -1)[1:])
+    want = triton_search(index, q, 5, config=replace(cfg, coarse=False))
+    got = triton_search(index, q, 5, config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

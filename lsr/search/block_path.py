@@ -30,7 +30,7 @@ import torch
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
-from lsr.search.kernels.block import coarse_floor, span_items, terms_bucket
+from lsr.search.kernels.block import COARSE_SHIFT, coarse_floor, span_items, terms_bucket
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_theta, bucket_topk
@@ -340,10 +340,10 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     over = (counts.view(B, n_spans) > cap).any(1)
     cand = cand.view(B, -1)
     top, reselect = bucket_topk(cand, min(k + _coarse_margin(k), cand.shape[1]))   # reselect: exact pass 2
-    # the k-th coarse key: k docs have int64 sums >= its coarse sum << 30, so the k-th exact score is at
-    # least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
+    # the k-th coarse key: k docs have int64 sums >= its coarse sum << COARSE_SHIFT, so the k-th exact score
+    # is at least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
     kth = top[:, min(k, top.shape[1]) - 1]
-    s_lo = ((kth.clamp_min(0) >> 31) << 30).to(torch.float64).mul_(inv).to(torch.float32)
+    s_lo = ((kth.clamp_min(0) >> 31) << COARSE_SHIFT).to(torch.float64).mul_(inv).to(torch.float32)
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
     redo = over | (floor < 1) | reselect

@@ -55,20 +55,32 @@ __all__ = ["COARSE_SHIFT", "check_block_args", "coarse_floor", "default_programs
            "triton_block_candidates"]
 
 _ROW = tl.constexpr(ROW)
-COARSE_SHIFT = 30   # coarse sums add (int64 contribution >> 30): < 2**(61 - 30) per doc, one uint32 cell
+# coarse sums add (int64 contribution >> 39): <= 2**(61 - 39) per doc, one uint32 cell; a contribution's
+# coarse part is < 2**23, so the CUDA kernel computes it exactly in float32 (block_scores.cu)
+COARSE_SHIFT = 39
 
 
 def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tensor) -> torch.Tensor:
     """int64 [B]: a doc whose float32 score reaches theta[q] (> 0) has a coarse sum >= this.
 
     The bound ``alo`` on the int64 sum is the CUDA read-out's (acc < alo implies score < theta); a coarse
-    sum adds floor(c / 2**30) of every contribution c, so it is > alo / 2**30 - n_q (n_q = the query's
-    term count, the most adds a doc takes). Values < 1 mean the coarse sums cannot filter for theta.
+    sum adds floor(c / 2**COARSE_SHIFT) of every contribution c, so it is > alo / 2**COARSE_SHIFT - n_q
+    (n_q = the query's term count, the most adds a doc takes). Values < 1 mean the coarse sums cannot
+    filter for theta.
     """
     lim = torch.nextafter(theta, torch.zeros_like(theta)).to(torch.float64) * scale * (1.0 - 2.0 ** -50)
     alo = lim.clamp(max=2.0 ** 62).to(torch.int64).clamp_min(1)
     alo = torch.where(theta > 0, alo, torch.ones_like(alo))
     return (alo >> COARSE_SHIFT) - q_indptr.diff() + 1
+
+
+def _coarse_unusual(q_indptr: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """bool [B]: queries with a coarse factor w_query * scale / 2**COARSE_SHIFT outside float32's normal
+    range (the CUDA kernel's float32 coarse sums would not be exact: their items report an overflow)."""
+    row = segment_ids(q_indptr.diff())
+    a = q_weights.to(torch.float64) * scale[row] * 2.0 ** -COARSE_SHIFT
+    bad = (a != 0) & ((a < 2.0 ** -126) | (a >= 2.0 ** 128))
+    return torch.zeros(q_indptr.numel() - 1, dtype=torch.int64, device=a.device).index_add_(0, row, bad.long()) > 0
 
 
 @triton.jit
@@ -368,7 +380,8 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
         rows, cnt = torch_emit(ckeys, ok, cap)
         rows = rows[valid]
         counts = torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
-        counts[starts // cap] = cnt[valid]
+        counts[starts // cap] = torch.where(_coarse_unusual(q_indptr, q_weights, scale)[item_q.long()],
+                                            cap + 1, cnt[valid])
     elif theta is None:
         rows, counts = torch_row_max(keys)[valid], None
     else:

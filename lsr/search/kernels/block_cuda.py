@@ -17,6 +17,9 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
   between normalisations cannot overflow a limb;
+* coarse mode (the block path's pass 2 for batches): one uint32 cell per doc sums floor(c / 2^39) of each
+  contribution c, computed exactly in float32 (block_scores.cu says why), one shared atomic per posting;
+  the kernel then fits 40 registers and runs 3 CTAs per SM (the three-limb passes: 2);
 * the read-out converts a row of 64 docs only if one of them can reach theta (an integer bound on the
   fixed-point sum), and writes either every 32-doc row's best key (``theta is None``) or the docs >=
   theta into CAP slots in ascending doc order + a count (lsr.search.kernels.topk's contract);
@@ -59,13 +62,20 @@ def _postings_per_load(post_w: torch.Tensor) -> int:
     return 16 // post_w.element_size()
 
 
+def _min_ctas(warps: int, coarse: bool) -> int:
+    """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 3 for the
+    coarse pass (its float32 adds fit 40 registers, and a third CTA hides the others' stalls; measured in
+    docs/notes-search.md, session 16), 2 for the three-limb passes (64 registers)."""
+    return max(1, min(3 if coarse else 2, 64 // warps))
+
+
 @functools.cache
 def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False, weight: int = 0):
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
               f"#define CSHIFT {COARSE_SHIFT}\n#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
-              f"#define TG {terms}\n#define WEIGHT {weight}\n"
+              f"#define TG {terms}\n#define WEIGHT {weight}\n#define MIN_CTAS {_min_ctas(warps, coarse)}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
@@ -109,7 +119,8 @@ def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0, coarse
     """CTAs that fit on one SM by shared memory and registers (the persistent grid is SMs x this)."""
     props = torch.cuda.get_device_properties(device_index)
     per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (64 * 32 * warps)   # <= 64 registers a thread
+    # compiled for _min_ctas CTAs per SM (registers capped to fit them), else <= 64 registers a thread
+    by_regs = max(_min_ctas(warps, coarse), getattr(props, "regs_per_multiprocessor", 65536) // (64 * 32 * warps))
     # 1 KB per CTA is reserved by the driver
     return max(1, min(by_regs, per_sm // (_smem(span, warps, TERMS, coarse) + 1024)))
 

@@ -17,6 +17,17 @@ typedef float weight_t;
 #define LOG_STEP 7
 #endif
 #define STEP (32 * PL)             // postings per warp step
+#if COARSE && SPAN / 64 / WARPS > 64
+#error "the coarse read-out notes its rows in 64 bits: SPAN / 64 / WARPS <= 64"
+#endif
+#if COARSE
+// coarse contributions in float32: floor(a * w) with a = w_query * scale / 2^CSHIFT, exact in float32 and
+// a * w <= 2^(61 - CSHIFT) < 2^23: the product rounded toward zero keeps its floor, and adding 2^23
+// toward zero leaves that floor in the mantissa (no 64-bit conversion per posting)
+typedef float qmul_t;
+#else
+typedef double qmul_t;
+#endif
 
 __device__ __forceinline__ unsigned word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
@@ -63,7 +74,7 @@ __device__ __forceinline__ longlong2 take(unsigned* h, unsigned* m, unsigned* l,
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 2)
+extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
 lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict__ post_w,
                  const i64* __restrict__ span_off, int stride_so,
                  const i64* __restrict__ q_indptr, const int* __restrict__ q_terms,
@@ -109,6 +120,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
         const i64 doc0 = (i64)span * SPAN;
         const i64 qs = q_indptr[q], qe = q_indptr[q + 1];
         const double sc = scale[q];
+        int unusual = 0;
         for (i64 g = qs; g < qe; g += TG) {
             // ---- the runs of terms g.. in this span, read in 16-byte aligned steps of STEP postings
             for (int i = tid; i < TG; i += NT) {
@@ -119,6 +131,12 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                     rs = so[0];
                     re = so[1];
                     wqs = (double)q_w[g + i] * sc;
+#if COARSE
+                    wqs *= 1.0 / (double)(1ull << CSHIFT);
+                    // outside float32's normal range the coarse factor would not be exact: the items of such
+                    // a query report an overflow, which sends it to the exact pass 2
+                    unusual |= wqs != 0.0 && (wqs < 0x1p-126 || wqs >= 0x1p128);
+#endif
                 }
                 const i64 a = rs & ~(i64)(PL - 1);   // 16-byte aligned start; lo and hi are relative to it
                 t_base[i] = a;
@@ -127,7 +145,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 t_wq[i] = wqs;
                 t_cum[i] = re > rs ? (int)((re - a + STEP - 1) >> LOG_STEP) : 0;
             }
-            __syncthreads();
+            unusual = __syncthreads_or(unusual);
             if (warp == 0) {                   // inclusive scan of t_cum: TG / 32 entries per lane
                 int run = 0;
                 #pragma unroll
@@ -166,18 +184,18 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                     r = lo;
                 }
                 int bound = t_cum[r], rlo = t_lo[r], rhi = t_hi[r];
-                double wq = t_wq[r];
+                qmul_t wq = (qmul_t)t_wq[r];
                 const doc_t* pd = post_doc + t_base[r];
                 const weight_t* pw = post_w + t_base[r];
                 // step cc: the lane reads postings x0 .. x0 + PL - 1 of its run (from pd / pw); bit e of the
                 // mask: x0 + e lies in the run [rlo, rhi). A lane with nothing to read loads the run's start.
-                auto load = [&](int cc, uint4& d, uint4& w, unsigned& m, double& q) {
+                auto load = [&](int cc, uint4& d, uint4& w, unsigned& m, qmul_t& q) {
                     while (cc >= bound) {      // warp-uniform: the next run
                         ++r;
                         bound = t_cum[r];
                         rlo = t_lo[r];
                         rhi = t_hi[r];
-                        wq = t_wq[r];
+                        wq = (qmul_t)t_wq[r];
                         pd = post_doc + t_base[r];
                         pw = post_w + t_base[r];
                     }
@@ -192,30 +210,31 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 // postings outside the run (another run's docs) and padding are skipped; the run's own
                 // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
                 // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
-                auto add = [&](const uint4& d, const uint4& w, unsigned m, double q) {
+                auto add = [&](const uint4& d, const uint4& w, unsigned m, qmul_t q) {
                     #pragma unroll
                     for (int e = 0; e < PL; ++e) {
                         int c_e;
                         bool real;
                         const float we = posting(d, w, e, c_e, real);
                         const bool ok = (m & (1u << e)) && real;
-                        const u64 v = (u64)(i64)((double)we * q);
                         unsigned* cell = t_hi24 + c_e;
-                        if (ok) {
 #if COARSE
-                            atomicAdd(cell, (unsigned)(v >> CSHIFT));
+                        const unsigned v = __float_as_uint(__fadd_rz(__fmul_rz(we, q), 0x1p23f)) - 0x4b000000u;
+                        if (ok) atomicAdd(cell, v);
 #else
+                        const u64 v = (u64)(i64)((double)we * q);
+                        if (ok) {
                             atomicAdd(cell, (unsigned)(v >> 48));
                             atomicAdd(cell + SPAN, (unsigned)(v >> 24) & 0xffffffu);
                             atomicAdd(cell + 2 * SPAN, (unsigned)v & 0xffffffu);
-#endif
                         }
+#endif
                     }
                 };
                 // two steps in flight: the next step's loads are issued before this step's adds
                 uint4 dA, dB, wA, wB;
                 unsigned mA, mB;
-                double qA, qB;
+                qmul_t qA, qB;
                 load(c, dA, wA, mA, qA);
                 for (;; c += 2) {
                     const bool more1 = c + 1 < c_end;
@@ -244,24 +263,35 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
         const int R = SPAN / 64 / WARPS;
 #if COARSE
         // coarse keys (sum << 31 | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
-        // in ascending doc order + a count, as below
+        // in ascending doc order + a count, as below. One pass zeroes the rows without a hit and notes the
+        // others (a few per item), which the second pass reads, writes out and zeroes
         const unsigned clo = (unsigned)coarse_lo[q];
         const unsigned below = (1u << lane) - 1u;
         int n_hit = 0;
-        for (int j = warp * R; j < (warp + 1) * R; ++j) {
-            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
-            n_hit += __popc(__ballot_sync(FULL, a.x >= clo)) + __popc(__ballot_sync(FULL, a.y >= clo));
+        u64 rows = 0;                          // bit jj: row warp * R + jj holds a hit (R <= 64)
+        for (int jj = 0; jj < R; ++jj) {
+            uint2* cell = reinterpret_cast<uint2*>(t_hi24) + (warp * R + jj) * 32 + lane;
+            const uint2 a = *cell;
+            const unsigned m0 = __ballot_sync(FULL, a.x >= clo), m1 = __ballot_sync(FULL, a.y >= clo);
+            if (m0 | m1) {
+                rows |= 1ull << jj;
+                n_hit += __popc(m0) + __popc(m1);
+            } else {
+                *cell = make_uint2(0u, 0u);
+            }
         }
         if (lane == 0) w_count[warp] = n_hit;
         __syncthreads();
         int base = 0, all = 0;
         for (int v = 0; v < WARPS; ++v) { base += v < warp ? w_count[v] : 0; all += w_count[v]; }
-        for (int j = warp * R; j < (warp + 1) * R; ++j) {
-            const uint2 a = reinterpret_cast<const uint2*>(t_hi24)[j * 32 + lane];
-            reinterpret_cast<uint2*>(t_hi24)[j * 32 + lane] = make_uint2(0u, 0u);
+        for (; rows; rows &= rows - 1) {
+            const int j = warp * R + __ffsll((long long)rows) - 1;
+            uint2* cell = reinterpret_cast<uint2*>(t_hi24) + j * 32 + lane;
+            const uint2 a = *cell;
+            *cell = make_uint2(0u, 0u);
             const bool h0 = a.x >= clo, h1 = a.y >= clo;
             const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
-            if (base < CAP && (m0 | m1)) {
+            if (base < CAP) {
                 const int slot = base + __popc(m0 & below) + __popc(m1 & below);
                 const i64 d = doc0 + j * 64 + 2 * lane;
                 if (h0 && slot < CAP) out[out0 + slot] = ((i64)a.x << 31) | (0x7fffffffLL - d);
@@ -269,7 +299,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
             }
             base += __popc(m0) + __popc(m1);
         }
-        if (tid == 0) counts[out0 / CAP] = all;
+        if (tid == 0) counts[out0 / CAP] = unusual ? CAP + 1 : all;
 #elif ROWMAX
         for (int j = warp * R; j < (warp + 1) * R; ++j) {
             const longlong2 a = take(t_hi24, t_mid, t_low, j * 32 + lane);
