@@ -282,9 +282,10 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
-    p.add_argument("--postings", choices=("float32", "compact"), default="float32",
-                   help="posting layout: float32 (8 bytes a posting) or compact (4 bytes: 16-bit local doc ids and "
-                        "weights; needs weights exact in bf16/fp16, e.g. vectors encoded in bf16; same results)")
+    p.add_argument("--postings", choices=("auto", "float32", "compact"), default="auto",
+                   help="posting layout: compact (4 bytes a posting: 16-bit local doc ids and weights; needs weights "
+                        "exact in bf16/fp16, e.g. vectors encoded in bf16), float32 (8 bytes), or auto (compact where "
+                        "the weights allow it; the default); same results")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     p.add_argument("--partitions", type=int, default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")

@@ -43,7 +43,8 @@ class EncoderConfig:
 class IndexConfig:
     block_size: int = 65536
     partitions: int = 1                 # > 1: a sharded index (docs/scaling.md), searched partition by partition
-    postings: str = "float32"           # "compact": 4 bytes a posting (weights exact in bf16/fp16), same results
+    postings: str = "auto"              # "compact" (4 bytes a posting, weights exact in bf16/fp16) where it fits, else
+                                        # "float32"; or either one forced; same results
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,8 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     if cfg.rerank.backend not in ("auto", "torch", "triton"):
         raise ValueError(f"config.rerank.backend must be auto, torch or triton, got {cfg.rerank.backend!r}")
     check_block_size(cfg.index.block_size)
-    if cfg.index.postings not in ("float32", "compact"):
-        raise ValueError(f"config.index.postings must be float32 or compact, got {cfg.index.postings!r}")
+    if cfg.index.postings not in ("auto", "float32", "compact"):
+        raise ValueError(f"config.index.postings must be auto, float32 or compact, got {cfg.index.postings!r}")
     _positive("config.index.partitions", cfg.index.partitions)
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")

@@ -40,7 +40,7 @@ def bf16_rows(n: int, vocab: int, density: float, gen: torch.Generator, **kw) ->
 
 
 def both_layouts(docs: SparseVectors, bs: int) -> tuple[InvertedIndex, InvertedIndex]:
-    return (InvertedIndex.build(docs, device=DEV, block_size=bs),
+    return (InvertedIndex.build(docs, device=DEV, block_size=bs, postings="float32"),
             InvertedIndex.build(docs, device=DEV, block_size=bs, postings="compact"))
 
 
@@ -57,7 +57,7 @@ def gen() -> torch.Generator:
 @pytest.mark.parametrize("bs,budget", [(32, None), (64, 4096), (1 << 16, None)])
 def test_compact_arrays_decode_to_the_float32_layout(gen, bs, budget):
     docs = bf16_rows(300, 40, 0.2, gen, empty_rows=4)
-    plain = InvertedIndex.build(docs, device=DEV, block_size=bs)
+    plain = InvertedIndex.build(docs, device=DEV, block_size=bs, postings="float32")
     comp = InvertedIndex.build(docs, device=DEV, block_size=bs, postings="compact", max_memory_bytes=budget)
     assert comp.postings == "compact" and plain.postings == "float32"
     assert comp.doc_ids.dtype == torch.int16 and comp.scores.dtype == torch.bfloat16
@@ -95,6 +95,19 @@ def test_compact_build_rejects_what_it_cannot_hold(gen):
         InvertedIndex.build(docs, block_size=32, postings="int8")
 
 
+def test_auto_layout_is_compact_where_it_holds_the_weights(gen):
+    """The default ("auto"): compact for bf16 / fp16-exact weights and a block size it allows, float32 else."""
+    exact, inexact = bf16_rows(60, 20, 0.3, gen), random_dense_rows(60, 20, 0.3, gen)
+    assert InvertedIndex.build(exact, block_size=64).postings == "compact"
+    assert InvertedIndex.build(exact, block_size=64, postings="auto").scores.dtype == torch.bfloat16
+    assert InvertedIndex.build(rounded_weights(inexact, torch.float16), block_size=64).postings == "compact"
+    assert InvertedIndex.build(inexact, block_size=64).postings == "float32"
+    assert InvertedIndex.build(exact, block_size=1 << 17).postings == "float32"   # uint16 local ids cannot
+    assert InvertedIndex.build(exact, block_size=64, postings="float32").postings == "float32"
+    empty = SparseVectors.from_dense(torch.zeros(3, 20))
+    assert InvertedIndex.build(empty, block_size=64).postings == "float32"
+
+
 # --------------------------------------------------------------------------------------- disk
 @pytest.fixture
 def saved(tmp_path, gen):
@@ -122,7 +135,7 @@ def test_compact_index_roundtrips_with_version_2(saved, tmp_path):
         back = InvertedIndex.load(path, mmap=mmap)
         assert back.postings == "compact"
         assert torch.equal(back.doc_ids, index.doc_ids) and torch.equal(back.scores, index.scores)
-    plain = InvertedIndex.build(index.docs, block_size=64).save(tmp_path / "plain")
+    plain = InvertedIndex.build(index.docs, block_size=64, postings="float32").save(tmp_path / "plain")
     assert json.loads((plain / "meta.json").read_text())["version"] == 1, "float32 indexes stay readable by old lsr"
 
 
@@ -277,6 +290,10 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
     base = ["index", "--vectors", str(tmp_path / "vec"), "--device", "cpu", "--block-size", "64"]
     assert main(base + ["--out", str(tmp_path / "idx"), "--postings", "compact"]) == 0
     assert InvertedIndex.load(tmp_path / "idx").postings == "compact"
+    assert main(base + ["--out", str(tmp_path / "auto")]) == 0   # the default: compact where exact
+    assert InvertedIndex.load(tmp_path / "auto").postings == "compact"
+    assert main(base + ["--out", str(tmp_path / "f32"), "--postings", "float32"]) == 0
+    assert InvertedIndex.load(tmp_path / "f32").postings == "float32"
     assert main(base + ["--out", str(tmp_path / "parts"), "--postings", "compact", "--partitions", "2"]) == 0
     sharded = ShardedIndex.load(tmp_path / "parts")
     q = random_dense_rows(3, 25, 0.3, gen)
@@ -307,7 +324,8 @@ def test_pipeline_config_takes_the_posting_layout():
     from lsr.config import load_config
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     assert load_config(quickstart, ["index.postings=compact"]).index.postings == "compact"
-    with pytest.raises(ValueError, match="config.index.postings must be float32 or compact"):
+    assert load_config(quickstart).index.postings == "auto"
+    with pytest.raises(ValueError, match="config.index.postings must be auto, float32 or compact"):
         load_config(quickstart, ["index.postings=int8"])
 
 

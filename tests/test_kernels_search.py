@@ -26,7 +26,9 @@ rand_vectors = functools.partial(random_dense_rows, device=DEV)
 
 # --------------------------------------------------------------------------------------- helpers
 def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
-    return InvertedIndex.build(docs, device=DEV, block_size=block_size)
+    # the float32 layout, which every path reads (the scatter kernels included); compact postings have
+    # their own tests (tests/test_compact_postings.py)
+    return InvertedIndex.build(docs, device=DEV, block_size=block_size, postings="float32")
 
 
 def csr_of(q: SparseVectors):

@@ -29,15 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from lsr.index.compact import (
-    COMPACT,
-    FLOAT32,
-    LAYOUTS,
-    check_compact_block_size,
-    compact_weight_dtype,
-    encode_docs,
-    is_compact,
-)
+from lsr.index.compact import AUTO, COMPACT, FLOAT32, choose_layout, encode_docs, is_compact
 from lsr.ragged import segment_ids
 from lsr.sparse import SparseVectors
 
@@ -150,7 +142,7 @@ def _segment_keys(terms: torch.Tensor, docs: torch.Tensor, n_blocks: int, shift:
 
 
 def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
-                   max_memory_bytes: int | None = None, postings: str = FLOAT32) -> PostingArrays:
+                   max_memory_bytes: int | None = None, postings: str = AUTO) -> PostingArrays:
     """Build the padded, block-aligned term-major posting arrays on ``vectors.device``.
 
     Args:
@@ -158,19 +150,17 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
         block_size: docs per block, a power of two <= 2^20.
         max_memory_bytes: budget for temporaries (default: see ``default_memory_budget``); the
             output arrays (8 bytes per padded posting, 4 when compact) come on top.
-        postings: "float32" (int32 doc ids, float32 weights) or "compact" (``lsr.index.compact``:
-            uint16 block-local ids and the weights as bf16 / fp16, which must hold them exactly).
+        postings: "float32" (int32 doc ids, float32 weights), "compact" (``lsr.index.compact``:
+            uint16 block-local ids and the weights as bf16 / fp16, which must hold them exactly) or
+            "auto" (compact where it holds them exactly, else float32).
 
     Returns:
         PostingArrays; see the class docstring for shapes.
     """
     shift = check_block_size(block_size)
-    if postings not in LAYOUTS:
-        raise ValueError(f"postings must be one of {LAYOUTS}, got {postings!r}")
-    compact_block = block_size if postings == COMPACT else 0   # > 0: block-local ids (compact layout)
-    if compact_block:   # refused before any work: a block size or weights the layout cannot hold
-        check_compact_block_size(block_size)
-    w_dtype = compact_weight_dtype(vectors.values) if compact_block else torch.float32
+    # refused before any work: a block size or weights the compact layout cannot hold
+    layout, w_dtype = choose_layout(postings, vectors.values, block_size)
+    compact_block = block_size if layout == COMPACT else 0   # > 0: block-local ids (compact layout)
     dev = vectors.device
     n, V = len(vectors), vectors.vocab_size
     if n > _INT32_MAX:

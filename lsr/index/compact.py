@@ -6,7 +6,8 @@ chosen when every weight of the collection is exactly representable in that 16-b
 encodes in bf16 on CUDA are bf16 values stored as float32), so a kernel's float64 product
 ``w_query * w_doc * scale`` and hence every fixed-point sum are the same bits as with float32 weights.
 Collections whose weights are not 16-bit exact are refused with a one-line error (use the float32
-layout); docs/notes-search.md explains why a lossy (quantised + rescored) variant was left out.
+layout); a build's default, "auto", takes this layout where it is exact and float32 elsewhere.
+docs/notes-search.md explains why a lossy (quantised + rescored) variant was left out.
 
 Padding (segments are padded to multiples of ``PAD``) holds weight 0 and local id ``block_size - 1``:
 stored weights are > 0 (``SparseVectors`` rejects zeros), so kernels skip a posting by its zero
@@ -21,13 +22,15 @@ import torch
 
 from lsr.ragged import segment_ids
 
-__all__ = ["COMPACT", "FLOAT32", "LAYOUTS", "MAX_COMPACT_BLOCK", "MIN_COMPACT_BLOCK", "WEIGHT_DTYPES",
-           "check_compact_block_size", "check_compact_postings", "compact_weight_dtype", "decode_postings",
+__all__ = ["AUTO", "CHOICES", "COMPACT", "FLOAT32", "LAYOUTS", "MAX_COMPACT_BLOCK", "MIN_COMPACT_BLOCK", "WEIGHT_DTYPES",
+           "check_compact_block_size", "check_compact_postings", "choose_layout", "compact_weight_dtype", "decode_postings",
            "encode_docs", "is_compact", "local_ids", "weight_dtype_name"]
 
 FLOAT32 = "float32"
 COMPACT = "compact"
-LAYOUTS = (FLOAT32, COMPACT)
+AUTO = "auto"                    # a build's choice: compact where it holds the collection exactly, else float32
+LAYOUTS = (FLOAT32, COMPACT)     # what an index stores
+CHOICES = (AUTO, FLOAT32, COMPACT)
 MAX_COMPACT_BLOCK = 1 << 16      # local ids are uint16
 MIN_COMPACT_BLOCK = 32           # the block path's smallest span (one 32-doc row) must fit in a block
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}   # tried in this order
@@ -55,13 +58,37 @@ def compact_weight_dtype(values: torch.Tensor, chunk: int = 1 << 26) -> torch.dt
     """The first 16-bit float type (bf16, fp16) holding every weight exactly, else a one-line ValueError.
 
     Checked in chunks of ``chunk`` weights (temporaries stay small next to a build's budget)."""
+    dtype, bad = _exact_dtype(values, chunk)
+    if dtype is None:
+        raise ValueError(f"compact postings need weights exactly representable in bfloat16 or float16 (e.g. vectors "
+                         f"encoded in bf16); weight {bad!r} is not: use the float32 posting layout")
+    return dtype
+
+
+def choose_layout(postings: str, values: torch.Tensor, block_size: int) -> tuple[str, torch.dtype]:
+    """(stored layout, posting weight dtype) for a build's ``postings`` choice (``CHOICES``). "auto" takes the
+    compact layout where it holds the collection exactly (a block size it allows, every weight a bf16 or
+    fp16 value: vectors encoded in bf16), else float32; "compact" refuses what it cannot hold (ValueError)."""
+    if postings not in CHOICES:
+        raise ValueError(f"postings must be one of {CHOICES}, got {postings!r}")
+    if postings == FLOAT32:
+        return FLOAT32, torch.float32
+    if postings == COMPACT:
+        check_compact_block_size(block_size)
+        return COMPACT, compact_weight_dtype(values)
+    if not MIN_COMPACT_BLOCK <= block_size <= MAX_COMPACT_BLOCK or values.numel() == 0:
+        return FLOAT32, torch.float32
+    dtype, _ = _exact_dtype(values, 1 << 26)
+    return (FLOAT32, torch.float32) if dtype is None else (COMPACT, dtype)
+
+
+def _exact_dtype(values: torch.Tensor, chunk: int) -> tuple[torch.dtype | None, float | None]:
     bad = None
     for dtype in WEIGHT_DTYPES.values():
         bad = _first_inexact(values, dtype, chunk)
         if bad is None:
-            return dtype
-    raise ValueError(f"compact postings need weights exactly representable in bfloat16 or float16 (e.g. vectors "
-                     f"encoded in bf16); weight {bad!r} is not: use the float32 posting layout")
+            return dtype, None
+    return None, bad
 
 
 def _first_inexact(values: torch.Tensor, dtype: torch.dtype, chunk: int) -> float | None:

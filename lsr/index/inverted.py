@@ -42,6 +42,7 @@ from lsr.index.build import (
     n_blocks_for,
 )
 from lsr.index.compact import (
+    AUTO,
     COMPACT,
     FLOAT32,
     LAYOUTS,
@@ -118,7 +119,7 @@ class InvertedIndex(PostingArrays):
     @classmethod
     def build(cls, vectors: SparseVectors | str | os.PathLike, device: str | torch.device | None = None,
               block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None, *,
-              max_memory_bytes: int | None = None, postings: str = FLOAT32) -> InvertedIndex:
+              max_memory_bytes: int | None = None, postings: str = AUTO) -> InvertedIndex:
         """Index document vectors (SparseVectors, or a vector directory written by ``lsr.shards``).
 
         Args:
@@ -128,8 +129,9 @@ class InvertedIndex(PostingArrays):
             metadata: JSON-serialisable encoder description (default for a vector directory: its
                 manifest's metadata); the Searcher compares it with the queries'.
             max_memory_bytes: budget for build temporaries (see ``lsr.index.build.build_postings``).
-            postings: "float32" (8 bytes per posting) or "compact" (4 bytes; weights must be exactly
-                bf16 or fp16 values, e.g. vectors encoded in bf16: ``lsr.index.compact``).
+            postings: "auto" (compact where the weights allow it, else float32), "float32" (8 bytes per
+                posting) or "compact" (4 bytes; weights must be exactly bf16 or fp16 values, e.g. vectors
+                encoded in bf16: ``lsr.index.compact``). Both give the same search results.
         """
         if not isinstance(vectors, SparseVectors):
             if metadata is None:

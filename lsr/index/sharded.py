@@ -148,7 +148,7 @@ class ShardedIndex:
     def build(cls, vectors: SparseVectors | str | os.PathLike, n_partitions: int, out: str | os.PathLike,
               device: str | torch.device = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
               metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1,
-              postings: str = "float32") -> Path:
+              postings: str = "auto") -> Path:
         """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder.
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
@@ -201,7 +201,7 @@ class ShardedIndex:
     @classmethod
     def from_vectors(cls, vectors: SparseVectors, n_partitions: int, device: str | torch.device | None = None,
                      block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None,
-                     partitions: list[int] | None = None, postings: str = "float32") -> ShardedIndex:
+                     partitions: list[int] | None = None, postings: str = "auto") -> ShardedIndex:
         """The sharded index of ``vectors`` in memory (nothing written), with only ``partitions`` built
         (default all): a rank of a distributed job builds its own. ``postings``: as in ``build``."""
         bounds = partition_bounds(len(vectors), n_partitions)
