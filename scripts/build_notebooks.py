@@ -213,6 +213,8 @@ RESCUE = OLD_NEW.format(pattern="bench_search_ingraph_rescue_*_session13.json", 
                         figure="search_rescue.png")
 SELECT = OLD_NEW.format(pattern="bench_search_select_*_session15_h100.json", tree=-3, title="H100, one call",
                         figure="search_select.png")
+COARSE3 = OLD_NEW.format(pattern="bench_search_*_session16_h200.json", tree=2, title="H200, one call",
+                         figure="search_coarse3cta.png")
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -244,6 +246,8 @@ BENCHMARKS = [
     new_code_cell(RESCUE),
     new_markdown_cell("## Small batches: bucket selection and one-kernel query scales (session 15, old = 007706d)"),
     new_code_cell(SELECT),
+    new_markdown_cell("## Batches: the coarse pass 2 in float32, three CTAs per SM (session 16, base = 2864652)"),
+    new_code_cell(COARSE3),
 ]
 
 
