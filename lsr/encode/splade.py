@@ -227,11 +227,7 @@ class SpladeEncoder(PluralAliases):
         memory shows up at once). Pure CPU work: safe to run on a worker thread. ``pool``: tokenize in
         the worker processes of ``tokenizer_pool(kind)`` (same result, without holding this process's GIL);
         ``join_pool``: this thread tokenizes chunks too (when nothing else needs it, e.g. the first window)."""
-        texts = self._prompted(texts, kind, pool)
-        if pool is None:
-            tokens = self._tokenizer(kind)(texts)
-        else:
-            tokens = pool(texts, local=self._tokenizer(kind)) if join_pool else pool(texts)
+        tokens = self.tokenize_async(texts, kind, pool=pool)(join_pool)
         return self.prepare_tokens(tokens, kind, batch_size, max_tokens)
 
     def tokenize_async(self, texts: Sequence[str], kind: str = "doc", *, pool: TokenizerPool | None = None,
