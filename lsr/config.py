@@ -155,6 +155,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     """Check a whole config before any work (so a bad metric cannot fail after encoding); returns it."""
     from lsr.evaluation.measures import parse_metrics
     from lsr.index.build import check_block_size
+    from lsr.index.compact import CHOICES
 
     enc, search = cfg.encoder, cfg.search
     if enc.kind not in ("bm25", "splade"):
@@ -176,7 +177,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     if cfg.rerank.backend not in ("auto", "torch", "triton"):
         raise ValueError(f"config.rerank.backend must be auto, torch or triton, got {cfg.rerank.backend!r}")
     check_block_size(cfg.index.block_size)
-    if cfg.index.postings not in ("auto", "float32", "compact"):
+    if cfg.index.postings not in CHOICES:
         raise ValueError(f"config.index.postings must be auto, float32 or compact, got {cfg.index.postings!r}")
     _positive("config.index.partitions", cfg.index.partitions)
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):

@@ -100,7 +100,8 @@ def test_auto_layout_is_compact_where_it_holds_the_weights(gen):
     exact, inexact = bf16_rows(60, 20, 0.3, gen), random_dense_rows(60, 20, 0.3, gen)
     assert InvertedIndex.build(exact, block_size=64).postings == "compact"
     assert InvertedIndex.build(exact, block_size=64, postings="auto").scores.dtype == torch.bfloat16
-    assert InvertedIndex.build(rounded_weights(inexact, torch.float16), block_size=64).postings == "compact"
+    fp16 = InvertedIndex.build(rounded_weights(inexact, torch.float16), block_size=64)
+    assert fp16.postings == "compact" and fp16.scores.dtype == torch.float16   # bf16 cannot hold 11-bit mantissas
     assert InvertedIndex.build(inexact, block_size=64).postings == "float32"
     assert InvertedIndex.build(exact, block_size=1 << 17).postings == "float32"   # uint16 local ids cannot
     assert InvertedIndex.build(exact, block_size=64, postings="float32").postings == "float32"

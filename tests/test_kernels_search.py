@@ -8,7 +8,6 @@ repeat the end-to-end checks at a larger size on CUDA.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import pytest
 import torch
@@ -245,126 +244,6 @@ def test_search_overflow_is_rescored(gen, monkeypatch):
     assert_exact_topk(s, d, float64_scores(q, docs), 40)
 
 
-def test_coarse_twin_and_floor(gen):
-    """Coarse mode of the block twin: the keys are (sum of contribution >> COARSE_SHIFT, doc) of exactly
-    the docs reaching the floor; ``coarse_floor`` never drops a doc whose exact score reaches theta."""
-    docs = rand_vectors(300, 40, 0.2, gen)
-    q = rand_vectors(6, 40, 0.3, gen, empty_rows=1)
-    index = build_index(docs, 64)
-    off = span_offsets(index, 64)
-    scale, inv = query_scales(*csr_of(q), index.max_scores)
-    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64)
-    n_spans = off.shape[1] - 1
-    # coarse sums by brute force from the per-posting fixed-point contributions
-    qd = q.to_dense(torch.float32)
-    dd = docs.to_dense(torch.float32)
-    contrib = (qd.double().unsqueeze(1) * dd.double().unsqueeze(0) * scale.view(-1, 1, 1)).to(torch.int64)
-    coarse = (contrib >> block.COARSE_SHIFT).sum(2)                                   # [B, N]
-    exact = (contrib.sum(2).double() * inv.view(-1, 1)).float()                      # the contract's scores
-    theta = exact.sort(1, descending=True).values[:, 20].contiguous()
-    floor = block.coarse_floor(theta, scale, q.indptr)
-    reach = (exact >= theta.unsqueeze(1)) & (exact > 0)
-    assert bool((coarse >= floor.unsqueeze(1))[reach].all()), "no doc reaching theta falls below the floor"
-    cap = 64
-    items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, cap)
-    got, counts = block.torch_block_candidates(*args, items, 6 * n_spans * cap, cap=cap, coarse_lo=floor)
-    lo = floor.clamp_min(1).unsqueeze(1)
-    want = torch.where(coarse >= lo, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
-    got = got.view(6, -1)
-    for b in range(6):
-        assert torch.equal(got[b][got[b] >= 0].sort().values, want[b][want[b] >= 0].sort().values)
-    assert torch.equal(counts.view(6, n_spans).sum(1), (coarse >= lo).sum(1).int())
-
-
-def test_search_coarse_pass_matches_exact(gen, monkeypatch):
-    """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
-    pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
-    below ``coarse_min_batch`` skip it."""
-    import lsr.search.block_path as bp
-    docs = rand_vectors(600, 30, 0.2, gen)
-    q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
-    index = build_index(docs, 64)
-    k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
-    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
-    want = triton_search(index, q, k, path="block", config=cfg)
-    assert_exact_topk(*want, float64_scores(q, docs), k)
-    twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    settled = []
-    real = bp._settle
-    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: settled.append(out) or out)(real(*a)))
-
-    def n_sent(field: str) -> int:
-        sel = getattr(settled[0], field)
-        return 0 if sel is None else len(sel if field == "redo" else sel[0])
-
-    got = triton_search(index, q, k, path="block", config=cfg)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert n_sent("redo") <= 1, "only the empty query (no theta) needs the exact pass"
-    monkeypatch.setattr(bp, "_coarse_margin", lambda k: 0)   # lists of exactly k: the completeness test fails
-    for cells in (bp.RESCUE_CELLS, 0):   # settled from all candidates inside the chunk, then on the host side
-        monkeypatch.setattr(bp, "RESCUE_CELLS", cells)
-        settled.clear()
-        got = triton_search(index, q, k, path="block", config=cfg)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert n_sent("redo") <= 1
-        assert (n_sent("rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
-    # and slots overflow: 2 per coarse span, while the first span holds 12 copies of a doc with every term at
-    # the largest weight (each non-empty query's top k, so above its floor), whatever the random draw
-    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 1)
-    heavy = torch.full((12, 30), float(docs.values.max()), device=DEV)
-    tied = SparseVectors.concat([SparseVectors.from_dense(heavy, [f"tie{i}" for i in range(12)]), docs])
-    settled.clear()
-    got = triton_search(build_index(tied, 64), q, k, path="block", config=cfg)
-    assert_exact_topk(*got, float64_scores(q, tied), k)
-    assert n_sent("redo") == int((q.indptr.diff() > 0).sum()), "overflowed slots send queries to the exact pass"
-    settled.clear()
-    got = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=8))  # 7 queries < 8
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert n_sent("redo") == 0 and n_sent("rescue") == 0, "no coarse pass, so nothing to redo"
-
-
-def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
-    """Docs with one huge weight and a query whose other weight is tiny: that term's coarse factor
-    w_query * scale / 2**COARSE_SHIFT falls below float32's normal range (the CUDA kernel's float32
-    coarse sums would not be exact there)."""
-    docs = random_dense_rows(n_docs, 30, 0.3, gen)
-    dense = docs.to_dense(torch.float32)
-    dense[5, 0], dense[:, 1] = 1e18, torch.where(dense[:, 1] > 0, dense[:, 1], 0.5)
-    q = rand_vectors(4, 30, 0.3, gen)
-    qd = q.to_dense(torch.float32)
-    qd[0] = 0
-    qd[0, 0], qd[0, 1] = 1.0, 1e-30
-    return SparseVectors.from_dense(dense), SparseVectors.from_dense(qd)
-
-
-def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatch):
-    """A query whose coarse factor is not a normal float32 is flagged by the coarse pass (its items report
-    an overflow) and settled by the exact pass: the search gives the exact pass's bits. (Weights 18
-    orders of magnitude apart also leave the fixed point's resolution, U_q * 2**-61, above the small
-    scores: this compares with the exact pass, not with float64.)"""
-    import lsr.search.block_path as bp
-    docs, q = _extreme_weights(gen)
-    index = build_index(docs, 64)
-    scale, _ = query_scales(*csr_of(q), index.max_scores)
-    unusual = block._coarse_unusual(q.indptr, q.values, scale)
-    assert unusual.tolist() == [True, False, False, False]
-    off = span_offsets(index, 64)
-    n_spans, cap = off.shape[1] - 1, 16
-    items = block.span_items(4, torch.arange(n_spans, device=DEV), 1, cap)
-    floor = torch.ones(4, dtype=torch.int64, device=DEV)
-    _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, _, 64, items,
-                                             4 * n_spans * cap, cap=cap, coarse_lo=floor)
-    assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
-    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
-    want = triton_search(index, q, 5, path="block", config=cfg)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    got = triton_search(index, q, 5, path="block", config=cfg)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
 def test_search_query_terms_outside_index_vocab(gen):
     docs = rand_vectors(60, 20, 0.3, gen)
     index = build_index(docs, 32)
@@ -428,7 +307,7 @@ def test_gpu_block_search_synthetic(cfg):
     (4096, 1024, 4, 64, "float32"), (2048, 8192, 8, 32, "float32"),
     # compact postings (lsr.index.compact: 8 per 16-byte load; spans divide the block)
     (2048, 1024, 4, 256, "compact"), (8192, 8192, 16, 64, "compact"), (1 << 16, 8192, 16, 256, "compact"),
-    (4096, 2048, 8, 32, "compact")])
+    (4096, 2048, 8, 32, "compact"), (1 << 16, 16384, 4, 256, "float32")])   # the last: 64 read-out rows a warp
 def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, terms, postings):
     from lsr.search.kernels import block_cuda
     assert block_cuda.available()
@@ -455,6 +334,10 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert bool((got[1] > 0).any())
+    items = block.span_items(9, spans, 1, width)
+    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps, coarse_rows=True)
+    want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width, coarse_rows=True)
+    assert torch.equal(got, want)
     floor = block.coarse_floor(theta, scale, q.indptr)
     for cap in (8, span):
         items = block.span_items(9, spans, 1, cap)
@@ -462,29 +345,6 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
                                                warps=warps)
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-@pytest.mark.gpu
-def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
-    from lsr.search.kernels import block_cuda
-    from lsr.search.span_scorer import coarse_span, select_span_scorer
-    docs, q = (v.to("cuda") for v in _extreme_weights(torch.Generator(device="cpu").manual_seed(3), 40000))
-    index = InvertedIndex.build(docs, device="cuda", block_size=1024)
-    cfg = BlockConfig(coarse_min_batch=1)
-    assert coarse_span(cfg, index, select_span_scorer(cfg, index)[0]) is not None, "the search runs the coarse pass"
-    off = span_offsets(index, 1024)
-    scale, inv = query_scales(*csr_of(q), index.max_scores)
-    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 1024)
-    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 64)
-    floor = torch.ones(4, dtype=torch.int64, device="cuda")
-    got = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
-    want = block.torch_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
-    assert torch.equal(got[1], want[1]) and bool((got[1].view(4, -1)[0] == 65).all())
-    # the flagged query's slots are never read; the others' match the twin
-    assert torch.equal(got[0].view(4, -1)[1:], want[0].view(4, -1)[1:])
-    want = triton_search(index, q, 5, config=replace(cfg, coarse=False))
-    got = triton_search(index, q, 5, config=cfg)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

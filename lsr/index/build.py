@@ -158,16 +158,16 @@ def build_postings(vectors: SparseVectors, block_size: int = DEFAULT_BLOCK_SIZE,
         PostingArrays; see the class docstring for shapes.
     """
     shift = check_block_size(block_size)
-    # refused before any work: a block size or weights the compact layout cannot hold
-    layout, w_dtype = choose_layout(postings, vectors.values, block_size)
-    compact_block = block_size if layout == COMPACT else 0   # > 0: block-local ids (compact layout)
     dev = vectors.device
+    budget = default_memory_budget(dev) if max_memory_bytes is None else int(max_memory_bytes)
+    # refused before any work: a block size or weights the compact layout cannot hold
+    layout, w_dtype = choose_layout(postings, vectors.values, block_size, chunk=max(1 << 16, budget // 8))
+    compact_block = block_size if layout == COMPACT else 0   # > 0: block-local ids (compact layout)
     n, V = len(vectors), vectors.vocab_size
     if n > _INT32_MAX:
         raise ValueError(f"{n} documents do not fit int32 doc ids")
     nb = n_blocks_for(n, block_size)
     keys = _SegmentKeys(nb, shift, torch.int32 if V * nb <= _INT32_MAX else torch.int64, V * nb)
-    budget = default_memory_budget(dev) if max_memory_bytes is None else int(max_memory_bytes)
     per_chunk = min(max(budget // BYTES_PER_POSTING, PAD), _MAX_CHUNK_POSTINGS)
     chunks = [c for c in _chunks(vectors.indptr, per_chunk) if c[3] > c[2]]
 

@@ -23,7 +23,8 @@ import torch
 from lsr.ragged import segment_ids
 
 __all__ = ["AUTO", "CHOICES", "COMPACT", "FLOAT32", "LAYOUTS", "MAX_COMPACT_BLOCK", "MIN_COMPACT_BLOCK", "WEIGHT_DTYPES",
-           "check_compact_block_size", "check_compact_postings", "choose_layout", "compact_weight_dtype", "decode_postings",
+           "check_compact_block_size", "check_compact_postings", "choose_layout", "compact_block_size_ok",
+           "compact_weight_dtype", "decode_postings",
            "encode_docs", "is_compact", "local_ids", "weight_dtype_name"]
 
 FLOAT32 = "float32"
@@ -35,6 +36,7 @@ MAX_COMPACT_BLOCK = 1 << 16      # local ids are uint16
 MIN_COMPACT_BLOCK = 32           # the block path's smallest span (one 32-doc row) must fit in a block
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}   # tried in this order
 _DOC_DTYPE = torch.int16         # uint16 bits
+_CHUNK = 1 << 26                 # weights per exactness check (when the caller gives no budget)
 
 
 def is_compact(doc_ids: torch.Tensor) -> bool:
@@ -47,14 +49,19 @@ def weight_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def compact_block_size_ok(block_size: int) -> bool:
+    """32 <= block_size <= 65536: uint16 local ids, and a 32-doc span fits a block."""
+    return MIN_COMPACT_BLOCK <= block_size <= MAX_COMPACT_BLOCK
+
+
 def check_compact_block_size(block_size: int) -> None:
-    """The compact layout needs 32 <= block_size <= 65536 (uint16 local ids, a 32-doc span fits a block)."""
-    if not MIN_COMPACT_BLOCK <= block_size <= MAX_COMPACT_BLOCK:
+    """The compact layout needs ``compact_block_size_ok``: else a one-line ValueError."""
+    if not compact_block_size_ok(block_size):
         raise ValueError(f"compact postings need a block_size between {MIN_COMPACT_BLOCK} and {MAX_COMPACT_BLOCK} "
                          f"(uint16 local doc ids), got {block_size}; use --block-size 65536 or the float32 layout")
 
 
-def compact_weight_dtype(values: torch.Tensor, chunk: int = 1 << 26) -> torch.dtype:
+def compact_weight_dtype(values: torch.Tensor, chunk: int = _CHUNK) -> torch.dtype:
     """The first 16-bit float type (bf16, fp16) holding every weight exactly, else a one-line ValueError.
 
     Checked in chunks of ``chunk`` weights (temporaries stay small next to a build's budget)."""
@@ -65,20 +72,22 @@ def compact_weight_dtype(values: torch.Tensor, chunk: int = 1 << 26) -> torch.dt
     return dtype
 
 
-def choose_layout(postings: str, values: torch.Tensor, block_size: int) -> tuple[str, torch.dtype]:
+def choose_layout(postings: str, values: torch.Tensor, block_size: int,
+                  chunk: int = _CHUNK) -> tuple[str, torch.dtype]:
     """(stored layout, posting weight dtype) for a build's ``postings`` choice (``CHOICES``). "auto" takes the
     compact layout where it holds the collection exactly (a block size it allows, every weight a bf16 or
-    fp16 value: vectors encoded in bf16), else float32; "compact" refuses what it cannot hold (ValueError)."""
+    fp16 value: vectors encoded in bf16), else float32; "compact" refuses what it cannot hold (ValueError).
+    The weights are checked ``chunk`` at a time (~7 bytes of temporaries each)."""
     if postings not in CHOICES:
         raise ValueError(f"postings must be one of {CHOICES}, got {postings!r}")
     if postings == FLOAT32:
         return FLOAT32, torch.float32
     if postings == COMPACT:
         check_compact_block_size(block_size)
-        return COMPACT, compact_weight_dtype(values)
-    if not MIN_COMPACT_BLOCK <= block_size <= MAX_COMPACT_BLOCK or values.numel() == 0:
+        return COMPACT, compact_weight_dtype(values, chunk)
+    if not compact_block_size_ok(block_size) or values.numel() == 0:
         return FLOAT32, torch.float32
-    dtype, _ = _exact_dtype(values, 1 << 26)
+    dtype, _ = _exact_dtype(values, chunk)
     return (FLOAT32, torch.float32) if dtype is None else (COMPACT, dtype)
 
 

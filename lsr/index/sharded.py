@@ -157,7 +157,7 @@ class ShardedIndex:
         (collective: every rank calls it) rank r builds partitions r, r + W, ... on its own device into
         rank 0's temporary folder (one shared file system), and rank 0 writes the manifest and publishes
         the folder. Returns the folder's path. ``postings``: the partitions' posting layout
-        (``InvertedIndex.build``).
+        (``InvertedIndex.build``; with "auto" each partition takes its own, which does not change results).
         """
         from lsr.distributed import rank_and_size
 

@@ -30,12 +30,12 @@ import torch
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
-from lsr.search.kernels.block import COARSE_SHIFT, coarse_floor, span_items, terms_bucket
+from lsr.search.kernels.block import COARSE_SHIFT, coarse_floor, coarse_theta, span_items, terms_bucket
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
-from lsr.search.kernels.select import bucket_theta, bucket_topk
+from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
 from lsr.search.kernels.topk import ROW, key_docs, pack_keys, topk_keys, unpack_keys
-from lsr.search.span_scorer import SpanScorer, coarse_span, select_span_scorer, cuda_span
+from lsr.search.span_scorer import SpanScorer, coarse_span, cuda_span, select_span_scorer
 from lsr.search.spans import span_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,6 +115,7 @@ class BlockPlan:
     cap: int                   # candidate slots per (query, span) in pass 2
     max_terms: int             # query-length bucket: one compile and one CUDA graph per bucket
     coarse: CoarseSpans | None  # the coarse pass 2, where it runs
+    coarse_pass1: bool = False  # pass 1 on coarse sums too (with the coarse pass 2): a slightly lower theta, faster
 
     @property
     def n_spans(self) -> int:
@@ -196,7 +197,8 @@ def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms
     n_sample = _pass1_spans(n_spans, span, k, cfg.sample_every)
     return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
                      cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),
-                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
+                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None,
+                     coarse_pass1=cspan is not None)
 
 
 def _work_order(index: InvertedIndex, queries: QueryCSR) -> torch.Tensor:
@@ -271,8 +273,12 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     # pass 1: row maxima of sampled spans -> theta (a lower bound of the k-th score: any bound is valid)
     width = cfg.span // ROW
     items1 = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
-    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **kw)
-    theta = bucket_theta(maxima.view(B, -1), plan.k)
+    kw1 = dict(kw, coarse_rows=True) if plan.coarse_pass1 else kw
+    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **kw1)
+    if plan.coarse_pass1:   # row maxima of coarse sums: a bound within ~2**-14 of the exact pass's
+        theta = coarse_theta(bucket_edge(maxima.view(B, -1), plan.k), inv)
+    else:
+        theta = bucket_theta(maxima.view(B, -1), plan.k)
     if plan.coarse is not None:
         best, redo, rescue, cand, items2 = _coarse_pass2(plan, args, theta, kw)
         return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),

@@ -81,7 +81,8 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
         cuda_kernel = cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
         path = choose_path(index.n_docs, B, cuda_kernel or compact)   # compact: no scatter kernel
     if path == "scatter" and compact:
-        raise ValueError("the scatter path reads float32 postings; search a compact index with path 'block' or 'csr'")
+        raise ValueError("the scatter path reads float32 postings; search a compact index with path 'block' or "
+                         "'csr', or build it with postings='float32'")
     if path == "block":
         # longest query: free for one query or queries on the host, else the one sync before the kernels
         # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)

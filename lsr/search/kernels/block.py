@@ -51,8 +51,8 @@ from lsr.search.kernels.topk import (
     torch_row_max,
 )
 
-__all__ = ["COARSE_SHIFT", "check_block_args", "coarse_floor", "default_programs", "span_items", "torch_block_candidates",
-           "triton_block_candidates"]
+__all__ = ["COARSE_SHIFT", "check_block_args", "coarse_floor", "coarse_theta", "default_programs", "span_items",
+           "torch_block_candidates", "triton_block_candidates"]
 
 _ROW = tl.constexpr(ROW)
 # coarse sums add (int64 contribution >> 39): <= 2**(61 - 39) per doc, one uint32 cell; a contribution's
@@ -72,6 +72,31 @@ def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tenso
     alo = lim.clamp(max=2.0 ** 62).to(torch.int64).clamp_min(1)
     alo = torch.where(theta > 0, alo, torch.ones_like(alo))
     return (alo >> COARSE_SHIFT) - q_indptr.diff() + 1
+
+
+def _coarse_rows(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor, coarse_lo: torch.Tensor | None,
+                 item_q: torch.Tensor, starts: torch.Tensor, cap: int, out_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The twin's coarse outputs per item (sums int64 [I, span] of the item's docs ``cols``): every 32-doc
+    row's best coarse key (``coarse_lo`` None; -1 rows for an ``unusual`` query), else the keys reaching
+    coarse_lo[q] in cap slots and their counts (cap + 1 for an unusual query)."""
+    keys = torch.where(sums > 0, (sums << 31) | (DOC_MASK - cols), -1)
+    if coarse_lo is None:
+        return torch_row_max(keys).masked_fill(unusual.unsqueeze(1), -1), None
+    rows, cnt = torch_emit(keys, sums >= coarse_lo.clamp_min(1)[item_q.long()].unsqueeze(1), cap)
+    counts = torch.zeros(out_size // cap, dtype=torch.int32, device=sums.device)
+    counts[starts // cap] = torch.where(unusual, cap + 1, cnt)
+    return rows, counts
+
+
+def coarse_theta(lo: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    """float32 [B]: a lower bound of the k-th score from pass 1 on coarse sums (``coarse_rows``): ``lo``
+    (int64 [B], ``lsr.search.kernels.select.bucket_edge``) is at or below the k-th best row key, so k docs
+    have coarse sums >= lo >> 31, hence int64 sums >= that << COARSE_SHIFT, whose score rounded down is the
+    bound (0.0 where lo is 0: fewer than k keys)."""
+    t = ((lo >> 31) << COARSE_SHIFT).to(torch.float64) * inv_scale
+    t32 = t.to(torch.float32)
+    return torch.where(t32.to(torch.float64) > t, torch.nextafter(t32, torch.zeros_like(t32)), t32)
 
 
 def _coarse_unusual(q_indptr: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -347,11 +372,13 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
                            scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                            items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                            theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
-                           coarse_lo: torch.Tensor | None = None, **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           coarse_lo: torch.Tensor | None = None, coarse_rows: bool = False,
+                           **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Torch twin of ``triton_block_candidates`` (same arguments and bit-identical results; the
-    kernel-only tuning arguments are accepted and ignored) and of the CUDA kernel's coarse mode
-    (``coarse_lo`` int64 [B] >= 1, group 1): keys ``sum << 31 | (2**31 - 1 - doc)`` of the docs whose
-    coarse sum (``COARSE_SHIFT``) reaches coarse_lo[q], emitted like theta's."""
+    kernel-only tuning arguments are accepted and ignored) and of the CUDA kernel's coarse modes (group 1):
+    with ``coarse_lo`` (int64 [B] >= 1) the keys ``sum << 31 | (2**31 - 1 - doc)`` of the docs whose
+    coarse sum (``COARSE_SHIFT``) reaches coarse_lo[q], emitted like theta's; with ``coarse_rows`` (and
+    neither theta nor coarse_lo) every 32-doc row's best such key."""
     dev = post_doc.device
     item_q, item_span, item_out, out_stride_g = items
     B = q_indptr.numel() - 1
@@ -361,7 +388,10 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     row = segment_ids(q_indptr.diff())[entry]
     acc = torch.zeros((B + group) * n_spans * span, dtype=torch.int64, device=dev)
     contrib = torch_to_fixed(q_weights[entry], w, scale[row])
-    acc.index_add_(0, row * (n_spans * span) + doc, contrib >> COARSE_SHIFT if coarse_lo is not None else contrib)
+    coarse = coarse_lo is not None or (coarse_rows and theta is None)
+    if coarse and group != 1:
+        raise ValueError("the coarse modes take one query per work item (group=1)")
+    acc.index_add_(0, row * (n_spans * span) + doc, contrib >> COARSE_SHIFT if coarse else contrib)
     inv = torch.cat([inv_scale, torch.ones(group, dtype=torch.float64, device=dev)])
     scores = torch_from_fixed(acc.view(B + group, -1), inv.unsqueeze(1))
     # per (item, g) row: the span's scores -> keys -> row maxima or emission
@@ -372,16 +402,10 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     valid = (qg < B).flatten()
     starts = (item_out.unsqueeze(1) + torch.arange(group, device=dev) * out_stride_g).flatten()[valid]
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
-    if coarse_lo is not None:
-        sums = acc.view(B + group, -1)[qg.unsqueeze(2), cols.unsqueeze(1)].reshape(-1, span)
-        lo = torch.cat([coarse_lo, torch.ones(group, dtype=torch.int64, device=dev)])[qg.flatten()]
-        ok = sums >= lo.clamp_min(1).unsqueeze(1)
-        ckeys = (sums << 31) | (DOC_MASK - cols.unsqueeze(1).expand(-1, group, -1).reshape(-1, span))
-        rows, cnt = torch_emit(ckeys, ok, cap)
-        rows = rows[valid]
-        counts = torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
-        counts[starts // cap] = torch.where(_coarse_unusual(q_indptr, q_weights, scale)[item_q.long()],
-                                            cap + 1, cnt[valid])
+    if coarse:   # group 1: one row per item
+        sums = acc.view(B + group, -1)[item_q.long().unsqueeze(1), cols]
+        unusual = _coarse_unusual(q_indptr, q_weights, scale)[item_q.long()]
+        rows, counts = _coarse_rows(sums, cols, unusual, coarse_lo, item_q, starts, cap, out_size)
     elif theta is None:
         rows, counts = torch_row_max(keys)[valid], None
     else:

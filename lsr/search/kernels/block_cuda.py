@@ -130,7 +130,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                           scale: torch.Tensor, inv_scale: torch.Tensor, span: int,
                           items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
-                          warps: int = WARPS, coarse_lo: torch.Tensor | None = None,
+                          warps: int = WARPS, coarse_lo: torch.Tensor | None = None, coarse_rows: bool = False,
                           **_: object
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shared-memory block scorer over work items; emits candidate keys.
@@ -144,6 +144,8 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
             one uint32 cell per doc sums (contribution >> COARSE_SHIFT) with one shared atomic per
             posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
             coarse keys into cap slots (+ counts); theta is not used.
+        coarse_rows: with theta and coarse_lo None: every 32-doc row's best coarse key (pass 1 on coarse
+            sums; ``lsr.search.kernels.block.coarse_theta`` turns them into a theta).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
@@ -156,14 +158,17 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1) or warps > 32:
         raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two <= 32), "
                          f"got span {span}, warps {warps}")
+    if coarse_lo is not None and span > 64 * 64 * warps:
+        raise ValueError(f"the coarse read-out notes at most 64 rows of 64 docs per warp: span <= {64 * 64 * warps} "
+                         f"with {warps} warps, got {span}")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     per_load = _postings_per_load(post_w)
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} "
                          "(the index pads to 32)")
     rowmax = theta is None and coarse_lo is None
-    coarse = coarse_lo is not None
-    if coarse:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
+    coarse = coarse_lo is not None or (rowmax and coarse_rows)
+    if coarse_lo is not None:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
         coarse_lo = coarse_lo.clamp(1, (1 << 32) - 1).contiguous()
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)
@@ -179,7 +184,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     with torch.cuda.device(dev):
         kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
-                   inv_scale, theta if theta is not None else scale, coarse_lo if coarse else q_indptr,
+                   inv_scale, theta if theta is not None else scale, coarse_lo if coarse_lo is not None else q_indptr,
                    item_q, item_span, item_out, n_items, out,
                    out if rowmax else counts, torch.zeros(1, dtype=torch.int32, device=dev)])
     return out, counts

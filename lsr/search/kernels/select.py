@@ -33,7 +33,7 @@ import triton.language as tl
 
 from lsr.kernel_utils import check_tensor
 
-__all__ = ["BINS", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
+__all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
 
 BINS = 4096                   # buckets per level (12 key bits)
 SHIFT1 = 50                   # level 1: key bits 61..50 (keys of positive float32 scores are < 2**62)
@@ -135,6 +135,14 @@ def bucket_theta(keys: torch.Tensor, k: int) -> torch.Tensor:
     if keys.shape[1] < k:
         return torch.zeros(keys.shape[0], dtype=torch.float32, device=keys.device)
     return _levels(keys.contiguous(), k)[2]
+
+
+def bucket_edge(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [B]: the lower edge of the bucket holding every row's k-th largest key (a key <= it; 0 when a
+    row holds fewer than k valid keys). Keys: int64 [B, C], -1 = none."""
+    if keys.shape[1] < k:
+        return torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
+    return _levels(keys.contiguous(), k)[0]
 
 
 def select_rows(k: int) -> int:

@@ -17,7 +17,7 @@ typedef float weight_t;
 #define LOG_STEP 7
 #endif
 #define STEP (32 * PL)             // postings per warp step
-#if COARSE && SPAN / 64 / WARPS > 64
+#if COARSE && !ROWMAX && SPAN / 64 / WARPS > 64
 #error "the coarse read-out notes its rows in 64 bits: SPAN / 64 / WARPS <= 64"
 #endif
 #if COARSE
@@ -261,7 +261,21 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
         // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
         const double inv = inv_scale[q];
         const int R = SPAN / 64 / WARPS;
-#if COARSE
+#if COARSE && ROWMAX
+        // pass 1 on coarse sums: every 32-doc row's best coarse key (-1 for a row of zeros), as ROWMAX below;
+        // -1 everywhere for a query whose coarse factor is not exact (its theta becomes 0: no pruning)
+        for (int j = warp * R; j < (warp + 1) * R; ++j) {
+            uint2* cell = reinterpret_cast<uint2*>(t_hi24) + j * 32 + lane;
+            const uint2 a = *cell;
+            *cell = make_uint2(0u, 0u);
+            const i64 d = doc0 + j * 64 + 2 * lane;
+            i64 best = max(a.x ? ((i64)a.x << 31) | (0x7fffffffLL - d) : -1LL,
+                           a.y ? ((i64)a.y << 31) | (0x7fffffffLL - d - 1) : -1LL);
+            #pragma unroll
+            for (int m = 8; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));  // 16 lanes = 32 docs
+            if ((lane & 15) == 0) out[out0 + 2 * j + (lane >> 4)] = unusual ? -1LL : best;
+        }
+#elif COARSE
         // coarse keys (sum << 31 | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
         // in ascending doc order + a count, as below. One pass zeroes the rows without a hit and notes the
         // others (a few per item), which the second pass reads, writes out and zeroes

@@ -1,0 +1,226 @@
+"""The block path's coarse pass (lsr.search.kernels.block coarse modes, the CUDA kernel's float32 coarse sums,
+lsr.search.block_path's coarse passes 1 and 2): the twin against brute force, the exactness bounds
+(``coarse_floor``, ``coarse_theta``), the fallbacks to the exact pass, and the CUDA kernel against the twin.
+
+Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with the twin standing in for the CUDA kernel;
+the ``gpu`` tests compare the kernel itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lsr.index.inverted import InvertedIndex
+from lsr.search.kernels import block, select, topk
+from lsr.search.kernels.fixed import query_scales
+from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
+from lsr.sparse import SparseVectors
+from lsr.testing import assert_exact_topk, float64_scores, random_dense_rows, seeded_generator
+from tests.conftest import DEV
+
+rand_vectors = functools.partial(random_dense_rows, device=DEV)
+
+
+def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
+    return InvertedIndex.build(docs, device=DEV, block_size=block_size, postings="float32")
+
+
+def csr_of(q: SparseVectors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.indptr, q.indices, q.values
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return seeded_generator()  # fresh data every run; the seed is printed with a failure
+
+
+def test_coarse_twin_and_floor(gen):
+    """Coarse mode of the block twin: the keys are (sum of contribution >> COARSE_SHIFT, doc) of exactly
+    the docs reaching the floor; ``coarse_floor`` never drops a doc whose exact score reaches theta."""
+    docs = rand_vectors(300, 40, 0.2, gen)
+    q = rand_vectors(6, 40, 0.3, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    off = span_offsets(index, 64)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64)
+    n_spans = off.shape[1] - 1
+    # coarse sums by brute force from the per-posting fixed-point contributions
+    qd = q.to_dense(torch.float32)
+    dd = docs.to_dense(torch.float32)
+    contrib = (qd.double().unsqueeze(1) * dd.double().unsqueeze(0) * scale.view(-1, 1, 1)).to(torch.int64)
+    coarse = (contrib >> block.COARSE_SHIFT).sum(2)                                   # [B, N]
+    exact = (contrib.sum(2).double() * inv.view(-1, 1)).float()                      # the contract's scores
+    theta = exact.sort(1, descending=True).values[:, 20].contiguous()
+    floor = block.coarse_floor(theta, scale, q.indptr)
+    reach = (exact >= theta.unsqueeze(1)) & (exact > 0)
+    assert bool((coarse >= floor.unsqueeze(1))[reach].all()), "no doc reaching theta falls below the floor"
+    cap = 64
+    items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, cap)
+    got, counts = block.torch_block_candidates(*args, items, 6 * n_spans * cap, cap=cap, coarse_lo=floor)
+    lo = floor.clamp_min(1).unsqueeze(1)
+    want = torch.where(coarse >= lo, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
+    got = got.view(6, -1)
+    for b in range(6):
+        assert torch.equal(got[b][got[b] >= 0].sort().values, want[b][want[b] >= 0].sort().values)
+    assert torch.equal(counts.view(6, n_spans).sum(1), (coarse >= lo).sum(1).int())
+    # pass 1 on coarse sums: every 32-doc row's best coarse key, and the theta it gives
+    width = 64 // topk.ROW
+    items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, width)
+    rows, _ = block.torch_block_candidates(*args, items, 6 * n_spans * width, coarse_rows=True)
+    keys = torch.where(coarse > 0, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
+    keys = torch.nn.functional.pad(keys, (0, 64 * n_spans - 300), value=-1)
+    assert torch.equal(rows.view(6, -1), keys.view(6, -1, topk.ROW).amax(2))
+    # theta: at most the k-th best row's exact score, and below it by at most the coarse losses (< n_q units of
+    # 2**COARSE_SHIFT) and the bucket width (2**7 units)
+    k = 5
+    theta = block.coarse_theta(select.bucket_edge(rows.view(6, -1), k), inv)
+    row_best = torch.nn.functional.pad(exact, (0, 64 * n_spans - 300)).view(6, -1, topk.ROW).amax(2)
+    kth = row_best.sort(1, descending=True).values[:, k - 1]
+    has_k = (rows.view(6, -1) >= 0).sum(1) >= k
+    slack = ((2 ** 7 + q.indptr.diff() + 1) * 2 ** block.COARSE_SHIFT).double() * inv
+    assert bool((theta <= kth).all()) and bool((theta[~has_k] == 0).all()) and bool(has_k.sum() >= 4)
+    assert bool((theta.double() >= kth.double() - slack)[has_k].all()), "a tight bound where k rows have docs"
+
+
+def test_search_coarse_pass_matches_exact(gen, monkeypatch):
+    """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
+    pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
+    below ``coarse_min_batch`` skip it."""
+    import lsr.search.block_path as bp
+    docs = rand_vectors(600, 30, 0.2, gen)
+    q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
+    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    want = triton_search(index, q, k, path="block", config=cfg)
+    assert_exact_topk(*want, float64_scores(q, docs), k)
+    twin = functools.partial(block.torch_block_candidates)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
+    settled = []
+    real = bp._settle
+    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: settled.append(out) or out)(real(*a)))
+
+    def n_sent(field: str) -> int:
+        sel = getattr(settled[0], field)
+        return 0 if sel is None else len(sel if field == "redo" else sel[0])
+
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert n_sent("redo") <= 1, "only the empty query (no theta) needs the exact pass"
+    monkeypatch.setattr(bp, "_coarse_margin", lambda k: 0)   # lists of exactly k: the completeness test fails
+    for cells in (bp.RESCUE_CELLS, 0):   # settled from all candidates inside the chunk, then on the host side
+        monkeypatch.setattr(bp, "RESCUE_CELLS", cells)
+        settled.clear()
+        got = triton_search(index, q, k, path="block", config=cfg)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert n_sent("redo") <= 1
+        assert (n_sent("rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
+    # and slots overflow: 2 per coarse span, while the first span holds 12 copies of a doc with every term at
+    # the largest weight (each non-empty query's top k, so above its floor), whatever the random draw
+    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 1)
+    heavy = torch.full((12, 30), float(docs.values.max()), device=DEV)
+    tied = SparseVectors.concat([SparseVectors.from_dense(heavy, [f"tie{i}" for i in range(12)]), docs])
+    settled.clear()
+    got = triton_search(build_index(tied, 64), q, k, path="block", config=cfg)
+    assert_exact_topk(*got, float64_scores(q, tied), k)
+    assert n_sent("redo") == int((q.indptr.diff() > 0).sum()), "overflowed slots send queries to the exact pass"
+    settled.clear()
+    got = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=8))  # 7 queries < 8
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert n_sent("redo") == 0 and n_sent("rescue") == 0, "no coarse pass, so nothing to redo"
+
+
+def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
+    """Docs with one huge weight and a query whose other weight is tiny: that term's coarse factor
+    w_query * scale / 2**COARSE_SHIFT falls below float32's normal range (the CUDA kernel's float32
+    coarse sums would not be exact there)."""
+    docs = random_dense_rows(n_docs, 30, 0.3, gen)
+    dense = docs.to_dense(torch.float32)
+    dense[5, 0], dense[:, 1] = 1e18, torch.where(dense[:, 1] > 0, dense[:, 1], 0.5)
+    q = rand_vectors(4, 30, 0.3, gen)
+    qd = q.to_dense(torch.float32)
+    qd[0] = 0
+    qd[0, 0], qd[0, 1] = 1.0, 1e-30
+    return SparseVectors.from_dense(dense), SparseVectors.from_dense(qd)
+
+
+def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatch):
+    """A query whose coarse factor is not a normal float32 is flagged by the coarse pass (its items report
+    an overflow) and settled by the exact pass: the search gives the exact pass's bits. (Weights 18
+    orders of magnitude apart also leave the fixed point's resolution, U_q * 2**-61, above the small
+    scores: this compares with the exact pass, not with float64.)"""
+    import lsr.search.block_path as bp
+    docs, q = _extreme_weights(gen)
+    index = build_index(docs, 64)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    unusual = block._coarse_unusual(q.indptr, q.values, scale)
+    assert unusual.tolist() == [True, False, False, False]
+    off = span_offsets(index, 64)
+    n_spans, cap = off.shape[1] - 1, 16
+    items = block.span_items(4, torch.arange(n_spans, device=DEV), 1, cap)
+    floor = torch.ones(4, dtype=torch.int64, device=DEV)
+    _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64, items,
+                                             4 * n_spans * cap, cap=cap, coarse_lo=floor)
+    assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
+    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    want = triton_search(index, q, 5, path="block", config=cfg)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
+    redone = []
+    real = bp._settle
+    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
+    got = triton_search(index, q, 5, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert redone[0] is not None and 0 in redone[0].tolist(), "the flagged query went to the exact pass"
+
+
+def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
+    """CTAs per SM the CUDA kernel is compiled for stay within 2048 threads, and the coarse pass only takes
+    spans whose read-out fits its 64-row mask (a CPU check of the choices the GPU tests rely on)."""
+    from lsr.search.kernels import block_cuda
+    from lsr.search.span_scorer import coarse_span
+    for warps in (1, 2, 4, 8, 16, 32):
+        for coarse in (False, True):
+            n = block_cuda._min_ctas(warps, coarse)
+            assert 1 <= n and n * 32 * warps <= 2048
+    assert (block_cuda._min_ctas(16, True), block_cuda._min_ctas(16, False)) == (3, 2)
+    docs = random_dense_rows(40_000, 8, 0.3, seeded_generator())
+    index = InvertedIndex.build(docs, block_size=1 << 16, postings="float32")
+    cuda = functools.partial(block_cuda.cuda_block_candidates)
+    assert coarse_span(BlockConfig(cuda_warps=4), index, cuda) == 16384
+    assert coarse_span(BlockConfig(cuda_warps=2), index, cuda) is None     # 16384 docs need 128 rows a warp
+    assert coarse_span(BlockConfig(cuda_warps=2, coarse_span=8192), index, cuda) == 8192
+
+
+
+# --------------------------------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
+    from lsr.search.kernels import block_cuda
+    from lsr.search.span_scorer import coarse_span, select_span_scorer
+    docs, q = (v.to("cuda") for v in _extreme_weights(torch.Generator(device="cpu").manual_seed(3), 40000))
+    index = InvertedIndex.build(docs, device="cuda", block_size=1024)
+    cfg = BlockConfig(coarse_min_batch=1)
+    assert coarse_span(cfg, index, select_span_scorer(cfg, index)[0]) is not None, "the search runs the coarse pass"
+    off = span_offsets(index, 1024)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 1024)
+    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 64)
+    floor = torch.ones(4, dtype=torch.int64, device="cuda")
+    got = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
+    want = block.torch_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
+    assert torch.equal(got[1], want[1]) and bool((got[1].view(4, -1)[0] == 65).all())
+    # the flagged query's slots are never read; the others' match the twin
+    assert torch.equal(got[0].view(4, -1)[1:], want[0].view(4, -1)[1:])
+    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 1024 // topk.ROW)
+    rows = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 32, coarse_rows=True)[0]
+    assert torch.equal(rows, block.torch_block_candidates(*args, items, rows.numel(), coarse_rows=True)[0])
+    assert bool((rows.view(4, -1)[0] == -1).all()) and bool((rows.view(4, -1)[1:] >= 0).any())
+    want = triton_search(index, q, 5, config=replace(cfg, coarse=False))
+    got = triton_search(index, q, 5, config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
