@@ -16,6 +16,7 @@ import torch
 
 from lsr.index.inverted import InvertedIndex
 from lsr.search.kernels import block, select, topk
+from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_floor, coarse_theta, coarse_unusual
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
@@ -52,10 +53,10 @@ def test_coarse_twin_and_floor(gen):
     qd = q.to_dense(torch.float32)
     dd = docs.to_dense(torch.float32)
     contrib = (qd.double().unsqueeze(1) * dd.double().unsqueeze(0) * scale.view(-1, 1, 1)).to(torch.int64)
-    coarse = (contrib >> block.COARSE_SHIFT).sum(2)                                   # [B, N]
+    coarse = (contrib >> COARSE_SHIFT).sum(2)                                   # [B, N]
     exact = (contrib.sum(2).double() * inv.view(-1, 1)).float()                      # the contract's scores
     theta = exact.sort(1, descending=True).values[:, 20].contiguous()
-    floor = block.coarse_floor(theta, scale, q.indptr)
+    floor = coarse_floor(theta, scale, q.indptr)
     reach = (exact >= theta.unsqueeze(1)) & (exact > 0)
     assert bool((coarse >= floor.unsqueeze(1))[reach].all()), "no doc reaching theta falls below the floor"
     cap = 64
@@ -77,11 +78,11 @@ def test_coarse_twin_and_floor(gen):
     # theta: at most the k-th best row's exact score, and below it by at most the coarse losses (< n_q units of
     # 2**COARSE_SHIFT) and the bucket width (2**7 units)
     k = 5
-    theta = block.coarse_theta(select.bucket_edge(rows.view(6, -1), k), inv)
+    theta = coarse_theta(select.bucket_edge(rows.view(6, -1), k), inv)
     row_best = torch.nn.functional.pad(exact, (0, 64 * n_spans - 300)).view(6, -1, topk.ROW).amax(2)
     kth = row_best.sort(1, descending=True).values[:, k - 1]
     has_k = (rows.view(6, -1) >= 0).sum(1) >= k
-    slack = ((2 ** 7 + q.indptr.diff() + 1) * 2 ** block.COARSE_SHIFT).double() * inv
+    slack = ((2 ** 7 + q.indptr.diff() + 1) * 2 ** COARSE_SHIFT).double() * inv
     assert bool((theta <= kth).all()) and bool((theta[~has_k] == 0).all()) and bool(has_k.sum() >= 4)
     assert bool((theta.double() >= kth.double() - slack)[has_k].all()), "a tight bound where k rows have docs"
 
@@ -158,7 +159,7 @@ def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatc
     docs, q = _extreme_weights(gen)
     index = build_index(docs, 64)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
-    unusual = block._coarse_unusual(q.indptr, q.values, scale)
+    unusual = coarse_unusual(q.indptr, q.values, scale)
     assert unusual.tolist() == [True, False, False, False]
     off = span_offsets(index, 64)
     n_spans, cap = off.shape[1] - 1, 16

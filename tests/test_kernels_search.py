@@ -14,6 +14,7 @@ import torch
 
 from lsr.index.inverted import InvertedIndex
 from lsr.search.kernels import block, csr, scatter, topk
+from lsr.search.kernels.coarse import coarse_floor
 from lsr.search.kernels.fixed import FIXED_BITS, query_scales
 from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
@@ -338,7 +339,7 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
     got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps, coarse_rows=True)
     want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width, coarse_rows=True)
     assert torch.equal(got, want)
-    floor = block.coarse_floor(theta, scale, q.indptr)
+    floor = coarse_floor(theta, scale, q.indptr)
     for cap in (8, span):
         items = block.span_items(9, spans, 1, cap)
         got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor,

@@ -30,7 +30,8 @@ import torch
 from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
-from lsr.search.kernels.block import COARSE_SHIFT, coarse_floor, coarse_theta, span_items, terms_bucket
+from lsr.search.kernels.block import span_items, terms_bucket
+from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_floor, coarse_theta
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk

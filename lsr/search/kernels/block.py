@@ -39,9 +39,9 @@ import triton.language as tl
 from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
 from lsr.kernel_utils import check_tensor
 from lsr.ragged import ragged_positions, segment_ids
+from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_outputs, coarse_unusual
 from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (
-    DOC_MASK,
     ROW,
     emit_tile,
     pack_key,
@@ -51,63 +51,9 @@ from lsr.search.kernels.topk import (
     torch_row_max,
 )
 
-__all__ = ["COARSE_SHIFT", "check_block_args", "coarse_floor", "coarse_theta", "default_programs", "span_items",
-           "torch_block_candidates", "triton_block_candidates"]
+__all__ = ["check_block_args", "default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
 
 _ROW = tl.constexpr(ROW)
-# coarse sums add (int64 contribution >> 39): <= 2**(61 - 39) per doc, one uint32 cell; a contribution's
-# coarse part is < 2**23, so the CUDA kernel computes it exactly in float32 (block_scores.cu)
-COARSE_SHIFT = 39
-
-
-def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tensor) -> torch.Tensor:
-    """int64 [B]: a doc whose float32 score reaches theta[q] (> 0) has a coarse sum >= this.
-
-    The bound ``alo`` on the int64 sum is the CUDA read-out's (acc < alo implies score < theta); a coarse
-    sum adds floor(c / 2**COARSE_SHIFT) of every contribution c, so it is > alo / 2**COARSE_SHIFT - n_q
-    (n_q = the query's term count, the most adds a doc takes). Values < 1 mean the coarse sums cannot
-    filter for theta.
-    """
-    lim = torch.nextafter(theta, torch.zeros_like(theta)).to(torch.float64) * scale * (1.0 - 2.0 ** -50)
-    alo = lim.clamp(max=2.0 ** 62).to(torch.int64).clamp_min(1)
-    alo = torch.where(theta > 0, alo, torch.ones_like(alo))
-    return (alo >> COARSE_SHIFT) - q_indptr.diff() + 1
-
-
-def _coarse_rows(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor, coarse_lo: torch.Tensor | None,
-                 item_q: torch.Tensor, starts: torch.Tensor, cap: int, out_size: int
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The twin's coarse outputs per item (sums int64 [I, span] of the item's docs ``cols``): every 32-doc
-    row's best coarse key (``coarse_lo`` None; -1 rows for an ``unusual`` query), else the keys reaching
-    coarse_lo[q] in cap slots and their counts (cap + 1 for an unusual query)."""
-    keys = torch.where(sums > 0, (sums << 31) | (DOC_MASK - cols), -1)
-    if coarse_lo is None:
-        return torch_row_max(keys).masked_fill(unusual.unsqueeze(1), -1), None
-    rows, cnt = torch_emit(keys, sums >= coarse_lo.clamp_min(1)[item_q.long()].unsqueeze(1), cap)
-    counts = torch.zeros(out_size // cap, dtype=torch.int32, device=sums.device)
-    counts[starts // cap] = torch.where(unusual, cap + 1, cnt)
-    return rows, counts
-
-
-def coarse_theta(lo: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
-    """float32 [B]: a lower bound of the k-th score from pass 1 on coarse sums (``coarse_rows``): ``lo``
-    (int64 [B], ``lsr.search.kernels.select.bucket_edge``) is at or below the k-th best row key, so k docs
-    have coarse sums >= lo >> 31, hence int64 sums >= that << COARSE_SHIFT, whose score rounded down is the
-    bound (0.0 where lo is 0: fewer than k keys)."""
-    t = ((lo >> 31) << COARSE_SHIFT).to(torch.float64) * inv_scale
-    t32 = t.to(torch.float32)
-    return torch.where(t32.to(torch.float64) > t, torch.nextafter(t32, torch.zeros_like(t32)), t32)
-
-
-def _coarse_unusual(q_indptr: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """bool [B]: queries with a coarse factor w_query * scale / 2**COARSE_SHIFT outside float32's normal
-    range (the CUDA kernel's float32 coarse sums would not be exact: their items report an overflow)."""
-    row = segment_ids(q_indptr.diff())
-    a = q_weights.to(torch.float64) * scale[row] * 2.0 ** -COARSE_SHIFT
-    bad = (a != 0) & ((a < 2.0 ** -126) | (a >= 2.0 ** 128))
-    return torch.zeros(q_indptr.numel() - 1, dtype=torch.int64, device=a.device).index_add_(0, row, bad.long()) > 0
-
-
 @triton.jit
 def _locate(c, total, tab_ptr, NT: tl.constexpr, LOG_NT: tl.constexpr, CHUNK: tl.constexpr):
     """Runs of chunk numbers c [R]: (start position, end position, scaled weight, query row, valid).
@@ -404,8 +350,8 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     if coarse:   # group 1: one row per item
         sums = acc.view(B + group, -1)[item_q.long().unsqueeze(1), cols]
-        unusual = _coarse_unusual(q_indptr, q_weights, scale)[item_q.long()]
-        rows, counts = _coarse_rows(sums, cols, unusual, coarse_lo, item_q, starts, cap, out_size)
+        unusual = coarse_unusual(q_indptr, q_weights, scale)[item_q.long()]
+        rows, counts = coarse_outputs(sums, cols, unusual, coarse_lo, item_q, starts, cap, out_size)
     elif theta is None:
         rows, counts = torch_row_max(keys)[valid], None
     else:

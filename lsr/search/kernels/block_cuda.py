@@ -41,7 +41,8 @@ import functools
 import torch
 
 from lsr.search.kernels import cuda_source
-from lsr.search.kernels.block import COARSE_SHIFT, check_block_args
+from lsr.search.kernels.block import check_block_args
+from lsr.search.kernels.coarse import COARSE_SHIFT
 from lsr.search.kernels.topk import ROW
 
 __all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "programs_per_sm", "usable"]
@@ -145,7 +146,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
             posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
             coarse keys into cap slots (+ counts); theta is not used.
         coarse_rows: with theta and coarse_lo None: every 32-doc row's best coarse key (pass 1 on coarse
-            sums; ``lsr.search.kernels.block.coarse_theta`` turns them into a theta).
+            sums; ``lsr.search.kernels.coarse.coarse_theta`` turns them into a theta).
     Returns:
         (keys int64 [out_size], counts int32 [out_size // cap] or None); unwritten slots hold -1.
     """
