@@ -31,7 +31,7 @@ from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import span_items, terms_bucket
-from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_floor, coarse_theta
+from lsr.search.kernels.coarse import coarse_floor, coarse_theta
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
@@ -115,8 +115,7 @@ class BlockPlan:
     n_sample: int              # spans scored by pass 1
     cap: int                   # candidate slots per (query, span) in pass 2
     max_terms: int             # query-length bucket: one compile and one CUDA graph per bucket
-    coarse: CoarseSpans | None  # the coarse pass 2, where it runs
-    coarse_pass1: bool = False  # pass 1 on coarse sums too (with the coarse pass 2): a slightly lower theta, faster
+    coarse: CoarseSpans | None  # the coarse passes (pass 1 on coarse sums too), where they run
 
     @property
     def n_spans(self) -> int:
@@ -163,7 +162,7 @@ class Settled(NamedTuple):
 
     best: torch.Tensor                 # int64 [B, k]; with ``unpacked``: the chunk's own (a graph's: no copy)
     redo: torch.Tensor | None          # int64 [n] queries for the exact pass 2, None if none
-    rescue: tuple[torch.Tensor, torch.Tensor] | None  # (int64 [n] queries, their coarse candidates [n, C])
+    rescue: tuple[torch.Tensor, ...] | None  # (int64 [n] queries, their coarse candidates [n, C], scale, inv_scale)
     unpacked: tuple[torch.Tensor, torch.Tensor] | None = None   # (scores, doc_idx) when nothing was repaired
 
 
@@ -198,8 +197,7 @@ def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms
     n_sample = _pass1_spans(n_spans, span, k, cfg.sample_every)
     return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
                      cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),
-                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None,
-                     coarse_pass1=cspan is not None)
+                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
 
 
 def _work_order(index: InvertedIndex, queries: QueryCSR) -> torch.Tensor:
@@ -247,8 +245,8 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
         return out.unpacked
     best = out.best
     if out.rescue is not None:
-        sel, cand = out.rescue
-        best[sel] = _rescore_candidates(plan, queries.select(sel), cand)
+        sel, cand, scale, inv = out.rescue
+        best[sel] = _rescore_candidates(plan, queries.select(sel), cand, scale, inv)
     if out.redo is not None:
         sel = out.redo
         exact = replace(plan, coarse=None)
@@ -274,13 +272,13 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     # pass 1: row maxima of sampled spans -> theta (a lower bound of the k-th score: any bound is valid)
     width = cfg.span // ROW
     items1 = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
-    kw1 = dict(kw, coarse_rows=True) if plan.coarse_pass1 else kw
-    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **kw1)
-    if plan.coarse_pass1:   # row maxima of coarse sums: a bound within ~2**-14 of the exact pass's
+    coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
+    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
+    if coarse:   # row maxima of coarse sums: a bound within ~2**-14 of the exact pass's
         theta = coarse_theta(bucket_edge(maxima.view(B, -1), plan.k), inv)
     else:
         theta = bucket_theta(maxima.view(B, -1), plan.k)
-    if plan.coarse is not None:
+    if coarse:
         best, redo, rescue, cand, items2 = _coarse_pass2(plan, args, theta, kw)
         return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),
                            unpack_keys(best), (items1, items2))
@@ -349,8 +347,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     top, reselect = bucket_topk(cand, min(k + _coarse_margin(k), cand.shape[1]))   # reselect: exact pass 2
     # the k-th coarse key: k docs have int64 sums >= its coarse sum << COARSE_SHIFT, so the k-th exact score
     # is at least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
-    kth = top[:, min(k, top.shape[1]) - 1]
-    s_lo = ((kth.clamp_min(0) >> 31) << COARSE_SHIFT).to(torch.float64).mul_(inv).to(torch.float32)
+    s_lo = coarse_theta(top[:, min(k, top.shape[1]) - 1].clamp_min(0), inv)
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
     redo = over | (floor < 1) | reselect
@@ -377,9 +374,10 @@ def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, 
     return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs)
 
 
-def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor) -> torch.Tensor:
-    """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C]."""
-    scale, inv = triton_query_scales(*queries, plan.index.max_scores)   # a query's scale depends on it alone
+def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor, scale: torch.Tensor,
+                        inv: torch.Tensor) -> torch.Tensor:
+    """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C] (``scale`` /
+    ``inv`` [n]: the queries' fixed-point scales, as the chunk computed them)."""
     docs = key_docs(cand)
     return topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
 
@@ -402,7 +400,7 @@ def _settle(plan: BlockPlan, result: ChunkResult) -> Settled:
     rescue = None
     if any_rescue:
         sel = torch.nonzero(result.rescue).flatten()
-        rescue = (sel, result.cand[sel])
+        rescue = (sel, result.cand[sel], result.args.scale[sel], result.args.inv_scale[sel])
     return Settled(best, redo, rescue)
 
 

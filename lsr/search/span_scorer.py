@@ -63,5 +63,5 @@ def coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> i
         return None
     cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_SPAN))
     bs = index.block_size
-    fits = cspan <= 64 * 64 * cfg.cuda_warps   # the coarse read-out notes <= 64 rows of 64 docs per warp
+    fits = cspan <= block_cuda.max_coarse_span(cfg.cuda_warps)
     return cspan if (cspan % bs == 0 or bs % cspan == 0) and fits else None

@@ -45,7 +45,8 @@ from lsr.search.kernels.block import check_block_args
 from lsr.search.kernels.coarse import COARSE_SHIFT
 from lsr.search.kernels.topk import ROW
 
-__all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "programs_per_sm", "usable"]
+__all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "max_coarse_span",
+           "programs_per_sm", "usable"]
 
 _SOURCE = cuda_source("block_scores.cu")
 
@@ -61,6 +62,11 @@ _WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # the 
 def _postings_per_load(post_w: torch.Tensor) -> int:
     """Postings in one 16-byte load: 4 (float32 postings) or 8 (compact postings, lsr.index.compact)."""
     return 16 // post_w.element_size()
+
+
+def max_coarse_span(warps: int) -> int:
+    """The largest span the coarse read-out takes with ``warps`` warps: it notes <= 64 rows of 64 docs a warp."""
+    return 64 * 64 * warps
 
 
 def _min_ctas(warps: int, coarse: bool) -> int:
@@ -159,9 +165,9 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1) or warps > 32:
         raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two <= 32), "
                          f"got span {span}, warps {warps}")
-    if coarse_lo is not None and span > 64 * 64 * warps:
-        raise ValueError(f"the coarse read-out notes at most 64 rows of 64 docs per warp: span <= {64 * 64 * warps} "
-                         f"with {warps} warps, got {span}")
+    if coarse_lo is not None and span > max_coarse_span(warps):
+        raise ValueError(f"the coarse read-out notes at most 64 rows of 64 docs per warp: span <= "
+                         f"{max_coarse_span(warps)} with {warps} warps, got {span}")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     per_load = _postings_per_load(post_w)
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
