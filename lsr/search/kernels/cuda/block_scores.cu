@@ -22,8 +22,9 @@ typedef float weight_t;
 #endif
 #if COARSE
 // coarse contributions in float32: floor(a * w) with a = w_query * scale / 2^CSHIFT, exact in float32 and
-// a * w <= 2^(61 - CSHIFT) < 2^23: the product rounded toward zero keeps its floor, and adding 2^23
-// toward zero leaves that floor in the mantissa (no 64-bit conversion per posting)
+// a * w <= 2^(61 - CSHIFT) < 2^23: fma_rz(a, w, 2^23) rounds a * w + 2^23, which lies in [2^23, 2^24) where
+// the float32 spacing is 1, once toward zero, so its mantissa holds floor(a * w) (no 64-bit conversion per
+// posting)
 typedef float qmul_t;
 #else
 typedef double qmul_t;
@@ -219,7 +220,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                         const bool ok = (m & (1u << e)) && real;
                         unsigned* cell = t_hi24 + c_e;
 #if COARSE
-                        const unsigned v = __float_as_uint(__fadd_rz(__fmul_rz(we, q), 0x1p23f)) - 0x4b000000u;
+                        const unsigned v = __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) - 0x4b000000u;
                         if (ok) atomicAdd(cell, v);
 #else
                         const u64 v = (u64)(i64)((double)we * q);
@@ -393,7 +394,9 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
 #endif
         if (tid == 0) counts[out0 / CAP] = all;
 #endif
-        __syncthreads();                       // zeros, w_count and s_item reads finish before the next item
+        // one barrier hands the next item over: every thread read s_item before this item's first barrier, and
+        // the next item's adds start after its run-table barriers, which a warp reaches only when its
+        // read-out (zeros, w_count reads) is done
         if (tid == 0) *s_item = next;
         __syncthreads();
     }
