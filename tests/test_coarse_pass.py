@@ -136,6 +136,40 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     assert n_sent("redo") == 0 and n_sent("rescue") == 0, "no coarse pass, so nothing to redo"
 
 
+def test_coarse_floor_from_a_sampled_key_is_checked(gen, monkeypatch):
+    """From SAMPLED_RANK_MIN_K on, the coarse pass 2's floor comes from a pass-1 key above the k-th
+    (``coarse.sampled_rank``), which is not a proven bound: the block path checks it against the k-th coarse key.
+    With the sample's best key (rank 1) and one doc far above all others in the sampled first span, every
+    non-empty query lets fewer than k docs through, fails the check and is settled by the exact pass 2; with a
+    rank between, the bits are the exact pass's whichever way the check goes."""
+    import lsr.search.block_path as bp
+    from lsr.search.kernels import coarse
+    assert coarse.sampled_rank(10, 1 / 16) == 10 and coarse.sampled_rank(1000, 1 / 16) < 1000 // 8
+    assert coarse.sampled_rank(coarse.SAMPLED_RANK_MIN_K, 1.0) == coarse.SAMPLED_RANK_MIN_K
+    docs = rand_vectors(600, 30, 0.2, gen)
+    heavy = torch.full((1, 30), float(docs.values.max()) * 4, device=DEV)
+    docs = SparseVectors.concat([SparseVectors.from_dense(heavy, ["heavy"]), docs])
+    q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    k = 6
+    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    want = triton_search(index, q, k, path="block", config=cfg)
+    assert_exact_topk(*want, float64_scores(q, docs), k)
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
+    redone = []
+    real = bp._settle
+    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
+    monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    non_empty = torch.nonzero(q.indptr.diff() > 0).flatten().tolist()
+    assert redone[0] is not None and set(non_empty) <= set(redone[0].tolist()), "every such query was redone"
+    monkeypatch.setattr(bp, "_floor_rank", lambda plan: plan.k // 2)
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
     """Docs with one huge weight and a query whose other weight is tiny: that term's coarse factor
     w_query * scale / 2**COARSE_SHIFT falls below float32's normal range (the CUDA kernel's float32

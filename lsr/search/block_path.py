@@ -31,7 +31,7 @@ from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import span_items, terms_bucket
-from lsr.search.kernels.coarse import coarse_floor, coarse_theta
+from lsr.search.kernels.coarse import coarse_floor, coarse_theta, sampled_rank
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
@@ -222,6 +222,11 @@ def _slots_per_span(k: int, n_sample: int) -> int:
     return 1 << max(3, math.ceil(math.log2(need)))
 
 
+def _floor_rank(plan: BlockPlan) -> int:
+    """The pass-1 key rank behind the coarse pass 2's floor (``coarse.sampled_rank``; plan.k: a proven bound)."""
+    return sampled_rank(plan.k, plan.n_sample / plan.n_spans)
+
+
 def _coarse_margin(k: int) -> int:
     """Coarse keys kept beyond k for the exact rescoring (the completeness test rarely needs more)."""
     return max(32, k // 8)
@@ -258,10 +263,12 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     """Both passes and the merge, free of host syncs (so a CUDA graph can hold them).
 
     With ``plan.coarse``, pass 2 runs on coarse sums (``coarse_floor``: a doc reaching theta has a
-    coarse sum >= the query's floor, so no candidate is lost), takes the best k + margin coarse keys,
-    rescores them exactly and keeps the top k. That list holds the exact top k when it also holds
-    every doc whose coarse sum reaches the floor of the k-th coarse key's score (k docs score at least
-    that); a query where this fails, or whose coarse slots overflowed, is flagged for the exact pass 2.
+    coarse sum >= the query's floor), takes the best k + margin coarse keys, rescores them exactly and
+    keeps the top k. That list holds the exact top k when it also holds every doc whose coarse sum reaches
+    the floor of the k-th coarse key's score (k docs score at least that). For large k, theta comes from a
+    pass-1 key above the k-th (``_floor_rank``: far fewer candidates), which is checked the same way: the
+    query's floor must not exceed that floor. A query where a check fails, or whose coarse slots
+    overflowed, is flagged for the exact pass 2.
     """
     B = indptr.numel() - 1
     dev = indptr.device
@@ -269,13 +276,13 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     scale, inv = triton_query_scales(indptr, terms, weights, index.max_scores)
     kw = {"group": cfg.group, "max_terms": plan.max_terms}
     args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
-    # pass 1: row maxima of sampled spans -> theta (a lower bound of the k-th score: any bound is valid)
+    # pass 1: row maxima of sampled spans -> theta (the exact pass: a lower bound of the k-th score)
     width = cfg.span // ROW
     items1 = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
     maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
-    if coarse:   # row maxima of coarse sums: a bound within ~2**-14 of the exact pass's
-        theta = coarse_theta(bucket_edge(maxima.view(B, -1), plan.k), inv)
+    if coarse:   # row maxima of coarse sums; the key of rank _floor_rank, checked in _coarse_pass2
+        theta = coarse_theta(bucket_edge(maxima.view(B, -1), _floor_rank(plan)), inv)
     else:
         theta = bucket_theta(maxima.view(B, -1), plan.k)
     if coarse:
@@ -336,7 +343,8 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
     B = indptr.numel() - 1
     cspan, coff = plan.coarse
-    cap = plan.cap * cspan // plan.cfg.span
+    rank = _floor_rank(plan)
+    cap = _slots_per_span(rank, plan.n_sample) * cspan // plan.cfg.span
     n_spans = coff.shape[1] - 1
     floor = coarse_floor(theta, scale, indptr)
     items = _span_items(B, n_spans, n_spans, 1, cap, indptr.device)
@@ -348,9 +356,12 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     # the k-th coarse key: k docs have int64 sums >= its coarse sum << COARSE_SHIFT, so the k-th exact score
     # is at least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
     s_lo = coarse_theta(top[:, min(k, top.shape[1]) - 1].clamp_min(0), inv)
+    lo_k = coarse_floor(s_lo, scale, indptr)
     last = top[:, -1]
-    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < coarse_floor(s_lo, scale, indptr))
+    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < lo_k)
     redo = over | (floor < 1) | reselect
+    if rank < k:   # theta came from a key above the k-th: the floor must not exceed the top k's coarse sums
+        redo |= floor > lo_k
     rescue = ~complete & ~redo
     docs = key_docs(top)   # coarse keys hold docs like exact ones
     if cand.numel() <= RESCUE_CELLS:

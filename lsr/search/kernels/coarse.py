@@ -9,16 +9,22 @@ back, and ``coarse_outputs`` / ``coarse_unusual`` are the torch twin's side of t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lsr.ragged import segment_ids
 from lsr.search.kernels.topk import DOC_MASK, torch_emit, torch_row_max
 
-__all__ = ["COARSE_SHIFT", "coarse_floor", "coarse_outputs", "coarse_theta", "coarse_unusual"]
+__all__ = ["COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta", "coarse_unusual",
+           "sampled_rank"]
 
 # <= 2**(61 - 39) per doc (one uint32 cell); a contribution's coarse part is < 2**23, which the CUDA kernel
 # computes exactly in float32 (block_scores.cu)
 COARSE_SHIFT = 39
+# from this k on, the coarse pass 2's floor comes from a sampled key above the k-th (``sampled_rank``): below it a
+# query lets few docs through either way, and its ties at the k-th would fail the check more often
+SAMPLED_RANK_MIN_K = 256
 
 
 def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tensor) -> torch.Tensor:
@@ -67,3 +73,16 @@ def coarse_unusual(q_indptr: torch.Tensor, q_weights: torch.Tensor, scale: torch
     a = q_weights.to(torch.float64) * scale[row] * 2.0 ** -COARSE_SHIFT
     bad = (a != 0) & ((a < 2.0 ** -126) | (a >= 2.0 ** 128))
     return torch.zeros(q_indptr.numel() - 1, dtype=torch.int64, device=a.device).index_add_(0, row, bad.long()) > 0
+
+
+def sampled_rank(k: int, share: float) -> int:
+    """Rank of the pass-1 key (among row maxima of a sample holding a share ``share`` of the docs) that sets the
+    coarse pass 2's floor. The k-th key is a proven lower bound of the k-th score but lets ~k / share docs
+    through; a random sample holds ~m = k * share of the top k docs, so the key of rank m + 4 sqrt(m) + 1 lies
+    above the k-th score only when the sample holds 4 standard deviations more of them, and lets
+    ~(m + 4 sqrt(m)) / share docs through. It is not proven: the block path checks, from the k-th coarse key,
+    that no doc of the top k was left below the floor, and sends a query that fails to the exact pass 2."""
+    if k < SAMPLED_RANK_MIN_K:
+        return k
+    m = k * share
+    return min(k, max(1, math.ceil(m + 4 * math.sqrt(m) + 1)))
