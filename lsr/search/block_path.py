@@ -71,9 +71,11 @@ class BlockConfig:
 
 def default_config(n_queries: int) -> BlockConfig:
     """Block-path tuning by batch size: wide [32, 32] steps with 8 warps for batches, more and smaller
-    programs for a few queries (more items in flight). The sweep is in docs/notes-search.md."""
+    programs for a few queries (more items in flight); batches that take the coarse pass sample half as many
+    spans in pass 1 (their floor is checked, not proven). The sweeps are in docs/notes-search.md."""
     if n_queries >= 16:
-        return BlockConfig(rows=32, num_warps=8, per_sm=2)
+        cfg = BlockConfig(rows=32, num_warps=8, per_sm=2)
+        return replace(cfg, sample_every=32) if n_queries >= cfg.coarse_min_batch else cfg
     return BlockConfig()
 
 
