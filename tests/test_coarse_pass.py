@@ -96,7 +96,7 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
-    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
@@ -152,7 +152,7 @@ def test_coarse_floor_from_a_sampled_key_is_checked(gen, monkeypatch):
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6
-    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
@@ -168,6 +168,60 @@ def test_coarse_floor_from_a_sampled_key_is_checked(gen, monkeypatch):
     monkeypatch.setattr(bp, "_floor_rank", lambda plan: plan.k // 2)
     got = triton_search(index, q, k, path="block", config=cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_sampled_floor_end_to_end_at_large_k(gen, monkeypatch):
+    """k = 256 with the real rank (pass 1 samples half of 64 spans: the floor's key is the sampled rank ~175, not
+    the 256th): the top k equals the float64 reference, whether or not a query needed the exact pass 2."""
+    import lsr.search.block_path as bp
+    from lsr.search.kernels import coarse
+    docs = random_dense_rows(65536, 40, 0.05, gen)
+    q = random_dense_rows(6, 40, 0.15, gen, empty_rows=1)
+    index = InvertedIndex.build(docs, device="cpu", block_size=1024, postings="float32")
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 1024))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 2048)
+    ranks = []
+    real = bp._floor_rank
+    monkeypatch.setattr(bp, "_floor_rank", lambda plan: (lambda r: ranks.append((plan.k, r)) or r)(real(plan)))
+    k = coarse.SAMPLED_RANK_MIN_K
+    got = triton_search(index, q, k, path="block",
+                        config=BlockConfig(span=1024, coarse_sample_every=4, coarse_min_batch=1))
+    assert ranks and all(r < kk for kk, r in ranks), "the sampled rank, below k, set the floor"
+    assert_exact_topk(*got, float64_scores(q, docs), k)
+
+
+def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
+    """The harder failure of a sampled floor: k docs still pass it, but one of the top k does not. Docs A (index
+    2) and B (index 3) tie exactly at the 3rd score; B's coarse sum is one above A's (A's two terms each lose a
+    fraction to the floor), and the floor sits at B's coarse sum: docs 0, 1 and B pass, A (the 3rd by doc index)
+    does not. The k-th coarse key's bound catches it (floor > lo_k), so the query takes the exact pass 2."""
+    import lsr.search.block_path as bp
+    d = torch.zeros(70, 2)
+    d[0, 0] = d[1, 1] = 1.0
+    d[2] = torch.tensor([0.5 + 2 ** -21, 0.25 + 2 ** -21])   # A
+    d[3] = torch.tensor([0.5 + 2 ** -20, 0.25])              # B: the same exact score
+    d[4:, 0], d[4:, 1] = 0.1 + torch.arange(4, 70) * 1e-3, 0.05  # far below
+    docs = SparseVectors.from_dense(d.to(DEV))
+    q = SparseVectors.from_dense(torch.ones(1, 2, device=DEV))
+    index = build_index(docs, 64)
+    k = 3
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    want = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=10 ** 9))
+    assert want[1].tolist() == [[0, 1, 2]]
+    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
+    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
+    monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
+    s = 2 ** 19 + 2 ** 18                                     # A's coarse sum; B's is s + 1
+    theta = torch.tensor([(s + 2) * 2.0 ** -20 + 2.0 ** -23], dtype=torch.float32, device=DEV)
+    monkeypatch.setattr(bp, "_sampled_theta", lambda plan, maxima, inv: theta)
+    scale, _ = query_scales(*csr_of(q), index.max_scores)
+    assert coarse_floor(theta, scale, q.indptr).tolist() == [s + 1], "the floor lets B through, not A"
+    redone = []
+    real = bp._settle
+    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
+    got = triton_search(index, q, k, path="block", config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert redone[0] is not None and redone[0].tolist() == [0], "the check sent the query to the exact pass 2"
 
 
 def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
@@ -202,7 +256,7 @@ def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatc
     _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64, items,
                                              4 * n_spans * cap, cap=cap, coarse_lo=floor)
     assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
-    cfg = BlockConfig(span=64, sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
     want = triton_search(index, q, 5, path="block", config=cfg)
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
     monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)

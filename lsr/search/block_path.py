@@ -59,6 +59,7 @@ class BlockConfig:
     per_sm: int = 8           # resident programs per SM (persistent grid)
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
+    coarse_sample_every: int = 32   # the same for batches on the coarse route (their floor is checked)
     kernel: str = "auto"      # "cuda" (shared-memory tiles, kernels.block_cuda) | "triton" | "auto"
     cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
@@ -71,11 +72,9 @@ class BlockConfig:
 
 def default_config(n_queries: int) -> BlockConfig:
     """Block-path tuning by batch size: wide [32, 32] steps with 8 warps for batches, more and smaller
-    programs for a few queries (more items in flight); batches that take the coarse pass sample half as many
-    spans in pass 1 (their floor is checked, not proven). The sweeps are in docs/notes-search.md."""
+    programs for a few queries (more items in flight). The sweep is in docs/notes-search.md."""
     if n_queries >= 16:
-        cfg = BlockConfig(rows=32, num_warps=8, per_sm=2)
-        return replace(cfg, sample_every=32) if n_queries >= cfg.coarse_min_batch else cfg
+        return BlockConfig(rows=32, num_warps=8, per_sm=2)
     return BlockConfig()
 
 
@@ -146,7 +145,8 @@ class ChunkResult(NamedTuple):
 
     best: torch.Tensor                 # int64 [B, k] best keys, overflowed (query, span) pairs left out
     overflow: torch.Tensor | None      # bool [B, n_spans] pairs whose slots overflowed (exact pass 2)
-    theta: torch.Tensor                # float32 [B] pass 1's lower bound of the k-th score
+    theta: torch.Tensor                # float32 [B] pass 1's theta (a lower bound of the k-th score on the exact
+                                       # route; on the coarse route it may be above it: _coarse_pass2 checks)
     args: ScoreArgs
     redo: torch.Tensor | None          # bool [B] queries the coarse pass could not settle (exact pass 2)
     rescue: torch.Tensor | None        # bool [B] queries to settle by rescoring all their coarse candidates
@@ -196,7 +196,7 @@ def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
     cspan = coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None
-    n_sample = _pass1_spans(n_spans, span, k, cfg.sample_every)
+    n_sample = _pass1_spans(n_spans, span, k, cfg.coarse_sample_every if cspan else cfg.sample_every)
     return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
                      cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),
                      coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
@@ -222,6 +222,11 @@ def _slots_per_span(k: int, n_sample: int) -> int:
     span; 3x that + 8 makes overflow (rescored, still exact) rare."""
     need = 3 * k / max(n_sample, 1) + 8
     return 1 << max(3, math.ceil(math.log2(need)))
+
+
+def _sampled_theta(plan: BlockPlan, maxima: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """float32 [B]: the coarse route's theta from pass 1's coarse row maxima [B, R] (the key of rank _floor_rank)."""
+    return coarse_theta(bucket_edge(maxima, _floor_rank(plan)), inv)
 
 
 def _floor_rank(plan: BlockPlan) -> int:
@@ -284,7 +289,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
     maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of rank _floor_rank, checked in _coarse_pass2
-        theta = coarse_theta(bucket_edge(maxima.view(B, -1), _floor_rank(plan)), inv)
+        theta = _sampled_theta(plan, maxima.view(B, -1), inv)
     else:
         theta = bucket_theta(maxima.view(B, -1), plan.k)
     if coarse:
@@ -363,7 +368,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < lo_k)
     redo = over | (floor < 1) | reselect
     if rank < k:   # theta came from a key above the k-th: the floor must not exceed the top k's coarse sums
-        redo |= floor > lo_k
+        redo |= (floor > lo_k) | (top.shape[1] < k)
     rescue = ~complete & ~redo
     docs = key_docs(top)   # coarse keys hold docs like exact ones
     if cand.numel() <= RESCUE_CELLS:
