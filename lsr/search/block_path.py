@@ -371,9 +371,10 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
         redo |= (floor > lo_k) | (top.shape[1] < k)
     rescue = ~complete & ~redo
     docs = key_docs(top)   # coarse keys hold docs like exact ones
-    if cand.numel() <= RESCUE_CELLS:
+    if cand.numel() <= RESCUE_CELLS and rank == k:
         # a flagged query is rescored on every one of its candidates instead of its list (which is among
-        # them: one copy of each doc), in the same launch as the other queries' lists
+        # them: one copy of each doc), in the same launch as the other queries' lists. Not with a sampled
+        # floor: its lists are long and rarely incomplete, and the rescoring would widen to every candidate
         docs = torch.cat([docs.masked_fill(rescue.unsqueeze(1), -1), key_docs(cand, rescue.unsqueeze(1))], 1)
         rescue = None
     queries = QueryCSR(args.indptr, args.terms, args.weights)
