@@ -290,12 +290,10 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of rank _floor_rank, checked in _coarse_pass2
         theta = _sampled_theta(plan, maxima.view(B, -1), inv)
-    else:
-        theta = bucket_theta(maxima.view(B, -1), plan.k)
-    if coarse:
         best, redo, rescue, cand, items2 = _coarse_pass2(plan, args, theta, kw)
         return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),
                            unpack_keys(best), (items1, items2))
+    theta = bucket_theta(maxima.view(B, -1), plan.k)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
     items2 = _span_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
@@ -351,6 +349,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     B = indptr.numel() - 1
     cspan, coff = plan.coarse
     rank = _floor_rank(plan)
+    sampled = rank < k   # theta came from a pass-1 key above the k-th: not a proven bound
     cap = _slots_per_span(rank, plan.n_sample) * cspan // plan.cfg.span
     n_spans = coff.shape[1] - 1
     floor = coarse_floor(theta, scale, indptr)
@@ -367,11 +366,11 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     last = top[:, -1]
     complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < lo_k)
     redo = over | (floor < 1) | reselect
-    if rank < k:   # theta came from a key above the k-th: the floor must not exceed the top k's coarse sums
+    if sampled:   # the floor must not exceed the top k's coarse sums
         redo |= (floor > lo_k) | (top.shape[1] < k)
     rescue = ~complete & ~redo
     docs = key_docs(top)   # coarse keys hold docs like exact ones
-    if cand.numel() <= RESCUE_CELLS and rank == k:
+    if cand.numel() <= RESCUE_CELLS and not sampled:
         # a flagged query is rescored on every one of its candidates instead of its list (which is among
         # them: one copy of each doc), in the same launch as the other queries' lists. Not with a sampled
         # floor: its lists are long and rarely incomplete, and the rescoring would widen to every candidate

@@ -51,7 +51,7 @@ __all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_can
 _SOURCE = cuda_source("block_scores.cu")
 
 WARPS = 16         # warps per CTA, sharing one tile
-TERMS = 128        # query terms per run table fill (longer queries take several; a small table keeps the per-item set-up short)
+TERMS = 128        # query terms per run table fill (longer queries take several; small: a short per-item set-up)
 SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
 MAX_SPAN = 16384   # 192 KB of tiles
 
