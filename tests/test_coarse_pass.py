@@ -16,7 +16,7 @@ import torch
 
 from lsr.index.inverted import InvertedIndex
 from lsr.search.kernels import block, select, topk
-from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_floor, coarse_theta, coarse_unusual
+from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT, coarse_floor, coarse_theta, coarse_unusual
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
 from lsr.sparse import SparseVectors
@@ -63,7 +63,7 @@ def test_coarse_twin_and_floor(gen):
     items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, cap)
     got, counts = block.torch_block_candidates(*args, items, 6 * n_spans * cap, cap=cap, coarse_lo=floor)
     lo = floor.clamp_min(1).unsqueeze(1)
-    want = torch.where(coarse >= lo, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
+    want = torch.where(coarse >= lo, (coarse << COARSE_KEY_SHIFT) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
     got = got.view(6, -1)
     for b in range(6):
         assert torch.equal(got[b][got[b] >= 0].sort().values, want[b][want[b] >= 0].sort().values)
@@ -72,19 +72,41 @@ def test_coarse_twin_and_floor(gen):
     width = 64 // topk.ROW
     items = block.span_items(6, torch.arange(n_spans, device=DEV), 1, width)
     rows, _ = block.torch_block_candidates(*args, items, 6 * n_spans * width, coarse_rows=True)
-    keys = torch.where(coarse > 0, (coarse << 31) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
+    keys = torch.where(coarse > 0, (coarse << COARSE_KEY_SHIFT) | (topk.DOC_MASK - torch.arange(300, device=DEV)), -1)
     keys = torch.nn.functional.pad(keys, (0, 64 * n_spans - 300), value=-1)
     assert torch.equal(rows.view(6, -1), keys.view(6, -1, topk.ROW).amax(2))
     # theta: at most the k-th best row's exact score, and below it by at most the coarse losses (< n_q units of
-    # 2**COARSE_SHIFT) and the bucket width (2**7 units)
+    # 2**COARSE_SHIFT) and the bucket width (the selection's level-2 key bits: 2 units)
     k = 5
     theta = coarse_theta(select.bucket_edge(rows.view(6, -1), k), inv)
     row_best = torch.nn.functional.pad(exact, (0, 64 * n_spans - 300)).view(6, -1, topk.ROW).amax(2)
     kth = row_best.sort(1, descending=True).values[:, k - 1]
     has_k = (rows.view(6, -1) >= 0).sum(1) >= k
-    slack = ((2 ** 7 + q.indptr.diff() + 1) * 2 ** COARSE_SHIFT).double() * inv
+    bucket = 2 ** (select.SHIFT2 - COARSE_KEY_SHIFT)
+    slack = ((bucket + q.indptr.diff() + 1) * 2 ** COARSE_SHIFT).double() * inv
     assert bool((theta <= kth).all()) and bool((theta[~has_k] == 0).all()) and bool(has_k.sum() >= 4)
     assert bool((theta.double() >= kth.double() - slack)[has_k].all()), "a tight bound where k rows have docs"
+
+
+def test_coarse_sums_fit_16_bits(gen):
+    """The CUDA kernel keeps two docs' coarse sums in one 32-bit word, so a sum must stay below 2**16 (a carry
+    would corrupt the neighbouring doc). A doc holding every query term at that term's largest weight reaches
+    the query's score bound, which the fixed-point scale maps just below 2**61: its coarse sum is the largest
+    any doc can have, and it uses at least half of the 16 bits (the coarse resolution the margins assume)."""
+    n_terms = 50
+    q = rand_vectors(5, n_terms, 1.0, gen)
+    docs = rand_vectors(40, n_terms, 0.5, gen)
+    dd = docs.to_dense(torch.float32)
+    dd[0] = dd.amax(0)                                     # the bound: every term at its largest weight
+    docs = SparseVectors.from_dense(dd)
+    index = build_index(docs, 64)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    off = span_offsets(index, 64)
+    items = block.span_items(5, torch.arange(off.shape[1] - 1, device=DEV), 1, 64 // topk.ROW)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64)
+    rows, _ = block.torch_block_candidates(*args, items, 5 * 2, coarse_rows=True)
+    top = rows.view(5, -1).amax(1) >> COARSE_KEY_SHIFT      # each query's largest coarse sum (doc 0's)
+    assert bool((top < 2 ** 16).all()) and bool((top >= 2 ** 15 - n_terms).all()), top.tolist()
 
 
 def test_search_coarse_pass_matches_exact(gen, monkeypatch):
@@ -196,10 +218,11 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     fraction to the floor), and the floor sits at B's coarse sum: docs 0, 1 and B pass, A (the 3rd by doc index)
     does not. The k-th coarse key's bound catches it (floor > lo_k), so the query takes the exact pass 2."""
     import lsr.search.block_path as bp
+    u = 2.0 ** (COARSE_SHIFT - 59)   # a coarse unit in score units: the query's scale is 2^59 (bound 2)
     d = torch.zeros(70, 2)
     d[0, 0] = d[1, 1] = 1.0
-    d[2] = torch.tensor([0.5 + 2 ** -21, 0.25 + 2 ** -21])   # A
-    d[3] = torch.tensor([0.5 + 2 ** -20, 0.25])              # B: the same exact score
+    d[2] = torch.tensor([0.5 + u / 2, 0.25 + u / 2])         # A
+    d[3] = torch.tensor([0.5 + u, 0.25])                     # B: the same exact score
     d[4:, 0], d[4:, 1] = 0.1 + torch.arange(4, 70) * 1e-3, 0.05  # far below
     docs = SparseVectors.from_dense(d.to(DEV))
     q = SparseVectors.from_dense(torch.ones(1, 2, device=DEV))
@@ -211,8 +234,8 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
     monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
     monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
-    s = 2 ** 19 + 2 ** 18                                     # A's coarse sum; B's is s + 1
-    theta = torch.tensor([(s + 2) * 2.0 ** -20 + 2.0 ** -23], dtype=torch.float32, device=DEV)
+    s = round(0.75 / u)                                       # A's coarse sum; B's is s + 1
+    theta = torch.tensor([(s + 2) * u + u / 8], dtype=torch.float32, device=DEV)
     monkeypatch.setattr(bp, "_sampled_theta", lambda plan, maxima, inv: theta)
     scale, _ = query_scales(*csr_of(q), index.max_scores)
     assert coarse_floor(theta, scale, q.indptr).tolist() == [s + 1], "the floor lets B through, not A"
@@ -269,8 +292,9 @@ def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatc
 
 
 def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
-    """CTAs per SM the CUDA kernel is compiled for stay within 2048 threads, and the coarse pass only takes
-    spans whose read-out fits its 64-row mask (a CPU check of the choices the GPU tests rely on)."""
+    """CTAs per SM the CUDA kernel is compiled for stay within 2048 threads, and the coarse passes only take
+    spans whose read-out fits (64 rows of 128 docs a warp at most, one row a warp at least; a CPU check of the
+    choices the GPU tests rely on)."""
     from lsr.search.kernels import block_cuda
     from lsr.search.span_scorer import coarse_span
     for warps in (1, 2, 4, 8, 16, 32):
@@ -281,9 +305,12 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     docs = random_dense_rows(40_000, 8, 0.3, seeded_generator())
     index = InvertedIndex.build(docs, block_size=1 << 16, postings="float32")
     cuda = functools.partial(block_cuda.cuda_block_candidates)
-    assert coarse_span(BlockConfig(cuda_warps=4), index, cuda) == 16384
-    assert coarse_span(BlockConfig(cuda_warps=2), index, cuda) is None     # 16384 docs need 128 rows a warp
+    assert coarse_span(BlockConfig(cuda_warps=4), index, cuda) == 32768
+    assert coarse_span(BlockConfig(cuda_warps=2), index, cuda) is None     # 32768 docs need 128 rows a warp
     assert coarse_span(BlockConfig(cuda_warps=2, coarse_span=8192), index, cuda) == 8192
+    # pass 1 runs in coarse mode on the plan's span (the CUDA span): 16 warps read rows of 128 docs, 2048 at least
+    assert coarse_span(BlockConfig(span=1024, cuda_warps=16), index, cuda) is None
+    assert coarse_span(BlockConfig(span=2048, cuda_warps=16), index, cuda) == 32768
 
 
 
@@ -296,9 +323,10 @@ def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
     index = InvertedIndex.build(docs, device="cuda", block_size=1024)
     cfg = BlockConfig(coarse_min_batch=1)
     assert coarse_span(cfg, index, select_span_scorer(cfg, index)[0]) is not None, "the search runs the coarse pass"
-    off = span_offsets(index, 1024)
+    span = 2048   # the coarse read-outs take rows of 128 docs a warp: 16 warps need 2048 docs
+    off = span_offsets(index, span)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
-    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 1024)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)
     items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 64)
     floor = torch.ones(4, dtype=torch.int64, device="cuda")
     got = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 64, cap=64, coarse_lo=floor)
@@ -306,8 +334,9 @@ def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
     assert torch.equal(got[1], want[1]) and bool((got[1].view(4, -1)[0] == 65).all())
     # the flagged query's slots are never read; the others' match the twin
     assert torch.equal(got[0].view(4, -1)[1:], want[0].view(4, -1)[1:])
-    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, 1024 // topk.ROW)
-    rows = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * 32, coarse_rows=True)[0]
+    items = block.span_items(4, torch.arange(off.shape[1] - 1, device="cuda"), 1, span // topk.ROW)
+    rows = block_cuda.cuda_block_candidates(*args, items, 4 * (off.shape[1] - 1) * (span // topk.ROW),
+                                            coarse_rows=True)[0]
     assert torch.equal(rows, block.torch_block_candidates(*args, items, rows.numel(), coarse_rows=True)[0])
     assert bool((rows.view(4, -1)[0] == -1).all()) and bool((rows.view(4, -1)[1:] >= 0).any())
     want = triton_search(index, q, 5, config=replace(cfg, coarse=False))

@@ -31,7 +31,7 @@ from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import span_items, terms_bucket
-from lsr.search.kernels.coarse import coarse_floor, coarse_theta, sampled_rank
+from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, coarse_floor, coarse_theta, sampled_rank
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
@@ -46,6 +46,8 @@ __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"
 
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
+COARSE_MIN_MARGIN = 128        # coarse keys kept beyond k at least (``_coarse_margin``)
+
 
 @dataclass(frozen=True)
 class BlockConfig:
@@ -65,7 +67,7 @@ class BlockConfig:
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
     coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
-    coarse_span: int = 16384  # CUDA coarse pass: docs per work item (4 bytes of shared memory each)
+    coarse_span: int = 32768  # CUDA coarse pass: docs per work item (2 bytes of shared memory each)
     coarse_min_batch: int = 17  # smaller batches take the exact pass 2: for them the selection of the best
                                 # k + margin coarse keys costs more than the coarse sums save
 
@@ -235,8 +237,11 @@ def _floor_rank(plan: BlockPlan) -> int:
 
 
 def _coarse_margin(k: int) -> int:
-    """Coarse keys kept beyond k for the exact rescoring (the completeness test rarely needs more)."""
-    return max(32, k // 8)
+    """Coarse keys kept beyond k for the exact rescoring. The list is complete when its last coarse sum lies a
+    query's term count below the k-th (each term's floor loses < 1 unit); with 16-bit coarse sums that is ~1.5%
+    of the score at the k-th, and a margin of k / 8 left ~18% of synthetic queries at k = 1000 to a rescue
+    (docs/notes-search.md, session 18)."""
+    return max(COARSE_MIN_MARGIN, k // 2)
 
 
 def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,7 +369,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     s_lo = coarse_theta(top[:, min(k, top.shape[1]) - 1].clamp_min(0), inv)
     lo_k = coarse_floor(s_lo, scale, indptr)
     last = top[:, -1]
-    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> 31) < lo_k)
+    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> COARSE_KEY_SHIFT) < lo_k)
     redo = over | (floor < 1) | reselect
     if sampled:   # the floor must not exceed the top k's coarse sums
         redo |= (floor > lo_k) | (top.shape[1] < k)

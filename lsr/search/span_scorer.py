@@ -61,7 +61,8 @@ def coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> i
     """The coarse pass's span where it runs (the CUDA kernel scores, ``cfg.coarse``), else None."""
     if not cfg.coarse or getattr(scorer, "func", None) is not block_cuda.cuda_block_candidates:
         return None
-    cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_SPAN))
+    cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_COARSE_SPAN))
     bs = index.block_size
-    fits = cspan <= block_cuda.max_coarse_span(cfg.cuda_warps)
+    # pass 1 runs in coarse mode on cfg.span: its read-out rows take 128 docs a warp too
+    fits = 128 * cfg.cuda_warps <= cfg.span and cspan <= block_cuda.max_coarse_span(cfg.cuda_warps)
     return cspan if (cspan % bs == 0 or bs % cspan == 0) and fits else None

@@ -322,7 +322,7 @@ def torch_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_of
                            **_: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Torch twin of ``triton_block_candidates`` (same arguments and bit-identical results; the
     kernel-only tuning arguments are accepted and ignored) and of the CUDA kernel's coarse modes (group 1):
-    with ``coarse_lo`` (int64 [B] >= 1) the keys ``sum << 31 | (2**31 - 1 - doc)`` of the docs whose
+    with ``coarse_lo`` (int64 [B] >= 1) the keys ``sum << COARSE_KEY_SHIFT | (2**31 - 1 - doc)`` of the docs whose
     coarse sum (``COARSE_SHIFT``) reaches coarse_lo[q], emitted like theta's; with ``coarse_rows`` (and
     neither theta nor coarse_lo) every 32-doc row's best such key."""
     dev = post_doc.device

@@ -17,9 +17,10 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
   compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
   between normalisations cannot overflow a limb;
-* coarse mode (the block path's pass 2 for batches): one uint32 cell per doc sums floor(c / 2^39) of each
-  contribution c, computed exactly in float32 (block_scores.cu says why), one shared atomic per posting;
-  the kernel then fits 40 registers and runs 3 CTAs per SM (the three-limb passes: 2);
+* coarse mode (the block path's passes for batches): a 16-bit half of a uint32 word per doc sums
+  floor(c / 2^45) of each contribution c (< 2^16 in all: no carry into the other half), computed exactly in
+  float32 (block_scores.cu says why), one shared atomic per posting; the kernel then fits 40 registers and
+  runs 3 CTAs of 16 warps per SM on 32,768-doc spans (the three-limb passes: 2, on 8,192);
 * the read-out converts a row of 64 docs only if one of them can reach theta (an integer bound on the
   fixed-point sum), and writes either every 32-doc row's best key (``theta is None``) or the docs >=
   theta into CAP slots in ascending doc order + a count (lsr.search.kernels.topk's contract);
@@ -42,10 +43,10 @@ import torch
 
 from lsr.search.kernels import cuda_source
 from lsr.search.kernels.block import check_block_args
-from lsr.search.kernels.coarse import COARSE_SHIFT
+from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT
 from lsr.search.kernels.topk import ROW
 
-__all__ = ["MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "max_coarse_span",
+__all__ = ["MAX_COARSE_SPAN", "MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "max_coarse_span",
            "programs_per_sm", "usable"]
 
 _SOURCE = cuda_source("block_scores.cu")
@@ -54,6 +55,7 @@ WARPS = 16         # warps per CTA, sharing one tile
 TERMS = 128        # query terms per run table fill (longer queries take several; small: a short per-item set-up)
 SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
 MAX_SPAN = 16384   # 192 KB of tiles
+MAX_COARSE_SPAN = 65536   # coarse mode: 2 bytes of tile a doc (128 KB)
 
 
 _WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # the source's WEIGHT: the posting layout
@@ -65,15 +67,15 @@ def _postings_per_load(post_w: torch.Tensor) -> int:
 
 
 def max_coarse_span(warps: int) -> int:
-    """The largest span the coarse read-out takes with ``warps`` warps: it notes <= 64 rows of 64 docs a warp."""
-    return 64 * 64 * warps
+    """The largest span the coarse read-out takes with ``warps`` warps: it notes <= 64 rows of 128 docs a warp."""
+    return min(MAX_COARSE_SPAN, 128 * 64 * warps)
 
 
 def _min_ctas(warps: int, coarse: bool) -> int:
-    """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 3 for the
-    coarse pass (its float32 adds fit 40 registers, and a third CTA hides the others' stalls; measured in
-    docs/notes-search.md, session 16), 2 for the three-limb passes (64 registers)."""
-    return max(1, min(3 if coarse else 2, 64 // warps))
+    """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 48 warps for
+    the coarse passes (3 CTAs of 16 warps: its float32 adds fit 40 registers, and a third CTA hides the others'
+    stalls; measured in docs/notes-search.md, session 16), 2 CTAs for the three-limb passes (64 registers)."""
+    return max(1, min(48 // warps if coarse else 2, 64 // warps))
 
 
 @functools.cache
@@ -81,7 +83,8 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: b
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
-              f"#define CSHIFT {COARSE_SHIFT}\n#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
+              f"#define CSHIFT {COARSE_SHIFT}\n#define KSHIFT {COARSE_KEY_SHIFT}\n#define LIMBS {1 if coarse else 3}\n" \
+              f"#define WARPS {warps}\n" \
               f"#define TG {terms}\n#define WEIGHT {weight}\n#define MIN_CTAS {_min_ctas(warps, coarse)}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
@@ -94,8 +97,8 @@ def compiled_variants() -> int:
 
 
 def _smem(span: int, warps: int, terms: int, coarse: bool = False) -> int:
-    # sum tiles (three limbs, or one coarse cell), run table, per-warp counts, item
-    return span * (4 if coarse else 12) + terms * 28 + warps * 4 + 16
+    # sum tiles (three limbs, or a 16-bit coarse sum), run table, per-warp counts, item
+    return span * (2 if coarse else 12) + terms * 28 + warps * 4 + 16
 
 
 @functools.cache
@@ -146,10 +149,10 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         arguments are accepted and ignored; compact postings are read 8 per 16-byte load), plus
         warps: warps per CTA.
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
-            shared memory per CTA; span * 4 in coarse mode).
+            shared memory per CTA); coarse modes: in [128 * warps, max_coarse_span(warps)] (span * 2 bytes).
         coarse_lo: int64 [B] or None: coarse mode (lsr.search.kernels.block.torch_block_candidates' contract):
-            one uint32 cell per doc sums (contribution >> COARSE_SHIFT) with one shared atomic per
-            posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
+            a 16-bit half of a uint32 word per doc sums (contribution >> COARSE_SHIFT) with one shared
+            atomic per posting, and the docs whose coarse sum reaches coarse_lo[q] (clamped to >= 1) are emitted as
             coarse keys into cap slots (+ counts); theta is not used.
         coarse_rows: with theta and coarse_lo None: every 32-doc row's best coarse key (pass 1 on coarse
             sums; ``lsr.search.kernels.coarse.coarse_theta`` turns them into a theta).
@@ -162,19 +165,17 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("the CUDA block kernel takes one query per work item (group=1)")
     if dev.type != "cuda":
         raise RuntimeError("the CUDA block kernel needs CUDA tensors")
-    if span < 64 * warps or span > MAX_SPAN or span & (span - 1) or warps & (warps - 1) or warps > 32:
-        raise ValueError(f"span must be a power of two in [64 * warps, {MAX_SPAN}] (warps a power of two <= 32), "
-                         f"got span {span}, warps {warps}")
-    if coarse_lo is not None and span > max_coarse_span(warps):
-        raise ValueError(f"the coarse read-out notes at most 64 rows of 64 docs per warp: span <= "
-                         f"{max_coarse_span(warps)} with {warps} warps, got {span}")
+    rowmax = theta is None and coarse_lo is None
+    coarse = coarse_lo is not None or (rowmax and coarse_rows)
+    lo, hi = (128 * warps, max_coarse_span(warps)) if coarse else (64 * warps, MAX_SPAN)
+    if not lo <= span <= hi or span & (span - 1) or warps & (warps - 1) or warps > 32:
+        raise ValueError(f"span must be a power of two in [{lo}, {hi}] with {warps} warps ({'coarse: ' if coarse else ''}"
+                         f"read-out rows of {64 * (1 + coarse)} docs per warp; warps a power of two <= 32), got {span}")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     per_load = _postings_per_load(post_w)
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} "
                          "(the index pads to 32)")
-    rowmax = theta is None and coarse_lo is None
-    coarse = coarse_lo is not None or (rowmax and coarse_rows)
     if coarse_lo is not None:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
         coarse_lo = coarse_lo.clamp(1, (1 << 32) - 1).contiguous()
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)

@@ -1,8 +1,8 @@
 """The coarse sums of the block path's batches: their unit, bounds and twin outputs.
 
 A coarse sum adds floor(c / 2**COARSE_SHIFT) of each int64 fixed-point contribution c
-(lsr.search.kernels.fixed) into one uint32 cell per doc. The CUDA kernel (cuda/block_scores.cu, COARSE)
-computes it exactly in float32; ``coarse_floor`` and ``coarse_theta`` turn exact bounds into coarse ones and
+(lsr.search.kernels.fixed), < 2**16 per doc. The CUDA kernel (cuda/block_scores.cu, COARSE) computes it
+exactly in float32 and keeps two docs' sums in one uint32 word; ``coarse_floor`` and ``coarse_theta`` turn exact bounds into coarse ones and
 back, and ``coarse_outputs`` / ``coarse_unusual`` are the torch twin's side of the kernel's coarse modes
 (``lsr.search.kernels.block.torch_block_candidates``). docs/notes-search.md has the exactness arguments.
 """
@@ -16,12 +16,17 @@ import torch
 from lsr.ragged import segment_ids
 from lsr.search.kernels.topk import DOC_MASK, torch_emit, torch_row_max
 
-__all__ = ["COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta", "coarse_unusual",
+__all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta", "coarse_unusual",
            "sampled_rank"]
 
-# <= 2**(61 - 39) per doc (one uint32 cell); a contribution's coarse part is < 2**23, which the CUDA kernel
-# computes exactly in float32 (block_scores.cu)
-COARSE_SHIFT = 39
+# < 2**(61 - 45) per doc: the CUDA kernel keeps two docs' sums in one uint32 word of shared memory (half the
+# tile bytes of a uint32 cell per doc: twice the docs per work item), and computes a contribution's coarse part
+# exactly in float32 (block_scores.cu)
+COARSE_SHIFT = 45
+# coarse keys are sum << COARSE_KEY_SHIFT | (2**31 - 1 - doc): the 16-bit sums lie in the key bits the bucket
+# selection reads (lsr.search.kernels.select: 61..38) where 22-bit sums at bit 31 lay, so its buckets keep
+# their relative width
+COARSE_KEY_SHIFT = 31 + COARSE_SHIFT - 39
 # from this k on, the coarse pass 2's floor comes from a sampled key above the k-th (``sampled_rank``): below it a
 # query lets few docs through either way, and its ties at the k-th would fail the check more often
 SAMPLED_RANK_MIN_K = 256
@@ -47,7 +52,7 @@ def coarse_outputs(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor
     """The twin's coarse outputs per item (sums int64 [I, span] of the item's docs ``cols``): every 32-doc
     row's best coarse key (``coarse_lo`` None; -1 rows for an ``unusual`` query), else the keys reaching
     coarse_lo[q] in cap slots and their counts (cap + 1 for an unusual query)."""
-    keys = torch.where(sums > 0, (sums << 31) | (DOC_MASK - cols), -1)
+    keys = torch.where(sums > 0, (sums << COARSE_KEY_SHIFT) | (DOC_MASK - cols), -1)
     if coarse_lo is None:
         return torch_row_max(keys).masked_fill(unusual.unsqueeze(1), -1), None
     rows, cnt = torch_emit(keys, sums >= coarse_lo.clamp_min(1)[item_q.long()].unsqueeze(1), cap)
@@ -59,9 +64,9 @@ def coarse_outputs(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor
 def coarse_theta(lo: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     """float32 [B]: a lower bound of the k-th score from pass 1 on coarse sums (``coarse_rows``): ``lo``
     (int64 [B], ``lsr.search.kernels.select.bucket_edge``) is at or below the k-th best row key, so k docs
-    have coarse sums >= lo >> 31, hence int64 sums >= that << COARSE_SHIFT, whose score rounded down is the
+    have coarse sums >= lo >> COARSE_KEY_SHIFT, hence int64 sums >= that << COARSE_SHIFT, whose score rounded down is the
     bound (0.0 where lo is 0: fewer than k keys)."""
-    t = ((lo >> 31) << COARSE_SHIFT).to(torch.float64) * inv_scale
+    t = ((lo >> COARSE_KEY_SHIFT) << COARSE_SHIFT).to(torch.float64) * inv_scale
     t32 = t.to(torch.float32)
     return torch.where(t32.to(torch.float64) > t, torch.nextafter(t32, torch.zeros_like(t32)), t32)
 

@@ -17,17 +17,25 @@ typedef float weight_t;
 #define LOG_STEP 7
 #endif
 #define STEP (32 * PL)             // postings per warp step
-#if COARSE && !ROWMAX && SPAN / 64 / WARPS > 64
-#error "the coarse read-out notes its rows in 64 bits: SPAN / 64 / WARPS <= 64"
-#endif
 #if COARSE
 // coarse contributions in float32: floor(a * w) with a = w_query * scale / 2^CSHIFT, exact in float32 and
 // a * w <= 2^(61 - CSHIFT) < 2^23: fma_rz(a, w, 2^23) rounds a * w + 2^23, which lies in [2^23, 2^24) where
 // the float32 spacing is 1, once toward zero, so its mantissa holds floor(a * w) (no 64-bit conversion per
-// posting)
+// posting). A doc's coarse sum is < 2^(61 - CSHIFT) = 2^16: two docs share a uint32 word (doc 2i in the low
+// half), and an add to one half never carries into the other
+#if 61 - CSHIFT > 16
+#error "coarse sums take 16 bits: CSHIFT >= 45"
+#endif
+#define CELLS (SPAN / 2)
+#define RROW 128                   // docs per read-out row: a uint2 of two words per lane
 typedef float qmul_t;
 #else
+#define CELLS (LIMBS * SPAN)
+#define RROW 64
 typedef double qmul_t;
+#endif
+#if COARSE && !ROWMAX && SPAN / RROW / WARPS > 64
+#error "the coarse read-out notes its rows in 64 bits: SPAN / 128 / WARPS <= 64"
 #endif
 
 __device__ __forceinline__ unsigned word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
@@ -89,12 +97,12 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
     // the int64 sums as three 24-bit limbs in uint32 cells (hi: bits 48.., mid: 24..47, lo: 0..23):
     // native 32-bit shared atomics, no compare-and-swap loop; a cell takes at most one add per query
     // term, so TG <= 256 adds of < 2^24 never overflow a limb between normalisations
-    // COARSE: one uint32 cell per doc holding the sum of (contribution >> CSHIFT) (< 2^31: no carries)
+    // COARSE: one 16-bit half of a uint32 word per doc holding the sum of (contribution >> CSHIFT)
     extern __shared__ __align__(16) i64 smem[];
     unsigned* t_hi24 = (unsigned*)smem;
     unsigned* t_mid = t_hi24 + SPAN;
     unsigned* t_low = t_mid + SPAN;
-    i64* t_base = (i64*)(t_hi24 + LIMBS * SPAN);   // per run: where its step c reads (base + STEP c)
+    i64* t_base = (i64*)(t_hi24 + CELLS);   // per run: where its step c reads (base + STEP c)
     double* t_wq = (double*)(t_base + TG);     // query weight * scale
     int* t_lo = (int*)(t_wq + TG);             // run [base + lo, base + hi) in the postings
     int* t_hi = t_lo + TG;
@@ -102,7 +110,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
     int* w_count = t_cum + TG;                 // hits per warp segment (read-out)
     int* s_item = w_count + WARPS;             // the item this CTA works on
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < LIMBS * SPAN; i += NT) t_hi24[i] = 0u;
+    for (int i = tid; i < CELLS; i += NT) t_hi24[i] = 0u;
     __syncthreads();
     // items are taken in order from a global counter, so the CTAs work on neighbouring items (one or two
     // spans) at any time and the span's postings stay in L2 for all the queries that read them (a fixed
@@ -218,11 +226,11 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                         bool real;
                         const float we = posting(d, w, e, c_e, real);
                         const bool ok = (m & (1u << e)) && real;
-                        unsigned* cell = t_hi24 + c_e;
 #if COARSE
                         const unsigned v = __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) - 0x4b000000u;
-                        if (ok) atomicAdd(cell, v);
+                        if (ok) atomicAdd(t_hi24 + (c_e >> 1), v << ((c_e & 1) << 4));
 #else
+                        unsigned* cell = t_hi24 + c_e;
                         const u64 v = (u64)(i64)((double)we * q);
                         if (ok) {
                             atomicAdd(cell, (unsigned)(v >> 48));
@@ -261,7 +269,13 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
         }
         // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
         const double inv = inv_scale[q];
-        const int R = SPAN / 64 / WARPS;
+        const int R = SPAN / RROW / WARPS;
+#if COARSE
+        // lane L of a read-out row holds docs 4L .. 4L + 3 (two words, each two 16-bit sums, low half first)
+        auto sums4 = [](const uint2& a, unsigned* s) {
+            s[0] = a.x & 0xffffu; s[1] = a.x >> 16; s[2] = a.y & 0xffffu; s[3] = a.y >> 16;
+        };
+#endif
 #if COARSE && ROWMAX
         // pass 1 on coarse sums: every 32-doc row's best coarse key (-1 for a row of zeros), as ROWMAX below;
         // -1 everywhere for a query whose coarse factor is not exact (its theta becomes 0: no pruning)
@@ -269,28 +283,35 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
             uint2* cell = reinterpret_cast<uint2*>(t_hi24) + j * 32 + lane;
             const uint2 a = *cell;
             *cell = make_uint2(0u, 0u);
-            const i64 d = doc0 + j * 64 + 2 * lane;
-            i64 best = max(a.x ? ((i64)a.x << 31) | (0x7fffffffLL - d) : -1LL,
-                           a.y ? ((i64)a.y << 31) | (0x7fffffffLL - d - 1) : -1LL);
+            unsigned sm[4];
+            sums4(a, sm);
+            const i64 d = doc0 + j * RROW + 4 * lane;
+            i64 best = -1LL;
             #pragma unroll
-            for (int m = 8; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));  // 16 lanes = 32 docs
-            if ((lane & 15) == 0) out[out0 + 2 * j + (lane >> 4)] = unusual ? -1LL : best;
+            for (int e = 0; e < 4; ++e) best = max(best, sm[e] ? ((i64)sm[e] << KSHIFT) | (0x7fffffffLL - d - e) : -1LL);
+            #pragma unroll
+            for (int m = 4; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));   // 8 lanes = 32 docs
+            if ((lane & 7) == 0) out[out0 + 4 * j + (lane >> 3)] = unusual ? -1LL : best;
         }
 #elif COARSE
-        // coarse keys (sum << 31 | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
+        // coarse keys (sum << KSHIFT | 2^31 - 1 - doc) of the docs whose coarse sum reaches lo[q], CAP slots
         // in ascending doc order + a count, as below. One pass zeroes the rows without a hit and notes the
         // others (a few per item), which the second pass reads, writes out and zeroes
         const unsigned clo = (unsigned)coarse_lo[q];
-        const unsigned below = (1u << lane) - 1u;
         int n_hit = 0;
         u64 rows = 0;                          // bit jj: row warp * R + jj holds a hit (R <= 64)
         for (int jj = 0; jj < R; ++jj) {
             uint2* cell = reinterpret_cast<uint2*>(t_hi24) + (warp * R + jj) * 32 + lane;
             const uint2 a = *cell;
-            const unsigned m0 = __ballot_sync(FULL, a.x >= clo), m1 = __ballot_sync(FULL, a.y >= clo);
-            if (m0 | m1) {
+            unsigned sm[4];
+            sums4(a, sm);
+            int hits = 0;
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) hits += sm[e] >= clo;
+            const int n = __reduce_add_sync(FULL, hits);
+            if (n) {
                 rows |= 1ull << jj;
-                n_hit += __popc(m0) + __popc(m1);
+                n_hit += n;
             } else {
                 *cell = make_uint2(0u, 0u);
             }
@@ -304,15 +325,28 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
             uint2* cell = reinterpret_cast<uint2*>(t_hi24) + j * 32 + lane;
             const uint2 a = *cell;
             *cell = make_uint2(0u, 0u);
-            const bool h0 = a.x >= clo, h1 = a.y >= clo;
-            const unsigned m0 = __ballot_sync(FULL, h0), m1 = __ballot_sync(FULL, h1);
-            if (base < CAP) {
-                const int slot = base + __popc(m0 & below) + __popc(m1 & below);
-                const i64 d = doc0 + j * 64 + 2 * lane;
-                if (h0 && slot < CAP) out[out0 + slot] = ((i64)a.x << 31) | (0x7fffffffLL - d);
-                if (h1 && slot + h0 < CAP) out[out0 + slot + h0] = ((i64)a.y << 31) | (0x7fffffffLL - d - 1);
+            unsigned sm[4];
+            sums4(a, sm);
+            // the lane's first slot follows the hits of the lanes below it (docs ascending: lane, then quarter)
+            const unsigned below = (1u << lane) - 1u;
+            int slot = base, n = 0;
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const unsigned m = __ballot_sync(FULL, sm[e] >= clo);
+                slot += __popc(m & below);
+                n += __popc(m);
             }
-            base += __popc(m0) + __popc(m1);
+            if (base < CAP) {
+                const i64 d = doc0 + j * RROW + 4 * lane;
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (sm[e] >= clo) {
+                        if (slot < CAP) out[out0 + slot] = ((i64)sm[e] << KSHIFT) | (0x7fffffffLL - d - e);
+                        ++slot;
+                    }
+                }
+            }
+            base += n;
         }
         if (tid == 0) counts[out0 / CAP] = unusual ? CAP + 1 : all;
 #elif ROWMAX
