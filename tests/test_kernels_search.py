@@ -113,6 +113,14 @@ def test_csr_matches_twin_scatter_and_float64(gen, B):
 
 
 # --------------------------------------------------------------------------------------- top-k
+def test_terms_bucket_is_the_next_power_of_two_from_64():
+    """The query-length bucket (one compile and one CUDA graph each) by integer bit arithmetic."""
+    from lsr.search.kernels.block import terms_bucket
+    want = [next(p for p in (2 ** i for i in range(6, 13)) if p >= n) for n in range(0, 3000)]   # smallest >= n
+    assert [terms_bucket(n) for n in range(0, 3000)] == want
+    assert terms_bucket(64) == 64 and terms_bucket(65) == 128 and terms_bucket(128) == 128 and terms_bucket(129) == 256
+
+
 def test_keys_roundtrip_and_order(gen):
     s = torch.tensor([[0.5, 0.5, 2.0, 0.0, 1e-30, 3.5e38]])
     d = torch.tensor([[7, 3, 0, 1, 2**31 - 1, 5]])

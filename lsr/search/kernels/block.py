@@ -206,7 +206,7 @@ def default_programs(device: torch.device, per_sm: int = 8) -> int:
 
 def terms_bucket(max_terms: int) -> int:
     """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
-    return max(64, triton.next_power_of_2(max_terms))
+    return max(64, 1 << max(0, max_terms - 1).bit_length())
 
 
 def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
