@@ -121,6 +121,21 @@ def test_terms_bucket_is_the_next_power_of_two_from_64():
     assert terms_bucket(64) == 64 and terms_bucket(65) == 128 and terms_bucket(128) == 128 and terms_bucket(129) == 256
 
 
+def test_terms_bound_holds_every_term_of_a_skewed_batch():
+    """The block path's query-length bound: the longest query for the Triton kernel; for the CUDA kernel the mean,
+    whose bucket times B still holds every term of the batch (a CUDA graph's term buffer), with no host sync."""
+    from lsr.search.kernels.block import terms_bucket
+    from lsr.search.triton_backend import terms_bound
+    dense = torch.zeros(5, 400)
+    dense[0, :300] = 1.0                                   # one long query, four of 3 terms
+    dense[1:, :3] = 1.0
+    q = SparseVectors.from_dense(dense.to(DEV))
+    assert terms_bound(q, cuda_kernel=False) == 300
+    assert terms_bound(q, cuda_kernel=True) == 63          # ceil(312 / 5)
+    assert 5 * terms_bucket(terms_bound(q, cuda_kernel=True)) >= q.nnz
+    assert terms_bound(q[:1], cuda_kernel=True) == terms_bound(q[:1], cuda_kernel=False) == 300
+
+
 def test_keys_roundtrip_and_order(gen):
     s = torch.tensor([[0.5, 0.5, 2.0, 0.0, 1e-30, 3.5e38]])
     d = torch.tensor([[7, 3, 0, 1, 2**31 - 1, 5]])
@@ -395,6 +410,15 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
             want = triton_search(index, q, k, path="block", config=eager)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
             assert_exact_topk(*got, float64_scores(q, docs), k)
+    # one long query among short ones: the graph's term buffer is sized by the mean length (terms_bound)
+    long_row = torch.zeros(4, docs.vocab_size, device="cuda")
+    long_row[0, torch.randperm(docs.vocab_size, device="cuda")[:400]] = 0.5
+    long_row[1:, :3] = 1.0
+    skewed = SparseVectors.from_dense(long_row)
+    got = triton_search(index, skewed, 50, path="block")
+    want = triton_search(index, skewed, 50, path="block", config=eager)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_exact_topk(*got, float64_scores(skewed, docs), 50)
     held = sg._GRAPHS[index].graphs
     assert held and all(g is not None for g in held.values()), "captured, not eager"
     alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]

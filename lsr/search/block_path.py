@@ -117,7 +117,8 @@ class BlockPlan:
     k: int
     n_sample: int              # spans scored by pass 1
     cap: int                   # candidate slots per (query, span) in pass 2
-    max_terms: int             # query-length bucket: one compile and one CUDA graph per bucket
+    max_terms: int             # query-length bucket (``triton_backend.terms_bound``): one compile and one CUDA
+                               # graph per bucket; a graph's term buffer holds n_queries x it
     coarse: CoarseSpans | None  # the coarse passes (pass 1 on coarse sums too), where they run
 
     @property
@@ -174,7 +175,8 @@ def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConf
                  max_terms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k over query chunks that keep the candidate slots within CAND_BUDGET.
 
-    ``max_terms`` bounds the longest query (its bucket picks the compiled kernel and CUDA graph).
+    ``max_terms`` bounds the longest query for the Triton kernel and the mean one for the CUDA kernel
+    (``triton_backend.terms_bound``); its bucket picks the compiled kernel and CUDA graph.
     """
     B = queries.indptr.numel() - 1
     plan = _make_plan(index, B, k, cfg, max_terms)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "triton_search"]
+__all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "terms_bound", "triton_search"]
 
 PATHS = ("auto", "block", "scatter", "csr")
 SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs for large batches
@@ -77,18 +77,28 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
     cfg = config or default_config(B)
     compact = index.postings == COMPACT
+    cuda_kernel = cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
     if path == "auto":
-        cuda_kernel = cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
         path = choose_path(index.n_docs, B, cuda_kernel or compact)   # compact: no scatter kernel
     if path == "scatter" and compact:
         raise ValueError("the scatter path reads float32 postings; search a compact index with path 'block' or "
                          "'csr', or build it with postings='float32'")
     if path == "block":
-        # longest query: free for one query or queries on the host, else the one sync before the kernels
-        # (out-of-vocabulary terms dropped below only shorten rows: this stays an upper bound)
-        max_terms = queries.nnz if B == 1 else int(queries.indptr.diff().max())
-        return block_search(index, _query_csr(index, queries), k, cfg, max_terms)
+        return block_search(index, _query_csr(index, queries), k, cfg, terms_bound(queries, cuda_kernel))
     return _dense_search(index, _query_csr(index, queries), k, path)
+
+
+def terms_bound(queries: SparseVectors, cuda_kernel: bool) -> int:
+    """The query length the block path is planned for (``block_search``'s ``max_terms``). The Triton kernel needs
+    the longest query: free for one query, else one host sync. The CUDA kernel reads queries of any length; a
+    CUDA graph's term buffer holds B x the bound's bucket, so the mean length rounded up is enough, and it needs
+    no sync. Out-of-vocabulary terms dropped later only shorten rows: either stays a bound."""
+    B = len(queries)
+    if B == 1:
+        return queries.nnz
+    if cuda_kernel:
+        return -(-queries.nnz // B)
+    return int(queries.indptr.diff().max())
 
 
 def _query_csr(index: InvertedIndex, queries: SparseVectors) -> QueryCSR:
