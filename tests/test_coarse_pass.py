@@ -300,7 +300,7 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     for warps in (1, 2, 4, 8, 16, 32):
         for coarse in (False, True):
             n = block_cuda._min_ctas(warps, coarse)
-            assert 1 <= n and n * 32 * warps <= 2048
+            assert 1 <= n <= 32 and n * 32 * warps <= 2048     # an SM holds at most 32 CTAs and 2048 threads
     assert (block_cuda._min_ctas(16, True), block_cuda._min_ctas(16, False)) == (3, 2)
     docs = random_dense_rows(40_000, 8, 0.3, seeded_generator())
     index = InvertedIndex.build(docs, block_size=1 << 16, postings="float32")

@@ -419,6 +419,12 @@ def test_gpu_block_graphs_match_eager(monkeypatch):
     want = triton_search(index, skewed, 50, path="block", config=eager)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert_exact_topk(*got, float64_scores(skewed, docs), 50)
+    # a batch split into one-query chunks: the long query's chunk holds more terms than its share of the mean
+    # bound, so it runs eagerly instead of overrunning a graph's term buffer
+    monkeypatch.setattr(bp, "CAND_BUDGET", 1)
+    got = triton_search(index, skewed, 50, path="block")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    monkeypatch.undo()
     held = sg._GRAPHS[index].graphs
     assert held and all(g is not None for g in held.values()), "captured, not eager"
     alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]

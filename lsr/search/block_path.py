@@ -8,8 +8,8 @@ B * n_spans * cap * 8 bytes, never [B, N].
 
 The span scorer is the CUDA kernel (``kernels.block_cuda``, shared-memory accumulation, NVRTC-compiled)
 where it can run, else the Triton kernel (``kernels.block``); ``lsr.search.span_scorer`` chooses, and
-``BlockConfig.kernel`` forces one. Both give the same bits. With the CUDA kernel, pass 2 may sum coarse
-uint32 fixed point (one shared atomic per posting) and rescore the best k + margin docs exactly
+``BlockConfig.kernel`` forces one. Both give the same bits. With the CUDA kernel, both passes may sum coarse
+16-bit fixed point (one shared atomic per posting, two docs a word) and rescore the best k + margin docs exactly
 (``kernels.rescore_cuda``); a query whose list fails the completeness test has all its candidates rescored,
 and one whose slots overflowed (or has no usable theta) takes the exact pass 2. docs/notes-search.md
 explains each choice.
@@ -66,7 +66,7 @@ class BlockConfig:
     cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
     cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
     graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
-    coarse: bool = True       # CUDA: pass 2 on coarse uint32 sums, then the exact rescoring of the best k + margin
+    coarse: bool = True       # CUDA: both passes on coarse 16-bit sums, then the exact rescoring of the best k + margin
     coarse_span: int = 32768  # CUDA coarse pass: docs per work item (2 bytes of shared memory each)
     coarse_min_batch: int = 17  # smaller batches take the exact pass 2: for them the selection of the best
                                 # k + margin coarse keys costs more than the coarse sums save
@@ -259,7 +259,9 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
     B = queries.indptr.numel() - 1
     body = functools.partial(_score_chunk, plan)
     out = None
-    if (plan.cfg.graphs and queries.indptr.is_cuda and B <= GRAPH_MAX_B
+    # a chunk of a larger batch may hold more terms than its share of the plan's bound (the mean length where
+    # the CUDA kernel scores): such a chunk runs eagerly, as a graph's term buffer holds B x plan.max_terms
+    if (plan.cfg.graphs and queries.indptr.is_cuda and B <= GRAPH_MAX_B and queries.terms.numel() <= B * plan.max_terms
             and not torch.cuda.is_current_stream_capturing()):
         graph = cached_chunk_graph(plan.index, body, B, B * plan.max_terms, plan.graph_key(B))
         if graph is not None:

@@ -77,7 +77,8 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
     cfg = config or default_config(B)
     compact = index.postings == COMPACT
-    cuda_kernel = cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
+    # (only the auto and block paths ask: the check compiles the CUDA kernel at first use)
+    cuda_kernel = path in ("auto", "block") and cfg.kernel in ("auto", "cuda") and cuda_span(cfg, index) is not None
     if path == "auto":
         path = choose_path(index.n_docs, B, cuda_kernel or compact)   # compact: no scatter kernel
     if path == "scatter" and compact:
@@ -91,8 +92,9 @@ def triton_search(index: InvertedIndex, queries: SparseVectors, k: int, *, path:
 def terms_bound(queries: SparseVectors, cuda_kernel: bool) -> int:
     """The query length the block path is planned for (``block_search``'s ``max_terms``). The Triton kernel needs
     the longest query: free for one query, else one host sync. The CUDA kernel reads queries of any length; a
-    CUDA graph's term buffer holds B x the bound's bucket, so the mean length rounded up is enough, and it needs
-    no sync. Out-of-vocabulary terms dropped later only shorten rows: either stays a bound."""
+    CUDA graph's term buffer holds B x the bound's bucket, so the mean length rounded up is enough for the whole
+    batch, and it needs no sync (a chunk of a split batch that holds more runs without a graph:
+    ``block_path._search_chunk``). Out-of-vocabulary terms dropped later only shorten rows: either stays a bound."""
     B = len(queries)
     if B == 1:
         return queries.nnz

@@ -75,7 +75,7 @@ def _min_ctas(warps: int, coarse: bool) -> int:
     """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 48 warps for
     the coarse passes (3 CTAs of 16 warps: its float32 adds fit 40 registers, and a third CTA hides the others'
     stalls; measured in docs/notes-search.md, session 16), 2 CTAs for the three-limb passes (64 registers)."""
-    return max(1, min(48 // warps if coarse else 2, 64 // warps))
+    return max(1, min(48 // warps if coarse else 2, 64 // warps, 32))   # 32: the most CTAs an SM holds
 
 
 @functools.cache
@@ -176,7 +176,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:
         raise ValueError(f"postings must be 16-byte aligned with a length divisible by {per_load} "
                          "(the index pads to 32)")
-    if coarse_lo is not None:   # uint32 in the kernel; a floor >= 2^31 is never reached (coarse sums stay below it)
+    if coarse_lo is not None:   # uint32 in the kernel; a floor >= 2^16 is never reached (coarse sums stay below it)
         coarse_lo = coarse_lo.clamp(1, (1 << 32) - 1).contiguous()
     out = torch.full((out_size,), -1, dtype=torch.int64, device=dev)
     counts = None if rowmax else torch.zeros(out_size // cap, dtype=torch.int32, device=dev)

@@ -267,7 +267,8 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 __syncthreads();
             }
         }
-        // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of 64 docs (2 per lane)
+        // ---- read out (and zero) the tile: warp w owns rows [w R, (w + 1) R) of RROW docs (64, 2 per lane;
+        // coarse: 128, 4 per lane)
         const double inv = inv_scale[q];
         const int R = SPAN / RROW / WARPS;
 #if COARSE
@@ -305,10 +306,9 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
             const uint2 a = *cell;
             unsigned sm[4];
             sums4(a, sm);
-            int hits = 0;
+            int n = 0;                         // the row's hits (ballots: any architecture)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) hits += sm[e] >= clo;
-            const int n = __reduce_add_sync(FULL, hits);
+            for (int e = 0; e < 4; ++e) n += __popc(__ballot_sync(FULL, sm[e] >= clo));
             if (n) {
                 rows |= 1ull << jj;
                 n_hit += n;
