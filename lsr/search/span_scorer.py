@@ -19,7 +19,7 @@ from lsr.search.spans import span_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
-    from lsr.search.block_path import BlockConfig
+    from lsr.search.block_plan import BlockConfig
 
 __all__ = ["SpanScorer", "coarse_span", "cuda_span", "select_span_scorer"]
 
