@@ -215,6 +215,8 @@ SELECT = OLD_NEW.format(pattern="bench_search_select_*_session15_h100.json", tre
                         figure="search_select.png")
 COARSE3 = OLD_NEW.format(pattern="bench_search_*_session16_h200.json", tree=2, title="H200, one call",
                          figure="search_coarse3cta.png")
+COARSE16 = OLD_NEW.format(pattern="bench_search_*_session18_h200.json", tree=2, title="H200; final: another call",
+                          figure="search_coarse16.png")
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -248,6 +250,9 @@ BENCHMARKS = [
     new_code_cell(SELECT),
     new_markdown_cell("## Batches: the coarse pass 2 in float32, three CTAs per SM (session 16, base = 2864652)"),
     new_code_cell(COARSE3),
+    new_markdown_cell("## Batches: coarse sums in 16 bits, 32,768-doc spans (session 18: base = 1bb7c98 twice, new = da25664 "
+                      "twice, final = 9b72210)"),
+    new_code_cell(COARSE16),
 ]
 
 
