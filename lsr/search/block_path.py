@@ -83,9 +83,9 @@ def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConf
 
 
 def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> BlockPlan:
-    group = min(cfg.group, 1 << (B - 1).bit_length())
-    scorer, span = select_span_scorer(_resolved(cfg, group, cfg.span), index)
-    cfg = _resolved(cfg, group, span)
+    cfg = _resolved(cfg, min(cfg.group, 1 << (B - 1).bit_length()), cfg.span)
+    scorer, span = select_span_scorer(cfg, index)
+    cfg = _resolved(cfg, cfg.group, span)
     span_off = span_offsets(index, span)
     n_spans = span_off.shape[1] - 1
     cspan = coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.search.span_scorer import SpanScorer
 
-__all__ = ["BlockConfig", "BlockPlan", "ChunkResult", "CoarseSpans", "QueryCSR", "ScoreArgs", "Settled", "default_config"]
+__all__ = ["BlockConfig", "BlockPlan", "ChunkResult", "CoarseSpans", "QueryCSR", "ScoreArgs", "Settled",
+           "default_config"]
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "terms_bound", "triton_search"]
+__all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "span_offsets", "terms_bound",
+           "triton_search"]
 
 PATHS = ("auto", "block", "scatter", "csr")
 SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs for large batches

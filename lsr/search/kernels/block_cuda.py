@@ -46,8 +46,8 @@ from lsr.search.kernels.block import check_block_args
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT
 from lsr.search.kernels.topk import ROW
 
-__all__ = ["MAX_COARSE_SPAN", "MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates", "max_coarse_span",
-           "programs_per_sm", "usable"]
+__all__ = ["MAX_COARSE_SPAN", "MAX_SPAN", "SPAN", "available", "compiled_variants", "cuda_block_candidates",
+           "max_coarse_span", "programs_per_sm", "usable"]
 
 _SOURCE = cuda_source("block_scores.cu")
 
@@ -83,8 +83,8 @@ def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: b
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
-              f"#define CSHIFT {COARSE_SHIFT}\n#define KSHIFT {COARSE_KEY_SHIFT}\n#define LIMBS {1 if coarse else 3}\n" \
-              f"#define WARPS {warps}\n" \
+              f"#define CSHIFT {COARSE_SHIFT}\n#define KSHIFT {COARSE_KEY_SHIFT}\n" \
+              f"#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
               f"#define TG {terms}\n#define WEIGHT {weight}\n#define MIN_CTAS {_min_ctas(warps, coarse)}\n"
     kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
     kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
@@ -169,8 +169,9 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     coarse = coarse_lo is not None or (rowmax and coarse_rows)
     lo, hi = (128 * warps, max_coarse_span(warps)) if coarse else (64 * warps, MAX_SPAN)
     if not lo <= span <= hi or span & (span - 1) or warps & (warps - 1) or warps > 32:
-        raise ValueError(f"span must be a power of two in [{lo}, {hi}] with {warps} warps ({'coarse: ' if coarse else ''}"
-                         f"read-out rows of {64 * (1 + coarse)} docs per warp; warps a power of two <= 32), got {span}")
+        raise ValueError(f"span must be a power of two in [{lo}, {hi}] with {warps} warps "
+                         f"({'coarse: ' if coarse else ''}read-out rows of {64 * (1 + coarse)} docs per warp; "
+                         f"warps a power of two <= 32), got {span}")
     B = check_block_args(post_doc, post_w, span_off, q_indptr, q_terms, q_weights, scale, inv_scale, items, theta)
     per_load = _postings_per_load(post_w)
     if post_doc.numel() % per_load or post_doc.data_ptr() % 16 or post_w.data_ptr() % 16:

@@ -2,9 +2,10 @@
 
 A coarse sum adds floor(c / 2**COARSE_SHIFT) of each int64 fixed-point contribution c
 (lsr.search.kernels.fixed), < 2**16 per doc. The CUDA kernel (cuda/block_scores.cu, COARSE) computes it
-exactly in float32 and keeps two docs' sums in one uint32 word; ``coarse_floor`` and ``coarse_theta`` turn exact bounds into coarse ones and
-back, and ``coarse_outputs`` / ``coarse_unusual`` are the torch twin's side of the kernel's coarse modes
-(``lsr.search.kernels.block.torch_block_candidates``). docs/notes-search.md has the exactness arguments.
+exactly in float32 and keeps two docs' sums in one uint32 word; ``coarse_floor`` and ``coarse_theta`` turn
+exact bounds into coarse ones and back, and ``coarse_outputs`` / ``coarse_unusual`` are the torch twin's side
+of the kernel's coarse modes (``lsr.search.kernels.block.torch_block_candidates``). docs/notes-search.md has
+the exactness arguments.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 from lsr.ragged import segment_ids
 from lsr.search.kernels.topk import DOC_MASK, torch_emit, torch_row_max
 
-__all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta", "coarse_unusual",
-           "sampled_rank"]
+__all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta",
+           "coarse_unusual", "sampled_rank"]
 
 # < 2**(61 - 45) per doc: the CUDA kernel keeps two docs' sums in one uint32 word of shared memory (half the
 # tile bytes of a uint32 cell per doc: twice the docs per work item), and computes a contribution's coarse part
@@ -64,8 +65,8 @@ def coarse_outputs(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor
 def coarse_theta(lo: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     """float32 [B]: a lower bound of the k-th score from pass 1 on coarse sums (``coarse_rows``): ``lo``
     (int64 [B], ``lsr.search.kernels.select.bucket_edge``) is at or below the k-th best row key, so k docs
-    have coarse sums >= lo >> COARSE_KEY_SHIFT, hence int64 sums >= that << COARSE_SHIFT, whose score rounded down is the
-    bound (0.0 where lo is 0: fewer than k keys)."""
+    have coarse sums >= lo >> COARSE_KEY_SHIFT, hence int64 sums >= that << COARSE_SHIFT, whose score rounded
+    down is the bound (0.0 where lo is 0: fewer than k keys)."""
     t = ((lo >> COARSE_KEY_SHIFT) << COARSE_SHIFT).to(torch.float64) * inv_scale
     t32 = t.to(torch.float32)
     return torch.where(t32.to(torch.float64) > t, torch.nextafter(t32, torch.zeros_like(t32)), t32)
