@@ -94,7 +94,7 @@ def test_coarse_sums_fit_16_bits(gen):
     the query's score bound, which the fixed-point scale maps just below 2**61: its coarse sum is the largest
     any doc can have, and it uses at least half of the 16 bits (the coarse resolution the margins assume)."""
     n_terms = 50
-    q = rand_vectors(5, n_terms, 1.0, gen)
+    q = SparseVectors.from_dense((torch.rand(5, n_terms, generator=gen) + 0.01).to(DEV))   # every term in every query
     docs = rand_vectors(40, n_terms, 0.5, gen)
     dd = docs.to_dense(torch.float32)
     dd[0] = dd.amax(0)                                     # the bound: every term at its largest weight
