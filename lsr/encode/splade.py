@@ -97,7 +97,7 @@ class SpladeEncoder(PluralAliases):
                         backend: str = "auto", local_files_only: bool | None = None, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
                         attn_implementation: str | None = "sdpa", compile: bool = False,
-                        packed: bool = True, varlen: bool | None = None) -> SpladeEncoder:
+                        packed: bool = True, varlen: bool | None = None, gelu_epilogue: bool = True) -> SpladeEncoder:
         """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
 
         A sentence-transformers SparseEncoder checkpoint (a folder or hub repository with ``modules.json``)
@@ -110,7 +110,10 @@ class SpladeEncoder(PluralAliases):
         ``backend``: Sparton head backend ("auto" = Triton on CUDA). ``packed``: on the Triton backend,
         encode with the packed head (texts share token tiles; same results). ``varlen``: run BERT / DistilBERT
         backbones on packed tokens with flash attention, no padding (None: where flash attention runs, i.e.
-        CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``batch_size`` / ``max_tokens``:
+        CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``gelu_epilogue``: in that
+        backbone on CUDA fp16/bf16, each GELU feed-forward layer runs up-projection and GELU as one cuBLASLt GEMM
+        (GELU applied in fp32 before the one rounding: faster, and closer to fp32 than the separate call;
+        ``lsr.encode.varlen_body``); False calls the model's own activation. ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used); what
         it gains per backbone is measured in docs/benchmarks.md.
@@ -132,6 +135,9 @@ class SpladeEncoder(PluralAliases):
         for tower, length in ((doc, max_length_doc), (query, max_length_query)):
             if tower.max_positions is not None and length > tower.max_positions:
                 raise ValueError(f"{tower.name}: max_length {length} exceeds the model's {tower.max_positions} positions")
+        for tower in {id(doc): doc, id(query): query}.values():
+            if not tower.static and tower.varlen is not None:
+                tower.varlen.gelu_epilogue = gelu_epilogue
         if compile:
             for tower in {id(doc): doc, id(query): query}.values():
                 if tower.static:

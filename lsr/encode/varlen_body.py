@@ -19,6 +19,12 @@ forward at the real positions up to floating-point summation order (tested again
 Where flash attention is unavailable (CPU, fp32, GPUs before sm80) the attention runs through its
 torch twin ``torch_varlen_attention``: the texts are padded into [B, H, L, Dh] and go through sdpa
 with a key mask, then packed again. Inference only: no gradients flow through the concatenated copy.
+
+GELU feed-forward layers on CUDA in fp16 / bf16 (``gelu_epilogue``, on by default) run up-projection, bias
+and GELU as one cuBLASLt GEMM (``torch._addmm_activation``): the epilogue applies GELU (tanh form) in fp32
+to the accumulator and rounds once, where the separate call rounds the product to 16 bits and then applies
+erf GELU and rounds again. The fused form is closer to an fp32 erf-GELU reference in bf16 and saves a pass
+over the [T, 4D] activations (measurements: docs/benchmarks.md, session 19).
 """
 
 from __future__ import annotations
@@ -115,6 +121,11 @@ class _Layer:
     down: nn.Linear
     norm2: nn.LayerNorm
 
+    @property
+    def gelu(self) -> bool:
+        """Whether the activation is a GELU (erf or tanh form), which the fused epilogue may replace."""
+        return _is_gelu(self.act)
+
 
 class VarlenBody:
     """Backbone + MLM transform of a supported masked LM, run on packed tokens (see the module doc).
@@ -130,6 +141,7 @@ class VarlenBody:
         self._fused: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._versions: list[int] = []
         self._run = self._forward
+        self.gelu_epilogue = True   # see the module doc; False calls the model's own activation
 
     @classmethod
     def from_model(cls, model: nn.Module) -> VarlenBody | None:
@@ -198,9 +210,24 @@ class VarlenBody:
             qkv = F.linear(x, w_qkv, b_qkv).view(T, 3, heads, D // heads)
             a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len).reshape(T, D)
             x = _add_norm(layer.norm1, F.linear(a, layer.out.weight, layer.out.bias), x)
-            h = layer.act(F.linear(x, layer.up.weight, layer.up.bias))
+            h = _up_projection(layer, x, self.gelu_epilogue)
             x = _add_norm(layer.norm2, F.linear(h, layer.down.weight, layer.down.bias), x)
         return self._transform(x)
+
+
+_GELU_CLASSES = {"GELUActivation", "GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "GELU"}
+
+
+def _is_gelu(act: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Hugging Face's GELU activations (erf, and the tanh forms) and torch's nn.GELU / F.gelu."""
+    return act is F.gelu or (type(act).__name__ in _GELU_CLASSES and isinstance(act, nn.Module))
+
+
+def _up_projection(layer: _Layer, x: torch.Tensor, fuse: bool) -> torch.Tensor:
+    """act(up(x)); GELU layers in fp16 / bf16 on CUDA as one GEMM with a GELU epilogue when ``fuse``."""
+    if fuse and layer.gelu and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and layer.up.bias is not None:
+        return torch._addmm_activation(layer.up.bias, x, layer.up.weight.t(), use_gelu=True)
+    return layer.act(F.linear(x, layer.up.weight, layer.up.bias))
 
 
 def _add_norm(norm: nn.Module, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

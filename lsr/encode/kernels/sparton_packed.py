@@ -123,25 +123,27 @@ if triton is not None:
             nargs["h_desc"].block_shape = [nargs["BLOCK_T"], nargs["BLOCK_D"]]
             nargs["e_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_D"]]
 
-    # (BLOCK_V, BLOCK_T, BLOCK_D, warps, stages): the padded forward's best H200 bf16 shapes (256x128 w8)
-    _SHAPES = [(256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (128, 128, 64, 8, 3)]
+    # (BLOCK_V, BLOCK_T, BLOCK_D, warps, stages, GROUP_T): the padded forward's best H200 bf16 shapes (256x128 w8),
+    # and 128x128 tiles of one warpgroup (two programs an SM, one's epilogue under the other's GEMM) in groups of 64
+    # token tiles (the group's H rows, 12 MB at D = 768, stay in L2 while E streams past them once per group)
+    _SHAPES = [(256, 128, 64, 8, 3, 8), (256, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8), (128, 128, 64, 4, 3, 64),
+               (128, 128, 64, 4, 2, 64)]
     # Small models (D <= 128: two K steps) are bound by the epilogue (masked max per text, atomics), not the
     # GEMM. The shapes above fit one program per SM (sm_90: 254 registers x 8 warps); these fit 2-4 (125-168
     # registers, 48-82 KB of shared memory with two stages), so one program's GEMM overlaps another's
     # epilogue, and 64-token tiles hold fewer texts (fewer masked passes per logit). Tuned only for such D.
-    _SMALL_D_SHAPES = [(128, 128, 64, 4, 2), (256, 64, 64, 8, 2), (128, 64, 64, 4, 2)]
+    _SMALL_D_SHAPES = [(128, 128, 64, 4, 2, 8), (256, 64, 64, 8, 2, 8), (128, 64, 64, 4, 2, 8)]
 
     def _configs(tma: bool) -> list:
-        return [triton.Config({"BLOCK_V": bv, "BLOCK_T": bt, "BLOCK_D": bd, "GROUP_T": 8, "USE_TMA": tma},
+        return [triton.Config({"BLOCK_V": bv, "BLOCK_T": bt, "BLOCK_D": bd, "GROUP_T": g, "USE_TMA": tma},
                               num_warps=w, num_stages=st, pre_hook=_set_desc_blocks)
-                for bv, bt, bd, w, st in _SHAPES + _SMALL_D_SHAPES]
+                for bv, bt, bd, w, st, g in _SHAPES + _SMALL_D_SHAPES]
 
     def _prune(configs: list, named_args: dict, **_: object) -> list:
         if named_args["D"] <= 128:
             return configs
-        big = {(bv, bt, bd, w, st) for bv, bt, bd, w, st in _SHAPES}
         return [c for c in configs if (c.kwargs["BLOCK_V"], c.kwargs["BLOCK_T"], c.kwargs["BLOCK_D"], c.num_warps,
-                                       c.num_stages) in big]
+                                       c.num_stages, c.kwargs["GROUP_T"]) in _SHAPES]
 
     # Re-running a config while tuning is harmless: an atomic max of the same values is idempotent.
     # TMA loads (Hopper, triton >= 3.4) where they compile, else plain loads (_TMA_BROKEN remembers).
