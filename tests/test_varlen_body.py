@@ -185,7 +185,7 @@ def test_gpu_encoder_varlen_error_within_padded_bf16(tmp_path, data_dir):
 def test_gpu_gelu_epilogue_within_the_separate_calls_error(dtype):
     """The fused up-projection + GELU (one cuBLASLt GEMM, GELU in fp32 before rounding) against an fp32 erf-GELU
     reference: its mean error is at most 1.25x that of F.linear + the model's erf GELU in the same dtype (bf16:
-    measured lower; fp16: 1.14x higher, its tanh form shows above fp16's finer rounding), max error no larger."""
+    measured lower; fp16: 1.14x higher, its approximation of erf shows above fp16's finer rounding), max error no larger."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(4096, 768, device="cuda", generator=g).to(dtype)
     up = torch.nn.Linear(768, 3072, device="cuda", dtype=dtype)
