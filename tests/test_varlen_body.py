@@ -13,7 +13,15 @@ transformers = pytest.importorskip("transformers")
 
 from lsr.encode import splade
 from lsr.encode.batching import PreparedTexts, TokenBatch
-from lsr.encode.varlen_body import VarlenBody, _is_gelu, _Layer, _up_projection, pack_batch, torch_varlen_attention, varlen_attention
+from lsr.encode.varlen_body import (
+    VarlenBody,
+    _is_gelu,
+    _Layer,
+    _up_projection,
+    pack_batch,
+    torch_varlen_attention,
+    varlen_attention,
+)
 from lsr.testing import SAMPLE_TEXTS as TEXTS
 
 HAS_CUDA = torch.cuda.is_available()
