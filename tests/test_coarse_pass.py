@@ -109,6 +109,23 @@ def test_coarse_sums_fit_16_bits(gen):
     assert bool((top < 2 ** 16).all()) and bool((top >= 2 ** 15 - n_terms).all()), top.tolist()
 
 
+def test_coarse_sum_at_a_bound_just_below_a_power_of_two():
+    """The tightest case of the 16-bit packing: a query whose score bound is 2 - 2**-23, just below a power of
+    two. ``query_scales`` rounds only when it multiplies the bound out, and rounding is monotonic with powers of
+    two representable, so the bound keeps its binade: scale 2**60, the doc at the bound sums 2**61 - 2**37 and
+    its coarse sum is 2**15 + (2**15 - 1) = 2**16 - 1, the largest value a 16-bit half holds."""
+    q = SparseVectors.from_dense(torch.tensor([[1.0, 1.0]], device=DEV))
+    docs = SparseVectors.from_dense(torch.tensor([[1.0, 1.0 - 2.0 ** -23], [0.5, 0.25]], device=DEV))
+    index = build_index(docs, 64)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    assert scale.tolist() == [2.0 ** 60]
+    off = span_offsets(index, 64)
+    items = block.span_items(1, torch.arange(off.shape[1] - 1, device=DEV), 1, 64 // topk.ROW)
+    rows, _ = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64, items, 2,
+                                           coarse_rows=True)
+    assert int(rows.max() >> COARSE_KEY_SHIFT) == 2 ** 16 - 1
+
+
 def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
     pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
