@@ -112,8 +112,8 @@ class SpladeEncoder(PluralAliases):
         backbones on packed tokens with flash attention, no padding (None: where flash attention runs, i.e.
         CUDA fp16/bf16; True: also elsewhere, through an sdpa twin; False: never). ``gelu_epilogue``: in that
         backbone on CUDA fp16/bf16, each GELU feed-forward layer runs up-projection and GELU as one cuBLASLt GEMM
-        (cuBLASLt's GELU applied in fp32 before the one rounding: faster, and in bf16 closer to fp32 erf GELU
-        than the separate call; ``lsr.encode.varlen_body``); False calls the model's own activation. ``batch_size`` / ``max_tokens``:
+        (GELU in its tanh form, applied in fp32 before the one rounding: faster, and in bf16 closer to fp32 erf
+        GELU than the separate call; ``lsr.encode.varlen_body``); False calls the model's own activation. ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used); what
         it gains per backbone is measured in docs/benchmarks.md.

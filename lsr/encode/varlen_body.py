@@ -14,17 +14,20 @@ Same weights and modules as the HF model (its LayerNorms, activation functions a
 on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``kernels.add_layer_norm``);
 only the Q/K/V weights are concatenated, a copy that is rebuilt when the model's
 tensors change in place (their version counters are compared on every call). Results equal HF's
-forward at the real positions up to floating-point summation order (tested against it).
+forward at the real positions up to floating-point summation order (tested against it), except for the
+fused GELU below (CUDA, fp16 / bf16).
 
 Where flash attention is unavailable (CPU, fp32, GPUs before sm80) the attention runs through its
 torch twin ``torch_varlen_attention``: the texts are padded into [B, H, L, Dh] and go through sdpa
 with a key mask, then packed again. Inference only: no gradients flow through the concatenated copy.
 
 GELU feed-forward layers on CUDA in fp16 / bf16 (``gelu_epilogue``, on by default) run up-projection, bias
-and GELU as one cuBLASLt GEMM (``torch._addmm_activation``): the epilogue applies cuBLASLt's GELU in fp32 to
-the accumulator and rounds once, where the separate call rounds the product to 16 bits, then applies erf GELU
-and rounds again. It saves a pass over the [T, 4D] activations; against an fp32 erf-GELU reference it is
-closer in bf16 and within 1.14x the separate call's mean error in fp16 (docs/benchmarks.md, session 19).
+and GELU as one cuBLASLt GEMM (``torch._addmm_activation``): the epilogue applies GELU in its tanh form (as
+torch defines this call) in fp32 to the accumulator and rounds once, where the separate call rounds the product
+to 16 bits, then applies the model's erf GELU and rounds again. It saves a pass over the [T, 4D] activations;
+against an fp32 erf-GELU reference it is closer in bf16 and within 1.14x the separate call's mean error in fp16
+(docs/benchmarks.md, session 19). Without cuBLASLt (``DISABLE_ADDMM_CUDA_LT=1``) torch computes the same call
+as a 16-bit GEMM and a separate tanh GELU: no faster; set ``gelu_epilogue=False`` there.
 """
 
 from __future__ import annotations
@@ -215,12 +218,23 @@ class VarlenBody:
         return self._transform(x)
 
 
-_GELU_CLASSES = {"GELUActivation", "GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "GELU"}
+_HF_GELUS = ("GELUActivation", "GELUTanh", "PytorchGELUTanh", "NewGELUActivation")   # erf and the tanh forms
 
 
 def _is_gelu(act: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Hugging Face's GELU activations (erf, and the tanh forms) and torch's nn.GELU / F.gelu."""
-    return act is F.gelu or (type(act).__name__ in _GELU_CLASSES and isinstance(act, nn.Module))
+    """F.gelu, torch's nn.GELU and Hugging Face's GELU activations, by exact class (a subclass may change
+    forward), and without hooks (the fused GEMM does not call the module)."""
+    if act is F.gelu:
+        return True
+    if not isinstance(act, nn.Module) or act._forward_hooks or act._forward_pre_hooks:
+        return False
+    try:
+        from transformers import activations
+    except ImportError:
+        hf: tuple[type, ...] = ()
+    else:
+        hf = tuple(getattr(activations, name) for name in _HF_GELUS if hasattr(activations, name))
+    return type(act) is nn.GELU or type(act) in hf
 
 
 def _up_projection(layer: _Layer, x: torch.Tensor, fuse: bool) -> torch.Tensor:
