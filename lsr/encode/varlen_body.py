@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -123,11 +123,12 @@ class _Layer:
     act: Callable[[torch.Tensor], torch.Tensor]
     down: nn.Linear
     norm2: nn.LayerNorm
+    # whether the activation is a GELU (erf or tanh form) that the fused epilogue may replace: decided once, at
+    # build time, outside any compiled forward
+    gelu: bool = field(init=False)
 
-    @property
-    def gelu(self) -> bool:
-        """Whether the activation is a GELU (erf or tanh form), which the fused epilogue may replace."""
-        return _is_gelu(self.act)
+    def __post_init__(self) -> None:
+        self.gelu = _is_gelu(self.act)
 
 
 class VarlenBody:
