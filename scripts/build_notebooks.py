@@ -218,6 +218,17 @@ COARSE3 = OLD_NEW.format(pattern="bench_search_*_session16_h200.json", tree=2, t
 COARSE16 = OLD_NEW.format(pattern="bench_search_*_session18_h200.json", tree=2, title="H200; final: another call",
                           figure="search_coarse16.png")
 
+ENCODE19 = """e2e = pd.DataFrame(json.loads((BENCH / 'extra' / 'ab_gelu_epilogue_head_groups_e2e_session19_h200.json').read_text()))
+head = pd.DataFrame(json.loads((BENCH / 'extra' / 'ab_packed_head_configs_session19_h200.json').read_text())['rows'])
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
+e2e.pivot_table(index='mode', columns='round', values='pps', sort=False).plot.bar(ax=axes[0], rot=0)
+axes[0].axhline(28000, color='k', ls='--', lw=1, label='issue target 28K'); axes[0].legend(title='round')
+axes[0].set_title('encode_corpus, BERT-base, 1M passages (H200, one process)'); axes[0].set_ylabel('passages / s')
+head.set_index('name').ms.sort_values().plot.barh(ax=axes[1])
+axes[1].set_title('packed Sparton head, one batch of 131K tokens (ms, H200)')
+plt.tight_layout(); plt.savefig(FIG / 'encode_session19.png', dpi=110); plt.show()
+e2e[['round', 'mode', 'pps', 'encode_only_pps']]"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -253,6 +264,8 @@ BENCHMARKS = [
     new_markdown_cell("## Batches: coarse sums in 16 bits, 32,768-doc spans (session 18: base = 1bb7c98 twice, new = da25664 "
                       "twice, final = 9b72210)"),
     new_code_cell(COARSE16),
+    new_markdown_cell("## Encoding: GELU in the FFN GEMM's epilogue, packed-head tile groups (session 19, base = 9bba66b)"),
+    new_code_cell(ENCODE19),
 ]
 
 
