@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
+from lsr.cli_types import DEVICE_HELP, device, integer, positive_float
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.encode.base import Encoder
@@ -139,8 +140,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         from lsr.distributed import init_distributed, is_distributed
         from lsr.index.sharded import ShardedIndex
 
-        if args.partitions < 1:
-            raise UsageError(f"--partitions must be a positive integer, got {args.partitions}")
         if is_distributed():  # under torchrun every rank builds its partitions on its own device
             device = str(init_distributed(device))
         ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
@@ -182,8 +181,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
     if is_sharded(args.index):  # one process, or every rank of a torchrun job
+        from lsr.index.sharded import read_sharded_manifest
         from lsr.search.distributed import search_sharded
 
+        args.k = _run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
         return search_sharded(args, device, _queries_from_args)
     from lsr.distributed import is_distributed
 
@@ -192,6 +193,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                          "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
                          "--partitions N splits the documents")
     index = InvertedIndex.load(args.index, device=device)
+    args.k = _run_depth(args.k, index.n_docs)
     queries, query_meta = _queries_from_args(args, device)
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
@@ -201,9 +203,19 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lsr.evaluation.measures import evaluate
+def _run_depth(k: int, n_docs: int) -> int:
+    """``--k`` capped at the index's documents: a run holds each document once, and a k far above them would
+    only allocate padding ([queries x k] scores and ids)."""
+    return max(1, min(k, n_docs))
 
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lsr.evaluation.measures import evaluate, parse_metrics
+
+    try:
+        parse_metrics(tuple(args.metrics))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     _check_json_out(args.json, [args.run, args.qrels])
     _print_metrics(evaluate(args.run, args.qrels, metrics=tuple(args.metrics)), args.json)
     return 0
@@ -237,10 +249,10 @@ def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     _device_arg(p)
     p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25", help="encoder kind")
     p.add_argument("--model", help="SPLADE: Hugging Face id or local path; bm25: folder of a fitted encoder")
-    p.add_argument("--batch-size", type=int, default=None, help="texts per batch (default: the encoder's own)")
-    p.add_argument("--max-length-query", type=int, default=None,
+    p.add_argument("--batch-size", type=integer(1), default=None, help="texts per batch (default: the encoder's own)")
+    p.add_argument("--max-length-query", type=integer(1), default=None,
                    help="SPLADE: query tokens kept (default: the checkpoint's, 64 for a plain masked LM)")
-    p.add_argument("--max-length-doc", type=int, default=None,
+    p.add_argument("--max-length-doc", type=integer(1), default=None,
                    help="SPLADE: document tokens kept (default: the checkpoint's, 256 for a plain masked LM)")
     p.add_argument("--split", default=None, help="dataset split (e.g. test, dev) for local BEIR folders")
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
@@ -261,7 +273,7 @@ _STAGE_COMMANDS: tuple[str, ...] = ("lsr.interop.cli", "lsr.serve.cli", "lsr.tra
 
 
 def _device_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", type=device, default="auto", help=DEVICE_HELP)
 
 
 def _add_encode_command(sub: argparse._SubParsersAction) -> None:
@@ -270,9 +282,9 @@ def _add_encode_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="vector directory to write (resumed when it exists)")
     _add_encoder_args(p)
     p.add_argument("--queries", action="store_true", help="encode the queries instead of the documents")
-    p.add_argument("--shard-rows", type=int, default=100_000, help="documents per shard (the resume granularity)")
-    p.add_argument("--doc-top-k", type=int, default=None, help="keep each document's k largest weights")
-    p.add_argument("--tokenize-workers", type=int, default=None,
+    p.add_argument("--shard-rows", type=integer(1), default=100_000, help="documents per shard (the resume granularity)")
+    p.add_argument("--doc-top-k", type=integer(1), default=None, help="keep each document's k largest weights")
+    p.add_argument("--tokenize-workers", type=integer(0), default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
 
@@ -281,15 +293,15 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
-    p.add_argument("--block-size", type=int, default=65536, help="documents per posting block")
+    p.add_argument("--block-size", type=integer(1), default=65536, help="documents per posting block")
     p.add_argument("--postings", choices=("auto", "float32", "compact"), default="auto",
                    help="posting layout: compact (4 bytes a posting: 16-bit local doc ids and weights; needs weights "
                         "exact in bf16/fp16, e.g. vectors encoded in bf16), float32 (8 bytes), or auto (compact where "
                         "the weights allow it; the default); same results")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
-    p.add_argument("--partitions", type=int, default=None,
+    p.add_argument("--partitions", type=integer(1), default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")
-    p.add_argument("--workers", type=int, default=1, help="with --partitions: partitions built at once (threads)")
+    p.add_argument("--workers", type=integer(1), default=1, help="with --partitions: partitions built at once (threads)")
     _device_arg(p)
 
 
@@ -299,12 +311,12 @@ def _add_search_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
     p.add_argument("--out", required=True, help="run file to write")
-    p.add_argument("--k", type=int, default=1000, help="results per query")
+    p.add_argument("--k", type=integer(1), default=1000, help="results per query (at most the index's documents)")
     p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
     p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
-    p.add_argument("--query-scale", type=float, default=None, help="Anserini query quantisation scale")
+    p.add_argument("--query-scale", type=positive_float, default=None, help="Anserini query quantisation scale")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
     p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
                    help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
@@ -364,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     # idle OpenMP threads sleep instead of spinning: on a CPU shared with other processes a spinning
     # thread takes the core a working one needs (read when torch loads, i.e. later than this)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:   # argparse has printed its one line (a bad option: 2) or the help / version (0)
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     try:

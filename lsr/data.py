@@ -120,6 +120,8 @@ def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
             if not isinstance(obj, dict) or "_id" not in obj:
                 got = "no '_id'" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
                 raise ValueError(f"{path}:{n}: expected a JSON object with '_id' (BEIR layout), got {got}")
+            if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
+                raise ValueError(f"{path}:{n}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
             yield n, obj
 
 
@@ -151,10 +153,16 @@ def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -
 
 
 def _split_rows(path: PathLike, n_cols: int, header: bool) -> Iterator[tuple[int, list[str]]]:
+    """Whitespace-split rows of n_cols; with ``header``, a first line whose last column is not an integer
+    (``query-id corpus-id score``) is skipped, and a first line of data is kept."""
     for n, line in iter_lines(path):
         parts = line.split()
-        if not parts or (header and n == 1):
+        if not parts:
             continue
+        if header:
+            header = False
+            if not parts[-1].lstrip("+-").isdigit():
+                continue
         if len(parts) != n_cols:
             raise ValueError(f"{path}:{n}: expected {n_cols} columns, got {len(parts)}: {line!r}")
         yield n, parts
@@ -166,12 +174,12 @@ def read_trec_qrels(path: PathLike) -> Qrels:
 
 
 def read_beir_qrels(path: PathLike) -> Qrels:
-    """BEIR qrels TSV (``query-id corpus-id score``, header line first)."""
+    """BEIR qrels TSV (``query-id corpus-id score``; a header line first, as BEIR writes it, or none)."""
     return qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
 
 
 def read_qrels(path: PathLike) -> Qrels:
-    """A TREC (4 columns) or BEIR (3 columns, header) qrels file, told apart by the first line."""
+    """A TREC (4 columns) or BEIR (3 columns, an optional header) qrels file, told apart by the first line."""
     for _, line in iter_lines(path):
         if line.strip():
             return read_beir_qrels(path) if len(line.split()) == 3 else read_trec_qrels(path)

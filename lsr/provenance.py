@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +59,15 @@ def check_not_inside(out: str | os.PathLike, inputs: Iterable[str | os.PathLike 
             where = "is the input" if target == source else "is inside the input"
             raise ValueError(f"{what} {out} {where} {item}; lsr never writes into its inputs: "
                              "choose an output path outside it")
+
+
+def check_replaceable(path: str | os.PathLike, is_ours: Callable[[str], bool], kind: str) -> None:
+    """Before ``overwrite`` replaces the folder ``path`` (as a whole): it must be empty or hold only entries
+    ``is_ours`` accepts (an lsr ``kind``'s files); a user's file in it would be deleted with it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"refusing to overwrite {path}: it is not an lsr {kind} directory")
+    foreign = sorted(p.name for p in path.iterdir() if not is_ours(p.name))
+    if foreign:
+        raise ValueError(f"refusing to overwrite {path}: it holds {foreign[0]!r}, which is not part of an lsr {kind} "
+                         "(replacing the folder would delete it); move it away or choose another --out")

@@ -123,6 +123,9 @@ class SparseVectors:
         n = self.indptr.numel() - 1
         if ids is None:
             ids = [str(i) for i in range(max(n, 0))]
+        ids = list(ids)
+        if None in ids:   # str(None) would pass as the id "None"
+            raise ValueError(f"row {ids.index(None)} has no id (None); every vector needs a string id")
         self.ids = [str(i) for i in ids]
         if vocab_size is None:
             vocab_size = int(self.indices.max()) + 1 if self.indices.numel() else 0

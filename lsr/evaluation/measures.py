@@ -36,9 +36,19 @@ def parse_metrics(metrics: str | Sequence[str]) -> dict[str, Any]:
     for text in metrics:
         try:
             out[text] = ir_measures.parse_measure(text)
-        except (NameError, ValueError, SyntaxError, TypeError) as e:
-            raise ValueError(f"unknown metric {text!r} ({e}); use ir-measures names such as RR@10, nDCG@10, "
-                             "R@1000, R(rel=2)@1000, AP(rel=2) (https://ir-measur.es/en/latest/measures.html)") from None
+        except (NameError, ValueError, SyntaxError, TypeError, KeyError, AssertionError) as e:
+            raise ValueError(f"unknown metric {text!r} ({type(e).__name__}: {e}); use ir-measures names such as RR@10, "
+                             "nDCG@10, R@1000, R(rel=2)@1000, AP(rel=2) (https://ir-measur.es/en/latest/measures.html)"
+                             ) from None
+        params, supported = getattr(out[text], "params", {}), getattr(out[text], "SUPPORTED_PARAMS", None)
+        unknown = sorted(set(params) - set(supported)) if supported is not None else []
+        if unknown:
+            raise ValueError(f"unknown metric {text!r}: no parameter {unknown[0]!r} (it takes "
+                             f"{', '.join(sorted(supported)) or 'none'}); see https://ir-measur.es/en/latest/measures.html")
+        cutoff = params.get("cutoff")
+        # trec_eval aborts the process on a cutoff below 1 (pytrec_eval asserts in C)
+        if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1):
+            raise ValueError(f"metric {text!r}: the cutoff after @ must be a whole number >= 1, got {cutoff!r}")
     if not out:
         raise ValueError("no metrics given")
     return out

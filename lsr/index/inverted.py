@@ -55,6 +55,7 @@ from lsr.index.compact import (
     weight_dtype_name,
 )
 from lsr.io import atomic_directory, fsynced_write, recover_directory
+from lsr.provenance import check_replaceable
 from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
 
@@ -253,9 +254,10 @@ class InvertedIndex(PostingArrays):
         path = Path(path)
         if path.exists():
             if not overwrite:
-                raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+                raise FileExistsError(f"{path} already exists; pass overwrite=True (lsr index --overwrite) to replace it")
             if not (path / META).is_file() and not (path.is_dir() and not any(path.iterdir())):
                 raise ValueError(f"refusing to overwrite {path}: it is not an lsr index directory")
+            check_replaceable(path, lambda name: name in (META, DOCNOS) or name.endswith(".npy"), "index")
         with atomic_directory(path, overwrite=overwrite) as tmp:
             self._write_files(tmp)
         return path

@@ -167,6 +167,9 @@ def _term_major(vectors: SparseVectors, scale: float) -> tuple[np.ndarray, np.nd
         raise ValueError(f"weight {impacts.max() / scale:g} x scale {scale:g} does not fit CIFF's int32 tf: "
                          "lower --scale")
     keep = impacts > 0
+    if impacts.size and not keep.any():
+        raise ValueError(f"every weight x scale {scale:g} rounds to 0 (the largest weight is "
+                         f"{float(vectors.values.max()):g}): raise --scale")
     rows, terms, impacts = rows[keep], terms[keep], impacts[keep].astype(np.int64)
     order = np.argsort(terms, kind="stable")  # rows are ascending within each term
     doclen = np.bincount(rows, weights=impacts, minlength=len(vectors)).astype(np.int64)
@@ -346,6 +349,10 @@ def import_ciff(path: PathLike, out: PathLike, *, index: bool = False, vocab: An
     else:
         from lsr.shards import write_vectors
 
-        with atomic_directory(out) as tmp:
+        if out.exists():
+            from lsr.provenance import check_replaceable
+
+            check_replaceable(out, lambda name: name == "manifest.json" or name.startswith("part-"), "vector")
+        with atomic_directory(out, overwrite=overwrite) as tmp:
             write_vectors(tmp, vectors, metadata)
     return info

@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from lsr.cli_types import DEVICE_HELP, device, integer
+
 __all__ = ["cmd_rerank", "default_cache_dir", "register"]
 
 
@@ -21,17 +23,17 @@ def register(sub: argparse._SubParsersAction, command) -> None:
     p.add_argument("--model", required=True, help="local PyLate or colbert-ir checkpoint folder")
     p.add_argument("--dataset", required=True, help="ir_datasets id or local folder the run was made from")
     p.add_argument("--out", required=True, help="TREC run to write (the top-k of each query, reranked)")
-    p.add_argument("--k", type=int, default=100, help="documents per query to rerank (the rest is dropped)")
+    p.add_argument("--k", type=integer(1), default=100, help="documents per query to rerank (the rest is dropped)")
     p.add_argument("--split", default=None, help="dataset split (e.g. test, dev) for local BEIR folders")
     p.add_argument("--cache", default=None, help=f"document embedding cache folder (default: {default_cache_dir()})")
     p.add_argument("--no-cache", action="store_true", help="keep document embeddings in memory only")
-    p.add_argument("--batch-size", type=int, default=32, help="documents per encoder batch")
-    p.add_argument("--query-batch", type=int, default=64, help="queries scored per MaxSim call")
+    p.add_argument("--batch-size", type=integer(1), default=32, help="documents per encoder batch")
+    p.add_argument("--query-batch", type=integer(1), default=64, help="queries scored per MaxSim call")
     p.add_argument("--dtype", default=None, help="encoder dtype (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--backend", choices=("auto", "triton", "torch"), default="auto", help="MaxSim implementation")
     p.add_argument("--tag", default="lsr-rerank", help="run tag (TREC column 6)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", type=device, default="auto", help=DEVICE_HELP)
     p.set_defaults(func=cmd_rerank)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lsr.cli_types import integer
+
 __all__ = ["cmd_serve", "register"]
 
 
@@ -17,11 +19,11 @@ def register(sub: Any, command: Any) -> None:
                    "checkpoint; without it requests send pre-encoded vectors")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--max-batch", type=int, default=64, help="most queries searched together (1 = no batching)")
+    p.add_argument("--max-batch", type=integer(1), default=64, help="most queries searched together (1 = no batching)")
     p.add_argument("--max-wait-ms", type=float, default=2.0,
                    help="how long a batch waits for more requests after its first one")
-    p.add_argument("--k", type=int, default=1000, help="hits per query when a request does not give k")
-    p.add_argument("--max-k", type=int, default=None, help="the largest k a request may ask for (default: "
+    p.add_argument("--k", type=integer(1), default=1000, help="hits per query when a request does not give k")
+    p.add_argument("--max-k", type=integer(1), default=None, help="the largest k a request may ask for (default: "
                    "max(--k, 1000))")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")

@@ -1,0 +1,47 @@
+"""argparse value types of lsr's commands: a bad value exits 2 with argparse's one-line message
+("argument --k: must be >= 1, got 0") before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Callable
+
+__all__ = ["DEVICE_HELP", "device", "integer", "positive_float"]
+
+DEVICE_HELP = "auto | cpu | cuda | cuda:N"
+_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?)")
+
+
+def integer(minimum: int) -> Callable[[str], int]:
+    """An integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not _DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use {DEVICE_HELP}")
+    return text

@@ -1,0 +1,111 @@
+"""Usage and input guards of the command line: each bad value or input is one line and exit 2 (usage) or 1
+(runtime), before any work, and never a deleted user file or a silently wrong number (a session-19 audit)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lsr.cli import main
+from lsr.data import read_qrels
+from lsr.sparse import SparseVectors
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 30-document BEIR folder, its BM25 vectors and index (CPU)."""
+    root = tmp_path_factory.mktemp("guards")
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    docs = [{"_id": f"d{i}", "title": "", "text": " ".join(words[j % 8] for j in range(i, i + 3 + i % 4))}
+            for i in range(30)]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": words[i]}) + "\n" for i in range(5)))
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(5)))
+    vec, idx = root / "vec", root / "idx"
+    assert main(["encode", "--dataset", str(beir), "--out", str(vec), "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", str(vec), "--out", str(idx), "--device", "cpu"]) == 0
+    return {"root": root, "beir": beir, "vec": vec, "idx": idx}
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err   # one line
+    return err
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--k", "0"], "must be >= 1"),
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--device", "gpu"], "unknown device"),
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--batch-size", "-1"], "must be >= 1"),
+    (["encode", "--dataset", "d", "--out", "o", "--shard-rows", "0"], "must be >= 1"),
+    (["encode", "--dataset", "d", "--out", "o", "--max-length-query", "-5"], "must be >= 1"),
+    (["index", "--vectors", "v", "--out", "o", "--block-size", "0"], "must be >= 1"),
+    (["export-ciff", "src", "--out", "o.ciff", "--scale", "inf"], "finite number > 0"),
+])
+def test_bad_option_values_exit_2(argv, text, capsys):
+    assert main(argv) == 2
+    assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("metric,text", [("nDCG@0", "cutoff"), ("P@0", "cutoff"), ("nDCG@1.5", "cutoff"),
+                                         ("AP(foo=2)", "unknown metric")])
+def test_bad_metrics_exit_2_before_trec_eval(tiny, metric, text, capsys):
+    """trec_eval aborts the whole process on a cutoff of 0 (SIGABRT); the metric is refused first."""
+    run = tiny["root"] / "any.trec"
+    run.write_text("q0 Q0 d0 1 1.0 x\n")
+    assert main(["evaluate", "--run", str(run), "--qrels", str(tiny["beir"]), "--metrics", metric]) == 2
+    assert text in _err(capsys)
+
+
+def test_headerless_three_column_qrels_keep_their_first_judgement(tmp_path):
+    plain = tmp_path / "plain.tsv"
+    plain.write_text("q1\td1\t1\nq2\td2\t2\n")
+    assert read_qrels(plain) == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+    headed = tmp_path / "headed.tsv"
+    headed.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert read_qrels(headed) == {"q1": {"d1": 1}}
+
+
+def test_null_ids_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="row 1 has no id"):
+        SparseVectors([0, 1, 2], [0, 1], [1.0, 1.0], ids=["a", None])
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    (beir / "corpus.jsonl").write_text('{"_id": "d0", "text": "a b"}\n{"_id": null, "text": "c"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q0", "text": "a"}\n')
+    assert main(["encode", "--dataset", str(beir), "--out", str(tmp_path / "v"), "--device", "cpu"]) == 1
+    assert "corpus.jsonl:2: '_id' must be a string or an integer, got null" in _err(capsys)
+
+
+def test_search_depth_is_capped_at_the_documents(tiny, capsys):
+    out = tiny["root"] / "deep.trec"
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--model",
+                 str(tiny["vec"] / "encoder"), "--out", str(out), "--k", "1000000000", "--device", "cpu"]) == 0
+    assert "(k=30)" in capsys.readouterr().out
+    rows = [line.split() for line in out.read_text().splitlines()]
+    assert rows and max(int(r[3]) for r in rows) <= 30
+
+
+def test_overwrite_never_deletes_a_users_file(tiny, capsys):
+    idx = tiny["root"] / "idx-notes"
+    assert main(["index", "--vectors", str(tiny["vec"]), "--out", str(idx), "--device", "cpu"]) == 0
+    (idx / "NOTES.md").write_text("mine")
+    assert main(["index", "--vectors", str(tiny["vec"]), "--out", str(idx), "--device", "cpu", "--overwrite"]) == 1
+    assert "'NOTES.md', which is not part of an lsr index" in _err(capsys)
+    assert (idx / "NOTES.md").read_text() == "mine"
+    (idx / "NOTES.md").unlink()
+    assert main(["index", "--vectors", str(tiny["vec"]), "--out", str(idx), "--device", "cpu", "--overwrite"]) == 0
+
+
+def test_ciff_export_guards(tiny, capsys):
+    assert main(["export-ciff", str(tiny["idx"]), "--out", str(tiny["idx"] / "x.ciff")]) == 1
+    assert "inside the input" in _err(capsys)
+    assert main(["export-ciff", str(tiny["idx"]), "--out", str(tiny["root"] / "x.ciff"), "--scale", "1e-9"]) == 1
+    assert "rounds to 0" in _err(capsys) and not (tiny["root"] / "x.ciff").exists()
+    ciff, vec = tiny["root"] / "ok.ciff", tiny["root"] / "from-ciff"
+    assert main(["export-ciff", str(tiny["idx"]), "--out", str(ciff)]) == 0
+    assert main(["import-ciff", str(ciff), "--out", str(vec)]) == 0
+    assert main(["import-ciff", str(ciff), "--out", str(vec), "--overwrite"]) == 0   # --overwrite is honoured
