@@ -159,7 +159,12 @@ def _queries_from_args(args: argparse.Namespace, device: str):
 
     qpath = Path(args.queries)
     if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
-        return load_query_vectors(args.queries, args.vocab, args.query_scale), None
+        meta = None
+        if qpath.is_dir():   # the encoder lsr encode --queries recorded: checked against the index's, as below
+            from lsr.shards import read_manifest
+
+            meta = read_manifest(qpath).get("metadata")
+        return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
     from lsr.data import load_dataset
 
     enc = _encoder_from_args(args, device)

@@ -109,3 +109,20 @@ def test_ciff_export_guards(tiny, capsys):
     assert main(["export-ciff", str(tiny["idx"]), "--out", str(ciff)]) == 0
     assert main(["import-ciff", str(ciff), "--out", str(vec)]) == 0
     assert main(["import-ciff", str(ciff), "--out", str(vec), "--overwrite"]) == 0   # --overwrite is honoured
+
+
+def test_pre_encoded_queries_are_checked_against_the_index_encoder(tiny, capsys):
+    """A query vector folder carries the encoder that wrote it; a folder from another encoder is refused, as
+    queries encoded on the fly are."""
+    q = tiny["root"] / "qvec"
+    assert main(["encode", "--dataset", str(tiny["beir"]), "--out", str(q), "--queries", "--model",
+                 str(tiny["vec"] / "encoder"), "--device", "cpu"]) == 0
+    run = tiny["root"] / "pre.trec"
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(q), "--out", str(run), "--device", "cpu"]) == 0
+    manifest = json.loads((q / "manifest.json").read_text())
+    manifest["metadata"]["kind"] = "splade"
+    (q / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(q), "--out", str(run), "--overwrite",
+                 "--device", "cpu"]) == 1
+    assert "encoded differently (kind: queries 'splade'" in _err(capsys)
