@@ -131,7 +131,11 @@ def _tokens(vocab: Any, vocab_size: int) -> list[str] | None:
     if isinstance(vocab, (str, os.PathLike)) and (Path(vocab) / "lexical.json").is_file():
         from lsr.encode.lexical import LexicalEncoder
 
-        return list(LexicalEncoder.load(vocab).vocab)
+        tokens = list(LexicalEncoder.load(vocab).vocab)
+        if len(tokens) < vocab_size:
+            raise ValueError(f"--vocab {vocab} has {len(tokens)} terms, the vectors {vocab_size}: pass the encoder "
+                             "that wrote them")
+        return tokens
     from lsr.interop.anserini import load_vocab
 
     tok2id = load_vocab(vocab)
