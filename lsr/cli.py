@@ -154,11 +154,22 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def _queries_from_args(args: argparse.Namespace, device: str):
-    """(query vectors, encoder description or None) of ``lsr search --queries``."""
+    """(query vectors, encoder description or None) of ``lsr search --queries``: a vector folder, a TSV file
+    (Anserini token queries with ``--vocab``; text topics ``qid<TAB>text`` to encode with ``--model``), or a
+    dataset whose queries to encode."""
     from lsr.pipeline import load_query_vectors
 
     qpath = Path(args.queries)
+    if qpath.is_file() and args.model and not args.vocab:   # text topics for the given encoder
+        from lsr.data import read_topics_tsv
+
+        topics = read_topics_tsv(qpath)
+        return _encode_queries(args, device, topics)
     if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
+        if args.model:
+            held = "Anserini token queries (--vocab)" if qpath.is_file() else "a query vector folder"
+            raise UsageError(f"--queries {qpath} holds {held}, already encoded; --model encodes text queries: "
+                             "drop one of them")
         meta = None
         if qpath.is_dir():   # the encoder lsr encode --queries recorded: checked against the index's, as below
             from lsr.shards import read_manifest
@@ -167,10 +178,13 @@ def _queries_from_args(args: argparse.Namespace, device: str):
         return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
     from lsr.data import load_dataset
 
+    return _encode_queries(args, device, load_dataset(args.queries, args.split).queries)
+
+
+def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, str]):
     enc = _encoder_from_args(args, device)
-    ds = load_dataset(args.queries, args.split)
-    qids = list(ds.queries)
-    return enc.encode_query([ds.queries[q] for q in qids], ids=qids), enc.describe()
+    qids = list(queries)
+    return enc.encode_query([queries[q] for q in qids], ids=qids), enc.describe()
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -72,8 +72,8 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
     from lsr.interop.anserini import read_anserini_queries
 
     if vocab is None:
-        raise ValueError(f"{p} holds Anserini token queries: give their vocabulary (--vocab / search.vocab: "
-                         "vocab.txt or a tokenizer folder)")
+        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / search.vocab: "
+                         "vocab.txt or a tokenizer folder); for text topics (qid<TAB>text) give the encoder (--model)")
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 

@@ -126,3 +126,23 @@ def test_pre_encoded_queries_are_checked_against_the_index_encoder(tiny, capsys)
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(q), "--out", str(run), "--overwrite",
                  "--device", "cpu"]) == 1
     assert "encoded differently (kind: queries 'splade'" in _err(capsys)
+
+
+def test_text_topics_file_is_encoded_with_the_model(tiny, capsys):
+    """A qid<TAB>text file with --model is encoded as text (it was read as Anserini token queries); a vector
+    folder with --model is a usage error (the model would be ignored)."""
+    topics = tiny["root"] / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{w}\n" for i, w in enumerate(["alpha", "beta gamma"])))
+    run = tiny["root"] / "topics.trec"
+    model = str(tiny["vec"] / "encoder")
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(topics), "--model", model, "--out", str(run),
+                 "--device", "cpu"]) == 0
+    by_dataset = tiny["root"] / "dataset.trec"
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--model", model, "--out",
+                 str(by_dataset), "--device", "cpu"]) == 0
+    q0 = [line for line in by_dataset.read_text().splitlines() if line.startswith("q0 ")]
+    assert [line for line in run.read_text().splitlines() if line.startswith("q0 ")] == q0   # the same text, query
+    capsys.readouterr()
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["vec"]), "--model", model, "--out",
+                 str(tiny["root"] / "x.trec"), "--device", "cpu"]) == 2
+    assert "already encoded" in _err(capsys)

@@ -354,7 +354,7 @@ def test_query_file_errors_are_one_line(job, capsys):
     search = ["search", "--index", "out/x/index", "--out", "r.trec", "--device", "cpu", "--queries"]
     _fails(capsys, [*search, "cut.tsv.gz", "--vocab", "vocab.txt"], 1, "cut.tsv.gz: not a complete gzip file")
     _fails(capsys, [*search, "plain.tsv.gz", "--vocab", "vocab.txt"], 1, "plain.tsv.gz: not a complete gzip file")
-    _fails(capsys, [*search, "q.tsv"], 1, "q.tsv holds Anserini token queries", "--vocab")
+    _fails(capsys, [*search, "q.tsv"], 1, "q.tsv is read as Anserini token queries", "--vocab", "--model")
     assert not (job / "r.trec").exists()
 
 
