@@ -236,7 +236,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     _check_json_out(args.json, [args.run, args.qrels])
-    _print_metrics(evaluate(args.run, args.qrels, metrics=tuple(args.metrics)), args.json)
+    _print_metrics(evaluate(args.run, args.qrels, metrics=tuple(args.metrics), require_overlap=True), args.json)
     return 0
 
 

@@ -146,3 +146,10 @@ def test_text_topics_file_is_encoded_with_the_model(tiny, capsys):
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["vec"]), "--model", model, "--out",
                  str(tiny["root"] / "x.trec"), "--device", "cpu"]) == 2
     assert "already encoded" in _err(capsys)
+
+
+def test_evaluate_refuses_a_run_of_other_queries(tiny, capsys):
+    run = tiny["root"] / "other.trec"
+    run.write_text("x1 Q0 d0 1 1.0 t\n")
+    assert main(["evaluate", "--run", str(run), "--qrels", str(tiny["beir"])]) == 1
+    assert "none of the 5 judged queries" in _err(capsys)

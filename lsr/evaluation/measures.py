@@ -75,13 +75,16 @@ def _as_qrels(qrels: QrelsLike) -> Mapping[str, Mapping[str, int]]:
     return out
 
 
-def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMARCO_METRICS) -> dict[str, float]:
+def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMARCO_METRICS, *,
+             require_overlap: bool = False) -> dict[str, float]:
     """Mean of each metric over the judged queries.
 
     Args:
         run: a run dict (qid -> docno -> score) or a TREC / MS MARCO run file (``.gz`` ok).
         qrels: a qrels dict, a TREC or BEIR qrels file, or a dataset spec for :func:`lsr.data.load_dataset`.
         metrics: ir-measures strings, e.g. ``("RR@10", "nDCG@10", "R@1000")`` or :data:`DL_METRICS`.
+        require_overlap: raise ValueError when no judged query has results in the run (every metric would be
+            0: usually a run evaluated against another collection's qrels); ``lsr evaluate`` sets it.
 
     Returns:
         {metric string exactly as passed: value}.
@@ -90,7 +93,12 @@ def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMA
 
     parsed = parse_metrics(metrics)
     qrels_map, run_map = _as_qrels(qrels), _as_run(run)
-    note_missing_queries(qrels_map, run_map, "the run" if isinstance(run, Mapping) else str(run))
+    what = "the run" if isinstance(run, Mapping) else str(run)
+    if require_overlap and not any(q in run_map for q in qrels_map):
+        raise ValueError(f"{what} has results for none of the {len(qrels_map)} judged queries (run query ids e.g. "
+                         f"{next(iter(run_map), None)!r}, judged e.g. {next(iter(qrels_map))!r}): are these the "
+                         "qrels of the run's queries?")
+    note_missing_queries(qrels_map, run_map, what)
     agg = ir_measures.calc_aggregate(list(parsed.values()), qrels_map, run_map)
     return {text: float(agg[m]) for text, m in parsed.items()}
 
