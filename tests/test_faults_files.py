@@ -278,7 +278,11 @@ def test_a_manifest_that_is_a_list_is_one_line_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("array, value, message", [("doc_ids", 99, "posting doc ids span"),
                                                     ("doc_indices", 1000, "term ids span"),
-                                                    ("doc_indptr", -1, "row pointer")])
+                                                    ("doc_indptr", -1, "row pointer"),
+                                                    ("doc_values", float("nan"), "doc-major weights hold NaN"),
+                                                    ("doc_values", -1.0, "doc-major weights hold NaN"),
+                                                    ("scores", float("nan"), "posting weights hold NaN"),
+                                                    ("scores", -2.0, "posting weights hold NaN")])
 def test_an_index_edited_with_its_checksums_updated_fails_on_load(tmp_path, array, value, message):
     path = tmp_path / "idx"
     _index().save(path)

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,13 @@ def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int,
         # read-only mmap: the tensors share the page cache and are never written by lsr
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(arr)
+
+
+def _all_chunks(t: torch.Tensor, ok: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 26) -> bool:
+    """Whether ``ok`` holds for every element of the flat tensor ``t``, 64M at a time (a bool temporary of a
+    billion postings would take a GB)."""
+    flat = t.reshape(-1)
+    return all(bool(ok(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
 
 
 @dataclass(eq=False)
@@ -241,6 +249,10 @@ class InvertedIndex(PostingArrays):
         ip = csr.indptr
         if int(ip[0]) != 0 or int(ip[-1]) != csr.indices.numel() or bool((ip[1:] < ip[:-1]).any()):
             problems.append("the doc-major row pointer is not non-decreasing from 0 to nnz")
+        if not _all_chunks(csr.values, lambda v: (v > 0) & torch.isfinite(v)):
+            problems.append("the doc-major weights hold NaN, inf or values <= 0")
+        if not _all_chunks(self.scores, lambda w: (w >= 0) & torch.isfinite(w)):   # 0: padding
+            problems.append("the posting weights hold NaN, inf or negative values")
         if problems:
             raise ValueError("inconsistent inverted index: " + "; ".join(problems))
 
