@@ -24,7 +24,6 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,11 +100,13 @@ def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int,
         return torch.from_numpy(arr)
 
 
-def _all_chunks(t: torch.Tensor, ok: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 26) -> bool:
-    """Whether ``ok`` holds for every element of the flat tensor ``t``, 64M at a time (a bool temporary of a
-    billion postings would take a GB)."""
-    flat = t.reshape(-1)
-    return all(bool(ok(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
+def _weights_ok(t: torch.Tensor, zero_ok: bool) -> bool:
+    """Every weight finite and > 0 (>= 0 with ``zero_ok``: padding). Two reductions, no temporary: a NaN makes
+    the min NaN, which fails the comparison."""
+    if t.numel() == 0:
+        return True
+    lo, hi = t.min().float(), t.max().float()
+    return bool((lo >= 0) if zero_ok else (lo > 0)) and bool(hi < float("inf"))
 
 
 @dataclass(eq=False)
@@ -249,9 +250,9 @@ class InvertedIndex(PostingArrays):
         ip = csr.indptr
         if int(ip[0]) != 0 or int(ip[-1]) != csr.indices.numel() or bool((ip[1:] < ip[:-1]).any()):
             problems.append("the doc-major row pointer is not non-decreasing from 0 to nnz")
-        if not _all_chunks(csr.values, lambda v: (v > 0) & torch.isfinite(v)):
+        if not _weights_ok(csr.values, zero_ok=False):
             problems.append("the doc-major weights hold NaN, inf or values <= 0")
-        if not _all_chunks(self.scores, lambda w: (w >= 0) & torch.isfinite(w)):   # 0: padding
+        if not _weights_ok(self.scores, zero_ok=True):   # 0: padding
             problems.append("the posting weights hold NaN, inf or negative values")
         if problems:
             raise ValueError("inconsistent inverted index: " + "; ".join(problems))
