@@ -196,6 +196,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.search.searcher import Searcher
 
     check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory; give the path of the run file to write")
     if Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)

@@ -153,3 +153,9 @@ def test_evaluate_refuses_a_run_of_other_queries(tiny, capsys):
     run.write_text("x1 Q0 d0 1 1.0 t\n")
     assert main(["evaluate", "--run", str(run), "--qrels", str(tiny["beir"])]) == 1
     assert "none of the 5 judged queries" in _err(capsys)
+
+
+def test_search_out_that_is_a_directory(tiny, capsys):
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--model",
+                 str(tiny["vec"] / "encoder"), "--out", str(tiny["root"]), "--overwrite", "--device", "cpu"]) == 2
+    assert "is a directory; give the path of the run file" in _err(capsys)
