@@ -159,3 +159,12 @@ def test_search_out_that_is_a_directory(tiny, capsys):
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--model",
                  str(tiny["vec"] / "encoder"), "--out", str(tiny["root"]), "--overwrite", "--device", "cpu"]) == 2
     assert "is a directory; give the path of the run file" in _err(capsys)
+
+
+def test_a_folder_that_is_not_a_model(tiny, capsys):
+    folder = tiny["root"] / "not-a-model"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("hi")
+    assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--encoder", "splade",
+                 "--model", str(folder), "--out", str(tiny["root"] / "nm.trec"), "--device", "cpu"]) == 1
+    assert "has no config.json: not a Hugging Face checkpoint folder" in _err(capsys)

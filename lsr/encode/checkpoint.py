@@ -153,6 +153,10 @@ class MaskedLMTower:
                  revision: str | None, attn_implementation: str | None) -> None:
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            raise FileNotFoundError(f"{name} has no config.json: not a Hugging Face checkpoint folder; give a folder "
+                                    "with config.json, the weights and the tokenizer (save_pretrained writes one), "
+                                    "or a hub id")
         kw = {"revision": revision, "local_files_only": resolve_local_files_only(name, local_files_only, revision)}
         self.name = name
         self.tokenizer = AutoTokenizer.from_pretrained(name, **kw)
