@@ -64,8 +64,23 @@ def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
         raise ValueError(f"{path}: not a complete gzip file after line {n} ({e}); recompress or fetch it again, or "
                          "drop the .gz suffix of a plain text file") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({e.reason} at byte {e.start} of the line's chunk); "
+        # the decoder reads ahead in chunks, so n + 1 may be earlier than the bad line: find it in the bytes
+        line, col = _first_bad_utf8(path, n + 1)
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {col} of the line); "
                          "convert the file to UTF-8") from None
+
+
+def _first_bad_utf8(path: PathLike, start: int) -> tuple[int, int]:
+    """(line number, byte offset in it) of the first line from ``start`` on that is not UTF-8."""
+    with open_binary(path) as f:
+        for n, raw in enumerate(f, 1):
+            if n < start:
+                continue
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return n, e.start
+    return start, 0
 
 
 def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:

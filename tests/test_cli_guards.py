@@ -168,3 +168,12 @@ def test_a_folder_that_is_not_a_model(tiny, capsys):
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(tiny["beir"]), "--encoder", "splade",
                  "--model", str(folder), "--out", str(tiny["root"] / "nm.trec"), "--device", "cpu"]) == 1
     assert "has no config.json: not a Hugging Face checkpoint folder" in _err(capsys)
+
+
+def test_bad_utf8_is_reported_at_its_line(tmp_path):
+    from lsr.io import iter_lines
+
+    f = tmp_path / "t.tsv"
+    f.write_bytes(b"q1\tfine\nq2\talso fine\nq3\tbad \xff byte\n" + b"q\tx\n" * 5000)
+    with pytest.raises(ValueError, match=r"t.tsv:3: not UTF-8 text \(invalid start byte at byte 7 of the line\)"):
+        list(iter_lines(f))
