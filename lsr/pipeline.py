@@ -162,7 +162,9 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
         searcher = Searcher(index, device=device, backend=cfg.search.backend)
-        scores, doc_idx = searcher.search(queries.to(device), k=cfg.search.k, query_batch=cfg.search.query_batch,
+        # a run holds each document once: a k above the collection would only allocate padding
+        k = max(1, min(cfg.search.k, index.n_docs))
+        scores, doc_idx = searcher.search(queries.to(device), k=k, query_batch=cfg.search.query_batch,
                                           query_metadata=query_meta)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
