@@ -129,6 +129,42 @@ def test_term_id_vectors_and_padding_to_powers_of_two(bm25):
     assert [r.status_code for r in bad] == [422] * 5 and "[0, 28865)" in bad[4].json()["error"]
     assert "no query encoder" in bad[0].json()["error"] and "term 7 is given twice" in bad[1].json()["error"]
     assert "[0, 28865)" in bad[2].json()["error"] and "keys must be term ids" in bad[3].json()["error"]
+    odd = asyncio.run(_post_all(app, [{"vectors": [{key: 1}]} for key in ("+7", " 7", "7_0", "\uff17")]))
+    assert [r.status_code for r in odd] == [422] * 4   # int() would read each of them as a term id
+
+
+def test_body_limits_stalls_disconnects_and_depth(bm25, monkeypatch):
+    """413 above the body limit, 408 for a body that stops arriving, one log line for a client that hung up,
+    and a k far above the collection answered with at most its documents (no [queries x k] allocation)."""
+    from starlette.requests import ClientDisconnect
+
+    import lsr.serve.app as serve_app
+
+    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=4, max_wait_ms=1, k=10, max_k=10 ** 9,
+                     warmup=False)
+    monkeypatch.setattr(serve_app, "MAX_BODY_BYTES", 64)
+    big = asyncio.run(_post_all(app, [{"query": "x" * 100}]))[0]
+    assert big.status_code == 413 and "64" in big.json()["error"]
+    monkeypatch.setattr(serve_app, "MAX_BODY_BYTES", 1 << 20)
+    monkeypatch.setattr(serve_app, "BODY_TIMEOUT_S", 0.05)
+
+    class Stalled:
+        headers: dict = {}
+
+        async def stream(self):
+            yield b'{"query": '
+            await asyncio.sleep(5)
+
+    class Gone(Stalled):
+        async def stream(self):
+            raise ClientDisconnect()
+            yield b""
+
+    assert asyncio.run(serve_app._read_body(Stalled())).status_code == 408
+    assert asyncio.run(serve_app._read_body(Gone())).status_code == 400
+    deep = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 10 ** 8}]))[0]
+    n_docs = app.state.engine.index.n_docs
+    assert deep.status_code == 200 and 0 < len(deep.json()["results"][0]["docnos"]) <= n_docs
 
 
 BAD = [
@@ -152,6 +188,8 @@ BAD = [
     (b'{"vectors": [{"cell": true}]}', 422, "weights must be numbers"),
     (b'{"vectors": [{"no-such-token-xyz": 1}]}', 422, "not in the encoder vocabulary"),
     (json.dumps({"queries": ["a"] * 5000}).encode(), 413, "at most 4096"),
+    (b'{"query": "a", "query": "b"}', 400, "the key 'query' is given twice"),       # JSON keeps the last silently
+    (b'{"vectors": [{"cell": 1, "cell": 2}]}', 400, "the key 'cell' is given twice"),
 ]
 
 

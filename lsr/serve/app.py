@@ -12,12 +12,14 @@ Endpoints:
   and kernel variants compiled so far (``compiled``).
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
-404/405 wrong route, 413 too many queries, 422 invalid values) and 500 for a failure on the server; never a
+404/405 wrong route, 408 a body that stops arriving, 413 too many queries or too large a body, 422 invalid
+values) and 500 for a failure on the server; never a
 traceback. Search work runs in the batcher's worker thread, never on the event loop.
 """
 
 # no ``from __future__ import annotations``: FastAPI reads the endpoints' annotations (Request, imported
 # inside create_app) at definition time
+import asyncio
 import gc
 import json
 import logging
@@ -119,6 +121,61 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     return app
 
 
+MAX_BODY_BYTES = 64 << 20       # 4,096 queries of a few hundred terms each fit in a few MB
+BODY_TIMEOUT_S = 30.0           # a client that stops sending mid-body is answered 408, not waited for forever
+DECODE_INLINE_BYTES = 256 << 10  # bodies up to this size are decoded on the event loop (tens of microseconds)
+
+
+async def _read_body(request: Any) -> Any:
+    """The request body as bytes, or the error response: 413 above MAX_BODY_BYTES (from Content-Length or while
+    reading), 408 when it does not arrive within BODY_TIMEOUT_S, and a one-line log (no traceback) when the
+    client hung up."""
+    from starlette.requests import ClientDisconnect
+
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_BODY_BYTES:
+        return _error(413, f"the body has {int(size)} bytes; send at most {MAX_BODY_BYTES}")
+    chunks: list[bytes] = []
+
+    async def read() -> bool:
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                return False
+            chunks.append(chunk)
+        return True
+
+    try:
+        if not await asyncio.wait_for(read(), BODY_TIMEOUT_S):
+            return _error(413, f"the body exceeds {MAX_BODY_BYTES} bytes")
+    except (asyncio.TimeoutError, TimeoutError):
+        return _error(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s")
+    except ClientDisconnect:
+        log.info("client disconnected before its request body was complete")
+        return _error(400, "the client disconnected")
+    return b"".join(chunks)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):   # JSON allows repeats and would keep the last one silently
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {dup!r} is given twice in one object")
+    return out
+
+
+def _decode(engine: SearchEngine, body: bytes) -> Any:
+    """JSON body -> the engine's parsed request; RequestError for a malformed or invalid one."""
+    try:
+        payload = json.loads(body, object_pairs_hook=_unique_keys)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"the body is not valid JSON ({e}); send e.g. {{\"query\": \"...\", \"k\": 10}}",
+                           400) from None
+    return engine.parse(payload)
+
+
 def _compiled() -> dict[str, int]:
     """What this process has captured and compiled for the search (counts that should stop growing after
     warm-up: a first capture or compile stalls the batch that needs it)."""
@@ -163,12 +220,12 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config:
     from starlette.routing import Route
 
     async def search(request: Request) -> Response:
-        try:
-            payload = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            return _error(400, f"the body is not valid JSON ({e}); send e.g. {{\"query\": \"...\", \"k\": 10}}")
-        try:
-            parsed = engine.parse(payload)
+        body = await _read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:   # a large body is decoded off the event loop (it would hold /health and every other request)
+            parsed = _decode(engine, body) if len(body) < DECODE_INLINE_BYTES else \
+                await asyncio.to_thread(_decode, engine, body)
         except RequestError as e:
             return _error(e.status, str(e))
         try:

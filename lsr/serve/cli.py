@@ -69,5 +69,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {health['n_docs']} documents on {health['device']} ({health['backend']}; encoder: "
           f"{health['encoder'] or 'none, pre-encoded vectors'}{graphs}) at http://{args.host}:{args.port} "
           f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # a client that holds its connection open cannot keep the server from stopping past this
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     return 0

@@ -221,10 +221,10 @@ class SearchEngine:
         else:
             in_range = f"vector {i}: term ids must lie in [0, {self.index.vocab_size})"
             try:
-                terms = np.array(list(map(int, row)), dtype=np.int64)
+                terms = np.array(list(map(_term_id, row)), dtype=np.int64)
             except ValueError:
-                raise RequestError(f"vector {i}: keys must be term ids (this server has no encoder vocabulary), "
-                                   f"got {next((k for k in row if not k.strip().lstrip('-').isdigit()), '?')!r}") from None
+                raise RequestError(f"vector {i}: keys must be term ids (decimal digits; this server has no encoder "
+                                   f"vocabulary), got {next((k for k in row if not _is_term_id(k)), '?')!r}") from None
             except OverflowError:
                 raise RequestError(in_range) from None
             if terms.size and not (0 <= terms.min() and terms.max() < self.index.vocab_size):
@@ -275,7 +275,9 @@ class SearchEngine:
         clock.lap("encode")
         parts += [(requests[i].vectors, None) for i in batch.order if requests[i].vectors is not None]
         queries = self._stack(parts, batch.n_rows)
-        scores, doc_idx = self.searcher.search(queries, k=max(r.k for r in requests), show_progress_bar=False)
+        # a hit list holds each document once: k beyond the index would only allocate padding
+        depth = max(1, min(max(r.k for r in requests), self.index.n_docs))
+        scores, doc_idx = self.searcher.search(queries, k=depth, show_progress_bar=False)
         batch.scores, batch.doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync per batch
         clock.lap("search")
         return batch
@@ -382,8 +384,12 @@ class _StageClock:
             self.t = now
 
 
+def _is_term_id(key: str) -> bool:
+    # ASCII decimal digits only: int() would also take "+7", " 7", "7_0" and other scripts' digits
+    return key.isascii() and key.isdigit()
+
+
 def _term_id(key: str) -> int:
-    try:
-        return int(key)
-    except ValueError:
-        raise ValueError(f"key {key!r} is not a term id") from None
+    if not _is_term_id(key):
+        raise ValueError(f"key {key!r} is not a term id (decimal digits)")
+    return int(key)
