@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:   # argparse has printed its one line (a bad option: 2) or the help / version (0)
-        return e.code if isinstance(e.code, int) else 2
+        return 0 if e.code is None else e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     try:

@@ -7,6 +7,8 @@ A config describes one reproducible run of the pipeline (encode -> index -> sear
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -111,6 +113,8 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
             return value
         base = typing.get_origin(option) or option
         if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):   # YAML's .nan / .inf: every comparison with them passes or fails silently
+                raise ValueError(f"{where} must be a finite number, got {value!r}")
             return float(value)
         if base is int and isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -119,9 +123,9 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         if base is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(value)
         if base is Mapping and isinstance(value, Mapping) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
             return {str(k): float(v) for k, v in value.items()}
-    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of metric to number"}
+    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of metric to finite number"}
     want = " or ".join(names.get(typing.get_origin(o) or o, getattr(o, "__name__", str(o))) for o in options)
     raise ValueError(f"{where} must be {want}, got {value!r}")
 
@@ -180,7 +184,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     if cfg.index.postings not in CHOICES:
         raise ValueError(f"config.index.postings must be auto, float32 or compact, got {cfg.index.postings!r}")
     _positive("config.index.partitions", cfg.index.partitions)
-    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.tolerance < 0:
         raise ValueError(f"config.tolerance must be >= 0, got {cfg.tolerance}")

@@ -109,7 +109,16 @@ def doc_encoder(cfg: RunConfig, dataset: Any, out: Path, origin: dict[str, Any],
 
 def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
     """(the job's query vectors, the encoder description search checks against the index, or None for
-    pre-encoded queries, which keep only the dataset's queries when it has any)."""
+    pre-encoded queries, which keep only the dataset's queries when it has any). No query at all is an
+    error: the job's metrics would be zeros."""
+    queries, meta = _job_queries(cfg, dataset, encoder)
+    if len(queries) == 0:
+        raise ValueError(f"{cfg.dataset}: no queries to search (split {cfg.split or 'default'}); check the dataset, "
+                         "its split and its qrels")
+    return queries, meta
+
+
+def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
     if cfg.search.query_vectors:
         vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
         queries = load_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)

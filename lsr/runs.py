@@ -224,10 +224,12 @@ def _write_bytes(chunks: Sequence[Any], path: Path, replace: bool = True) -> Non
 def write_msmarco(run: Mapping[str, Mapping[str, float]], path: PathLike) -> None:
     """Write an MS MARCO run (``qid\\tdocno\\trank``), ranks from 1 in score order."""
     with atomic_write(path) as f:
-        for qid, rank, docno, _ in _ranked(run):
+        for qid, rank, docno, score in _ranked(run):
             if rank == 1:
                 check_id(qid, "query id", str(path))
             check_id(docno, f"docno (query {qid!r})", str(path))
+            if not math.isfinite(score):   # a NaN has no place in the order the ranks record
+                raise ValueError(f"{path}: query {qid!r}, doc {docno!r} has score {score}; {_FINITE_FIX}")
             f.write(f"{qid}\t{docno}\t{rank}\n")
 
 

@@ -123,6 +123,8 @@ class SparseVectors:
         n = self.indptr.numel() - 1
         if ids is None:
             ids = [str(i) for i in range(max(n, 0))]
+        if isinstance(ids, (str, bytes)):   # list("ab") would make the ids "a", "b"
+            raise TypeError(f"ids must be a sequence of strings, got one {type(ids).__name__}")
         ids = list(ids)
         if None in ids:   # str(None) would pass as the id "None"
             raise ValueError(f"row {ids.index(None)} has no id (None); every vector needs a string id")
@@ -292,8 +294,12 @@ class SparseVectors:
         _check_vocab_size(vocab_size)
         if c.numel() and (int(c.min()) < 0 or int(c.max()) >= vocab_size):
             raise ValueError(f"term ids must lie in [0, {vocab_size})")
+        if n_rows < 0:
+            raise ValueError(f"n_rows must be >= 0, got {n_rows}")
         if r.numel() and (int(r.min()) < 0 or int(r.max()) >= n_rows):
             raise ValueError(f"row indices must lie in [0, {n_rows}), got {int(r.min())}..{int(r.max())}")
+        if v.numel() and not bool(((v >= 0) & torch.isfinite(v)).all()):   # before merging hides one
+            raise ValueError("weights must be finite and >= 0 (a negative or NaN triple would be merged away)")
         if n_rows * max(vocab_size, 1) >= 2**63:
             raise ValueError(f"{n_rows} rows x {vocab_size} terms overflow the int64 (row, term) key; split the rows")
         key = r * max(vocab_size, 1) + c

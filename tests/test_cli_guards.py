@@ -177,3 +177,40 @@ def test_bad_utf8_is_reported_at_its_line(tmp_path):
     f.write_bytes(b"q1\tfine\nq2\talso fine\nq3\tbad \xff byte\n" + b"q\tx\n" * 5000)
     with pytest.raises(ValueError, match=r"t.tsv:3: not UTF-8 text \(invalid start byte at byte 7 of the line\)"):
         list(iter_lines(f))
+
+
+def test_api_guards_of_the_audit(tmp_path):
+    """Python API: NaN in an in-memory run, negative triples merged away, a string of ids, NaN config values."""
+    import numpy as np
+
+    from lsr.config import load_config
+    from lsr.evaluation.measures import evaluate
+    from lsr.runs import write_msmarco
+
+    qrels = {"q1": {"d1": 1}}
+    with pytest.raises(ValueError, match="has score nan; scores must be finite"):
+        evaluate({"q1": {"d1": float("nan"), "d5": 1.0}}, qrels, "RR@10")
+    assert evaluate({"q1": {"d1": np.float32(2.0), "d5": 1.0}}, qrels, "RR@10") == {"RR@10": 1.0}
+    with pytest.raises(ValueError, match="has score nan"):
+        write_msmarco({"q1": {"a": float("nan"), "b": 1.0}}, tmp_path / "r.tsv")
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        SparseVectors.from_coo([0, 0], [1, 1], [-1.0, 2.0], 1)
+    with pytest.raises(TypeError, match="sequence of strings"):
+        SparseVectors([0, 1, 2], [0, 1], [1.0, 1.0], ids="ab")
+    base = "configs/scifact-bm25.yaml"
+    for override, text in (("tolerance=.nan", "finite"), ("expected={nDCG@10: .nan}", "finite"),
+                           ("device=cuda:abc", "config.device")):
+        with pytest.raises(ValueError, match=text):
+            load_config(base, [override])
+
+
+def test_run_with_no_queries_is_an_error(tiny, tmp_path, capsys):
+    import shutil
+
+    beir = tmp_path / "beir"
+    shutil.copytree(tiny["beir"], beir)
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")   # no judged query
+    assert main(["run", "configs/scifact-bm25.yaml", "--set", f"dataset={beir}", "--set", f"output={tmp_path / 'o'}",
+                 "--set", "device=cpu"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("encode")]
+    assert len(err) == 1 and "no queries to search" in err[0], err

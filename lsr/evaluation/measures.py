@@ -8,6 +8,8 @@ missing from the run scores 0. TREC DL reports recall and MAP at relevance level
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,13 @@ def parse_metrics(metrics: str | Sequence[str]) -> dict[str, Any]:
 
 
 def _as_run(run: RunLike) -> Mapping[str, Mapping[str, float]]:
-    if isinstance(run, Mapping):
+    if isinstance(run, Mapping):   # run files are checked as they are read; a dict here
+        for qid, docs in run.items():
+            bad = next((d for d, s in docs.items()
+                        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s)), None)
+            if bad is not None:
+                raise ValueError(f"run: query {qid!r}, doc {bad!r} has score {docs[bad]!r}; scores must be finite "
+                                 "numbers (a NaN would rank by the dict's order)")
         return run
     from lsr.runs import read_run
 
