@@ -197,6 +197,12 @@ def test_api_guards_of_the_audit(tmp_path):
         SparseVectors.from_coo([0, 0], [1, 1], [-1.0, 2.0], 1)
     with pytest.raises(TypeError, match="sequence of strings"):
         SparseVectors([0, 1, 2], [0, 1], [1.0, 1.0], ids="ab")
+    from lsr.index.inverted import InvertedIndex
+    from lsr.search.searcher import Searcher
+
+    docs = SparseVectors([0, 1, 3], [0, 0, 1], [1.0, 2.0, 1.0], ids=["a", "b"])
+    scores, idx = Searcher(InvertedIndex.build(docs), backend="torch").search(docs, k=np.int64(2))
+    assert idx.shape == (2, 2)   # a numpy integer k is an integer
     base = "configs/scifact-bm25.yaml"
     for override, text in (("tolerance=.nan", "finite"), ("expected={nDCG@10: .nan}", "finite"),
                            ("device=cuda:abc", "config.device")):

@@ -16,6 +16,7 @@ padding when fewer than k docs score > 0; identical on every run.
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -184,6 +185,8 @@ class Searcher:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
             -1 / 0.0 where fewer than k documents score > 0.
         """
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            k = int(k)   # numpy and torch integer scalars
         check_request(queries, k, query_metadata, self.index)
         n_q = len(queries)
         qb = int(query_batch) if query_batch is not None else self._default_query_batch(n_q)
