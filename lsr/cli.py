@@ -193,7 +193,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.index.sharded import is_sharded
     from lsr.pipeline import resolve_device
     from lsr.provenance import check_not_inside
-    from lsr.search.searcher import Searcher
+    from lsr.search.searcher import Searcher, run_depth
 
     check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
     if Path(args.out).is_dir():
@@ -205,7 +205,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         from lsr.index.sharded import read_sharded_manifest
         from lsr.search.distributed import search_sharded
 
-        args.k = _run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
+        args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
         return search_sharded(args, device, _queries_from_args)
     from lsr.distributed import is_distributed
 
@@ -214,7 +214,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                          "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
                          "--partitions N splits the documents")
     index = InvertedIndex.load(args.index, device=device)
-    args.k = _run_depth(args.k, index.n_docs)
+    args.k = run_depth(args.k, index.n_docs)
     queries, query_meta = _queries_from_args(args, device)
     scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
@@ -222,12 +222,6 @@ def cmd_search(args: argparse.Namespace) -> int:
                     replace=args.overwrite)
     print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
     return 0
-
-
-def _run_depth(k: int, n_docs: int) -> int:
-    """``--k`` capped at the index's documents: a run holds each document once, and a k far above them would
-    only allocate padding ([queries x k] scores and ids)."""
-    return max(1, min(k, n_docs))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

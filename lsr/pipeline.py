@@ -147,7 +147,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     import torch
 
     from lsr.data import load_dataset
-    from lsr.search.searcher import Searcher
+    from lsr.search.searcher import Searcher, run_depth
     from lsr.shards import read_vectors
 
     device = resolve_device(cfg.device)
@@ -171,9 +171,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
         searcher = Searcher(index, device=device, backend=cfg.search.backend)
-        # a run holds each document once: a k above the collection would only allocate padding
-        k = max(1, min(cfg.search.k, index.n_docs))
-        scores, doc_idx = searcher.search(queries.to(device), k=k, query_batch=cfg.search.query_batch,
+        scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs), query_batch=cfg.search.query_batch,
                                           query_metadata=query_meta)
         if device.startswith("cuda"):
             torch.cuda.synchronize()

@@ -114,8 +114,9 @@ def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any
             queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):  # collective: every rank has the merged top-k when it returns
         from lsr.index.sharded import read_sharded_manifest
+        from lsr.search.searcher import run_depth
 
-        k = max(1, min(cfg.search.k, int(read_sharded_manifest(out / "index")["n_docs"])))   # as lsr.pipeline
+        k = run_depth(cfg.search.k, int(read_sharded_manifest(out / "index")["n_docs"]))
         topk = searcher.search(queries, k=k, query_batch=cfg.search.query_batch, query_metadata=query_meta)
     result = None
     with agree("write the run and metrics"):

@@ -100,6 +100,11 @@ def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int,
         return torch.from_numpy(arr)
 
 
+def is_index_file(name: str) -> bool:
+    """Whether an entry of an index directory is one ``save`` writes (an overwrite may replace it)."""
+    return name in (META, DOCNOS) or name.endswith(".npy")
+
+
 def _weights_ok(t: torch.Tensor, zero_ok: bool) -> bool:
     """Every weight finite and > 0 (>= 0 with ``zero_ok``: padding). Two reductions, no temporary: a NaN makes
     the min NaN, which fails the comparison."""
@@ -270,7 +275,7 @@ class InvertedIndex(PostingArrays):
                 raise FileExistsError(f"{path} already exists; pass overwrite=True (lsr index --overwrite) to replace it")
             if not (path / META).is_file() and not (path.is_dir() and not any(path.iterdir())):
                 raise ValueError(f"refusing to overwrite {path}: it is not an lsr index directory")
-            check_replaceable(path, lambda name: name in (META, DOCNOS) or name.endswith(".npy"), "index")
+            check_replaceable(path, is_index_file, "index")
         with atomic_directory(path, overwrite=overwrite) as tmp:
             self._write_files(tmp)
         return path

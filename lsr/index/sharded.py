@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from lsr.index.build import DEFAULT_BLOCK_SIZE, check_block_size
-from lsr.index.inverted import InvertedIndex
+from lsr.index.inverted import InvertedIndex, is_index_file
 from lsr.io import atomic_directory, fsynced_write
 from lsr.provenance import check_replaceable
 from lsr.shards import read_manifest, read_vector_rows, sha256_file
@@ -279,8 +279,7 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (lsr index --overwrite) to replace it")
     if not (is_sharded(out) or (out / "meta.json").is_file() or (out.is_dir() and not any(out.iterdir()))):
         raise ValueError(f"refusing to overwrite {out}: it is not an lsr index directory")
-    check_replaceable(out, lambda name: name in (MANIFEST, MAX_SCORES, "meta.json", "docnos.arrow")
-                      or name.startswith("part-") or name.endswith(".npy"), "index")
+    check_replaceable(out, lambda name: is_index_file(name) or name == MANIFEST or name.startswith("part-"), "index")
 
 
 def _load_max_scores(path: Path, m: dict[str, Any], verify: bool) -> torch.Tensor:

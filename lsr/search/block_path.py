@@ -37,7 +37,6 @@ from lsr.search.block_plan import (
     QueryCSR,
     ScoreArgs,
     Settled,
-    default_config,
 )
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
@@ -53,7 +52,7 @@ from lsr.search.spans import span_offsets
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
 
-__all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span", "default_config"]
+__all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"]
 
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk

@@ -148,7 +148,7 @@ class DistributedSearcher:
             if self.rank == 0:
                 if queries is None:
                     raise ValueError("rank 0 must pass the queries")
-                check_request(queries, k, query_metadata, self.index)
+                k = check_request(queries, k, query_metadata, self.index)
         queries = self._broadcast(queries)
         qb = query_batch or DEFAULT_QUERY_BATCH
         out_s, out_i = [], []

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
 
-__all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk"]
+__all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk", "run_depth"]
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,23 @@ def check_compatible(query_meta: Mapping[str, Any] | None, index_meta: Mapping[s
                          "encode the queries with the index's encoder")
 
 
-def check_request(queries: SparseVectors, k: int, query_metadata: Mapping[str, Any] | None, index: Any) -> None:
-    """ValueError unless k is a positive int and the queries fit ``index`` (vocabulary size, encoder
-    metadata); ``index`` is anything with ``vocab_size`` and ``metadata``."""
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+def check_request(queries: SparseVectors, k: int, query_metadata: Mapping[str, Any] | None, index: Any) -> int:
+    """k as an int (numpy integers accepted); ValueError unless k is a positive integer and the queries fit
+    ``index`` (vocabulary size, encoder metadata); ``index`` is anything with ``vocab_size`` and ``metadata``."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    k = int(k)
     if queries.vocab_size != index.vocab_size:
         raise ValueError(f"queries have vocab_size {queries.vocab_size}, the index {index.vocab_size}: "
                          "they must come from the same encoder vocabulary")
     check_compatible(query_metadata, index.metadata)
+    return k
+
+
+def run_depth(k: int, n_docs: int) -> int:
+    """A run's depth: k capped at the collection's documents (a run holds each document once; a k far above
+    them would only allocate [queries x k] padding). The CLI, the pipelines and the server search this deep."""
+    return max(1, min(k, n_docs))
 
 
 def exact_topk(scores: torch.Tensor, k: int, ids: torch.Tensor | None = None,
@@ -185,9 +193,7 @@ class Searcher:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
             -1 / 0.0 where fewer than k documents score > 0.
         """
-        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
-            k = int(k)   # numpy and torch integer scalars
-        check_request(queries, k, query_metadata, self.index)
+        k = check_request(queries, k, query_metadata, self.index)
         n_q = len(queries)
         qb = int(query_batch) if query_batch is not None else self._default_query_batch(n_q)
         if qb <= 0:

@@ -111,7 +111,7 @@ class ShardedSearcher:
                show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k documents of every query over the loaded partitions (see ``Searcher.search``); doc
         indices are global."""
-        check_request(queries, k, query_metadata, self.index)
+        k = check_request(queries, k, query_metadata, self.index)
         queries = queries.to(self.device)
         best: tuple[torch.Tensor, torch.Tensor] | None = None
         for offset, part in self._device_parts():

@@ -63,6 +63,6 @@ def coarse_span(cfg: BlockConfig, index: InvertedIndex, scorer: SpanScorer) -> i
         return None
     cspan = max(cfg.span, min(cfg.coarse_span, _max_span(index), block_cuda.MAX_COARSE_SPAN))
     bs = index.block_size
-    # pass 1 runs in coarse mode on cfg.span: its read-out rows take 128 docs a warp too
-    fits = 128 * cfg.cuda_warps <= cfg.span and cspan <= block_cuda.max_coarse_span(cfg.cuda_warps)
+    # pass 1 runs in coarse mode on cfg.span: its read-out rows take COARSE_ROW docs a warp too
+    fits = block_cuda.COARSE_ROW * cfg.cuda_warps <= cfg.span and cspan <= block_cuda.max_coarse_span(cfg.cuda_warps)
     return cspan if (cspan % bs == 0 or bs % cspan == 0) and fits else None

@@ -23,12 +23,14 @@ import torch
 from lsr.index.compact import COMPACT
 from lsr.kernel_utils import INTERPRET
 from lsr.ragged import segment_ids
-from lsr.search.block_path import BlockConfig, QueryCSR, block_search, cuda_span, default_config
+from lsr.search.block_path import block_search
+from lsr.search.block_plan import BlockConfig, QueryCSR, default_config
 from lsr.search.graphs import GRAPH_MAX_B
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.kernels.scatter import triton_scatter_scores
 from lsr.search.kernels.topk import triton_topk
+from lsr.search.span_scorer import cuda_span
 from lsr.search.spans import span_offsets
 
 if TYPE_CHECKING:  # pragma: no cover

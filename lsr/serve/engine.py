@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lsr.search.searcher import run_depth
 from lsr.sparse import SparseVectors, weight_limit
 
 __all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "Batch", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
@@ -275,9 +276,8 @@ class SearchEngine:
         clock.lap("encode")
         parts += [(requests[i].vectors, None) for i in batch.order if requests[i].vectors is not None]
         queries = self._stack(parts, batch.n_rows)
-        # a hit list holds each document once: k beyond the index would only allocate padding
-        depth = max(1, min(max(r.k for r in requests), self.index.n_docs))
-        scores, doc_idx = self.searcher.search(queries, k=depth, show_progress_bar=False)
+        scores, doc_idx = self.searcher.search(queries, k=run_depth(max(r.k for r in requests), self.index.n_docs),
+                                               show_progress_bar=False)
         batch.scores, batch.doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync per batch
         clock.lap("search")
         return batch

@@ -56,6 +56,7 @@ TERMS = 128        # query terms per run table fill (longer queries take several
 SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
 MAX_SPAN = 16384   # 192 KB of tiles
 MAX_COARSE_SPAN = 65536   # coarse mode: 2 bytes of tile a doc (128 KB)
+COARSE_ROW = 128   # docs per coarse read-out row (block_scores.cu RROW); a coarse span holds one per warp at least
 
 
 _WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}   # the source's WEIGHT: the posting layout
@@ -68,7 +69,7 @@ def _postings_per_load(post_w: torch.Tensor) -> int:
 
 def max_coarse_span(warps: int) -> int:
     """The largest span the coarse read-out takes with ``warps`` warps: it notes <= 64 rows of 128 docs a warp."""
-    return min(MAX_COARSE_SPAN, 128 * 64 * warps)
+    return min(MAX_COARSE_SPAN, COARSE_ROW * 64 * warps)
 
 
 def _min_ctas(warps: int, coarse: bool) -> int:
@@ -167,7 +168,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise RuntimeError("the CUDA block kernel needs CUDA tensors")
     rowmax = theta is None and coarse_lo is None
     coarse = coarse_lo is not None or (rowmax and coarse_rows)
-    lo, hi = (128 * warps, max_coarse_span(warps)) if coarse else (64 * warps, MAX_SPAN)
+    lo, hi = (COARSE_ROW * warps, max_coarse_span(warps)) if coarse else (64 * warps, MAX_SPAN)
     if not lo <= span <= hi or span & (span - 1) or warps & (warps - 1) or warps > 32:
         raise ValueError(f"span must be a power of two in [{lo}, {hi}] with {warps} warps "
                          f"({'coarse: ' if coarse else ''}read-out rows of {64 * (1 + coarse)} docs per warp; "

@@ -63,6 +63,11 @@ __device__ __forceinline__ float posting(const uint4& d, const uint4& w, int e, 
 #endif
 }
 
+#if COARSE
+// a coarse key: the 16-bit sum above bit KSHIFT, 2^31 - 1 - doc below (lsr.search.kernels.coarse)
+__device__ __forceinline__ i64 coarse_key(unsigned sum, i64 doc) { return ((i64)sum << KSHIFT) | (0x7fffffffLL - doc); }
+#endif
+
 __device__ __forceinline__ i64 pack_key(float s, i64 doc) {
     // lsr.search.kernels.topk.pack_key: bits(score) << 31 | (2^31 - 1 - doc); -1 for scores <= 0
     return s > 0.f ? (((i64)__float_as_int(s)) << 31) | (0x7fffffffLL - doc) : -1LL;
@@ -289,7 +294,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
             const i64 d = doc0 + j * RROW + 4 * lane;
             i64 best = -1LL;
             #pragma unroll
-            for (int e = 0; e < 4; ++e) best = max(best, sm[e] ? ((i64)sm[e] << KSHIFT) | (0x7fffffffLL - d - e) : -1LL);
+            for (int e = 0; e < 4; ++e) best = max(best, sm[e] ? coarse_key(sm[e], d + e) : -1LL);
             #pragma unroll
             for (int m = 4; m > 0; m >>= 1) best = max(best, __shfl_xor_sync(FULL, best, m));   // 8 lanes = 32 docs
             if ((lane & 7) == 0) out[out0 + 4 * j + (lane >> 3)] = unusual ? -1LL : best;
@@ -341,7 +346,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     if (sm[e] >= clo) {
-                        if (slot < CAP) out[out0 + slot] = ((i64)sm[e] << KSHIFT) | (0x7fffffffLL - d - e);
+                        if (slot < CAP) out[out0 + slot] = coarse_key(sm[e], d + e);
                         ++slot;
                     }
                 }
