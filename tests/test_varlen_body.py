@@ -1,5 +1,6 @@
 """Padding-free BERT / DistilBERT forward (lsr.encode.varlen_body) against Hugging Face's padded forward,
-its attention twin against per-text sdpa, and the encoder's use of it (CPU: the sdpa twin; GPU: flash)."""
+its attention twin against per-text sdpa, and the encoder's use of it (CPU: the sdpa twin; GPU: lsr's packed
+attention kernel and flash attention)."""
 
 from __future__ import annotations
 
@@ -164,17 +165,18 @@ def test_gelu_epilogue_covers_gelu_layers_only(models):
         assert torch.equal(_up_projection(layer, x, True), layer.act(F.linear(x, layer.up.weight, layer.up.bias)))
 
 
-# ---------------------------------------------------------------- GPU only: flash attention, bf16
+# ---------------------------------------------------------------- GPU only: the packed kernel and flash attention, bf16
 @pytest.mark.gpu
-def test_gpu_flash_matches_twin():
+@pytest.mark.parametrize("kernel", ["packed", "flash"])
+def test_gpu_attention_kernels_match_twin(kernel):
     lengths = [1, 77, 0, 128, 33, 256, 5]
     q, k, v, cu = packed_case(lengths, H=12, Dh=64, seed=3, dtype=torch.bfloat16, device="cuda")
     with torch.inference_mode():
-        flash = varlen_attention(q, k, v, cu, 256)
+        out = varlen_attention(q, k, v, cu, 256, kernel=kernel)
         twin = torch_varlen_attention(q.float(), k.float(), v.float(), cu, 256)
-        again = varlen_attention(q, k, v, cu, 256)
-    assert torch.equal(flash, again)
-    assert (flash.float() - twin).abs().max().item() < 2e-2
+        again = varlen_attention(q, k, v, cu, 256, kernel=kernel)
+    assert torch.equal(out, again)
+    assert (out.float() - twin).abs().max().item() < 2e-2
 
 
 @pytest.mark.gpu

@@ -142,7 +142,7 @@ class _Body:
     def __call__(self, buf: torch.Tensor) -> tuple[torch.Tensor, ...]:
         t, tower = self.tokens, self.tower
         seg, cu = buf[2 * t:3 * t].to(torch.int32), buf[3 * t:].to(torch.int32)
-        states = tower.varlen(buf[:t], buf[t:2 * t], cu, self.max_len)
+        states = tower.varlen(buf[:t], buf[t:2 * t], cu, self.max_len, seg)
         y = packed_tokens_sparton_head(states, seg, self.n_seqs, tower.weight, tower.bias, backend=self.backend)
         y = activate(y, tower.activation)[:self.slots]
         counts = (y != 0).sum(1)

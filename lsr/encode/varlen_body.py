@@ -6,9 +6,11 @@
 Why: HF's forward runs on padded [B, L] batches. With a real padding mask its sdpa call cannot use
 the flash kernel (it takes an additive [B, 1, L, L] mask through the memory-efficient kernel), and every
 padded position costs a full pass through the 12 layers. Here the texts of a batch are packed back to
-back ([T] token ids, ``cu_seqlens`` [B+1] int32 start offsets) and attention is flash attention over
-variable-length sequences (``aten._flash_attention_forward`` with cumulative lengths, CUDA fp16/bf16);
-the linear layers then see T rows instead of B·L, and the Q, K, V projections run as one GEMM.
+back ([T] token ids, ``cu_seqlens`` [B+1] int32 start offsets) and attention stays inside each text; the
+linear layers then see T rows instead of B·L, and the Q, K, V projections run as one GEMM. On CUDA in
+fp16/bf16 the attention is lsr's own Triton kernel over packed row tiles (``kernels.packed_attention``: 1.4x faster than flash attention's variable-length kernel over MS MARCO-like
+batches, docs/benchmarks.md, session 20); ``attention = "flash"`` takes ``aten._flash_attention_forward``
+with cumulative lengths instead.
 
 Same weights and modules as the HF model (its LayerNorms, activation functions and Linears are called
 on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``kernels.add_layer_norm``);
@@ -17,7 +19,7 @@ tensors change in place (their version counters are compared on every call). Res
 forward at the real positions up to floating-point summation order (tested against it), except for the
 fused GELU below (CUDA, fp16 / bf16).
 
-Where flash attention is unavailable (CPU, fp32, GPUs before sm80) the attention runs through its
+Where neither kernel runs (CPU, fp32, GPUs before sm80 for flash) the attention runs through its
 torch twin ``torch_varlen_attention``: the texts are padded into [B, H, L, Dh] and go through sdpa
 with a key mask, then packed again. Inference only: no gradients flow through the concatenated copy.
 
@@ -42,42 +44,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lsr.encode.kernels.add_layer_norm import add_layer_norm
+from lsr.encode.kernels.packed_attention import (
+    packed_attention,
+    packed_attention_runs,
+    text_of_rows,
+    torch_varlen_attention,
+)
 from lsr.ragged import ragged_positions
 
 __all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "pack_tokens", "torch_varlen_attention", "varlen_attention"]
 
 _FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin is used)
-
-
-def _segments(cu: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cu int64 [B+1] start offsets -> (text of each token int64 [T], its position in the text int64 [T]),
-    without a host sync (``n_tokens`` = cu[-1], known by the caller)."""
-    return ragged_positions(torch.zeros_like(cu[1:]), cu[1:] - cu[:-1], n_tokens)
-
-
-def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                           max_len: int) -> torch.Tensor:
-    """Torch twin: bidirectional softmax attention inside each packed sequence.
-
-    q, k, v [T, H, Dh] (row j belongs to the sequence whose ``cu_seqlens`` range holds j), cu_seqlens
-    int32/int64 [B+1] (0 = cu[0] <= ... <= cu[B] = T), max_len >= the longest sequence -> [T, H, Dh]
-    in q's dtype. Pads into [B, H, max_len, Dh] and calls sdpa with a boolean key mask.
-    """
-    T, H, Dh = q.shape
-    B = cu_seqlens.numel() - 1
-    if T == 0 or B == 0:
-        return q.new_empty(T, H, Dh)
-    cu = cu_seqlens.to(q.device, torch.int64)
-    seg, pos = _segments(cu, T)
-
-    def pad(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros(B, max_len, H, Dh)
-        out[seg, pos] = x
-        return out.transpose(1, 2)  # [B, H, L, Dh]
-
-    keep = torch.arange(max_len, device=q.device)[None, :] < (cu[1:] - cu[:-1])[:, None]  # [B, L] real keys
-    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=keep[:, None, None, :])
-    return out.transpose(1, 2)[seg, pos]
 
 
 def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -97,8 +74,14 @@ def _flash_ok(q: torch.Tensor) -> bool:
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     max_len: int) -> torch.Tensor:
-    """Flash attention where it runs, else the torch twin (same contract as ``torch_varlen_attention``)."""
+                     max_len: int, segments: torch.Tensor | None = None, kernel: str = "packed") -> torch.Tensor:
+    """The packed Triton kernel (``kernels.packed_attention``) where it runs and ``kernel`` is "packed", else
+    flash attention where it runs, else the torch twin. Same contract as ``torch_varlen_attention``;
+    ``segments`` int32 [T] (the text of each row; derived from cu_seqlens when None)."""
+    if kernel == "packed" and packed_attention_runs(q):
+        if segments is None:
+            segments = text_of_rows(cu_seqlens, q.shape[0])
+        return packed_attention(q, k, v, segments, cu_seqlens.to(torch.int32), max_len)
     if _flash_ok(q):
         try:
             return flash_varlen_attention(q, k, v, cu_seqlens, max_len)
@@ -146,6 +129,7 @@ class VarlenBody:
         self._versions: list[int] = []
         self._run = self._forward
         self.gelu_epilogue = True   # see the module doc; False calls the model's own activation
+        self.attention = "packed"   # "flash": flash attention's variable-length kernel instead (module doc)
 
     @classmethod
     def from_model(cls, model: nn.Module) -> VarlenBody | None:
@@ -199,20 +183,24 @@ class VarlenBody:
         """torch.compile the forward (dynamic shapes); the Q/K/V check stays outside the graph."""
         self._run = torch.compile(self._forward, dynamic=True)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                 segments: torch.Tensor | None = None) -> torch.Tensor:
         """ids int64 [T] (texts back to back), positions int64 [T] (0-based within each text),
-        cu_seqlens int32 [B+1] (text b is rows cu[b]:cu[b+1]), max_len (host int, >= the longest text)
+        cu_seqlens int32 [B+1] (text b is rows cu[b]:cu[b+1]), max_len (host int, >= the longest text),
+        segments int32 [T] (the text of each row; derived from cu_seqlens when None)
         -> [T, D] transformed hidden states (the model's dtype)."""
-        return self._run(ids, positions, cu_seqlens, max_len, self._qkv())
+        return self._run(ids, positions, cu_seqlens, max_len, self._qkv(), segments)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
-                 qkv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                 qkv: list[tuple[torch.Tensor, torch.Tensor]], segments: torch.Tensor | None) -> torch.Tensor:
         x = self._embed(ids, positions)
         T, D = x.shape
         heads = self.heads
+        if segments is None and x.is_cuda and self.attention == "packed":   # once for all layers
+            segments = text_of_rows(cu_seqlens, T)
         for layer, (w_qkv, b_qkv) in zip(self.layers, qkv):
             qkv = F.linear(x, w_qkv, b_qkv).view(T, 3, heads, D // heads)
-            a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len).reshape(T, D)
+            a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len, segments, self.attention).reshape(T, D)
             x = _add_norm(layer.norm1, F.linear(a, layer.out.weight, layer.out.bias), x)
             h = _up_projection(layer, x, self.gelu_epilogue)
             x = _add_norm(layer.norm2, F.linear(h, layer.down.weight, layer.down.bias), x)
