@@ -138,13 +138,14 @@ def cmd_index(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.partitions is not None:
         from lsr.distributed import init_distributed, is_distributed
-        from lsr.index.sharded import ShardedIndex
+        from lsr.index.sharded import ShardedIndex, read_sharded_manifest
 
         if is_distributed():  # under torchrun every rank builds its partitions on its own device
             device = str(init_distributed(device))
         ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
                            overwrite=args.overwrite, workers=args.workers, postings=args.postings)
-        print(f"indexed {args.vectors} into {args.partitions} partitions -> {args.out}")
+        n_p = len(read_sharded_manifest(args.out)["partitions"])  # written: at most one per document
+        print(f"indexed {args.vectors} into {n_p} partitions -> {args.out}")
         return 0
     # metadata from the manifest
     index = InvertedIndex.build(args.vectors, device=device, block_size=args.block_size, postings=args.postings)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from lsr.io import atomic_write_bytes, atomic_write_text
 from lsr.provenance import check_same_origin
-from lsr.shards import FORMAT, MANIFEST, VERSION, read_manifest, sha256_file, vectors_to_table
+from lsr.shards import FORMAT, MANIFEST, SHARD_NAME, VERSION, read_manifest, sha256_file, unlisted_entries, vectors_to_table
 from lsr.sparse import SparseVectors
 
 __all__ = ["PARQUET_OPTIONS", "ShardWriter"]
@@ -115,7 +115,8 @@ class ShardWriter:
             On resume they must equal the stored ones.
         shard_rows: rows per shard (the last one may be shorter).
         resume: continue a directory whose manifest lists complete shards (``rows_done`` tells how many
-            input rows to skip); without it an existing non-empty manifest is an error.
+            input rows to skip); without it an existing non-empty manifest is an error. Shards of an unfinished
+            directory that its manifest does not list (a killed writer's, past the listed ones) are deleted.
         origin: where the documents come from (``Dataset.docs_origin``); kept in the manifest, and on
             resume it must equal the stored one (a folder of other documents is never continued or reused).
         write_threads: shards written at once (the same files; the manifest still lists complete shards
@@ -142,6 +143,8 @@ class ShardWriter:
             self.manifest["origin"] = dict(origin)
         if (self.path / MANIFEST).exists():
             self._check_resume(read_manifest(self.path), resume, origin, vocab_size, meta)
+        elif resume:  # a writer killed before it listed a shard: what it finished is unlisted leftovers
+            self._drop_unlisted_tail([])
         self._buffer: list[SparseVectors] = []
         self._buffered = 0
         # shard files written by several threads (Parquet + zstd release the GIL), committed in order;
@@ -169,8 +172,18 @@ class ShardWriter:
             f = self.path / s["file"]
             if not f.exists() or sha256_file(f) != s["sha256"]:
                 raise ValueError(f"cannot resume {self.path}: shard {s['file']} is missing or corrupt")
+        if not old.get("complete"):  # a complete folder's unlisted shard is not a leftover: readers report it
+            self._drop_unlisted_tail(old["shards"])
         self.manifest = old
         self.manifest["complete"] = False
+
+    def _drop_unlisted_tail(self, listed: list[dict[str, Any]]) -> None:
+        """Delete the shards a killed writer finished after the listed ones (several write threads finish
+        out of order): this writer rewrites those numbers, but a resume that ends with fewer shards (another
+        shard_rows) would leave one behind, which readers refuse as a shard the manifest does not list."""
+        for name in unlisted_entries(self.path, SHARD_NAME, (s["file"] for s in listed)):
+            if int(name[len("part-"):-len(".parquet")]) >= len(listed):  # never a hand-placed earlier number
+                (self.path / name).unlink(missing_ok=True)
 
     @property
     def rows_done(self) -> int:

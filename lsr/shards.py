@@ -7,6 +7,8 @@ A vector directory holds ``part-00000.parquet`` ... (columns ``id`` string, ``in
      "metadata": {...encoder / model / max_length ...},
      "shards": [{"file": "part-00000.parquet", "rows": r, "nnz": z, "sha256": "..."}, ...]}
 
+A complete directory holds no ``part-NNNNN.parquet`` its manifest does not list (the readers refuse one).
+
 The writer, ``ShardWriter``, lives in ``lsr.shard_writer`` (``from lsr.shards import ShardWriter`` still works):
 files are written to temporary names and renamed into place, and the manifest is rewritten after each shard,
 so a killed writer leaves a directory whose manifest lists only complete shards.
@@ -17,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +32,14 @@ import torch
 from lsr.sparse import SparseVectors
 
 __all__ = ["write_vectors", "read_vectors", "read_manifest", "iter_shards", "read_vector_rows",
-           "sha256_file"]
+           "sha256_file", "unlisted_entries"]
 
 FORMAT = "lsr-vectors"
 VERSION = 1
 MANIFEST = "manifest.json"
+# the names ShardWriter gives shards (part-00000.parquet, ...; more digits past 99999); its temporary
+# files (.part-00000.parquet.<pid>-<random>.tmp) do not match
+SHARD_NAME = re.compile(r"part-\d{5,}\.parquet")
 
 
 def __getattr__(name: str) -> Any:
@@ -125,6 +131,29 @@ def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:
                          f"{rows} / {nnz}; the directory is corrupt")
 
 
+def unlisted_entries(folder: str | os.PathLike, pattern: re.Pattern[str], listed: Iterable[str]) -> list[str]:
+    """Entries of ``folder`` named as ``pattern`` (a writer's shard or partition names) that ``listed``
+    lacks, sorted: one directory listing, nothing read."""
+    names = set(listed)
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if pattern.fullmatch(e.name) and e.name not in names)
+
+
+def _check_no_stray_shards(p: Path, manifest: dict[str, Any]) -> None:
+    """A complete folder holds no shard its manifest leaves out: a manifest edited (or restored from an older
+    copy) to drop a shard, with totals that still add up, would otherwise load fewer rows without a word.
+    An unfinished folder is not checked: a killed writer with several write threads may have finished
+    shards after the listed ones, which its resume rewrites (or removes)."""
+    if not manifest.get("complete"):
+        return
+    stray = unlisted_entries(p, SHARD_NAME, (s["file"] for s in manifest["shards"]))
+    if stray:
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        raise ValueError(f"{p} holds the shard file {stray[0]}{more}, which its {MANIFEST} does not list: the "
+                         "manifest was edited or replaced; restore the manifest that lists it, or remove the "
+                         "file if it is not part of these vectors")
+
+
 def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Mapping[str, Any] | None = None,
                   shard_rows: int = 100_000) -> dict[str, Any]:
     """Write all of ``vectors`` to a new vector directory; returns the manifest."""
@@ -157,6 +186,7 @@ def iter_shards(path: str | os.PathLike, device: str | torch.device = "cpu",
     """Yield each shard of a vector directory as SparseVectors (checksums verified)."""
     p = Path(path)
     manifest = read_manifest(p)
+    _check_no_stray_shards(p, manifest)
     for s in manifest["shards"]:
         yield _read_shard(p, manifest, s, device, verify)
 
@@ -171,6 +201,7 @@ def read_vector_rows(path: str | os.PathLike, start: int, stop: int, device: str
                          "rerun the encoder with resume to finish it")
     if not 0 <= start <= stop <= manifest["n_rows"]:
         raise ValueError(f"rows [{start}, {stop}) are outside {p}'s {manifest['n_rows']} rows")
+    _check_no_stray_shards(p, manifest)
     parts, first = [], 0
     for s in manifest["shards"]:
         last = first + s["rows"]

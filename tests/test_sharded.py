@@ -4,6 +4,8 @@ the unsharded index bit for bit (torch backend; the Triton backend under TRITON_
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
-from lsr.index.sharded import ShardedIndex, is_sharded, partition_bounds
+from lsr.index.sharded import ShardedIndex, is_sharded, partition_bounds, partition_count
 from lsr.search import Searcher
 from lsr.search.sharded import ShardedSearcher
 from lsr.shards import read_vector_rows, read_vectors, write_vectors
@@ -115,6 +117,48 @@ def test_bad_manifests_give_one_line_errors(tmp_path, edit, match):
     with pytest.raises(ValueError, match=match) as e:
         ShardedIndex.load(tmp_path / "idx")
     assert "\n" not in str(e.value)
+
+
+def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
+    docs, queries = _collection()
+    write_vectors(tmp_path / "q", queries)
+    ShardedIndex.build(docs, 3, tmp_path / "idx")
+
+    def drop_last(m):  # as a hand edit would: the entry gone, the totals made to tile the docs again
+        gone = m["partitions"].pop()
+        m["n_docs"] -= gone["n_docs"]
+        m["n_postings"] -= gone["n_postings"]
+
+    _corrupt(tmp_path / "idx", drop_last)
+    with pytest.raises(ValueError, match="holds the partition part-00002, which its manifest.json does not list") as e:
+        ShardedIndex.load(tmp_path / "idx")
+    assert "\n" not in str(e.value) and "restore the manifest" in str(e.value)
+    out = tmp_path / "x.trec"
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out", str(out),
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "part-00002" in err and "Traceback" not in err and not out.exists()
+    shutil.rmtree(tmp_path / "idx" / "part-00002")  # removed: the index of the listed partitions loads
+    assert ShardedIndex.load(tmp_path / "idx").n_docs == 60
+
+
+def test_more_partitions_than_documents_writes_one_per_document(tmp_path, capsys, caplog):
+    docs, queries = _collection(n=4)
+    write_vectors(tmp_path / "v", docs)
+    with caplog.at_level(logging.WARNING, logger="lsr.index.sharded"):
+        assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "7",
+                     "--device", "cpu"]) == 0
+    assert "into 4 partitions" in capsys.readouterr().out
+    assert [r.getMessage() for r in caplog.records] == [
+        "7 partitions asked for 4 documents: writing 4 (an empty partition would hold nothing to search)"]
+    sharded = ShardedIndex.load(tmp_path / "idx")
+    assert [p.n_docs for p in sharded.partitions] == [1, 1, 1, 1] and sharded.docnos == docs.ids
+    want = Searcher(InvertedIndex.build(docs), backend="torch").search(queries, 3)
+    got = ShardedSearcher(sharded, backend="torch").search(queries, 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert (partition_count(4, 7), partition_count(90, 3), partition_count(0, 5)) == (4, 3, 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        partition_count(4, 0)
 
 
 def test_swapped_partition_and_stale_max_scores(tmp_path):

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lsr.shard_writer import ShardWriter
-from lsr.shards import iter_shards, read_manifest, read_vectors, write_vectors
+from lsr.shards import iter_shards, read_manifest, read_vector_rows, read_vectors, write_vectors
 from lsr.testing import random_collection
 
 
@@ -137,3 +137,62 @@ def test_a_failed_shard_write_raises_and_leaves_no_file(tmp_path, monkeypatch):
         w.close()
     assert [s["rows"] for s in read_manifest(tmp_path / "vec")["shards"]] == [8]
     assert not [p for p in (tmp_path / "vec").iterdir() if p.name.endswith(".tmp") or p.name == "part-00001.parquet"]
+
+
+def _drop_shard(vec, k):
+    """Hide shard k as a hand edit would: its entry gone and the totals made to add up again."""
+    m = json.loads((vec / "manifest.json").read_text())
+    gone = m["shards"].pop(k)
+    m["n_rows"] -= gone["rows"]
+    m["nnz"] -= gone["nnz"]
+    (vec / "manifest.json").write_text(json.dumps(m))
+    return gone["file"]
+
+
+@pytest.mark.parametrize("k", [1, 2])  # a middle shard, the last one
+def test_a_shard_the_manifest_does_not_list_is_refused(tmp_path, capsys, k):
+    from lsr.cli import main
+
+    vec = tmp_path / "vec"
+    v = random_collection(12, 32, seed=11)
+    write_vectors(vec, v, shard_rows=4)
+    name = _drop_shard(vec, k)
+    for read in (lambda: read_vectors(vec), lambda: list(iter_shards(vec)), lambda: read_vector_rows(vec, 0, 4)):
+        with pytest.raises(ValueError, match=f"holds the shard file {name}, which its manifest.json does not list"
+                           ) as e:
+            read()
+        assert "\n" not in str(e.value) and "restore the manifest" in str(e.value)
+    assert main(["index", "--vectors", str(vec), "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and name in err and "Traceback" not in err and not (tmp_path / "idx").exists()
+    (vec / name).unlink()  # as the message says: the folder then loads the rows its manifest lists
+    (vec / f".{name}.123-abc.tmp").write_bytes(b"")  # a writer's temporary file is not a shard
+    assert len(read_vectors(vec)) == 8
+
+
+def test_a_resume_removes_the_shards_a_killed_writer_finished_ahead(tmp_path):
+    """Write threads finish shards out of order: a kill can leave part-00002 on disk with only part-00000
+    listed. A resume that ends with fewer shards (a larger shard_rows) must not leave it behind as a shard
+    the readers refuse; a complete folder's unlisted shard is no leftover and is kept for them to report."""
+    vec = tmp_path / "vec"
+    v = random_collection(12, 32, seed=12)
+    write_vectors(vec, v, {"m": 1}, shard_rows=4)
+    m = read_manifest(vec)
+    m.update(shards=m["shards"][:1], n_rows=4, nnz=m["shards"][0]["nnz"], complete=False)
+    (vec / "manifest.json").write_text(json.dumps(m))
+    w = ShardWriter(vec, 32, {"m": 1}, shard_rows=8, resume=True)
+    w.add(v[w.rows_done:])
+    w.close()
+    assert sorted(p.name for p in vec.iterdir()) == ["manifest.json", "part-00000.parquet", "part-00001.parquet"]
+    assert read_vectors(vec).equal(v)
+    (vec / "manifest.json").unlink()  # killed before the first shard was listed: all of them are leftovers
+    w = ShardWriter(vec, 32, {"m": 1}, shard_rows=12, resume=True)
+    w.add(v)
+    w.close()
+    assert read_vectors(vec).equal(v) and not (vec / "part-00001.parquet").exists()
+    write_vectors(tmp_path / "done", v, {"m": 1}, shard_rows=4)
+    name = _drop_shard(tmp_path / "done", 2)
+    ShardWriter(tmp_path / "done", 32, {"m": 1}, shard_rows=4, resume=True).close()
+    assert (tmp_path / "done" / name).exists()
+    with pytest.raises(ValueError, match="does not list"):
+        read_vectors(tmp_path / "done")

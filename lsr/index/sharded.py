@@ -8,7 +8,8 @@ On disk::
                      "partitions": [{"dir": "part-00000", "doc_start", "n_docs", "n_postings",
                                      "meta_sha256"}, ...]}
     max_scores.npy  float32 [V]: every term's largest weight over the whole collection
-    part-00000/ ... lsr index directories (``InvertedIndex.save``), local doc numbering 0..n_p-1
+    part-00000/ ... lsr index directories (``InvertedIndex.save``), local doc numbering 0..n_p-1; every
+                    one listed in the manifest (loading refuses a folder holding one it does not list)
 
 Partition p holds the global docs [doc_start, doc_start + n_docs); a hit's global doc index is its local
 one + doc_start. The split is by equal doc counts, so it follows from n_docs alone and a rank reads
@@ -26,7 +27,9 @@ The folder is built under a temporary name and renamed into place (``lsr.io.atom
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -40,15 +43,18 @@ from lsr.index.build import DEFAULT_BLOCK_SIZE, check_block_size
 from lsr.index.inverted import InvertedIndex, is_index_file
 from lsr.io import atomic_directory, fsynced_write
 from lsr.provenance import check_replaceable
-from lsr.shards import read_manifest, read_vector_rows, sha256_file
+from lsr.shards import read_manifest, read_vector_rows, sha256_file, unlisted_entries
 from lsr.sparse import SparseVectors
 
-__all__ = ["FORMAT", "ShardedIndex", "is_sharded", "partition_bounds", "read_sharded_manifest"]
+__all__ = ["FORMAT", "ShardedIndex", "is_sharded", "partition_bounds", "partition_count", "read_sharded_manifest"]
 
 FORMAT = "lsr-sharded-index"
 VERSION = 1
 MANIFEST = "manifest.json"
 MAX_SCORES = "max_scores.npy"
+PARTITION_NAME = re.compile(r"part-\d{5,}")  # _part's names (a temporary folder is never inside the index)
+
+log = logging.getLogger(__name__)
 
 
 def partition_bounds(n_docs: int, n_partitions: int) -> list[int]:
@@ -56,6 +62,14 @@ def partition_bounds(n_docs: int, n_partitions: int) -> list[int]:
     if isinstance(n_partitions, bool) or not isinstance(n_partitions, int) or n_partitions < 1:
         raise ValueError(f"the number of partitions must be a positive integer, got {n_partitions!r}")
     return [n_docs * p // n_partitions for p in range(n_partitions + 1)]
+
+
+def partition_count(n_docs: int, n_partitions: int) -> int:
+    """The partitions ``ShardedIndex.build`` writes when asked for ``n_partitions``: at most one per document
+    (one for an empty collection). More would be empty: nothing to search, yet each is a folder to load and a
+    search to run; the merged results do not depend on the count, so fewer change nothing but the layout."""
+    partition_bounds(n_docs, n_partitions)  # the same refusal of a count that is not a positive integer
+    return min(n_partitions, max(n_docs, 1))
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
@@ -102,7 +116,19 @@ def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise _bad(mf, f"partitions do not tile docs [0, {n_docs}) contiguously (starts {starts}, sizes {sizes})")
     if any(Path(d).name != d or d in ("", ".", "..") for d in dirs) or len(set(dirs)) != len(dirs):
         raise _bad(mf, f"partition folders {dirs} must be distinct plain names")
+    _check_no_stray_partitions(path, dirs)
     return m
+
+
+def _check_no_stray_partitions(path: Path, dirs: list[str]) -> None:
+    """Every partition folder in the index is listed: a manifest edited to drop one, with n_docs and the doc
+    ranges made to tile again, would otherwise search fewer documents without a word (a listing, no reads)."""
+    stray = unlisted_entries(path, PARTITION_NAME, dirs)
+    if stray:
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        raise ValueError(f"{path} holds the partition {stray[0]}{more}, which its {MANIFEST} does not list: the "
+                         "manifest was edited or replaced; restore the manifest that lists it, or rebuild the "
+                         "index (lsr index --partitions)")
 
 
 @dataclass(eq=False)
@@ -150,7 +176,8 @@ class ShardedIndex:
               device: str | torch.device = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
               metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1,
               postings: str = "auto") -> Path:
-        """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder.
+        """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder;
+        P is ``n_partitions`` capped at the documents (``partition_count``: no partition is written empty).
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
         dropped, so peak memory is ``workers`` partitions. ``workers`` > 1 builds partitions in threads
@@ -171,8 +198,12 @@ class ShardedIndex:
             n_docs, vocab = int(manifest["n_rows"]), int(manifest["vocab_size"])
             metadata = manifest.get("metadata", {}) if metadata is None else metadata
         metadata = json.loads(json.dumps(metadata or {}))
-        bounds = partition_bounds(n_docs, n_partitions)
         rank, world = rank_and_size()
+        asked, n_partitions = n_partitions, partition_count(n_docs, n_partitions)
+        if n_partitions < asked and rank == 0:  # every rank clamps alike (same n_docs); one says so
+            log.warning("%d partitions asked for %d documents: writing %d (an empty partition would hold nothing "
+                        "to search)", asked, n_docs, n_partitions)
+        bounds = partition_bounds(n_docs, n_partitions)
 
         def build_one(p: int) -> None:
             a, b = bounds[p], bounds[p + 1]
