@@ -229,6 +229,25 @@ axes[1].set_title('packed Sparton head, one batch of 131K tokens (ms, H200)')
 plt.tight_layout(); plt.savefig(FIG / 'encode_session19.png', dpi=110); plt.show()
 e2e[['round', 'mode', 'pps', 'encode_only_pps']]"""
 
+ATTN20 = """stream = json.loads((BENCH / 'extra' / 'packed_attention_stream_session20_h200.json').read_text())
+ab = json.loads((BENCH / 'extra' / 'ab_packed_attention_e2e_session20_h200.json').read_text())
+rows = pd.DataFrame(stream['rows'])
+# packed_attention's choice: grouped 64-row tiles (2 stages) for texts <= 64 or > 96 tokens, row tiles between
+rows['packed'] = [r['(True, 64, 64, 4, 2)'] if r['L'] <= 64 or 2 * r['L'] > 192 else r['(False, 64, 64, 4, 1)']
+                  for _, r in rows.iterrows()]
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
+rows.plot(x='L', y=['flash', 'packed'], marker='o', ax=axes[0])
+axes[0].set_title('attention per layer, one 50K window cut into batches (H200)')
+axes[0].set_xlabel("batch's longest text (tokens)"); axes[0].set_ylabel('ms per call')
+e2e = pd.DataFrame(ab['e2e'])
+e2e['run'] = e2e['call'].str[:2] + ' r' + e2e['round'].astype(str)
+e2e.pivot_table(index='run', columns='attention', values='pps', sort=False).plot.bar(ax=axes[1], rot=0)
+axes[1].axhline(28000, color='k', ls='--', lw=1); axes[1].set_ylim(25000, 29000)
+axes[1].set_title('encode_corpus, BERT-base, flash vs packed in one process'); axes[1].set_ylabel('passages / s')
+plt.tight_layout(); plt.savefig(FIG / 'encode_session20.png', dpi=110); plt.show()
+print('window totals, ms per layer: flash %.2f, packed %.2f' % (rows.flash.sum(), rows.packed.sum()))
+pd.DataFrame(ab['gpu_only'])"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -266,6 +285,8 @@ BENCHMARKS = [
     new_code_cell(COARSE16),
     new_markdown_cell("## Encoding: GELU in the FFN GEMM's epilogue, packed-head tile groups (session 19, base = 9bba66b)"),
     new_code_cell(ENCODE19),
+    new_markdown_cell("## Encoding: lsr's packed attention kernel against flash attention's variable-length kernel (session 20)"),
+    new_code_cell(ATTN20),
 ]
 
 
