@@ -55,6 +55,8 @@ def test_attention_twin_matches_per_text_sdpa():
         torch.testing.assert_close(out[lo:hi], want, rtol=1e-6, atol=1e-6)
     assert torch.equal(varlen_attention(q, k, v, cu, 9), out)  # CPU fp32: the twin
     assert torch_varlen_attention(q[:0], k[:0], v[:0], torch.zeros(1, dtype=torch.int32), 1).shape == (0, 2, 8)
+    with pytest.raises(ValueError, match="'packed'"):
+        varlen_attention(q, k, v, cu, 9, kernel="flsh")
 
 
 def test_pack_batch():

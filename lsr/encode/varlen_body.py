@@ -78,6 +78,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """The packed Triton kernel (``kernels.packed_attention``) where it runs and ``kernel`` is "packed", else
     flash attention where it runs, else the torch twin. Same contract as ``torch_varlen_attention``;
     ``segments`` int32 [T] (the text of each row; derived from cu_seqlens when None)."""
+    if kernel not in ("packed", "flash"):
+        raise ValueError(f"attention kernel {kernel!r}: use 'packed' (lsr's Triton kernel) or 'flash'")
     if kernel == "packed" and packed_attention_runs(q):
         if segments is None:
             segments = text_of_rows(cu_seqlens, q.shape[0])

@@ -155,11 +155,12 @@ def triton_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
 
 
 def packed_attention_runs(q: torch.Tensor) -> bool:
-    """Whether the Triton kernel serves q: CUDA, fp16 / bf16, head dim a power of two in [16, 256]."""
+    """Whether the Triton kernel serves q: CUDA sm80+ (bf16 tensor cores, as flash attention needs), fp16 /
+    bf16, head dim a power of two in [16, 256]."""
     Dh = q.shape[-1]
     if triton is None or INTERPRET or Dh < 16 or Dh > 256 or Dh & (Dh - 1):
         return False
-    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(q.device)[0] >= 8
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor,
