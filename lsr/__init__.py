@@ -4,8 +4,8 @@ Packages follow the pipeline, each with its kernels: ``encode`` (SPLADE with the
 corpus encoding), ``index`` (the GPU inverted index), ``search`` (exact top-k), ``evaluation``
 (ir-measures and the fast [B, k] metrics), ``interop`` (Anserini / Pyserini files). Shared modules:
 ``sparse`` (CSR vectors), ``shards`` (Parquet I/O), ``runs``, ``data``, ``io``, ``config``,
-``pipeline`` and ``cli``; ``testing`` and ``bench`` hold the references and the harness that the
-tests and the benchmark scripts share.
+``devices`` (the device names accepted), ``pipeline`` and ``cli``; ``testing`` and ``bench`` hold the
+references and the harness that the tests and the benchmark scripts share.
 
 Importing ``lsr`` is cheap: torch, triton and transformers are imported only when a public name
 that needs them is first used (PEP 562 lazy attributes).

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from typing import Callable
 
-__all__ = ["DEVICE_HELP", "device", "integer", "positive_float"]
+from lsr.devices import DEVICE_HELP, is_device_name
 
-DEVICE_HELP = "auto | cpu | cuda | cuda:N"
-_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?)")
+__all__ = ["DEVICE_HELP", "device", "integer", "positive_float"]
 
 
 def integer(minimum: int) -> Callable[[str], int]:
@@ -42,6 +40,6 @@ def positive_float(text: str) -> float:
 
 def device(text: str) -> str:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
-    if not _DEVICE.fullmatch(text):
+    if not is_device_name(text):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use {DEVICE_HELP}")
     return text

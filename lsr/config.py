@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lsr.devices import is_device_name
 
 __all__ = ["EncoderConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
            "load_config", "validate_config"]
@@ -184,7 +185,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     if cfg.index.postings not in CHOICES:
         raise ValueError(f"config.index.postings must be auto, float32 or compact, got {cfg.index.postings!r}")
     _positive("config.index.partitions", cfg.index.partitions)
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+    if not is_device_name(cfg.device):
         raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.tolerance < 0:
         raise ValueError(f"config.tolerance must be >= 0, got {cfg.tolerance}")

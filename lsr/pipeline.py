@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lsr.config import EncoderConfig, RunConfig
+from lsr.devices import check_device
 from lsr.io import atomic_write_text
 
 __all__ = ["build_encoder", "claim_output", "doc_encoder", "encode_documents", "encode_queries", "job_origin",
@@ -25,9 +26,11 @@ log = logging.getLogger("lsr")
 
 
 def resolve_device(device: str | None) -> str:
-    """"auto"/None -> "cuda" when a GPU is visible, else "cpu"."""
+    """"auto"/None -> "cuda" when a GPU is visible, else "cpu"; a one-line ValueError for a malformed name."""
     import torch
 
+    if device is not None:
+        check_device(str(device))  # str: a torch.device passes as its name
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if str(device).startswith("cuda") and not torch.cuda.is_available():

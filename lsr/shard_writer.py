@@ -200,6 +200,10 @@ class ShardWriter:
         return min(self.row_group_rows, self.shard_rows - done)
 
     def add(self, vectors: SparseVectors) -> None:
+        """Queue rows for the shards (written as each shard fills); their vocabulary must be the folder's."""
+        if vectors.vocab_size != self.manifest["vocab_size"]:  # another encoder's term ids would be misread
+            raise ValueError(f"vectors of vocabulary size {vectors.vocab_size} cannot join {self.path}, whose "
+                             f"vocabulary size is {self.manifest['vocab_size']}; write them to another folder")
         self._buffer.append(vectors.to("cpu"))
         self._buffered += len(vectors)
         while self._buffered and self._buffered >= self._next_cut():

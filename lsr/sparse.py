@@ -254,10 +254,14 @@ class SparseVectors:
 
     @staticmethod
     def concat(parts: Sequence[SparseVectors]) -> SparseVectors:
-        """Stack rows of several batches (same vocabulary); ids must stay unique."""
+        """Stack rows of several batches of one vocabulary size; ids must stay unique."""
         if not parts:
             raise ValueError("nothing to concatenate")
-        vocab = max(p.vocab_size for p in parts)
+        sizes = sorted({p.vocab_size for p in parts})
+        if len(sizes) > 1:  # rows of different encoders do not share term ids: joining them would mix terms up
+            raise ValueError(f"cannot concatenate vectors of vocabulary sizes {' and '.join(map(str, sizes))}; "
+                             "encode all of them with one encoder")
+        vocab = sizes[0]
         dev = parts[0].device
         offs = np.cumsum([0] + [p.nnz for p in parts])
         indptr = torch.cat([parts[0].indptr[:1].to(dev)] + [p.indptr[1:].to(dev) + int(o) for p, o in zip(parts, offs)])

@@ -220,3 +220,33 @@ def test_run_with_no_queries_is_an_error(tiny, tmp_path, capsys):
                  "--set", "device=cpu"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("encode")]
     assert len(err) == 1 and "no queries to search" in err[0], err
+
+
+def test_searchers_name_a_malformed_device(tmp_path):
+    """Searcher, ShardedSearcher, DistributedSearcher and resolve_device (create_app, LsrRetriever) answer a device
+    name torch cannot parse with one line naming it and the accepted forms, before any work."""
+    import torch
+
+    from lsr.index.inverted import InvertedIndex
+    from lsr.index.sharded import ShardedIndex
+    from lsr.pipeline import resolve_device
+    from lsr.search.distributed import DistributedSearcher
+    from lsr.search.searcher import Searcher
+    from lsr.search.sharded import ShardedSearcher
+
+    docs = SparseVectors([0, 1, 3, 4], [0, 0, 1, 2], [1.0, 2.0, 1.0, 3.0], ids=["a", "b", "c"])
+    index = InvertedIndex.build(docs)
+    sharded = ShardedIndex.load(ShardedIndex.build(docs, 2, tmp_path / "idx"))
+    calls = [lambda d: Searcher(index, device=d), lambda d: Searcher(sharded, device=d),
+             lambda d: ShardedSearcher(sharded, device=d), lambda d: DistributedSearcher(tmp_path / "idx", d)]
+    for bad in ("gpu", "cuda:x", "CPU", "auto", -1, True):
+        for call in calls:
+            with pytest.raises(ValueError) as e:
+                call(bad)
+            message = str(e.value)
+            assert repr(bad) in message and '"cuda:N"' in message and "\n" not in message, message
+    for bad in ("gpu", "cuda:", "cuda 1"):
+        with pytest.raises(ValueError, match=rf"unknown device '{bad}'; use auto \| cpu \| cuda \| cuda:N"):
+            resolve_device(bad)
+    assert Searcher(index, device="cpu").device == Searcher(index, device=torch.device("cpu")).device
+    assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == "cpu"

@@ -274,6 +274,80 @@ def test_batcher_bounds_batches_and_isolates_failures():
     assert stats["errors"] == 1 and stats["requests"] == 6 and stats["queries"] == 14
 
 
+def test_batcher_drops_queued_requests_whose_caller_left():
+    """While a batch is on the device, three requests queue: one whose awaiting task is cancelled, one whose
+    client hung up (its ``gone`` check says so), one still wanted. Only the last is searched. Events order the
+    steps (no sleeps): the device thread holds the first batch until the queue is set up."""
+    import threading
+
+    from lsr.serve.batcher import ClientGone
+
+    seen: list[list] = []
+    on_device, release = threading.Event(), threading.Event()
+
+    def process(items: list) -> list:
+        seen.append(list(items))
+        if items == ["first"]:
+            on_device.set()
+            assert release.wait(30)
+        return [f"done {x}" for x in items]
+
+    async def run() -> tuple:
+        b = DynamicBatcher(process, max_batch=1, max_wait_ms=0)
+        first = asyncio.ensure_future(b.submit("first"))
+        assert await asyncio.get_running_loop().run_in_executor(None, on_device.wait, 30)
+        left = asyncio.ensure_future(b.submit("cancelled"))
+        hung_up = asyncio.ensure_future(b.submit("hung up", gone=lambda: True))
+        kept = asyncio.ensure_future(b.submit("kept", gone=lambda: False))
+        while b.queue_depth < 3:
+            await asyncio.sleep(0)
+        left.cancel()
+        release.set()
+        out = await asyncio.gather(first, left, hung_up, kept, return_exceptions=True)
+        stats = b.stats.as_dict()
+        await b.close()
+        return out, stats
+
+    out, stats = asyncio.run(run())
+    assert seen == [["first"], ["kept"]]
+    assert out[0] == "done first" and out[3] == "done kept"
+    assert isinstance(out[1], asyncio.CancelledError) and isinstance(out[2], ClientGone)
+    assert stats["requests"] == 2 and stats["dropped"] == 2
+
+
+def test_a_request_whose_client_hung_up_is_not_searched(bm25):
+    """The ASGI server answers ``receive()`` with http.disconnect once the client left (uvicorn does, and cancels
+    nothing): such a request is dropped when its batch is formed, and /stats counts it."""
+    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=8, max_wait_ms=1, k=5, warmup=False)
+    body = json.dumps({"query": TEXTS[0]}).encode()
+
+    async def hung_up_post() -> list[dict]:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/search", "raw_path": b"/search", "root_path": "", "query_string": b"",
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 5000), "server": ("lsr", 80)}
+        await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(hung_up_post())
+    assert sent[0]["status"] == 499
+    stats = asyncio.run(_get(app, "/stats")).json()
+    assert stats["dropped"] == 1 and stats["requests"] == stats["batches"] == 0  # never searched
+    ok = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]  # a client that stays is answered
+    assert ok.status_code == 200 and len(ok.json()["results"][0]["docnos"]) == 2
+    assert asyncio.run(_get(app, "/stats")).json()["dropped"] == 1
+
+
 def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     """The real HTTP stack: uvicorn in a thread, lsr.serve.loadgen's keep-alive connections."""
     import gc

@@ -89,6 +89,16 @@ def test_shard_with_invalid_vectors_is_rejected(tmp_path):
         read_vectors(tmp_path / "vec")
 
 
+def test_a_writer_refuses_vectors_of_another_vocabulary(tmp_path):
+    v = random_collection(4, 16, seed=7)
+    w = ShardWriter(tmp_path / "vec", v.vocab_size + 1, shard_rows=10)
+    with pytest.raises(ValueError, match=rf"vocabulary size {v.vocab_size} cannot join .* is {v.vocab_size + 1}"):
+        w.add(v)
+    w.add(random_collection(3, v.vocab_size + 1, seed=8))
+    w.close()
+    assert read_vectors(tmp_path / "vec").vocab_size == v.vocab_size + 1
+
+
 def test_row_groups_stream_into_the_same_files_however_rows_arrive(tmp_path):
     v = random_collection(50, 64, seed=8)
     one = ShardWriter(tmp_path / "one", 64, {"m": 1}, shard_rows=12, row_group_rows=5)

@@ -107,6 +107,16 @@ def test_row_selection_and_concat():
         SparseVectors.concat([v[:5], v[:5]])
 
 
+def test_concat_refuses_vectors_of_different_vocabulary_sizes():
+    """Rows of two encoders (different term spaces) are not joined under the larger vocabulary."""
+    v = random_vectors(6, 30, seed=2)
+    other = SparseVectors(v.indptr[:3], v.indices[:int(v.indptr[2])], v.values[:int(v.indptr[2])], ["x", "y"], 40)
+    for parts in ([v, other], [other, v], [v[:2], v[2:], other]):
+        with pytest.raises(ValueError, match=r"vocabulary sizes 30 and 40; encode all of them with one encoder"):
+            SparseVectors.concat(parts)
+    assert SparseVectors.concat([v[:2], v[2:]]).vocab_size == 30
+
+
 def test_prune_top_k_keeps_largest_weights():
     v = random_vectors(9, 50, seed=3, max_len=20)
     p = v.prune_top_k(4)

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from lsr.devices import torch_device
 from lsr.distributed import agree, comm_device, init_distributed, is_distributed
 from lsr.index.sharded import ShardedIndex, read_sharded_manifest
 from lsr.search.searcher import check_request
@@ -78,18 +79,19 @@ class DistributedSearcher:
     Args:
         index: the sharded index folder (each rank loads only its partitions), or a ShardedIndex holding
             this rank's partitions.
-        device: this rank's device (``init_distributed`` returns it).
+        device: this rank's device (``init_distributed`` returns it), as ``Searcher``.
         backend, max_memory_bytes, stream: as ``ShardedSearcher``.
         verify: check file checksums when loading.
     """
 
     def __init__(self, index: str | os.PathLike | ShardedIndex, device: str | torch.device, backend: str = "auto",
                  max_memory_bytes: int | None = None, stream: bool | None = None, verify: bool = True) -> None:
+        device = torch_device(device)  # a bad name fails before the collective load
         if not dist.is_initialized():
             raise RuntimeError("DistributedSearcher needs torch.distributed: launch with torchrun and call "
                                "init_distributed first")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device(device)
+        self.device = device
         self._comm = comm_device()
         with agree("load its partitions"):
             if isinstance(index, ShardedIndex):  # built in memory by this rank (its partitions loaded)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from lsr.devices import torch_device
 from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
 
@@ -135,7 +136,7 @@ class Searcher:
 
     Args:
         index: the index (moved to ``device`` if it lives elsewhere).
-        device: where to search (default: the index's device).
+        device: where to search: a torch.device, "cpu", "cuda" or "cuda:N" (default: the index's device).
         backend: "auto" (Triton on CUDA when available, else torch), "torch" or "triton".
         max_memory_bytes: bound on the torch path's working memory (dense query block, chunk scores,
             top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
@@ -153,7 +154,7 @@ class Searcher:
 
     def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str = "auto",
                  max_memory_bytes: int | None = None) -> None:
-        self.device = torch.device(device) if device is not None else index.device
+        self.device = torch_device(device) if device is not None else index.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.index = index if index.device == self.device else index.to(self.device)

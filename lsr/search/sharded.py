@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lsr.devices import torch_device
 from lsr.index.build import POSTING_TENSORS
 from lsr.index.inverted import InvertedIndex
 from lsr.index.sharded import ShardedIndex
@@ -69,7 +70,7 @@ class ShardedSearcher:
     Args:
         index: the sharded index; partitions that are not loaded are skipped (a rank of a distributed
             search holds only its own).
-        device: where to search (default: the first loaded partition's device).
+        device: where to search, as ``Searcher`` (default: the first loaded partition's device).
         backend: as ``Searcher``.
         max_memory_bytes: as ``Searcher`` (per partition).
         stream: keep partitions in host memory and copy each to the device when it is searched
@@ -78,11 +79,12 @@ class ShardedSearcher:
 
     def __init__(self, index: ShardedIndex, device: str | torch.device | None = None, backend: str = "auto",
                  max_memory_bytes: int | None = None, stream: bool | None = None) -> None:
+        device = torch_device(device) if device is not None else None  # a bad name fails before any work
         loaded = [(p, part) for p, part in enumerate(index.partitions) if part is not None]
         if not loaded:
             raise ValueError("the sharded index has no loaded partition to search")
         self.index = index
-        self.device = torch.device(device) if device is not None else loaded[0][1].device
+        self.device = device if device is not None else loaded[0][1].device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if stream is None:

@@ -24,11 +24,12 @@ import gc
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from lsr.serve.batcher import DynamicBatcher
+from lsr.serve.batcher import ClientGone, DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
 
@@ -163,6 +164,31 @@ async def _read_body(request: Any) -> Any:
     return b"".join(chunks)
 
 
+def _hung_up(receive: Callable[[], Any]) -> Callable[[], bool]:
+    """A check whether the HTTP client hung up, for the batcher to make when it forms the request's batch.
+
+    Neither uvicorn nor Starlette cancels a handler whose client left: the ASGI ``receive`` answers
+    ``http.disconnect`` instead. The check runs ``receive`` one step without awaiting it: a server that knows of
+    the disconnect answers at once; otherwise ``receive`` would wait, and is closed unfinished. No task or
+    timer per request (a watcher task would cost ~15 us of event-loop time for every request)."""
+
+    def gone() -> bool:
+        step = receive()
+        if not asyncio.iscoroutine(step):
+            return False
+        try:
+            step.send(None)
+        except StopIteration as done:
+            return isinstance(done.value, dict) and done.value.get("type") == "http.disconnect"
+        except Exception:  # noqa: BLE001 - a server's receive that fails here: treat the client as present
+            return False
+        finally:
+            step.close()
+        return False
+
+    return gone
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):   # JSON allows repeats and would keep the last one silently
@@ -235,7 +261,10 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config:
         except RequestError as e:
             return _error(e.status, str(e))
         try:
-            body = await batcher.submit(parsed, parsed.n_queries)
+            body = await batcher.submit(parsed, parsed.n_queries, gone=_hung_up(request.receive))
+        except ClientGone:  # nobody reads the answer (uvicorn sends nothing on a closed connection)
+            log.info("client disconnected while its request was queued; it was not searched")
+            return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - the client gets one line, the log has the rest
             log.error("search failed: %s: %s", type(e).__name__, e)
             return _error(500, f"search failed: {type(e).__name__}: {e}")

@@ -10,6 +10,10 @@ Pipelining (``prepare`` / ``finish`` given): a batch's host work before and afte
 building the answers) runs on a second thread, so the next batch is gathered and tokenized while this one is on
 the device, and this one's answers are built while the next one is; two batches are in flight at most, and the
 device thread takes them in order.
+
+A request whose caller stopped waiting before its batch was formed is dropped, not searched: its future was
+cancelled (the awaiting task was), or its ``gone`` check (the server's: the HTTP client hung up) says so. The
+check runs once, when the request is taken from the queue, so a busy server does not search for nobody.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "DynamicBatcher"]
+__all__ = ["BatchStats", "ClientGone", "DynamicBatcher"]
 
 log = logging.getLogger(__name__)
 
 LATENCY_WINDOW = 10_000  # requests whose latency the quantiles describe (the most recent ones)
+
+
+class ClientGone(Exception):
+    """The request's client hung up while it waited in the queue; it was dropped from its batch, not searched."""
 
 
 @dataclass
@@ -35,18 +43,32 @@ class _Job:
     item: Any
     size: int
     future: asyncio.Future
+    gone: Callable[[], bool] | None = None   # whether the client hung up (checked when the batch is formed)
     arrived: float = field(default_factory=time.perf_counter)
+
+    def dropped(self) -> bool:
+        """Whether nobody waits for this request any more (its future is cancelled, or its client hung up)."""
+        if self.future.done():
+            return True
+        if self.gone is None:
+            return False
+        try:
+            return bool(self.gone())
+        except Exception:  # noqa: BLE001 - a failing check must not stop the worker: the request is searched
+            return False
 
 
 @dataclass
 class BatchStats:
-    """Counters since start: requests, queries, batches, errors, the latency (arrival -> answer) window and
-    the time per stage of a batch (mean ms per batch, where the process function reports them)."""
+    """Counters since start: requests, queries, batches, errors, requests dropped unsearched, the latency
+    (arrival -> answer) window and the time per stage of a batch (mean ms per batch, where the process function
+    reports them)."""
 
     requests: int = 0
     queries: int = 0
     batches: int = 0
     errors: int = 0
+    dropped: int = 0      # requests whose caller was gone when their batch was formed (not searched)
     max_batch_seen: int = 0
     busy_s: float = 0.0
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
@@ -77,7 +99,7 @@ class BatchStats:
         lat = sorted(self.latencies_ms)
         pick = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
         return {"uptime_s": round(time.time() - self.started, 3), "requests": self.requests, "queries": self.queries,
-                "batches": self.batches, "errors": self.errors,
+                "batches": self.batches, "errors": self.errors, "dropped": self.dropped,
                 "mean_batch_queries": round(self.queries / self.batches, 3) if self.batches else None,
                 "mean_batch_requests": round(self.requests / self.batches, 3) if self.batches else None,
                 "max_batch_queries": self.max_batch_seen, "device_busy_s": round(self.busy_s, 3),
@@ -130,10 +152,14 @@ class DynamicBatcher:
         """Requests waiting for a batch (not counting the batch on the device)."""
         return len(self._pending)
 
-    async def submit(self, item: Any, size: int = 1) -> Any:
-        """Queue ``item`` (``size`` queries) and wait for its result; the batch's exception if it failed."""
+    async def submit(self, item: Any, size: int = 1, gone: Callable[[], bool] | None = None) -> Any:
+        """Queue ``item`` (``size`` queries) and wait for its result; the batch's exception if it failed.
+
+        ``gone``: a cheap check whether the caller left (e.g. its HTTP client hung up), made when the batch is
+        formed; True drops the item unsearched and raises ClientGone here. Cancelling this call drops it too.
+        """
         self._ensure_worker()
-        job = _Job(item, size, self._loop.create_future())
+        job = _Job(item, size, self._loop.create_future(), gone)
         self._pending.append(job)
         self._wakeup.set()
         return await job.future
@@ -152,6 +178,8 @@ class DynamicBatcher:
                 await self._wakeup.wait()
                 continue
             batch = await self._gather()
+            if not batch:  # every queued request was dropped
+                continue
             task = self._loop.create_task(self._complete(batch))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -207,17 +235,33 @@ class DynamicBatcher:
                 outcomes.append(e)
         return outcomes, busy
 
+    def _live_head(self) -> _Job | None:
+        """The first queued request that someone still waits for; the dropped ones before it leave the queue."""
+        while self._pending:
+            job = self._pending[0]
+            if not job.dropped():
+                return job
+            self._pending.popleft()
+            self.stats.dropped += 1
+            if not job.future.done():
+                job.future.set_exception(ClientGone("the client hung up before its batch was formed"))
+        return None
+
     async def _gather(self) -> list[_Job]:
-        """The next batch: what is queued, then what arrives until the deadline, up to max_batch queries."""
-        first = self._pending.popleft()
+        """The next batch: what is queued, then what arrives until the deadline, up to max_batch queries;
+        requests whose caller left are dropped on the way (empty: all were)."""
+        first = self._live_head()
+        if first is None:
+            return []
+        self._pending.popleft()
         batch, n = [first], first.size
         deadline = first.arrived + self.max_wait_s
         while n < self.max_batch:
-            if self._pending:
-                if n + self._pending[0].size > self.max_batch:
+            job = self._live_head()
+            if job is not None:
+                if n + job.size > self.max_batch:
                     break
-                job = self._pending.popleft()
-                batch.append(job)
+                batch.append(self._pending.popleft())
                 n += job.size
                 continue
             timeout = deadline - time.perf_counter()
