@@ -32,7 +32,7 @@ import torch
 from lsr.sparse import SparseVectors
 
 __all__ = ["write_vectors", "read_vectors", "read_manifest", "iter_shards", "read_vector_rows",
-           "sha256_file", "unlisted_entries"]
+           "refuse_unlisted", "sha256_file", "unlisted_entries"]
 
 FORMAT = "lsr-vectors"
 VERSION = 1
@@ -139,19 +139,25 @@ def unlisted_entries(folder: str | os.PathLike, pattern: re.Pattern[str], listed
         return sorted(e.name for e in entries if pattern.fullmatch(e.name) and e.name not in names)
 
 
-def _check_no_stray_shards(p: Path, manifest: dict[str, Any]) -> None:
-    """A complete folder holds no shard its manifest leaves out: a manifest edited (or restored from an older
-    copy) to drop a shard, with totals that still add up, would otherwise load fewer rows without a word.
-    An unfinished folder is not checked: a killed writer with several write threads may have finished
-    shards after the listed ones, which its resume rewrites (or removes)."""
-    if not manifest.get("complete"):
-        return
-    stray = unlisted_entries(p, SHARD_NAME, (s["file"] for s in manifest["shards"]))
+def refuse_unlisted(folder: str | os.PathLike, pattern: re.Pattern[str], listed: Iterable[str], what: str,
+                    remedy: str) -> None:
+    """A one-line ValueError when ``folder`` holds a ``what`` (named as ``pattern``) its manifest does not list:
+    a manifest edited (or restored from an older copy) to drop one, with totals that still add up, would
+    otherwise load less without a word. ``remedy``: the fix besides restoring the manifest."""
+    stray = unlisted_entries(folder, pattern, listed)
     if stray:
         more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
-        raise ValueError(f"{p} holds the shard file {stray[0]}{more}, which its {MANIFEST} does not list: the "
-                         "manifest was edited or replaced; restore the manifest that lists it, or remove the "
-                         "file if it is not part of these vectors")
+        raise ValueError(f"{folder} holds the {what} {stray[0]}{more}, which its {MANIFEST} does not list: the "
+                         f"manifest was edited or replaced; restore the manifest that lists it, or {remedy}")
+
+
+def _check_no_stray_shards(p: Path, manifest: dict[str, Any]) -> None:
+    """A complete folder holds no shard its manifest leaves out. An unfinished folder is not checked: a killed
+    writer with several write threads may have finished shards after the listed ones, which its resume
+    rewrites (or removes)."""
+    if manifest.get("complete"):
+        refuse_unlisted(p, SHARD_NAME, (s["file"] for s in manifest["shards"]), "shard file",
+                        "remove the file if it is not part of these vectors")
 
 
 def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Mapping[str, Any] | None = None,

@@ -301,7 +301,8 @@ class SpladeEncoder(PluralAliases):
                                      batch.width)
             else:
                 packed = pack_batch(batch.input_ids.to(self.device, non_blocking=True), lengths, batch.n_tokens)
-            states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"], packed["segments"])
+            states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"],
+                                  packed["segments"])
             if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
                 return states
             return activate(packed_tokens_sparton_head(states, packed["segments"], len(batch.rows), tower.weight,

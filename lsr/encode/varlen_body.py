@@ -8,9 +8,9 @@ the flash kernel (it takes an additive [B, 1, L, L] mask through the memory-effi
 padded position costs a full pass through the 12 layers. Here the texts of a batch are packed back to
 back ([T] token ids, ``cu_seqlens`` [B+1] int32 start offsets) and attention stays inside each text; the
 linear layers then see T rows instead of B·L, and the Q, K, V projections run as one GEMM. On CUDA in
-fp16/bf16 the attention is lsr's own Triton kernel over packed row tiles (``kernels.packed_attention``: 1.4x faster than flash attention's variable-length kernel over MS MARCO-like
-batches, docs/benchmarks.md, session 20); ``attention = "flash"`` takes ``aten._flash_attention_forward``
-with cumulative lengths instead.
+fp16/bf16 the attention is lsr's own Triton kernel over packed row tiles (``kernels.packed_attention``:
+1.47x faster than flash attention's variable-length kernel over MS MARCO-like batches, docs/benchmarks.md,
+session 20); ``attention = "flash"`` takes ``aten._flash_attention_forward`` with cumulative lengths instead.
 
 Same weights and modules as the HF model (its LayerNorms, activation functions and Linears are called
 on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``kernels.add_layer_norm``);
@@ -202,7 +202,8 @@ class VarlenBody:
             segments = text_of_rows(cu_seqlens, T)
         for layer, (w_qkv, b_qkv) in zip(self.layers, qkv):
             qkv = F.linear(x, w_qkv, b_qkv).view(T, 3, heads, D // heads)
-            a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len, segments, self.attention).reshape(T, D)
+            a = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_len, segments, self.attention)
+            a = a.reshape(T, D)
             x = _add_norm(layer.norm1, F.linear(a, layer.out.weight, layer.out.bias), x)
             h = _up_projection(layer, x, self.gelu_epilogue)
             x = _add_norm(layer.norm2, F.linear(h, layer.down.weight, layer.down.bias), x)

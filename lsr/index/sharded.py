@@ -43,7 +43,7 @@ from lsr.index.build import DEFAULT_BLOCK_SIZE, check_block_size
 from lsr.index.inverted import InvertedIndex, is_index_file
 from lsr.io import atomic_directory, fsynced_write
 from lsr.provenance import check_replaceable
-from lsr.shards import read_manifest, read_vector_rows, sha256_file, unlisted_entries
+from lsr.shards import read_manifest, read_vector_rows, refuse_unlisted, sha256_file
 from lsr.sparse import SparseVectors
 
 __all__ = ["FORMAT", "ShardedIndex", "is_sharded", "partition_bounds", "partition_count", "read_sharded_manifest"]
@@ -116,19 +116,9 @@ def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise _bad(mf, f"partitions do not tile docs [0, {n_docs}) contiguously (starts {starts}, sizes {sizes})")
     if any(Path(d).name != d or d in ("", ".", "..") for d in dirs) or len(set(dirs)) != len(dirs):
         raise _bad(mf, f"partition folders {dirs} must be distinct plain names")
-    _check_no_stray_partitions(path, dirs)
+    # a listing, no reads
+    refuse_unlisted(path, PARTITION_NAME, dirs, "partition", "rebuild the index (lsr index --partitions)")
     return m
-
-
-def _check_no_stray_partitions(path: Path, dirs: list[str]) -> None:
-    """Every partition folder in the index is listed: a manifest edited to drop one, with n_docs and the doc
-    ranges made to tile again, would otherwise search fewer documents without a word (a listing, no reads)."""
-    stray = unlisted_entries(path, PARTITION_NAME, dirs)
-    if stray:
-        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
-        raise ValueError(f"{path} holds the partition {stray[0]}{more}, which its {MANIFEST} does not list: the "
-                         "manifest was edited or replaced; restore the manifest that lists it, or rebuild the "
-                         "index (lsr index --partitions)")
 
 
 @dataclass(eq=False)

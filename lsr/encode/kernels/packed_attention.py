@@ -111,14 +111,16 @@ if triton is not None:
             cols = n0 + tl.arange(0, BLOCK_N)
             col_ok = cols < k_end
             cols64 = cols.to(tl.int64)
-            k = tl.load(k_ptr + cols64[:, None] * stride_kt + head * stride_kh + dims[None, :], mask=col_ok[:, None], other=0.0)
+            k = tl.load(k_ptr + cols64[:, None] * stride_kt + head * stride_kh + dims[None, :], mask=col_ok[:, None],
+                        other=0.0)
             s = tl.dot(q, tl.trans(k)) * qk_scale
             s = tl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + cols64[:, None] * stride_vt + head * stride_vh + dims[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + cols64[:, None] * stride_vt + head * stride_vh + dims[None, :], mask=col_ok[:, None],
+                        other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row without keys (past the tile, zeroed cu): 0
@@ -150,7 +152,8 @@ def triton_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         _packed_attention_kernel[grid](
             q, k, v, out, segments, cu_seqlens, T, B, per_tile, tiles_per_group, math.log2(math.e) / math.sqrt(Dh),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            DH=Dh, BLOCK_M=block_m, BLOCK_N=block_n, GROUPED=grouped, **({} if INTERPRET else {"num_warps": num_warps, "num_stages": num_stages}))
+            DH=Dh, BLOCK_M=block_m, BLOCK_N=block_n, GROUPED=grouped,
+            **({} if INTERPRET else {"num_warps": num_warps, "num_stages": num_stages}))
     return out.to(q.dtype)
 
 
