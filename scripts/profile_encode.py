@@ -14,8 +14,9 @@ synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
             the host), of body + head, of the body alone, and of encode_prepared while another thread runs
             enc.prepare nonstop (GIL contention as in encode_corpus before tokenizer processes, without the
             writer), and the same with that thread tokenizing in worker processes; padded / real tokens;
-            batch widths (buckets of 16). Once per --bodies entry: the padding-free backbone (varlen) and
-            HF's padded forward (hf), on the same prepared batches.
+            batch widths (buckets of 16). Once per --bodies entry: the padding-free backbone with lsr's packed
+            attention (varlen) or flash attention (varlen-flash), and HF's padded forward (hf), on the same
+            prepared batches.
   e2e       encode_corpus (windows of 50,000, shards of 100,000, B=1024, 131,072 tokens) after a 20K warm-up
             pass, once per --workers value (tokenizer processes; 0 = the reading thread tokenizes), repeated
             --e2e-repeats times in turn, for each --bodies entry: passages/s and the main thread's time split
@@ -30,6 +31,8 @@ Writes profile_encode.json to --out (after every part) and prints a table last.
     PYTHONPATH=. python scripts/profile_encode.py --out results/p8m --parts e2e --bodies varlen --workers 8 \
         --passages 8800000 --unique 1000000                                             # H200, ~7 min
     PYTHONPATH=. python scripts/profile_encode.py --tiny --device cpu --passages 300 --out /tmp/prof   # smoke
+    PYTHONPATH=. python scripts/profile_encode.py --out results/attn --parts e2e --bodies varlen,varlen-flash \
+        --workers 8 --passages 1000000 --unique 250000 --e2e-repeats 2              # attention A/B, H200, ~4 min
 """
 
 from __future__ import annotations
@@ -285,7 +288,8 @@ def table(res: dict) -> str:
     named = [("e2e", e or [])] + [(f"e2e compile={m}", c.get("e2e", [])) for m, c in (res.get("compile") or {}).items()]
     for name, runs in named:
         for r in runs:
-            lines.append(f"{name}, {'varlen' if r.get('varlen') else 'hf'}, {r['tokenize_workers']} tokenizer processes: "
+            lines.append(f"{name}, {r.get('body', 'varlen' if r.get('varlen') else 'hf')}, {r['tokenize_workers']} "
+                         "tokenizer processes: "
                          f"{r['pps']:,} p/s in {r['seconds']} s = "
                          f"first window {r['first_window_s']} (in wait_input) | wait_input {r['wait_input_s']} | "
                          f"encode {r['encode_s']} ({r['encode_only_pps']:,} p/s) | wait_writer {r['wait_writer_s']} | "
@@ -298,6 +302,19 @@ def table(res: dict) -> str:
                      f"rust encode_batch {t['rust_encode_pps'] or 0:,} | {t.get('pool_workers', 0)} processes: "
                      f"tokenize {t.get('pool_pps', 0):,}, prepare {t.get('pool_prepare_pps', 0):,}")
     return "\n".join(lines)
+
+
+BODIES = {"varlen": (True, "packed"), "varlen-flash": (True, "flash"), "hf": (False, None)}  # varlen=, attention
+
+
+def load_body(folder: str, body: str, dev: torch.device, dtype: torch.dtype, compile: bool = False) -> SpladeEncoder:
+    """The encoder of one --bodies entry."""
+    varlen, attention = BODIES[body]
+    enc = SpladeEncoder.from_pretrained(folder, device=dev, dtype=dtype, max_length_doc=MAX_LEN, varlen=varlen,
+                                        compile=compile)
+    if attention is not None and enc._towers["doc"].varlen is not None:
+        enc._towers["doc"].varlen.attention = attention
+    return enc
 
 
 def main() -> None:
@@ -315,9 +332,12 @@ def main() -> None:
                     "runs without generating 8.8M texts; tokenization and encoding cost the same per passage)")
     ap.add_argument("--bodies", default="varlen,hf",
                     help="backbones for the varlen and e2e parts (comma-separated): varlen = the padding-free "
-                         "forward (SpladeEncoder varlen=True), hf = HF's padded forward (varlen=False); fixed, "
-                         "tokenize and compile use the first")
+                         "forward (SpladeEncoder varlen=True) with lsr's packed attention kernel, varlen-flash = "
+                         "the same with flash attention's variable-length kernel, hf = HF's padded forward "
+                         "(varlen=False); fixed, tokenize and compile use the first; e2e alternates them")
     args = ap.parse_args()
+    if set(args.bodies.split(",")) - BODIES.keys():
+        ap.error(f"--bodies takes {', '.join(BODIES)}; got {args.bodies}")
     parts = set(args.parts.split(","))
     workers = [default_workers() if w == "auto" else int(w) for w in args.workers.split(",")]
     pool_workers = next((w for w in workers if w > 0), 0)
@@ -344,13 +364,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.data / "bert-base-uncased")
     with tempfile.TemporaryDirectory() as tmp:
         env["model"] = build_model(Path(tmp), args.tiny, dev, dtype, tokenizer)
-        bodies = {b: SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN,
-                                                   varlen={"varlen": True, "hf": False}[b])
-                  for b in args.bodies.split(",")}
+        bodies = {b: load_body(tmp, b, dev, dtype) for b in args.bodies.split(",")}
         first = next(iter(bodies))
         enc = bodies[first]
-        compiled = {first: SpladeEncoder.from_pretrained(tmp, device=dev, dtype=dtype, max_length_doc=MAX_LEN, compile=True,
-                                                         varlen=first == "varlen")} if "compile" in parts else {}
+        compiled = {first: load_body(tmp, first, dev, dtype, compile=True)} if "compile" in parts else {}
     if "fixed" in parts:
         res["fixed"] = fixed_part(enc, dev, batch, lengths, repeats)
         save()
@@ -373,12 +390,12 @@ def main() -> None:
         res["compile"] = {m: compile_part(model, dev, prepared, ids) for m, model in compiled.items()}
         save()
     del prepared
-    e2e_models = [(model, res["compile"][m].setdefault("e2e", [])) for m, model in compiled.items()]
-    e2e_models += [(model, res.setdefault("e2e", [])) for model in bodies.values()]
+    e2e_models = [(m, model, res["compile"][m].setdefault("e2e", [])) for m, model in compiled.items()]
+    e2e_models += [(b, model, res.setdefault("e2e", [])) for b, model in bodies.items()]
     for _ in range(args.e2e_repeats if "e2e" in parts else 0):
-        for model, runs in e2e_models:
+        for body, model, runs in e2e_models:
             for w in workers:
-                runs.append(e2e_part(model, dev, texts, window, batch, max_tokens, min(warm, n), w))
+                runs.append({"body": body, **e2e_part(model, dev, texts, window, batch, max_tokens, min(warm, n), w)})
                 save()
     if "tokenize" in parts:
         res["tokenize"] = tokenize_part(enc, windows, prepare_s, pool_workers, batch, max_tokens)
