@@ -72,7 +72,9 @@ def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 if triton is not None:
 
-    @triton.jit
+    # the batch's sizes change with every batch: one compiled variant for all of them (Triton would otherwise
+    # compile one per size that is 1 or a multiple of 16, seconds in the first batches of a run)
+    @triton.jit(do_not_specialize=["T", "B", "per_tile", "tiles_per_group"])
     def _packed_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, seg_ptr, cu_ptr, T, B, per_tile, tiles_per_group, qk_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
