@@ -479,3 +479,60 @@ def test_gpu_block_graphs_share_one_pool(monkeypatch):
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         del index, graphs
     assert held[True] < held[False], f"one pool should hold less than five: {held}"
+
+
+def test_trim_graphs_keeps_count_and_bytes_within_bounds(monkeypatch):
+    """The graph cache drops its least recently used entries beyond GRAPH_CACHE graphs or GRAPH_BYTES of kept
+    memory; failed captures (None) count no bytes, and the newest graph stays even when it alone is over."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    import lsr.search.graphs as sg
+    monkeypatch.setattr(sg, "GRAPH_CACHE", 3)
+    monkeypatch.setattr(sg, "GRAPH_BYTES", 100)
+    graphs = OrderedDict()
+    for key, size in (("a", 10), ("b", None), ("c", 30), ("d", 20)):
+        graphs[key] = None if size is None else SimpleNamespace(bytes=size)
+        sg.trim_graphs(graphs)
+    assert list(graphs) == ["b", "c", "d"]        # four entries: the oldest dropped
+    graphs["e"] = SimpleNamespace(bytes=60)       # 110 bytes: over the budget
+    sg.trim_graphs(graphs)
+    assert list(graphs) == ["d", "e"]             # b (count) then c (bytes) dropped
+    graphs["f"] = SimpleNamespace(bytes=500)      # alone over the budget: kept, everything older dropped
+    sg.trim_graphs(graphs)
+    assert list(graphs) == ["f"]
+
+
+@pytest.mark.gpu
+def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget(monkeypatch):
+    """Batches above 64 queries (up to GRAPH_MAX_B) replay graphs too, captured at their shape's second search
+    (the first runs eagerly), with the eager path's bits; the graphs of an index keep at most GRAPH_BYTES (the
+    least recently used dropped, the newest kept)."""
+    import lsr.search.graphs as sg
+    from lsr.synth import synth_docs, synth_queries
+    docs = synth_docs(60_000, device="cuda")
+    index = build_index(docs, 2048)
+    queries = synth_queries(400, device="cuda")
+    eager = BlockConfig(graphs=False)
+
+    def search_and_compare(q: SparseVectors, k: int) -> None:
+        got = triton_search(index, q, k, path="block")
+        want = triton_search(index, q, k, path="block", config=eager)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert_exact_topk(got[0][:4], got[1][:4], float64_scores(q[:4], docs), k)
+
+    before = sg.captures()
+    for B, k in ((100, 10), (300, 1000)):
+        search_and_compare(queries[B // 3:B // 3 + B], k)
+        assert sg.captures() == before, "a large batch's first search runs eagerly"
+        search_and_compare(queries[B // 2:B // 2 + B], k)   # the same shape (batch size, length bucket, k)
+        before += 1
+        assert sg.captures() == before
+    held = sg._GRAPHS[index].graphs
+    assert len(held) == 2 and all(g is not None and g.bytes > 0 for g in held.values())
+    search_and_compare(queries[:100], 10)                # replayed: no capture
+    assert sg.captures() == before
+    monkeypatch.setattr(sg, "GRAPH_BYTES", 1)      # every older graph is over the budget now
+    for _ in range(2):
+        search_and_compare(queries[:200], 100)
+    assert len(held) == 1 and sg.captures() == before + 1

@@ -135,6 +135,20 @@ def test_search_run_maps_docnos_best_first():
         assert list(run[qid].items()) == hits
 
 
+def test_search_run_deeper_than_the_collection_searches_only_its_documents(monkeypatch):
+    """A run holds each document once, so search_run caps k at the index's documents: k = 10^12 gives the same
+    run as k = n_docs instead of asking for [queries x 10^12] of padding."""
+    docs, queries = make_case(50, 3, 30, 14, quantized=True)
+    searcher = Searcher(InvertedIndex.build(docs, block_size=16))
+    asked = []
+    search = searcher.search
+    monkeypatch.setattr(searcher, "search", lambda q, k, *a: asked.append(k) or search(q, k, *a))
+    assert searcher.search_run(queries, k=10**12) == searcher.search_run(queries, k=len(docs))
+    assert asked == [len(docs), len(docs)]
+    with pytest.raises(ValueError, match="positive integer"):
+        searcher.search_run(queries, k=0)
+
+
 def test_encoder_metadata_is_checked():
     check_compatible(None, {"kind": "splade"})
     check_compatible({"kind": "splade", "max_length": 32}, {"kind": "splade", "max_length": 256})

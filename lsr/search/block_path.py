@@ -57,6 +57,7 @@ __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
 COARSE_MIN_MARGIN = 128        # coarse keys kept beyond k at least (``_coarse_margin``)
+ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape (``_span_items``)
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -219,11 +220,12 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
 
 def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                 device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal). Batches a
-    CUDA graph can hold get them once per shape, outside the graphs (they were ~20 of a one-query graph's
-    kernels); a graph that reads them holds them in its ChunkResult (``items``), so an entry dropped from the
-    cache stays allocated. Larger batches make them per call (16 B per item: 33 MB at B = 2,000, 8.8M docs)."""
-    make = _cached_span_items if B <= GRAPH_MAX_B else _make_span_items
+    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal). Small batches
+    get them once per shape, outside their CUDA graphs (they were ~20 of a one-query graph's kernels); a graph
+    that reads them holds them in its ChunkResult (``items``), so an entry dropped from the cache stays
+    allocated. Larger batches make them per call, inside their graphs (16 B per item: 2.2 MB at B = 512, 8.8M
+    docs; ~20 small kernels next to passes of milliseconds), so the cache stays small."""
+    make = _cached_span_items if B <= ITEMS_CACHE_MAX_B else _make_span_items
     return make(B, n_items, n_spans, group, width, device)
 
 

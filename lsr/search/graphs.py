@@ -1,7 +1,11 @@
 """CUDA graphs of the block path: one captured chunk per (batch size, query-length bucket, k, plan).
 
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
-captured graph removes that host cost. Graphs are cached per index (least recently used dropped).
+captured graph removes that host cost. Larger batches gain too: between the two passes the host launches ~40
+small kernels slower than the GPU runs them, so an eager 500-query batch leaves the GPU idle for ~1.4 ms of its
+~15 ms (graphs up to B = 512, the Searcher's batch: +10% at B = 500, +23-37% at B = 128-250; docs/benchmarks.md,
+session 21). Graphs are cached per index, the least recently used dropped beyond GRAPH_CACHE graphs or
+GRAPH_BYTES of memory they keep (a 500-query graph at 8.8M docs keeps ~176 MB: its candidate slots).
 
 With ``SHARED_POOL`` (the default) the graphs of one index share one memory pool and one lock, as
 ``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
@@ -25,10 +29,15 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
 
-__all__ = ["GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph", "captures"]
+__all__ = ["CAPTURE_AT_ONCE_B", "GRAPH_BYTES", "GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph", "captures", "trim_graphs"]
 
-GRAPH_MAX_B = 64               # block path: batches up to this size replay a captured CUDA graph
+GRAPH_MAX_B = 512              # block path: batches up to this size replay a captured CUDA graph
 GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
+GRAPH_BYTES = 1 << 30          # GPU memory the kept graphs of one index hold at most (the newest is always kept)
+CAPTURE_AT_ONCE_B = 64         # batches up to this size are captured at their first search, larger ones at their
+                               # second (the first runs eagerly): a one-off shape, such as the last batch of a
+                               # query set, never pays a capture (a warm-up run and the capture: ~2 batches' time)
+SEEN = 64                      # shapes of large batches remembered per index until their second search
 SHARED_POOL = True             # one memory pool and one lock for all graphs of an index (module docstring)
 
 ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -41,6 +50,7 @@ class ChunkGraph:
 
     def __init__(self, body: ChunkBody, B: int, n_terms: int, device: torch.device, *, pool: Any = None,
                  lock: threading.Lock | None = None) -> None:
+        before = torch.cuda.memory_allocated(device)
         self.indptr = torch.zeros(B + 1, dtype=torch.int64, device=device)
         self.terms = torch.zeros(n_terms, dtype=torch.int32, device=device)
         self.weights = torch.zeros(n_terms, dtype=torch.float32, device=device)
@@ -54,6 +64,7 @@ class ChunkGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = body(self.indptr, self.terms, self.weights)
+        self.bytes = max(0, torch.cuda.memory_allocated(device) - before)   # what the graph keeps alive
 
     def __call__(self, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> Any:
         n = terms.numel()
@@ -70,6 +81,7 @@ class _IndexGraphs:
 
     def __init__(self) -> None:
         self.graphs: OrderedDict[Hashable, ChunkGraph | None] = OrderedDict()
+        self.seen: OrderedDict[Hashable, None] = OrderedDict()   # large-batch shapes searched once (eagerly)
         self.lock = threading.Lock()
         self.pool: Any = None
 
@@ -93,10 +105,16 @@ def captures() -> int:
 
 
 def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
-    """The cached graph for ``key`` (least recently used beyond GRAPH_CACHE dropped); None where capture
-    failed (then the caller runs eagerly, as it does for every later call with that key)."""
+    """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
+    eagerly: the first search of a batch above CAPTURE_AT_ONCE_B queries, and every search with a key whose
+    capture failed."""
     entry = _GRAPHS.setdefault(index, _IndexGraphs())
     graphs = entry.graphs
+    if key not in graphs and B > CAPTURE_AT_ONCE_B and key not in entry.seen:
+        entry.seen[key] = None
+        while len(entry.seen) > SEEN:
+            entry.seen.popitem(last=False)
+        return None
     if key not in graphs:
         try:
             graphs[key] = entry.capture(body, B, n_terms, index.device)
@@ -104,7 +122,15 @@ def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: i
             warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
                           "running it eagerly", RuntimeWarning, stacklevel=3)
             graphs[key] = None
-        while len(graphs) > GRAPH_CACHE:
-            graphs.popitem(last=False)
+        trim_graphs(graphs)
     graphs.move_to_end(key)
     return graphs[key]
+
+
+def trim_graphs(graphs: OrderedDict[Hashable, Any]) -> None:
+    """Drop the least recently used graphs (first in ``graphs``) while more than GRAPH_CACHE are kept or they
+    hold more than GRAPH_BYTES (``bytes``; None entries, failed captures, hold none); the newest stays."""
+    held = sum(getattr(g, "bytes", 0) for g in graphs.values())
+    while len(graphs) > 1 and (len(graphs) > GRAPH_CACHE or held > GRAPH_BYTES):
+        _, dropped = graphs.popitem(last=False)
+        held -= getattr(dropped, "bytes", 0)

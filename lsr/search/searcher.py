@@ -221,9 +221,11 @@ class Searcher:
     def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
                    query_metadata: Mapping[str, Any] | None = None,
                    show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
-        """Search and return a run: {qid: {docno: score}} with hits ordered best first."""
+        """Search and return a run: {qid: {docno: score}} with hits ordered best first (at most the index's
+        documents per query: a deeper k would only allocate padding, ``run_depth``)."""
         from lsr.runs import from_topk
 
+        k = run_depth(check_request(queries, k, query_metadata, self.index), self.index.n_docs)
         scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
 

@@ -25,7 +25,6 @@ from lsr.kernel_utils import INTERPRET
 from lsr.ragged import segment_ids
 from lsr.search.block_path import block_search
 from lsr.search.block_plan import BlockConfig, QueryCSR, default_config
-from lsr.search.graphs import GRAPH_MAX_B
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.kernels.scatter import triton_scatter_scores
@@ -43,12 +42,13 @@ __all__ = ["PATHS", "SMALL_N", "BlockConfig", "choose_path", "default_config", "
 PATHS = ("auto", "block", "scatter", "csr")
 SMALL_N = 1 << 18              # auto: dense scatter path up to this many docs for large batches
 DENSE_BUDGET = 1 << 30         # bytes of dense [B_chunk, N] buffers on the dense paths
+SCATTER_MIN_B = 65             # auto, Triton kernel, small collections: batches from this size take the scatter path
 
 
-def choose_path(n_docs: int, n_queries: int = GRAPH_MAX_B + 1, cuda_kernel: bool = False) -> str:
+def choose_path(n_docs: int, n_queries: int = SCATTER_MIN_B, cuda_kernel: bool = False) -> str:
     """The path "auto" takes: "block", except "scatter" for large batches on small collections when the
     block path would run on the Triton kernel (the CUDA kernel is as fast or faster there too)."""
-    small = n_docs <= SMALL_N and n_queries > GRAPH_MAX_B and not cuda_kernel
+    small = n_docs <= SMALL_N and n_queries >= SCATTER_MIN_B and not cuda_kernel
     return "scatter" if small else "block"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lsr.search.graphs import CAPTURE_AT_ONCE_B
 from lsr.search.searcher import run_depth
 from lsr.sparse import SparseVectors, weight_limit
 
@@ -328,8 +329,9 @@ class SearchEngine:
         sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
             sorted({1, max_batch})
         for query in queries:
-            for b in sizes:
-                self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
+            for b in sizes:   # a batch above CAPTURE_AT_ONCE_B queries is captured at its second search
+                for _ in range(1 + (b > CAPTURE_AT_ONCE_B)):
+                    self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:
         """The batch's n rows as one SparseVectors on the search device (ids 0..), padded to a power of two
