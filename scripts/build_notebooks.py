@@ -183,8 +183,8 @@ for ax, q in zip(axes, ['synth+ranked', 'real+ranked']):
 plt.tight_layout(); plt.savefig(FIG / 'search_compact.png', dpi=110); plt.show()
 rows.pivot_table(index=['queries', 'B'], columns='postings', values='qps').round(0)"""
 
-SERVE = """serve = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(run=p.stem)
-                   for p in [BENCH / 'bench_serve.json', *sorted((BENCH / 'extra').glob('bench_serve*.json'))]])
+SERVE = """loaded = [(p, json.loads(p.read_text())) for p in [BENCH / 'bench_serve.json', *sorted((BENCH / 'extra').glob('bench_serve*.json'))]]
+serve = pd.concat([pd.DataFrame(d['rows']).assign(run=p.stem) for p, d in loaded if 'rows' in d])   # (A/B summaries have no rows)
 serve = serve[serve.qps.notna()]
 serve['pipeline'] = serve['pipeline'].fillna(0).astype(int) if 'pipeline' in serve else 0
 fig, ax = plt.subplots(figsize=(9, 5))
@@ -248,6 +248,17 @@ plt.tight_layout(); plt.savefig(FIG / 'encode_session20.png', dpi=110); plt.show
 print('window totals, ms per layer: flash %.2f, packed %.2f' % (rows.flash.sum(), rows.packed.sum()))
 pd.DataFrame(ab['gpu_only'])"""
 
+GRAPH21 = """ab = json.loads((BENCH / 'extra' / 'ab_graph_large_session21_h200.json').read_text())
+rows = pd.DataFrame(ab['batches'])
+rows['case'] = rows['queries'] + ' B=' + rows['B'].astype(str) + ' k=' + rows['k'].astype(str)
+fig, ax = plt.subplots(figsize=(14, 4.2))
+rows.pivot_table(index='case', columns='mode', values='qps', aggfunc='median', sort=False)[['before', 'after']].plot.bar(ax=ax, rot=20)
+ax.axhline(45000, color='k', ls='--', lw=1, label='issue target, B=500 k=1000'); ax.legend()
+ax.set_title('block path: CUDA graphs up to B=64 (before) and up to B=512 (after), one process, H200, 8.8M docs, compact')
+ax.set_ylabel('queries / s (median of two rounds)')
+plt.tight_layout(); plt.savefig(FIG / 'search_graphs_session21.png', dpi=110); plt.show()
+pd.DataFrame(ab['searcher'])"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -287,6 +298,8 @@ BENCHMARKS = [
     new_code_cell(ENCODE19),
     new_markdown_cell("## Encoding: lsr's packed attention kernel against flash attention's variable-length kernel (session 20)"),
     new_code_cell(ATTN20),
+    new_markdown_cell("## Batches above 64 queries replay CUDA graphs too (session 21, before = graphs up to B = 64)"),
+    new_code_cell(GRAPH21),
 ]
 
 
