@@ -38,9 +38,12 @@ CASES = [(1, 5000, 1000, 0.7, False), (3, 3000, 10, 0.5, True), (2, 700, 1000, 0
          (5, 4100, 64, 0.95, False), (2, 300, 7, 1.0, False)]
 
 
+@pytest.mark.parametrize("rank_max_k", [0, 1 << 30])   # the gathered slots through torch.topk / the rank kernel
 @pytest.mark.parametrize("B,C,k,empty,ties", CASES)
-def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties):
+def test_bucket_topk_is_torch_topk(gen, monkeypatch, B, C, k, empty, ties, rank_max_k):
     """The k largest keys, sorted, -1 padded; no row of these flags an overflow."""
+    monkeypatch.setattr(select, "RANK_MAX_K", rank_max_k)
+    monkeypatch.setattr(select, "RANK_MAX_B", 0 if rank_max_k == 0 else 1 << 30)
     keys = random_keys(gen, B, C, empty, ties)
     top, overflow = select.bucket_topk(keys, k)
     assert not bool(overflow.any())
@@ -103,8 +106,12 @@ def test_triton_query_scales_is_query_scales(gen, lens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,C,k", [(1, 68800, 1000), (1, 17408, 10), (64, 68864, 1125), (500, 17408, 1000)])
-def test_gpu_bucket_selection_at_search_shapes(gen, B, C, k):
+@pytest.mark.parametrize("rank_max_k", [0, 1 << 30])
+@pytest.mark.parametrize("B,C,k", [(1, 68800, 1000), (1, 17408, 10), (64, 68864, 1125), (500, 17408, 1000),
+                                   (500, 17408, 1500)])
+def test_gpu_bucket_selection_at_search_shapes(gen, monkeypatch, B, C, k, rank_max_k):
+    monkeypatch.setattr(select, "RANK_MAX_K", rank_max_k)
+    monkeypatch.setattr(select, "RANK_MAX_B", 0 if rank_max_k == 0 else 1 << 30)
     keys = random_keys(gen, B, C, 0.75, False)
     top, overflow = select.bucket_topk(keys, k)
     assert not bool(overflow.any()) and torch.equal(top, topk.topk_keys(keys, k))

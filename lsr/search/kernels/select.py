@@ -40,6 +40,9 @@ SHIFT1 = 50                   # level 1: key bits 61..50 (keys of positive float
 SHIFT2 = 38                   # level 2: key bits 49..38
 _BLOCK = 2048                 # keys per program of the histogram and gather kernels
 _TILE = 128                   # keys per program of the ranking kernel
+RANK_MAX_K = 512              # bucket_topk ranks by counting (~n^2 compares of the n ~ k gathered keys) up to this
+RANK_MAX_B = 16               # k or this many rows; beyond both, torch.topk of the gathered slots is faster (one
+                              # row: the rank kernel's 32 programs beat its single block; docs/benchmarks.md, session 21)
 
 
 @triton.jit
@@ -157,9 +160,14 @@ def bucket_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     B, C = keys.shape
     kmax = select_rows(k)
     lo, total, _ = _levels(keys, k)
-    buf = torch.empty((B, kmax), dtype=torch.int64, device=keys.device)
+    by_rank = k <= RANK_MAX_K or B <= RANK_MAX_B
+    # the rank kernel reads only the gathered slots; torch.topk reads them all, so the empty ones hold -1
+    buf = (torch.empty((B, kmax), dtype=torch.int64, device=keys.device) if by_rank
+           else torch.full((B, kmax), -1, dtype=torch.int64, device=keys.device))
     count = torch.zeros(B, dtype=torch.int32, device=keys.device)
     _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, kmax, BLOCK=_BLOCK)
+    if not by_rank:   # the gathered keys are unique and the empty slots -1: the k largest are the answer
+        return torch.topk(buf, k, dim=1, largest=True, sorted=True).values, total > kmax
     top = torch.full((B, k), -1, dtype=torch.int64, device=keys.device)
     _rank_kernel[(B, triton.cdiv(kmax, _TILE))](buf, count, top, kmax, k, TILE=_TILE, CH=_TILE)
     return top, total > kmax
