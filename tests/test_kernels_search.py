@@ -537,3 +537,49 @@ def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget(monkeypatch
     for _ in range(2):
         search_and_compare(queries[:200], 100)
     assert len(held) == 1 and sg.captures() == before + 1
+
+
+def test_graph_cache_bookkeeping_holds_under_threads(monkeypatch):
+    """Several threads looking graphs up, capturing and trimming one index's cache at once (captures faked: the
+    bookkeeping is what is tested): no lookup fails, every answer is a graph of the key's batch size or None, and the
+    cache ends within its bounds."""
+    import random
+    import sys
+    import threading
+    from types import SimpleNamespace
+
+    import lsr.search.graphs as sg
+
+    class Index:   # what the cache needs of an index: weak-referenceable, a device
+        device = "cpu"
+
+    index = Index()
+    monkeypatch.setattr(sg._IndexGraphs, "capture", lambda self, body, B, n, device: SimpleNamespace(bytes=B))
+    monkeypatch.setattr(sg, "GRAPH_CACHE", 4)
+    monkeypatch.setattr(sg, "GRAPH_BYTES", 300)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible
+    errors = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(3000):
+                B = rng.choice([1, 8, 100, 200])
+                graph = sg.cached_chunk_graph(index, None, B, 0, (B, rng.randrange(5)))
+                assert graph is None or graph.bytes == B
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+    kept = sg._GRAPHS[index].graphs
+    assert 1 <= len(kept) <= 4
+    assert len(kept) == 1 or sum(g.bytes for g in kept.values()) <= 300

@@ -143,7 +143,7 @@ def _coarse_margin(k: int) -> int:
 
 
 def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph for small batches),
+    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph up to GRAPH_MAX_B queries),
     then the host-side repairs and, for the rare queries the coarse pass could not settle, the exact pass."""
     B = queries.indptr.numel() - 1
     body = functools.partial(_score_chunk, plan)
@@ -223,8 +223,8 @@ def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
     """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal). Small batches
     get them once per shape, outside their CUDA graphs (they were ~20 of a one-query graph's kernels); a graph
     that reads them holds them in its ChunkResult (``items``), so an entry dropped from the cache stays
-    allocated. Larger batches make them per call, inside their graphs (16 B per item: 2.2 MB at B = 512, 8.8M
-    docs; ~20 small kernels next to passes of milliseconds), so the cache stays small."""
+    allocated. Larger batches make them per call, inside their graphs (16 B per item: ~2.5 MB at B = 512 on 8.8M
+    docs' 32,768-doc coarse spans; ~20 small kernels next to passes of milliseconds), so the cache stays small."""
     make = _cached_span_items if B <= ITEMS_CACHE_MAX_B else _make_span_items
     return make(B, n_items, n_spans, group, width, device)
 

@@ -5,7 +5,7 @@ captured graph removes that host cost. Larger batches gain too: between the two 
 small kernels slower than the GPU runs them, so an eager 500-query batch leaves the GPU idle for ~1.4 ms of its
 ~15 ms (graphs up to B = 512, the Searcher's batch: +10% at B = 500, +23-37% at B = 128-250; docs/benchmarks.md,
 session 21). Graphs are cached per index, the least recently used dropped beyond GRAPH_CACHE graphs or
-GRAPH_BYTES of memory they keep (a 500-query graph at 8.8M docs keeps ~176 MB: its candidate slots).
+GRAPH_BYTES of memory they keep by estimate (a 500-query graph at 8.8M docs keeps ~176 MB: its candidate slots).
 
 With ``SHARED_POOL`` (the default) the graphs of one index share one memory pool and one lock, as
 ``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
@@ -32,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CAPTURE_AT_ONCE_B", "GRAPH_BYTES", "GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph", "captures", "trim_graphs"]
 
 GRAPH_MAX_B = 512              # block path: batches up to this size replay a captured CUDA graph
-GRAPH_CACHE = 16               # graphs kept per index (one per batch size x query-length bucket x k)
-GRAPH_BYTES = 1 << 30          # GPU memory the kept graphs of one index hold at most (the newest is always kept)
+GRAPH_CACHE = 32               # graphs kept per index (one per batch size x query-length bucket x k); a server's
+                               # warm-up captures up to 2 buckets x 10 sizes (lsr.serve.engine.SearchEngine.warmup)
+GRAPH_BYTES = 1 << 30          # GPU memory the kept graphs of one index hold at most, by their ``bytes`` estimates
+                               # (the newest is always kept)
 CAPTURE_AT_ONCE_B = 64         # batches up to this size are captured at their first search, larger ones at their
                                # second (the first runs eagerly): a one-off shape, such as the last batch of a
                                # query set, never pays a capture (a warm-up run and the capture: ~2 batches' time)
@@ -64,7 +66,9 @@ class ChunkGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = body(self.indptr, self.terms, self.weights)
-        self.bytes = max(0, torch.cuda.memory_allocated(device) - before)   # what the graph keeps alive
+        # what the graph keeps alive, estimated as the growth of the device's allocated memory over the capture (a
+        # concurrent allocation elsewhere skews it; a dropped graph's blocks return to its pool, not the device)
+        self.bytes = max(0, torch.cuda.memory_allocated(device) - before)
 
     def __call__(self, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> Any:
         n = terms.numel()
@@ -82,6 +86,7 @@ class _IndexGraphs:
     def __init__(self) -> None:
         self.graphs: OrderedDict[Hashable, ChunkGraph | None] = OrderedDict()
         self.seen: OrderedDict[Hashable, None] = OrderedDict()   # large-batch shapes searched once (eagerly)
+        self.book = threading.Lock()   # the two dicts above
         self.lock = threading.Lock()
         self.pool: Any = None
 
@@ -107,24 +112,29 @@ def captures() -> int:
 def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
     """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
     eagerly: the first search of a batch above CAPTURE_AT_ONCE_B queries, and every search with a key whose
-    capture failed."""
+    capture failed. Safe for several threads: the cache's bookkeeping runs under its own lock (a capture, which
+    takes milliseconds, outside it; two threads may then capture one key, and the later one is kept)."""
     entry = _GRAPHS.setdefault(index, _IndexGraphs())
-    graphs = entry.graphs
-    if key not in graphs and B > CAPTURE_AT_ONCE_B and key not in entry.seen:
-        entry.seen[key] = None
-        while len(entry.seen) > SEEN:
-            entry.seen.popitem(last=False)
-        return None
-    if key not in graphs:
-        try:
-            graphs[key] = entry.capture(body, B, n_terms, index.device)
-        except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
-            warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
-                          "running it eagerly", RuntimeWarning, stacklevel=3)
-            graphs[key] = None
-        trim_graphs(graphs)
-    graphs.move_to_end(key)
-    return graphs[key]
+    with entry.book:
+        if key in entry.graphs:
+            entry.graphs.move_to_end(key)
+            return entry.graphs[key]
+        if B > CAPTURE_AT_ONCE_B and key not in entry.seen:
+            entry.seen[key] = None
+            while len(entry.seen) > SEEN:
+                entry.seen.popitem(last=False)
+            return None
+    try:
+        graph = entry.capture(body, B, n_terms, index.device)
+    except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
+        warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
+                      "running it eagerly", RuntimeWarning, stacklevel=3)
+        graph = None
+    with entry.book:
+        entry.graphs[key] = graph
+        entry.graphs.move_to_end(key)
+        trim_graphs(entry.graphs)   # keeps the newest: this one
+    return graph
 
 
 def trim_graphs(graphs: OrderedDict[Hashable, Any]) -> None:

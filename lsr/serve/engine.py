@@ -328,8 +328,9 @@ class SearchEngine:
                                          torch.ones(100), None, V, validate=False))
         sizes = sorted({_next_pow2(b) for b in range(1, max_batch + 1)}) if self.pad_batches else \
             sorted({1, max_batch})
-        for query in queries:
-            for b in sizes:   # a batch above CAPTURE_AT_ONCE_B queries is captured at its second search
+        # the commonest shapes (short queries, small batches) last: the graph cache drops the least recently used
+        for query in reversed(queries):
+            for b in reversed(sizes):   # a batch above CAPTURE_AT_ONCE_B queries is captured at its second search
                 for _ in range(1 + (b > CAPTURE_AT_ONCE_B)):
                     self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
