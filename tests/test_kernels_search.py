@@ -380,14 +380,17 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_rescore_matches_twin(gen):
+@pytest.mark.parametrize("V,density,B,C", [(200, 0.2, 7, 333), (30522, 0.01, 70, 130)])
+def test_gpu_cuda_rescore_matches_twin(gen, V, density, B, C):
+    """The CUDA rescoring (a bitmap of each query's terms in shared memory, 64 cells a CTA) against its twin, bit for
+    bit: vocabularies that do and do not fill the bitmap's last word, rows of cells not a multiple of 64."""
     from lsr.search.kernels import rescore_cuda
-    docs = rand_vectors(3000, 200, 0.2, gen)
-    q = rand_vectors(7, 200, 0.2, gen, empty_rows=1)
-    scale, inv = query_scales(*csr_of(q), torch.ones(200, device="cuda") * 40)
-    qd = csr.dense_queries(*csr_of(q), 200)
-    cand = torch.randint(-1, 3000, (7, 333), device="cuda")
-    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
+    docs = rand_vectors(3000, V, density, gen)
+    q = rand_vectors(B, V, density * 2, gen, empty_rows=1)
+    scale, inv = query_scales(*csr_of(q), torch.ones(V, device="cuda") * 40)
+    qd = csr.dense_queries(*csr_of(q), V)
+    cand = torch.randint(-1, 3000, (B, C), device="cuda")
+    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand, q.indptr, q.indices)
     b = csr.torch_csr_scores(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
     assert torch.equal(a, b) and bool((a[cand < 0] == 0).all()) and bool((a > 0).any())
 

@@ -293,8 +293,9 @@ def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, 
     dev = queries.indptr.device
     qd = dense_queries(*queries, index.vocab_size)
     csr = index.docs
-    if dev.type == "cuda" and block_cuda.available(dev.index or 0):
-        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs)
+    if dev.type == "cuda" and block_cuda.available(dev.index or 0) and index.vocab_size <= rescore_cuda.MAX_VOCAB:
+        return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs,
+                                         queries.indptr, queries.terms)
     return triton_csr_scores(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs)
 
 

@@ -5,7 +5,8 @@ is ``lsr.search.kernels.csr.torch_csr_scores``): the int64 fixed-point sum of ls
 scores are bit-identical to every other scorer. Why a second kernel: the block path rescored ~1,000
 candidates for each of 500 queries at 8.8M docs in 3.9 ms with the Triton kernel (a [4, 64] tile of
 cells gathers one posting per cell and step); a warp per cell reads the doc's terms and weights as
-coalesced runs, looks the query weights up in a dense [B, V] matrix and sums with shuffles.
+coalesced runs, looks the query weights up in a dense [B, V] matrix (only for the doc terms a shared-memory
+bitmap of the query's terms holds: most of a doc's terms are not the query's) and sums with shuffles.
 
 Compiled at first use with NVRTC (``torch.cuda._compile_kernel``), like lsr.search.kernels.block_cuda; not
 runnable under TRITON_INTERPRET (CPU CI tests the twin; the ``gpu`` tests compare bit for bit).
@@ -19,11 +20,14 @@ import torch
 
 from lsr.search.kernels import cuda_source
 
-__all__ = ["cuda_rescore"]
+__all__ = ["MAX_VOCAB", "cuda_rescore"]
 
 _SOURCE = cuda_source("rescore.cu")
 
-_CELLS = 8   # cells (warps) per CTA
+_WARPS = 8        # warps per CTA, a cell each at a time
+_CTA_CELLS = 64   # cells per CTA (one query's): the CTA's bitmap of the query's terms serves them all
+_MAX_GRID_Y = 65535
+MAX_VOCAB = 48 * 1024 * 8   # the bitmap within the 48 KB of shared memory a launch gets without opting in
 
 
 @functools.cache
@@ -33,7 +37,7 @@ def _kernel():
 
 def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights: torch.Tensor,
                  qdense: torch.Tensor, scale: torch.Tensor, inv_scale: torch.Tensor,
-                 doc_idx: torch.Tensor) -> torch.Tensor:
+                 doc_idx: torch.Tensor, q_indptr: torch.Tensor, q_terms: torch.Tensor) -> torch.Tensor:
     """Scores of candidate (query, doc) cells (``triton_csr_scores`` with ``doc_idx``, on CUDA).
 
     Args:
@@ -41,6 +45,8 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         qdense: float32 [B, V] dense queries (``lsr.search.kernels.csr.dense_queries``), rows contiguous.
         scale, inv_scale: float64 [B] fixed-point scales (``lsr.search.kernels.fixed.query_scales``).
         doc_idx: int32/int64 [B, C] docs to score per query (-1 = none).
+        q_indptr / q_terms: int64 [B+1] / int32 query CSR whose rows hold (at least) every term of ``qdense``'s
+            rows with a non-zero weight: the kernel skips doc terms outside them.
     Returns:
         float32 [B, C]; 0 for -1 cells.
     """
@@ -53,18 +59,23 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         raise ValueError("qdense must be float32 [B, V] with contiguous rows")
     if scale.shape != (qdense.shape[0],) or scale.dtype != torch.float64 or inv_scale.dtype != torch.float64:
         raise ValueError("scale and inv_scale must be float64 [B]")
-    B = qdense.shape[0]
+    B, V = qdense.shape
+    if V > MAX_VOCAB:
+        raise ValueError(f"a vocabulary of {V} terms exceeds the rescoring bitmap ({MAX_VOCAB}); use triton_csr_scores")
+    if q_indptr.shape != (B + 1,) or q_indptr.dtype != torch.int64 or q_terms.dtype != torch.int32:
+        raise ValueError("q_indptr / q_terms must be the queries' int64 [B+1] / int32 CSR")
     if doc_idx.dim() != 2 or doc_idx.shape[0] != B or doc_idx.device != dev:
         raise ValueError("doc_idx must be [B, C] on the queries' device")
     C = doc_idx.shape[1]
     n_docs = doc_indptr.numel() - 1
-    if B * C >= 1 << 31 or n_docs >= 1 << 31 or qdense.stride(0) >= 1 << 31:
+    if B * C >= 1 << 31 or n_docs >= 1 << 31 or qdense.stride(0) >= 1 << 31 or B > _MAX_GRID_Y:
         raise ValueError("too many cells for one launch (split the queries)")
     out = torch.empty((B, C), dtype=torch.float32, device=dev)
     if B and C:
         cand = doc_idx.to(torch.int64).contiguous()
         with torch.cuda.device(dev):
-            _kernel()(grid=((B * C + _CELLS - 1) // _CELLS, 1, 1), block=(32 * _CELLS, 1, 1),
+            _kernel()(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, B, 1), block=(32 * _WARPS, 1, 1),
+                      shared_mem=4 * ((V + 31) // 32),
                       args=[doc_indptr, doc_terms, doc_weights, qdense, qdense.stride(0), scale, inv_scale,
-                            cand, C, B * C, n_docs, out])
+                            cand, C, n_docs, q_indptr.contiguous(), q_terms.contiguous(), V, _CTA_CELLS, out])
     return out
