@@ -259,6 +259,16 @@ ax.set_ylabel('queries / s (median of two rounds)')
 plt.tight_layout(); plt.savefig(FIG / 'search_graphs_session21.png', dpi=110); plt.show()
 pd.DataFrame(ab['searcher'])"""
 
+AB21 = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[4][:3])
+                  for p in sorted((BENCH / 'extra').glob('bench_search_session_ab_*_session21_h200.json'))])
+runs = runs[runs.method == 'lsr-auto'].copy()
+runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
+fig, ax = plt.subplots(figsize=(14, 4.2))
+runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=ax, rot=25)
+ax.set_title("bench_search: session 21's start (f4a70c3) vs its end, alternating twice on one H200 (median of the rounds)")
+ax.set_ylabel('queries / s'); plt.tight_layout(); plt.savefig(FIG / 'search_session21.png', dpi=110); plt.show()
+runs.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'max'], sort=False).round(0)"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -300,6 +310,8 @@ BENCHMARKS = [
     new_code_cell(ATTN20),
     new_markdown_cell("## Batches above 64 queries replay CUDA graphs too (session 21, before = graphs up to B = 64)"),
     new_code_cell(GRAPH21),
+    new_markdown_cell("## Search at the start and the end of session 21, one machine"),
+    new_code_cell(AB21),
 ]
 
 
