@@ -230,11 +230,16 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                         int c_e;
                         bool real;
                         const float we = posting(d, w, e, c_e, real);
-                        const bool ok = (m & (1u << e)) && real;
 #if COARSE
-                        const unsigned v = __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) - 0x4b000000u;
-                        if (ok) atomicAdd(t_hi24 + (c_e >> 1), v << ((c_e & 1) << 4));
+                        // the half's shift as a multiply by 1 or 2^16 with the bias folded in (v = (bits - 2^23 bias)
+                        // * s mod 2^32): multiply-adds run on the FMA pipe, while shifts, logic and compares load the
+                        // ALU pipe, which this loop saturates. Compact padding is weight 0 (it adds 0: no test); a
+                        // float32 posting's padding is its doc id -1, whose weight the kernel does not rely on
+                        const unsigned s = (unsigned)(c_e & 1) * 65535u + 1u;
+                        const unsigned v = __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) * s + s * 0xb5000000u;
+                        if ((m & (1u << e)) && (WEIGHT || real)) atomicAdd(t_hi24 + (c_e >> 1), v);
 #else
+                        const bool ok = (m & (1u << e)) && real;
                         unsigned* cell = t_hi24 + c_e;
                         const u64 v = (u64)(i64)((double)we * q);
                         if (ok) {
