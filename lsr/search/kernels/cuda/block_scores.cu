@@ -225,6 +225,21 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
                 // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
                 auto add = [&](const uint4& d, const uint4& w, unsigned m, qmul_t q) {
+#if COARSE && WEIGHT
+                    // a step whose lanes all hold 8 postings of the run (most steps of a long run): the adds need no
+                    // test and no branch (compact padding adds 0)
+                    if (__all_sync(FULL, m == 0xffu)) {
+                        #pragma unroll
+                        for (int e = 0; e < PL; ++e) {
+                            int c_e;
+                            bool real;
+                            const float we = posting(d, w, e, c_e, real);
+                            const unsigned s = (unsigned)(c_e & 1) * 65535u + 1u;
+                            atomicAdd(t_hi24 + (c_e >> 1), __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) * s + s * 0xb5000000u);
+                        }
+                        return;
+                    }
+#endif
                     #pragma unroll
                     for (int e = 0; e < PL; ++e) {
                         int c_e;
