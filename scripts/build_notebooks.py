@@ -260,12 +260,12 @@ plt.tight_layout(); plt.savefig(FIG / 'search_graphs_session21.png', dpi=110); p
 pd.DataFrame(ab['searcher'])"""
 
 AB21 = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[4][:3])
-                  for p in sorted((BENCH / 'extra').glob('bench_search_session_final_*_session21_h200.json'))])
+                  for p in sorted((BENCH / 'extra').glob('bench_search_session_last_*_session21_h200.json'))])
 runs = runs[runs.method == 'lsr-auto'].copy()
 runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
 fig, ax = plt.subplots(figsize=(14, 4.2))
 runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=ax, rot=25)
-ax.set_title("bench_search: session 21's start (f4a70c3) vs its end (522def9), alternating twice on one H200 (median of the rounds)")
+ax.set_title("bench_search: session 21's start (f4a70c3) vs its end (4e0bd30), alternating twice on one H200 (median of the rounds)")
 ax.set_ylabel('queries / s'); plt.tight_layout(); plt.savefig(FIG / 'search_session21.png', dpi=110); plt.show()
 runs.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'max'], sort=False).round(0)"""
 
