@@ -396,6 +396,23 @@ def test_gpu_cuda_rescore_matches_twin(gen, V, density, B, C):
 
 
 @pytest.mark.gpu
+def test_gpu_cuda_rescore_splits_batches_and_takes_the_largest_vocabulary(gen, monkeypatch):
+    """Query rows beyond a launch's grid run as further launches (MAX_GRID_Y cut to 3: seven queries, three
+    launches), and a vocabulary of MAX_VOCAB terms (the bitmap just under 48 KB of shared memory) launches."""
+    from lsr.search.kernels import rescore_cuda
+    monkeypatch.setattr(rescore_cuda, "MAX_GRID_Y", 3)
+    V = rescore_cuda.MAX_VOCAB
+    docs = rand_vectors(100, V, 0.002, gen)
+    q = rand_vectors(7, V, 0.004, gen, empty_rows=1)
+    scale, inv = query_scales(*csr_of(q), torch.ones(V, device="cuda") * 40)
+    qd = csr.dense_queries(*csr_of(q), V)
+    cand = torch.randint(-1, 100, (7, 90), device="cuda")
+    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand, q.indptr, q.indices)
+    b = csr.torch_csr_scores(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
+    assert torch.equal(a, b) and bool((a > 0).any())
+
+
+@pytest.mark.gpu
 def test_gpu_block_graphs_match_eager(monkeypatch):
     """Batches up to GRAPH_MAX_B replay a captured CUDA graph: same bits as the eager path, with the
     graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""

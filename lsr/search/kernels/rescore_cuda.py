@@ -26,8 +26,8 @@ _SOURCE = cuda_source("rescore.cu")
 
 _WARPS = 8        # warps per CTA, a cell each at a time
 _CTA_CELLS = 64   # cells per CTA (one query's): the CTA's bitmap of the query's terms serves them all
-_MAX_GRID_Y = 65535
-MAX_VOCAB = 48 * 1024 * 8   # the bitmap within the 48 KB of shared memory a launch gets without opting in
+MAX_GRID_Y = 65535   # queries a launch takes (its grid's y extent); more run as several launches
+MAX_VOCAB = (48 * 1024 // 4 - 1) * 32   # the bitmap below the 48 KB of shared memory a launch gets without opting in
 
 
 @functools.cache
@@ -68,14 +68,18 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         raise ValueError("doc_idx must be [B, C] on the queries' device")
     C = doc_idx.shape[1]
     n_docs = doc_indptr.numel() - 1
-    if B * C >= 1 << 31 or n_docs >= 1 << 31 or qdense.stride(0) >= 1 << 31 or B > _MAX_GRID_Y:
+    if B * C >= 1 << 31 or n_docs >= 1 << 31 or qdense.stride(0) >= 1 << 31:
         raise ValueError("too many cells for one launch (split the queries)")
     out = torch.empty((B, C), dtype=torch.float32, device=dev)
     if B and C:
         cand = doc_idx.to(torch.int64).contiguous()
+        q_indptr, q_terms = q_indptr.contiguous(), q_terms.contiguous()
         with torch.cuda.device(dev):
-            _kernel()(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, B, 1), block=(32 * _WARPS, 1, 1),
-                      shared_mem=4 * ((V + 31) // 32),
-                      args=[doc_indptr, doc_terms, doc_weights, qdense, qdense.stride(0), scale, inv_scale,
-                            cand, C, n_docs, q_indptr.contiguous(), q_terms.contiguous(), V, _CTA_CELLS, out])
+            for b0 in range(0, B, MAX_GRID_Y):   # query rows b0.. in one launch; q_indptr's offsets stay absolute
+                b1 = min(B, b0 + MAX_GRID_Y)
+                _kernel()(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, b1 - b0, 1), block=(32 * _WARPS, 1, 1),
+                          shared_mem=4 * ((V + 31) // 32),
+                          args=[doc_indptr, doc_terms, doc_weights, qdense[b0:b1], qdense.stride(0), scale[b0:b1],
+                                inv_scale[b0:b1], cand[b0:b1], C, n_docs, q_indptr[b0:b1 + 1], q_terms, V, _CTA_CELLS,
+                                out[b0:b1]])
     return out
