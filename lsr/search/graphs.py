@@ -34,7 +34,7 @@ __all__ = ["CAPTURE_AT_ONCE_B", "GRAPH_BYTES", "GRAPH_CACHE", "GRAPH_MAX_B", "Ch
 GRAPH_MAX_B = 512              # block path: batches up to this size replay a captured CUDA graph
 GRAPH_CACHE = 32               # graphs kept per index (one per batch size x query-length bucket x k); a server's
                                # warm-up captures up to 2 buckets x 10 sizes (lsr.serve.engine.SearchEngine.warmup)
-GRAPH_BYTES = 1 << 30          # GPU memory the kept graphs of one index hold at most, by their ``bytes`` estimates
+GRAPH_BYTES = 1 << 29          # GPU memory the kept graphs of one index hold at most, by their ``bytes`` estimates
                                # (the newest is always kept)
 CAPTURE_AT_ONCE_B = 64         # batches up to this size are captured at their first search, larger ones at their
                                # second (the first runs eagerly): a one-off shape, such as the last batch of a
