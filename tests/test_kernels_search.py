@@ -603,3 +603,32 @@ def test_graph_cache_bookkeeping_holds_under_threads(monkeypatch):
     kept = sg._GRAPHS[index].graphs
     assert 1 <= len(kept) <= 4
     assert len(kept) == 1 or sum(g.bytes for g in kept.values()) <= 300
+
+
+def test_a_large_batch_shape_is_captured_once(monkeypatch):
+    """A batch above CAPTURE_AT_ONCE_B queries runs eagerly at its shape's first search, is captured at its second, and
+    once its graph is dropped (here by the memory budget) runs eagerly from then on instead of being captured again
+    each time it comes back; a small batch is captured at its first search (captures faked)."""
+    from types import SimpleNamespace
+
+    import lsr.search.graphs as sg
+
+    class Index:
+        device = "cpu"
+
+    index, made = Index(), []
+
+    def capture(self, body, B, n, device):
+        made.append(B)
+        return SimpleNamespace(bytes=B)
+
+    monkeypatch.setattr(sg._IndexGraphs, "capture", capture)
+    monkeypatch.setattr(sg, "GRAPH_BYTES", 250)          # room for one large graph
+    look = lambda B: sg.cached_chunk_graph(index, None, B, 0, ("shape", B))  # noqa: E731
+    assert look(200) is None and made == []               # first search: eager
+    assert look(200).bytes == 200 and made == [200]       # second: captured
+    assert look(200).bytes == 200 and made == [200]       # replayed
+    assert look(150) is None and look(150).bytes == 150   # another shape, captured: 350 bytes, 200 dropped
+    assert list(sg._GRAPHS[index].graphs) == [("shape", 150)]
+    assert look(200) is None and look(200) is None and made == [200, 150]   # dropped: eager, no capture
+    assert look(8).bytes == 8 and made == [200, 150, 8]   # small: captured at once

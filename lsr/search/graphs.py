@@ -85,7 +85,7 @@ class _IndexGraphs:
 
     def __init__(self) -> None:
         self.graphs: OrderedDict[Hashable, ChunkGraph | None] = OrderedDict()
-        self.seen: OrderedDict[Hashable, None] = OrderedDict()   # large-batch shapes searched once (eagerly)
+        self.seen: OrderedDict[Hashable, bool] = OrderedDict()   # large-batch shapes: captured yet?
         self.book = threading.Lock()   # the two dicts above
         self.lock = threading.Lock()
         self.pool: Any = None
@@ -111,16 +111,21 @@ def captures() -> int:
 
 def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
     """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
-    eagerly: the first search of a batch above CAPTURE_AT_ONCE_B queries, and every search with a key whose
-    capture failed. Safe for several threads: the cache's bookkeeping runs under its own lock (a capture, which
-    takes milliseconds, outside it; two threads may then capture one key, and the later one is kept)."""
+    eagerly: the first search of a batch above CAPTURE_AT_ONCE_B queries, every later one whose graph was captured
+    once and dropped since (recapturing shapes that evict each other from the memory budget would cost a warm-up
+    run and a capture a search), and every search with a key whose capture failed. Safe for several threads: the
+    cache's bookkeeping runs under its own lock (a capture, which takes milliseconds, outside it; two threads may
+    then capture one key, and the later one is kept)."""
     entry = _GRAPHS.setdefault(index, _IndexGraphs())
     with entry.book:
         if key in entry.graphs:
             entry.graphs.move_to_end(key)
             return entry.graphs[key]
-        if B > CAPTURE_AT_ONCE_B and key not in entry.seen:
-            entry.seen[key] = None
+        # a large batch's shape: None = not searched yet, False = searched once (capture now), True = captured before
+        captured = entry.seen.get(key) if B > CAPTURE_AT_ONCE_B else False
+        if captured is not False:
+            entry.seen[key] = bool(captured)
+            entry.seen.move_to_end(key)
             while len(entry.seen) > SEEN:
                 entry.seen.popitem(last=False)
             return None
@@ -134,6 +139,8 @@ def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: i
         entry.graphs[key] = graph
         entry.graphs.move_to_end(key)
         trim_graphs(entry.graphs)   # keeps the newest: this one
+        if B > CAPTURE_AT_ONCE_B:
+            entry.seen[key] = True   # captured: once dropped, the shape runs eagerly
     return graph
 
 
