@@ -64,6 +64,14 @@ __device__ __forceinline__ float posting(const uint4& d, const uint4& w, int e, 
 }
 
 #if COARSE
+// adds a posting's coarse contribution floor(w * q) to its doc's 16-bit half of the tile word. The half's shift is a
+// multiply by 1 or 2^16 with the 2^23 bias folded in ((bits - 2^23 bias) * s mod 2^32): multiply-adds run on the
+// FMA pipe, while shifts, logic and compares load the ALU pipe, which the adds saturate (docs/notes-search.md)
+__device__ __forceinline__ void coarse_add(unsigned* tile, int cell, float w, float q) {
+    const unsigned s = (unsigned)(cell & 1) * 65535u + 1u;
+    atomicAdd(tile + (cell >> 1), __float_as_uint(__fmaf_rz(w, q, 0x1p23f)) * s + s * 0xb5000000u);
+}
+
 // a coarse key: the 16-bit sum above bit KSHIFT, 2^31 - 1 - doc below (lsr.search.kernels.coarse)
 __device__ __forceinline__ i64 coarse_key(unsigned sum, i64 doc) { return ((i64)sum << KSHIFT) | (0x7fffffffLL - doc); }
 #endif
@@ -234,8 +242,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                             int c_e;
                             bool real;
                             const float we = posting(d, w, e, c_e, real);
-                            const unsigned s = (unsigned)(c_e & 1) * 65535u + 1u;
-                            atomicAdd(t_hi24 + (c_e >> 1), __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) * s + s * 0xb5000000u);
+                            coarse_add(t_hi24, c_e, we, q);
                         }
                         return;
                     }
@@ -246,13 +253,9 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                         bool real;
                         const float we = posting(d, w, e, c_e, real);
 #if COARSE
-                        // the half's shift as a multiply by 1 or 2^16 with the bias folded in (v = (bits - 2^23 bias)
-                        // * s mod 2^32): multiply-adds run on the FMA pipe, while shifts, logic and compares load the
-                        // ALU pipe, which this loop saturates. Compact padding is weight 0 (it adds 0: no test); a
-                        // float32 posting's padding is its doc id -1, whose weight the kernel does not rely on
-                        const unsigned s = (unsigned)(c_e & 1) * 65535u + 1u;
-                        const unsigned v = __float_as_uint(__fmaf_rz(we, q, 0x1p23f)) * s + s * 0xb5000000u;
-                        if ((m & (1u << e)) && (WEIGHT || real)) atomicAdd(t_hi24 + (c_e >> 1), v);
+                        // compact padding is weight 0 (it adds 0: no test); a float32 posting's padding is its doc
+                        // id -1, whose weight the kernel does not rely on
+                        if ((m & (1u << e)) && (WEIGHT || real)) coarse_add(t_hi24, c_e, we, q);
 #else
                         const bool ok = (m & (1u << e)) && real;
                         unsigned* cell = t_hi24 + c_e;
