@@ -236,9 +236,12 @@ class SparseVectors:
         if isinstance(rows, slice):
             start, stop, step = rows.indices(n)
             if step == 1:
-                a, b = int(self.indptr[start]), int(self.indptr[max(stop, start)])
-                return SparseVectors(self.indptr[start:max(stop, start) + 1] - a, self.indices[a:b],
-                                     self.values[a:b], self.ids[start:stop], self.vocab_size, validate=False)
+                stop = max(stop, start)
+                # both ends in one copy (one host sync on CUDA instead of two: ~12 against ~22 µs)
+                ends = self.indptr[start:stop + 1].cpu()
+                a, b = int(ends[0]), int(ends[-1])
+                return SparseVectors._of_rows(self.indptr[start:stop + 1] - a, self.indices[a:b], self.values[a:b],
+                                              self.ids[start:stop], self.vocab_size)
             rows = range(start, stop, step)
         sel = torch.as_tensor(rows if isinstance(rows, torch.Tensor) else list(rows), device=self.device)
         if sel.dtype == torch.bool:
@@ -251,6 +254,15 @@ class SparseVectors:
         _, src = ragged_positions(self.indptr[sel], lens)
         ids = [self.ids[i] for i in sel.tolist()]
         return SparseVectors(new_ptr, self.indices[src], self.values[src], ids, self.vocab_size, validate=False)
+
+    @classmethod
+    def _of_rows(cls, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, ids: list[str],
+                 vocab_size: int) -> SparseVectors:
+        """Rows taken from vectors that were checked already (tensors of the right dtypes on one device, ids a list
+        of strings): no conversion or check, as slicing a batch out of a query set takes a search's time."""
+        out = cls.__new__(cls)
+        out.indptr, out.indices, out.values, out.ids, out.vocab_size = indptr, indices, values, ids, vocab_size
+        return out
 
     @staticmethod
     def concat(parts: Sequence[SparseVectors]) -> SparseVectors:

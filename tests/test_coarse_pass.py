@@ -3,7 +3,8 @@ lsr.search.block_path's coarse passes 1 and 2): the twin against brute force, th
 (``coarse_floor``, ``coarse_theta``), the fallbacks to the exact pass, and the CUDA kernel against the twin.
 
 Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with the twin standing in for the CUDA kernel;
-the ``gpu`` tests compare the kernel itself.
+the ``gpu`` tests compare the kernel itself. Tests that patch the block path's knobs between searches run eagerly
+(``graphs=False``): a captured graph would replay what was captured before the patch.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def test_search_coarse_pass_matches_exact(gen, monkeypatch):
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     twin = functools.partial(block.torch_block_candidates)
@@ -191,7 +192,7 @@ def test_coarse_floor_from_a_sampled_key_is_checked(gen, monkeypatch):
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
     want = triton_search(index, q, k, path="block", config=cfg)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
@@ -224,7 +225,7 @@ def test_sampled_floor_end_to_end_at_large_k(gen, monkeypatch):
     monkeypatch.setattr(bp, "_floor_rank", lambda plan: (lambda r: ranks.append((plan.k, r)) or r)(real(plan)))
     k = coarse.SAMPLED_RANK_MIN_K
     got = triton_search(index, q, k, path="block",
-                        config=BlockConfig(span=1024, coarse_sample_every=4, coarse_min_batch=1))
+                        config=BlockConfig(span=1024, coarse_sample_every=4, coarse_min_batch=1, graphs=False))
     assert ranks and all(r < kk for kk, r in ranks), "the sampled rank, below k, set the floor"
     assert_exact_topk(*got, float64_scores(q, docs), k)
 
@@ -245,7 +246,7 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     q = SparseVectors.from_dense(torch.ones(1, 2, device=DEV))
     index = build_index(docs, 64)
     k = 3
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
     want = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=10 ** 9))
     assert want[1].tolist() == [[0, 1, 2]]
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
@@ -253,7 +254,8 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
     s = round(0.75 / u)                                       # A's coarse sum; B's is s + 1
     theta = torch.tensor([(s + 2) * u + u / 8], dtype=torch.float32, device=DEV)
-    monkeypatch.setattr(bp, "_sampled_theta", lambda plan, maxima, inv: theta)
+    monkeypatch.setattr(bp, "_coarse_bounds",
+                        lambda plan, maxima, args: (theta, coarse_floor(theta, args.scale, args.indptr)))
     scale, _ = query_scales(*csr_of(q), index.max_scores)
     assert coarse_floor(theta, scale, q.indptr).tolist() == [s + 1], "the floor lets B through, not A"
     redone = []
@@ -296,7 +298,7 @@ def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatc
     _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64, items,
                                              4 * n_spans * cap, cap=cap, coarse_lo=floor)
     assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
     want = triton_search(index, q, 5, path="block", config=cfg)
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
     monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)

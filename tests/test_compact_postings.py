@@ -261,7 +261,7 @@ def test_compact_coarse_pass_matches_exact(gen, monkeypatch):
     docs = bf16_rows(600, 30, 0.2, gen)
     q = random_dense_rows(7, 30, 0.3, gen, empty_rows=1).to(DEV)
     plain, comp = both_layouts(docs, 128)
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1)
+    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
     want = triton_search(plain, q, 6, path="block", config=cfg)
     twin = functools.partial(block.torch_block_candidates)
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from lsr.kernel_utils import INTERPRET
 from lsr.ragged import segment_ids
 from lsr.search.block_plan import (
     BlockConfig,
@@ -41,11 +44,26 @@ from lsr.search.block_plan import (
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import span_items, terms_bucket
-from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, coarse_floor, coarse_theta, sampled_rank
+from lsr.search.kernels.coarse import coarse_floor, coarse_theta, sampled_rank
+from lsr.search.kernels.coarse_checks import (
+    candidate_docs,
+    coarse_bounds,
+    coarse_verdicts,
+    torch_candidate_docs,
+    torch_coarse_verdicts,
+)
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
-from lsr.search.kernels.topk import ROW, key_docs, pack_keys, topk_keys, unpack_keys
+from lsr.search.kernels.topk import (
+    ROW,
+    key_docs,
+    pack_keys,
+    topk_keys,
+    triton_pack_keys,
+    triton_unpack_keys,
+    unpack_keys,
+)
 from lsr.search.span_scorer import coarse_span, cuda_span, select_span_scorer
 from lsr.search.spans import span_offsets
 
@@ -57,7 +75,11 @@ __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
 COARSE_MIN_MARGIN = 128        # coarse keys kept beyond k at least (``_coarse_margin``)
-ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape (``_span_items``)
+ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape, 64 shapes (``_span_items``)
+LARGE_ITEMS_CACHE = 8          # larger batches: this many item sets (two a shape; ~2.5 MB each at B = 512, 8.8M docs)
+PLAN_CACHE = 64                # plans kept per index (``_make_plan``), the oldest dropped first
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -83,6 +105,21 @@ def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConf
 
 
 def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> BlockPlan:
+    """The plan of a search; its parts are cached per index and (B, k, cfg, max_terms) (building them took ~30 µs
+    of host time, ~1.5% of a 64-query search: docs/notes-search.md, session 22)."""
+    plans = _PLANS.setdefault(index, OrderedDict())
+    key = (B, k, cfg, max_terms)
+    parts = plans.get(key)
+    if parts is None:
+        parts = _plan_parts(index, B, k, cfg, max_terms)
+        plans[key] = parts
+        while len(plans) > PLAN_CACHE:
+            plans.popitem(last=False)
+    return BlockPlan(index, *parts)
+
+
+def _plan_parts(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> tuple:
+    """``BlockPlan``'s fields after the index (no reference to it: the cache holds the index weakly)."""
     cfg = _resolved(cfg, min(cfg.group, 1 << (B - 1).bit_length()), cfg.span)
     scorer, span = select_span_scorer(cfg, index)
     cfg = _resolved(cfg, cfg.group, span)
@@ -90,9 +127,8 @@ def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms
     n_spans = span_off.shape[1] - 1
     cspan = coarse_span(cfg, index, scorer) if B >= cfg.coarse_min_batch else None
     n_sample = _pass1_spans(n_spans, span, k, cfg.coarse_sample_every if cspan else cfg.sample_every)
-    return BlockPlan(index=index, cfg=cfg, scorer=scorer, span_off=span_off, k=k, n_sample=n_sample,
-                     cap=_slots_per_span(k, n_sample), max_terms=terms_bucket(max_terms),
-                     coarse=CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
+    return (cfg, scorer, span_off, k, n_sample, _slots_per_span(k, n_sample), terms_bucket(max_terms),
+            CoarseSpans(cspan, span_offsets(index, cspan)) if cspan else None)
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,9 +160,21 @@ def _slots_per_span(k: int, n_sample: int) -> int:
     return 1 << max(3, math.ceil(math.log2(need)))
 
 
-def _sampled_theta(plan: BlockPlan, maxima: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """float32 [B]: the coarse route's theta from pass 1's coarse row maxima [B, R] (the key of rank _floor_rank)."""
-    return coarse_theta(bucket_edge(maxima, _floor_rank(plan)), inv)
+def _coarse_bounds(plan: BlockPlan, maxima: torch.Tensor, args: ScoreArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(theta float32 [B], floor int64 [B]) of the coarse route from pass 1's coarse row maxima [B, R]: the key of
+    rank _floor_rank as a score, and the coarse sum a doc reaching it has at least (``coarse_floor``)."""
+    edge = bucket_edge(maxima, _floor_rank(plan))
+    if _fused(edge):
+        return coarse_bounds(edge, args.inv_scale, args.scale, args.indptr)
+    theta = coarse_theta(edge, args.inv_scale)
+    return theta, coarse_floor(theta, args.scale, args.indptr)
+
+
+def _fused(t: torch.Tensor) -> bool:
+    """Whether the coarse route's bookkeeping runs as the fused Triton kernels of ``kernels.coarse_checks`` (on
+    CUDA, and under the interpreter in the CPU tests) rather than their torch twins: a graph node each instead of
+    dozens (docs/notes-search.md, session 22)."""
+    return t.is_cuda or INTERPRET
 
 
 def _floor_rank(plan: BlockPlan) -> int:
@@ -194,10 +242,9 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
     maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of rank _floor_rank, checked in _coarse_pass2
-        theta = _sampled_theta(plan, maxima.view(B, -1), inv)
-        best, redo, rescue, cand, items2 = _coarse_pass2(plan, args, theta, kw)
-        return ChunkResult(best, None, theta, args, redo, rescue, cand, None, _flags(None, None, redo, rescue),
-                           unpack_keys(best), (items1, items2))
+        theta, floor = _coarse_bounds(plan, maxima.view(B, -1), args)
+        best, redo, rescue, cand, items2, flags = _coarse_pass2(plan, args, floor, kw)
+        return ChunkResult(best, None, theta, args, redo, rescue, cand, None, flags, _unpack(best), (items1, items2))
     theta = bucket_theta(maxima.view(B, -1), plan.k)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
@@ -208,7 +255,11 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1).view(B, -1)
     best, reselect = bucket_topk(cand, plan.k)
     return ChunkResult(best, over, theta, args, None, None, cand, reselect, _flags(over, reselect, None, None),
-                       unpack_keys(best), (items1, items2))
+                       _unpack(best), (items1, items2))
+
+
+def _unpack(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return triton_unpack_keys(keys) if _fused(keys) else unpack_keys(keys)
 
 
 def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
@@ -220,12 +271,12 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
 
 def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                 device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal). Small batches
-    get them once per shape, outside their CUDA graphs (they were ~20 of a one-query graph's kernels); a graph
-    that reads them holds them in its ChunkResult (``items``), so an entry dropped from the cache stays
-    allocated. Larger batches make them per call, inside their graphs (16 B per item: ~2.5 MB at B = 512 on 8.8M
-    docs' 32,768-doc coarse spans; ~20 small kernels next to passes of milliseconds), so the cache stays small."""
-    make = _cached_span_items if B <= ITEMS_CACHE_MAX_B else _make_span_items
+    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal), made once per
+    shape, outside the CUDA graphs (a graph's warm-up run fills the cache): they were ~20 of a one-query graph's
+    kernels, and ~30 of a 500-query graph's. A graph that reads them holds them in its ChunkResult (``items``), so
+    an entry dropped from the cache stays allocated. Items take 16 B each: ~2.5 MB at B = 512 on 8.8M docs'
+    32,768-doc coarse spans, so batches above ITEMS_CACHE_MAX_B queries keep only LARGE_ITEMS_CACHE entries."""
+    make = _cached_span_items if B <= ITEMS_CACHE_MAX_B else _cached_large_span_items
     return make(B, n_items, n_spans, group, width, device)
 
 
@@ -236,20 +287,21 @@ def _make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
 
 
 _cached_span_items = functools.lru_cache(maxsize=64)(_make_span_items)
+_cached_large_span_items = functools.lru_cache(maxsize=LARGE_ITEMS_CACHE)(_make_span_items)
 
 
-def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
-                  kw: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dict[str, int]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, tuple, torch.Tensor]:
     """Coarse pass 2 + exact rescoring (see ``_score_chunk``): best keys [B, k], the queries for the exact
     pass 2 (bool [B]: a span's slots overflowed, a selection overflowed or no usable theta), the queries whose
     list failed only the completeness test (bool [B]; None where the chunk settled them itself), the coarse
-    candidates [B, C] and the work items read.
+    candidates [B, C], the work items read and the flags ``_settle`` reads (int32 [4]).
 
     A list fails that test when many docs tie at the k-th coarse sum (quantised weights, few matching
     terms). Such a query still has every doc that can reach theta among its candidates (no slot
     overflowed), so rescoring all of them settles it exactly: here, inside the chunk (no host step), when
     the candidates are few (B x C <= RESCUE_CELLS: small batches, as a server runs); else
-    ``_search_chunk`` does it for the flagged queries.
+    ``_search_chunk`` does it for the flagged queries. The checks are ``kernels.coarse_checks.coarse_verdicts``.
     """
     indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
     B = indptr.numel() - 1
@@ -258,33 +310,23 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, theta: torch.Tensor,
     sampled = rank < k   # theta came from a pass-1 key above the k-th: not a proven bound
     cap = _slots_per_span(rank, plan.n_sample) * cspan // plan.cfg.span
     n_spans = coff.shape[1] - 1
-    floor = coarse_floor(theta, scale, indptr)
     items = _span_items(B, n_spans, n_spans, 1, cap, indptr.device)
     cand, counts = plan.scorer(*args._replace(span_off=coff, span=cspan), items, B * n_spans * cap, cap=cap,
                                coarse_lo=floor, **kw)
-    over = (counts.view(B, n_spans) > cap).any(1)
     cand = cand.view(B, -1)
     top, reselect = bucket_topk(cand, min(k + _coarse_margin(k), cand.shape[1]))   # reselect: exact pass 2
-    # the k-th coarse key: k docs have int64 sums >= its coarse sum << COARSE_SHIFT, so the k-th exact score
-    # is at least that sum's float32 score, and every doc of the exact top k has a coarse sum >= its floor
-    s_lo = coarse_theta(top[:, min(k, top.shape[1]) - 1].clamp_min(0), inv)
-    lo_k = coarse_floor(s_lo, scale, indptr)
-    last = top[:, -1]
-    complete = (last < 0) | (top.shape[1] == cand.shape[1]) | ((last >> COARSE_KEY_SHIFT) < lo_k)
-    redo = over | (floor < 1) | reselect
-    if sampled:   # the floor must not exceed the top k's coarse sums
-        redo |= (floor > lo_k) | (top.shape[1] < k)
-    rescue = ~complete & ~redo
-    docs = key_docs(top)   # coarse keys hold docs like exact ones
-    if cand.numel() <= RESCUE_CELLS and not sampled:
-        # a flagged query is rescored on every one of its candidates instead of its list (which is among
-        # them: one copy of each doc), in the same launch as the other queries' lists. Not with a sampled
-        # floor: its lists are long and rarely incomplete, and the rescoring would widen to every candidate
-        docs = torch.cat([docs.masked_fill(rescue.unsqueeze(1), -1), key_docs(cand, rescue.unsqueeze(1))], 1)
-        rescue = None
+    # a flagged query is rescored on every one of its candidates instead of its list (which is among them: one
+    # copy of each doc), in the same launch as the other queries' lists, when the candidates are few. Not with a
+    # sampled floor: its lists are long and rarely incomplete, and the rescoring would widen to every candidate
+    settle_here = cand.numel() <= RESCUE_CELLS and not sampled
+    fused = _fused(top)
+    verdicts = coarse_verdicts if fused else torch_coarse_verdicts
+    redo, rescue, flags = verdicts(top, k, cand.shape[1], counts.view(B, n_spans), cap, floor, reselect, inv, scale,
+                                   indptr, sampled, not settle_here)
+    docs = (candidate_docs if fused else torch_candidate_docs)(top, *((cand, rescue) if settle_here else ()))
     queries = QueryCSR(args.indptr, args.terms, args.weights)
-    exact = pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
-    return topk_keys(exact, k), redo, rescue, cand, items
+    exact = _pack(_exact_scores(plan.index, queries, scale, inv, docs), docs)   # -1: score 0
+    return topk_keys(exact, k), redo, None if settle_here else rescue, cand, items, flags
 
 
 def _exact_scores(index: InvertedIndex, queries: QueryCSR, scale: torch.Tensor, inv_scale: torch.Tensor,
@@ -304,7 +346,11 @@ def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor, 
     """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C] (``scale`` /
     ``inv`` [n]: the queries' fixed-point scales, as the chunk computed them)."""
     docs = key_docs(cand)
-    return topk_keys(pack_keys(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
+    return topk_keys(_pack(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
+
+
+def _pack(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    return triton_pack_keys(scores, docs) if _fused(scores) else pack_keys(scores, docs)
 
 
 def _settle(plan: BlockPlan, result: ChunkResult) -> Settled:

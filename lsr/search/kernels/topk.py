@@ -43,8 +43,10 @@ __all__ = [
     "torch_row_max",
     "torch_select",
     "torch_topk",
+    "triton_pack_keys",
     "triton_select",
     "triton_topk",
+    "triton_unpack_keys",
     "unpack_keys",
 ]
 
@@ -170,6 +172,50 @@ def emit_tile(keys, ok, out_ptr, base, CAP: tl.constexpr):
 def row_max_keys(keys):
     """[A, 32] int64 keys -> [A]: the best key of every run of 32 docs."""
     return tl.max(keys, axis=1)
+
+
+@triton.jit
+def _pack_kernel(scores_ptr, docs_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    key = pack_key(tl.load(scores_ptr + i, mask=m, other=0.0), tl.load(docs_ptr + i, mask=m, other=-1))
+    tl.store(out_ptr + i, key, mask=m)
+
+
+@triton.jit
+def _unpack_kernel(keys_ptr, scores_ptr, docs_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    key = tl.load(keys_ptr + i, mask=m, other=-1)
+    bits = tl.minimum(tl.maximum(key >> 31, 0), _DOC_MASK).to(tl.int32)
+    tl.store(scores_ptr + i, tl.where(key >= 0, bits.to(tl.float32, bitcast=True), 0.0), mask=m)
+    tl.store(docs_ptr + i, tl.where(key >= 0, _DOC_MASK - (key & _DOC_MASK), -1), mask=m)
+
+
+_PACK_BLOCK = 1024
+
+
+def triton_pack_keys(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """``pack_keys`` in one launch, for float32 ``scores`` and int64 ``docs`` of one shape (a CUDA graph's
+    node instead of ~6: lsr.search.kernels.coarse_checks says why that matters)."""
+    check_tensor("docs", docs, dtype=torch.int64, shape=tuple(scores.shape), device=scores.device)
+    check_tensor("scores", scores, dtype=torch.float32)
+    out = torch.empty(scores.shape, dtype=torch.int64, device=scores.device)
+    n = out.numel()
+    if n:
+        _pack_kernel[(triton.cdiv(n, _PACK_BLOCK),)](scores.contiguous(), docs.contiguous(), out, n, BLOCK=_PACK_BLOCK)
+    return out
+
+
+def triton_unpack_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``unpack_keys`` in one launch (int64 keys of any shape)."""
+    check_tensor("keys", keys, dtype=torch.int64)
+    scores = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+    docs = torch.empty(keys.shape, dtype=torch.int64, device=keys.device)
+    n = keys.numel()
+    if n:
+        _unpack_kernel[(triton.cdiv(n, _PACK_BLOCK),)](keys.contiguous(), scores, docs, n, BLOCK=_PACK_BLOCK)
+    return scores, docs
 
 
 # ----------------------------------------------------------------------------------- dense selection
