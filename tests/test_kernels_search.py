@@ -208,6 +208,28 @@ def test_block_kernel_matches_twin(gen, bs, span, group, rows, chunk):
     assert bool((got[1] > 0).any()), "the case emits something"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("span,group,readout,warps", [(128, 1, 64, 4), (128, 2, 64, 8), (64, 4, 1024, 4)])
+def test_gpu_block_kernel_reads_out_several_tiles(gen, span, group, readout, warps):
+    """Read-out tiles of several 32-doc rows lost or misplaced keys on the GPU (not under the interpreter) when a
+    program read out more than one tile or used 8 warps (docs/notes-search.md, session 22): each config here failed
+    in 2-3 of 3 seeds before the kernel took one-row tiles on CUDA."""
+    docs = rand_vectors(170, 40, 0.2, gen)
+    q = rand_vectors(5, 40, 0.25, gen, empty_rows=1)
+    index = build_index(docs, 64)
+    off = span_offsets(index, span)
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    args = (index.doc_ids, index.scores, off, *csr_of(q), scale, inv, span)
+    kw = {"group": group, "rows": 4, "chunk": 32, "readout": readout, "n_programs": 3, "num_warps": warps}
+    spans = torch.arange(off.shape[1] - 1, device=DEV)
+    for theta, width in ((None, span // topk.ROW), (torch.full((5,), 1e-30, device=DEV), 64)):
+        items = block.span_items(5, spans, group, width)
+        n = 5 * spans.numel() * width
+        got = block.triton_block_candidates(*args, items, n, theta=theta, cap=width, **kw)
+        want = block.torch_block_candidates(*args, items, n, theta=theta, cap=width, **kw)
+        assert torch.equal(got[0], want[0]) and (theta is None or torch.equal(got[1], want[1]))
+
+
 def test_span_offsets_cover_each_span(gen):
     docs = rand_vectors(200, 16, 0.4, gen)
     index = build_index(docs, 64)

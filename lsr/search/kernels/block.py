@@ -156,15 +156,15 @@ def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
         tl.debug_barrier()                                       # all adds land before the read-out
 
         # ---- read out (and zero) each query's tile as [RB, 32] rows of docs; emit candidates
-        for gg in tl.static_range(G):
+        for gg in range(G):
             rq = q0 + gg
             if rq < B:                                           # rows past B never accumulated
                 inv = tl.load(inv_ptr + rq)
                 row_out = out_ptr + out0 + gg * out_stride_g
                 if not ROWMAX:
                     theta = tl.load(theta_ptr + rq)
-                base = 0
-                for c0 in tl.static_range(0, SPAN, RB * _ROW):
+                base = tl.zeros((), dtype=tl.int32)   # carried by the loop below: a tensor from the start
+                for c0 in range(0, SPAN, RB * _ROW):
                     off = c0 + rows[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
                     a_ptr = slot + gg * SPAN + off
                     acc = tl.load(a_ptr, cache_modifier=".cg")  # L2: the atomics bypass L1
@@ -280,7 +280,10 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     n_prog = min(n_items, n_programs or default_programs(dev))
     scratch = torch.zeros(n_prog * group * span, dtype=torch.int64, device=dev)
     table = torch.empty(n_prog * 5 * group * maxq, dtype=torch.int64, device=dev)
-    rb = min(span, max(ROW, readout)) // ROW   # rows of 32 docs per read-out tile: bounds registers
+    # rows of 32 docs per read-out tile (bounds registers). On a GPU one row: tiles of several rows lost or misplaced
+    # keys there (not under the interpreter) once a program read out more than one tile, or with 8 warps
+    # (docs/notes-search.md, session 22); the read-out loop is a dynamic one, so one-row tiles cost no unrolling
+    rb = 1 if dev.type == "cuda" else min(span, max(ROW, readout)) // ROW
     _block_kernel[(n_prog,)](post_doc, post_w, span_off, span_off.stride(0),
                              q_indptr, q_terms, q_weights, scale, inv_scale,
                              scale if rowmax else theta,
