@@ -108,21 +108,27 @@ def test_coarse_verdicts_match_the_twin(gen, sampled, rescue_flag):
 
 def test_candidate_docs_match_the_twin(gen):
     B, W, C = 6, 40, 1500
-    top = torch.randint(-1, 1 << 40, (B, W), generator=gen).to(DEV)
-    cand = torch.randint(-1, 1 << 40, (B, C), generator=gen).to(DEV)
+    top = torch.randint(0, 1 << 40, (B, W), generator=gen).to(DEV)
+    cand = torch.randint(0, 1 << 40, (B, C), generator=gen).to(DEV)
+    top[:, -7:] = -1                                      # list padding and empty candidate slots
+    cand[:, ::3] = -1
     rescue = torch.tensor([True, False, False, True, False, True], device=DEV)
     assert torch.equal(candidate_docs(top), torch_candidate_docs(top))
     got = candidate_docs(top, cand, rescue)
     assert torch.equal(got, torch_candidate_docs(top, cand, rescue))
     assert bool((got[0, :W] == -1).all()) and bool((got[1, W:] == -1).all())
+    assert bool((got[1, W - 7:W] == -1).all()) and bool((got[0, W::3] == -1).all()) and bool((got[0, W + 1:] >= 0).any())
 
 
 def test_pack_and_unpack_in_one_launch_match_the_twins(gen):
     scores = torch.randn(7, 300, generator=gen).to(DEV)
     scores[0, :5] = torch.tensor([0.0, -0.0, float("inf"), 1e-45, torch.finfo(torch.float32).max])
-    docs = torch.randint(-1, 1 << 31, (7, 300), generator=gen).to(DEV)
+    docs = torch.randint(0, 1 << 31, (7, 300), generator=gen).to(DEV)
+    docs[:, ::5] = -1                                    # -1 docs, as a rescoring list pads (zero scores there)
+    scores[:, ::5] = 0.0
     keys = topk.triton_pack_keys(scores, docs)
     assert torch.equal(keys, topk.pack_keys(scores, docs))
+    assert bool((keys[:, ::5] == -1).all()), "no doc, no key"
     s, d = topk.triton_unpack_keys(keys)
     ws, wd = topk.unpack_keys(keys)
     assert torch.equal(s.view(torch.int32), ws.view(torch.int32)) and torch.equal(d, wd)

@@ -24,15 +24,17 @@ def test_plans_are_reused_bounded_and_hold_the_index_weakly(monkeypatch):
     index = InvertedIndex.build(docs, device=DEV, block_size=64)
     cfg = BlockConfig(span=64)
     a = bp._make_plan(index, 4, 10, cfg, 16)
-    b = bp._make_plan(index, 4, 10, cfg, 16)
-    assert a.span_off is b.span_off and a.scorer is b.scorer and a.index is index
+    b = bp._make_plan(index, 4, 10, cfg, 40)   # another length, the same bucket (64 terms)
+    assert a.scorer is b.scorer and a.index is index, "the cached parts (a new scorer partial otherwise)"
     assert bp._make_plan(index, 4, 11, cfg, 16).k == 11, "another k: another plan"
     for B in (1, 2, 3):
         bp._make_plan(index, B, 10, cfg, 16)
     assert len(bp._PLANS[index]) == 3
-    assert (4, 10, cfg, 16) not in bp._PLANS[index], "the oldest plans went first"
-    want = triton_search(index, q, 5, path="block", config=cfg)
-    assert all(torch.equal(x, y) for x, y in zip(want, triton_search(index, q, 5, path="block", config=cfg)))
+    assert (4, 10, cfg, 64) not in bp._PLANS[index], "the least recently used plans went first"
+    cached = [triton_search(index, q, 5, path="block", config=cfg) for _ in range(2)]
+    monkeypatch.setattr(bp, "PLAN_CACHE", 0)
+    fresh = triton_search(index, q, 5, path="block", config=cfg)
+    assert all(torch.equal(x, y) and torch.equal(x, z) for x, y, z in zip(fresh, *cached))
     ref = weakref.ref(index)
     del index, a, b
     gc.collect()

@@ -76,10 +76,12 @@ CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query c
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
 COARSE_MIN_MARGIN = 128        # coarse keys kept beyond k at least (``_coarse_margin``)
 ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape, 64 shapes (``_span_items``)
-LARGE_ITEMS_CACHE = 8          # larger batches: this many item sets (two a shape; ~2.5 MB each at B = 512, 8.8M docs)
-PLAN_CACHE = 64                # plans kept per index (``_make_plan``), the oldest dropped first
+LARGE_ITEMS_CACHE = 8          # larger batches (up to GRAPH_MAX_B): this many item sets, two a shape
+LARGE_ITEMS_BYTES = 1 << 23    # ... of at most this many bytes each (~2.5 MB at B = 512 on 8.8M docs' coarse spans)
+PLAN_CACHE = 64                # plans kept per index (``_make_plan``), the least recently used dropped first
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LARGE_ITEMS: OrderedDict = OrderedDict()
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -105,12 +107,14 @@ def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConf
 
 
 def _make_plan(index: InvertedIndex, B: int, k: int, cfg: BlockConfig, max_terms: int) -> BlockPlan:
-    """The plan of a search; its parts are cached per index and (B, k, cfg, max_terms) (building them took ~30 µs
-    of host time, ~1.5% of a 64-query search: docs/notes-search.md, session 22)."""
+    """The plan of a search, its parts cached per index and (B, k, cfg, terms bucket): building them took ~30 µs,
+    ~1.5% of a 64-query search."""
     plans = _PLANS.setdefault(index, OrderedDict())
-    key = (B, k, cfg, max_terms)
+    key = (B, k, cfg, terms_bucket(max_terms))   # the plan reads only the bucket
     parts = plans.get(key)
-    if parts is None:
+    if parts is not None:
+        plans.move_to_end(key)
+    else:
         parts = _plan_parts(index, B, k, cfg, max_terms)
         plans[key] = parts
         while len(plans) > PLAN_CACHE:
@@ -171,9 +175,8 @@ def _coarse_bounds(plan: BlockPlan, maxima: torch.Tensor, args: ScoreArgs) -> tu
 
 
 def _fused(t: torch.Tensor) -> bool:
-    """Whether the coarse route's bookkeeping runs as the fused Triton kernels of ``kernels.coarse_checks`` (on
-    CUDA, and under the interpreter in the CPU tests) rather than their torch twins: a graph node each instead of
-    dozens (docs/notes-search.md, session 22)."""
+    """Whether the coarse route's bookkeeping runs as the Triton kernels of ``kernels.coarse_checks`` (CUDA, and the
+    interpreter of the CPU tests) rather than their torch twins: a graph node each instead of dozens."""
     return t.is_cuda or INTERPRET
 
 
@@ -259,6 +262,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
 
 
 def _unpack(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``unpack_keys``, fused where ``_fused``."""
     return triton_unpack_keys(keys) if _fused(keys) else unpack_keys(keys)
 
 
@@ -271,13 +275,22 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
 
 def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                 device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal), made once per
-    shape, outside the CUDA graphs (a graph's warm-up run fills the cache): they were ~20 of a one-query graph's
-    kernels, and ~30 of a 500-query graph's. A graph that reads them holds them in its ChunkResult (``items``), so
-    an entry dropped from the cache stays allocated. Items take 16 B each: ~2.5 MB at B = 512 on 8.8M docs'
-    32,768-doc coarse spans, so batches above ITEMS_CACHE_MAX_B queries keep only LARGE_ITEMS_CACHE entries."""
-    make = _cached_span_items if B <= ITEMS_CACHE_MAX_B else _cached_large_span_items
-    return make(B, n_items, n_spans, group, width, device)
+    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all when equal), made once per shape outside
+    the CUDA graphs (a graph's warm-up run fills the cache; they were ~20-30 of a graph's kernels); a graph holds its
+    items in its ChunkResult. Items take 16 B each: batches above ITEMS_CACHE_MAX_B keep LARGE_ITEMS_CACHE entries of
+    up to LARGE_ITEMS_BYTES, for batches a graph can hold, and none made during a capture (not computed yet)."""
+    if B <= ITEMS_CACHE_MAX_B:
+        return _cached_span_items(B, n_items, n_spans, group, width, device)
+    key = (B, n_items, n_spans, group, width, device)
+    items = _LARGE_ITEMS.get(key)
+    if items is None:
+        items = _make_span_items(*key)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if B <= GRAPH_MAX_B and items[0].numel() * 16 <= LARGE_ITEMS_BYTES and not capturing:
+            _LARGE_ITEMS[key] = items
+            while len(_LARGE_ITEMS) > LARGE_ITEMS_CACHE:
+                _LARGE_ITEMS.popitem(last=False)
+    return items
 
 
 def _make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
@@ -287,7 +300,6 @@ def _make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
 
 
 _cached_span_items = functools.lru_cache(maxsize=64)(_make_span_items)
-_cached_large_span_items = functools.lru_cache(maxsize=LARGE_ITEMS_CACHE)(_make_span_items)
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dict[str, int]
@@ -350,6 +362,7 @@ def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor, 
 
 
 def _pack(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """``pack_keys``, fused where ``_fused``."""
     return triton_pack_keys(scores, docs) if _fused(scores) else pack_keys(scores, docs)
 
 

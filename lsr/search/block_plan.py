@@ -30,7 +30,7 @@ class BlockConfig:
     group: int = 1            # queries per work item
     rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
     chunk: int = 32           # postings per chunk
-    readout: int = 1024       # cells per read-out tile
+    readout: int = 1024       # Triton kernel: cells per read-out tile (CPU only: on CUDA one 32-doc row, see kernels.block)
     per_sm: int = 8           # resident programs per SM (persistent grid)
     num_warps: int = 4
     sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
@@ -129,7 +129,7 @@ class ChunkResult(NamedTuple):
                                        # (None: none, or done inside the chunk)
     cand: torch.Tensor                 # int64 [B, C] the candidate keys best was selected from (-1 = none)
     reselect: torch.Tensor | None      # bool [B] exact pass 2: rows whose bucket selection overflowed
-    flags: torch.Tensor                # bool [4]: any overflow / reselect / redo / rescue (one host read)
+    flags: torch.Tensor                # bool or int32 [4]: any overflow / reselect / redo / rescue (one host read)
     unpacked: tuple[torch.Tensor, torch.Tensor]  # unpack_keys(best): the answer when no flag is set
     items: tuple                       # the cached work items the passes read: a captured graph keeps them
                                        # alive through its outputs after ``_span_items`` drops them

@@ -34,6 +34,7 @@ _SHIFT = tl.constexpr(COARSE_SHIFT)
 _DOC_MASK = tl.constexpr(DOC_MASK)
 _ONE_MINUS_2_M50 = tl.constexpr(0x3FEFFFFFFFFFFFF8)   # the bits of float64 1 - 2**-50 (a float literal is float32)
 _BLOCK = 128
+_DOCS_BLOCK = 1024
 
 
 @triton.jit
@@ -74,7 +75,8 @@ def _bounds_kernel(edge_ptr, inv_ptr, scale_ptr, indptr_ptr, theta_ptr, floor_pt
 def coarse_bounds(edge: torch.Tensor, inv_scale: torch.Tensor, scale: torch.Tensor,
                   q_indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(theta float32 [B], floor int64 [B]) = (``coarse_theta(edge, inv_scale)``, ``coarse_floor(theta, scale,
-    q_indptr)``) in one launch (edge int64 [B] >= 0, scales float64 [B], q_indptr int64 [B+1])."""
+    q_indptr)``) in one launch (edge int64 [B] >= 0, scales finite float64 [B] as ``query_scales`` gives them, q_indptr
+    int64 [B+1])."""
     B = edge.numel()
     theta = torch.empty(B, dtype=torch.float32, device=edge.device)
     floor = torch.empty(B, dtype=torch.int64, device=edge.device)
@@ -182,9 +184,9 @@ def candidate_docs(top: torch.Tensor, cand: torch.Tensor | None = None,
     out = torch.empty((B, W + C), dtype=torch.int64, device=top.device)
     if B and W + C:
         has = cand is not None
-        _docs_kernel[(B, triton.cdiv(W + C, 1024))](top.contiguous(), W, cand.contiguous() if has else top, C,
-                                                    rescue.contiguous() if has else top, out, HAS_RESCUE=has,
-                                                    BLOCK=1024)
+        _docs_kernel[(B, triton.cdiv(W + C, _DOCS_BLOCK))](top.contiguous(), W, cand.contiguous() if has else top,
+                                                          C, rescue.contiguous() if has else top, out,
+                                                          HAS_RESCUE=has, BLOCK=_DOCS_BLOCK)
     return out
 
 
