@@ -48,7 +48,13 @@ import matplotlib.pyplot as plt
 BENCH = Path('../docs/bench'); FIG = Path('figures'); FIG.mkdir(exist_ok=True)
 def csvs(pattern):
     frames = [pd.read_csv(p) for p in sorted(BENCH.glob(pattern))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()"""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+def lsr_rows(pattern, tree):  # lsr-auto rows of bench_search JSONs in extra/, labelled by tree(file stem) and case
+    runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=tree(p.stem))
+                      for p in sorted((BENCH / 'extra').glob(pattern))])
+    runs = runs[runs.method == 'lsr-auto'].copy()
+    runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
+    return runs"""
 
 HEAD = """head = csvs('bench_head*.csv')
 MAIN = ['sparton', 'sparton_head', 'gemm_floor', 'torch_compile', 'torch_eager', 'torch_vocab_tiled',
@@ -259,15 +265,24 @@ ax.set_ylabel('queries / s (median of two rounds)')
 plt.tight_layout(); plt.savefig(FIG / 'search_graphs_session21.png', dpi=110); plt.show()
 pd.DataFrame(ab['searcher'])"""
 
-AB21 = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[4][:3])
-                  for p in sorted((BENCH / 'extra').glob('bench_search_session_last_*_session21_h200.json'))])
-runs = runs[runs.method == 'lsr-auto'].copy()
-runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
+AB21 = """runs = lsr_rows('bench_search_session_last_*_session21_h200.json', lambda stem: stem.split('_')[4][:3])
 fig, ax = plt.subplots(figsize=(14, 4.2))
 runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=ax, rot=25)
 ax.set_title("bench_search: session 21's start (f4a70c3) vs its end (4e0bd30), alternating twice on one H200 (median of the rounds)")
 ax.set_ylabel('queries / s'); plt.tight_layout(); plt.savefig(FIG / 'search_session21.png', dpi=110); plt.show()
 runs.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'max'], sort=False).round(0)"""
+
+AB22 = """runs = lsr_rows('bench_search_session_ab_*_session22_h200.json', lambda stem: stem.split('_')[4][:3])
+base = lsr_rows('bench_search_issue_baseline_*_session22_h200.json', lambda stem: stem.split('_')[4])
+fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
+runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=axes[0], rot=25)
+axes[0].set_title("bench_search: session 22's start (ed17eeb) vs its end, alternating twice on one H200 (median)")
+axes[0].set_ylabel('queries / s')
+base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[['today', 'new']].plot.bar(ax=axes[1], rot=0)
+axes[1].axhline(45000, color='k', ls='--', lw=1)
+axes[1].set_title("issue 18's start (65fee74) vs now")
+plt.tight_layout(); plt.savefig(FIG / 'search_session22.png', dpi=110); plt.show()
+base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -312,6 +327,8 @@ BENCHMARKS = [
     new_code_cell(GRAPH21),
     new_markdown_cell("## Search at the start and the end of session 21, one machine"),
     new_code_cell(AB21),
+    new_markdown_cell("## Search at the start and the end of session 22, and against the tree issue 18 started from (one H200)"),
+    new_code_cell(AB22),
 ]
 
 

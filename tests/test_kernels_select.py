@@ -133,14 +133,14 @@ def test_gpu_triton_query_scales_is_query_scales(gen):
 def test_gpu_graphs_keep_their_work_items():
     """A captured graph reads the cached work items; dropping the cache (and reusing its memory) must not
     change what the graph's replays return."""
-    from lsr.search import block_path
+    from lsr.search import work_items
     from lsr.synth import synth_docs, synth_queries
     docs = synth_docs(40_000, device="cuda")
     index = InvertedIndex.build(docs, device="cuda", block_size=2048)
     q = synth_queries(3, device="cuda")
     want = triton_search(index, q[:1], 100, path="block", config=BlockConfig(graphs=False))
     triton_search(index, q[:1], 100, path="block")         # captures the graph
-    block_path._cached_span_items.cache_clear()        # the items' blocks go back to the allocator ...
+    work_items.SMALL.cache_clear()                     # the items' blocks go back to the allocator ...
     clobber = [torch.full((n,), 7, dtype=torch.int64, device="cuda") for n in (8, 16, 32, 64) for _ in range(500)]
     got = triton_search(index, q[:1], 100, path="block")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

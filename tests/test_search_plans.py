@@ -1,6 +1,7 @@
 """The block path's plan cache (lsr.search.block_path._make_plan): a search reuses the plan of an earlier one with
 the same index, batch size, k, config and query-length bucket, keeps at most PLAN_CACHE per index, and holds
-the index only weakly. (tests/conftest.py turns the cache off for the other tests.)"""
+the index only weakly (tests/conftest.py turns the cache off for the other tests); and the work-items cache
+(lsr.search.work_items) keeps to its count and byte bounds."""
 
 from __future__ import annotations
 
@@ -39,3 +40,18 @@ def test_plans_are_reused_bounded_and_hold_the_index_weakly(monkeypatch):
     del index, a, b
     gc.collect()
     assert ref() is None, "the cache keeps no index alive"
+
+
+def test_work_items_cache_is_bounded_by_count_and_bytes():
+    from lsr.search import work_items
+
+    cache = work_items.ItemsCache(2, max_bytes=16 * 40)
+    dev = torch.device(DEV)
+    a = cache(4, 10, 10, 1, 8, dev)                      # 40 items of 16 B: kept
+    assert cache(4, 10, 10, 1, 8, dev) is a
+    assert torch.equal(a[0], work_items.make_span_items(4, 10, 10, 1, 8, dev)[0])
+    big = cache(8, 10, 10, 1, 8, dev)                    # 80 items: over the byte bound, made but not kept
+    assert cache(8, 10, 10, 1, 8, dev) is not big and len(cache.entries) == 1
+    cache(2, 10, 10, 1, 8, dev)
+    cache(1, 10, 10, 1, 8, dev)
+    assert list(cache.entries) == [(2, 10, 10, 1, 8, dev), (1, 10, 10, 1, 8, dev)], "the least recently used went"

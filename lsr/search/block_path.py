@@ -43,7 +43,7 @@ from lsr.search.block_plan import (
 )
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
-from lsr.search.kernels.block import span_items, terms_bucket
+from lsr.search.kernels.block import terms_bucket
 from lsr.search.kernels.coarse import coarse_floor, coarse_theta, sampled_rank
 from lsr.search.kernels.coarse_checks import (
     candidate_docs,
@@ -66,6 +66,7 @@ from lsr.search.kernels.topk import (
 )
 from lsr.search.span_scorer import coarse_span, cuda_span, select_span_scorer
 from lsr.search.spans import span_offsets
+from lsr.search.work_items import span_work_items
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
@@ -75,13 +76,9 @@ __all__ = ["CAND_BUDGET", "BlockConfig", "QueryCSR", "block_search", "cuda_span"
 CAND_BUDGET = 1 << 30          # bytes of candidate slots per block-path query chunk
 RESCUE_CELLS = 1 << 21         # coarse candidates (B x C) up to which incomplete lists are settled in the chunk
 COARSE_MIN_MARGIN = 128        # coarse keys kept beyond k at least (``_coarse_margin``)
-ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape, 64 shapes (``_span_items``)
-LARGE_ITEMS_CACHE = 8          # larger batches (up to GRAPH_MAX_B): this many item sets, two a shape
-LARGE_ITEMS_BYTES = 1 << 23    # ... of at most this many bytes each (~2.5 MB at B = 512 on 8.8M docs' coarse spans)
 PLAN_CACHE = 64                # plans kept per index (``_make_plan``), the least recently used dropped first
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LARGE_ITEMS: OrderedDict = OrderedDict()
 
 
 def block_search(index: InvertedIndex, queries: QueryCSR, k: int, cfg: BlockConfig,
@@ -241,7 +238,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
     # pass 1: row maxima of sampled spans -> theta (the exact pass: a lower bound of the k-th score)
     width = cfg.span // ROW
-    items1 = _span_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
+    items1 = span_work_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev)
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
     maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of rank _floor_rank, checked in _coarse_pass2
@@ -251,7 +248,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     theta = bucket_theta(maxima.view(B, -1), plan.k)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
-    items2 = _span_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
+    items2 = span_work_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev)
     cand, counts = plan.scorer(*args, items2, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, plan.n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; _settle rescores it whole
@@ -271,35 +268,6 @@ def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
     dev = next(m for m in masks if m is not None).device
     no = torch.zeros((), dtype=torch.bool, device=dev)
     return torch.stack([no if m is None else m.any() for m in masks])
-
-
-def _span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
-                device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all when equal), made once per shape outside
-    the CUDA graphs (a graph's warm-up run fills the cache; they were ~20-30 of a graph's kernels); a graph holds its
-    items in its ChunkResult. Items take 16 B each: batches above ITEMS_CACHE_MAX_B keep LARGE_ITEMS_CACHE entries of
-    up to LARGE_ITEMS_BYTES, for batches a graph can hold, and none made during a capture (not computed yet)."""
-    if B <= ITEMS_CACHE_MAX_B:
-        return _cached_span_items(B, n_items, n_spans, group, width, device)
-    key = (B, n_items, n_spans, group, width, device)
-    items = _LARGE_ITEMS.get(key)
-    if items is None:
-        items = _make_span_items(*key)
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if B <= GRAPH_MAX_B and items[0].numel() * 16 <= LARGE_ITEMS_BYTES and not capturing:
-            _LARGE_ITEMS[key] = items
-            while len(_LARGE_ITEMS) > LARGE_ITEMS_CACHE:
-                _LARGE_ITEMS.popitem(last=False)
-    return items
-
-
-def _make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
-                     device: torch.device) -> tuple[torch.Tensor, ...]:
-    spans = (torch.arange(n_items, device=device) * n_spans) // n_items
-    return span_items(B, spans, group, width)
-
-
-_cached_span_items = functools.lru_cache(maxsize=64)(_make_span_items)
 
 
 def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dict[str, int]
@@ -322,7 +290,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dic
     sampled = rank < k   # theta came from a pass-1 key above the k-th: not a proven bound
     cap = _slots_per_span(rank, plan.n_sample) * cspan // plan.cfg.span
     n_spans = coff.shape[1] - 1
-    items = _span_items(B, n_spans, n_spans, 1, cap, indptr.device)
+    items = span_work_items(B, n_spans, n_spans, 1, cap, indptr.device)
     cand, counts = plan.scorer(*args._replace(span_off=coff, span=cspan), items, B * n_spans * cap, cap=cap,
                                coarse_lo=floor, **kw)
     cand = cand.view(B, -1)
