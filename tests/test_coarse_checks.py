@@ -15,6 +15,7 @@ from lsr.search.kernels.coarse_checks import (
     coarse_bounds,
     coarse_verdicts,
     torch_candidate_docs,
+    torch_coarse_bounds,
     torch_coarse_verdicts,
 )
 from lsr.testing import seeded_generator
@@ -64,8 +65,7 @@ def test_coarse_bounds_match_the_twin_bit_for_bit(gen):
     scale[32:40] = 2.0 ** 50
     indptr = _indptr(B, gen)
     theta, floor = coarse_bounds(edge, inv, scale, indptr)
-    want_theta = coarse_theta(edge, inv)
-    want_floor = coarse_floor(want_theta, scale, indptr)
+    want_theta, want_floor = torch_coarse_bounds(edge, inv, scale, indptr)
     assert torch.equal(theta.view(torch.int32), want_theta.view(torch.int32))
     assert torch.equal(floor, want_floor)
     # the cases above are reached: theta rounded down from a float32 above the exact value, FLT_MAX, floor 2**62 >> 45

@@ -44,12 +44,13 @@ from lsr.search.block_plan import (
 from lsr.search.graphs import GRAPH_MAX_B, cached_chunk_graph
 from lsr.search.kernels import block_cuda, rescore_cuda
 from lsr.search.kernels.block import terms_bucket
-from lsr.search.kernels.coarse import coarse_floor, coarse_theta, sampled_rank
+from lsr.search.kernels.coarse import sampled_rank
 from lsr.search.kernels.coarse_checks import (
     candidate_docs,
     coarse_bounds,
     coarse_verdicts,
     torch_candidate_docs,
+    torch_coarse_bounds,
     torch_coarse_verdicts,
 )
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
@@ -165,10 +166,7 @@ def _coarse_bounds(plan: BlockPlan, maxima: torch.Tensor, args: ScoreArgs) -> tu
     """(theta float32 [B], floor int64 [B]) of the coarse route from pass 1's coarse row maxima [B, R]: the key of
     rank _floor_rank as a score, and the coarse sum a doc reaching it has at least (``coarse_floor``)."""
     edge = bucket_edge(maxima, _floor_rank(plan))
-    if _fused(edge):
-        return coarse_bounds(edge, args.inv_scale, args.scale, args.indptr)
-    theta = coarse_theta(edge, args.inv_scale)
-    return theta, coarse_floor(theta, args.scale, args.indptr)
+    return (coarse_bounds if _fused(edge) else torch_coarse_bounds)(edge, args.inv_scale, args.scale, args.indptr)
 
 
 def _fused(t: torch.Tensor) -> bool:

@@ -27,7 +27,8 @@ import triton.language as tl
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT, coarse_floor, coarse_theta
 from lsr.search.kernels.topk import DOC_MASK, key_docs
 
-__all__ = ["candidate_docs", "coarse_bounds", "coarse_verdicts", "torch_candidate_docs", "torch_coarse_verdicts"]
+__all__ = ["candidate_docs", "coarse_bounds", "coarse_verdicts", "torch_candidate_docs", "torch_coarse_bounds",
+           "torch_coarse_verdicts"]
 
 _KEY_SHIFT = tl.constexpr(COARSE_KEY_SHIFT)
 _SHIFT = tl.constexpr(COARSE_SHIFT)
@@ -84,6 +85,13 @@ def coarse_bounds(edge: torch.Tensor, inv_scale: torch.Tensor, scale: torch.Tens
         _bounds_kernel[(triton.cdiv(B, _BLOCK),)](edge.contiguous(), inv_scale.contiguous(), scale.contiguous(),
                                                   q_indptr.contiguous(), theta, floor, B, BLOCK=_BLOCK)
     return theta, floor
+
+
+def torch_coarse_bounds(edge: torch.Tensor, inv_scale: torch.Tensor, scale: torch.Tensor,
+                        q_indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of ``coarse_bounds``."""
+    theta = coarse_theta(edge, inv_scale)
+    return theta, coarse_floor(theta, scale, q_indptr)
 
 
 @triton.jit
