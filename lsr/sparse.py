@@ -102,7 +102,7 @@ class SparseVectors:
         ValueError: for any violation of the contract, naming the first offending row.
     """
 
-    __slots__ = ("indptr", "indices", "values", "ids", "vocab_size")
+    __slots__ = ("indptr", "indices", "values", "ids", "vocab_size", "_host_indptr")
 
     def __init__(
         self,
@@ -237,11 +237,7 @@ class SparseVectors:
             start, stop, step = rows.indices(n)
             if step == 1:
                 stop = max(stop, start)
-                # a batch's ends in one copy (one host sync on CUDA instead of two: ~12 against ~22 µs); a long
-                # slice reads its two ends
-                ends = self.indptr[start:stop + 1] if stop - start <= 4096 else self.indptr[[start, stop]]
-                ends = ends.cpu()
-                a, b = int(ends[0]), int(ends[-1])
+                a, b = self._row_bounds(start, stop)
                 return SparseVectors._of_rows(self.indptr[start:stop + 1] - a, self.indices[a:b], self.values[a:b],
                                               self.ids[start:stop], self.vocab_size)
             rows = range(start, stop, step)
@@ -256,6 +252,26 @@ class SparseVectors:
         _, src = ragged_positions(self.indptr[sel], lens)
         ids = [self.ids[i] for i in sel.tolist()]
         return SparseVectors(new_ptr, self.indices[src], self.values[src], ids, self.vocab_size, validate=False)
+
+    HOST_INDPTR_MAX = 1 << 20   # rows up to which a CUDA indptr's host copy is kept for slicing (8 MB)
+
+    def _row_bounds(self, start: int, stop: int) -> tuple[int, int]:
+        """indptr[start], indptr[stop] as ints. A CUDA indptr of up to HOST_INDPTR_MAX rows is read once and its
+        host copy kept while the tensor is the same object, unmodified (its in-place version counter): slicing
+        batches out of a query set then costs no device read each (the read took ~50 of a 64-query search's ~140 µs
+        of host time before its graph launched; docs/notes-search.md, session 23). Longer ones, and inference tensors
+        (no version counter), read the rows' ends in one copy."""
+        ip = self.indptr
+        if not ip.is_cuda:
+            return int(ip[start]), int(ip[stop])
+        if ip.numel() > self.HOST_INDPTR_MAX or ip.is_inference():
+            ends = (ip[start:stop + 1] if stop - start <= 4096 else ip[[start, stop]]).cpu()
+            return int(ends[0]), int(ends[-1])
+        held = getattr(self, "_host_indptr", None)
+        if held is None or held[0] is not ip or held[1] != ip._version:
+            held = (ip, ip._version, ip.cpu().numpy())   # numpy: an element read costs ~0.1 µs, a tensor's ~2 µs
+            self._host_indptr = held
+        return int(held[2][start]), int(held[2][stop])
 
     @classmethod
     def _of_rows(cls, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, ids: list[str],

@@ -10,7 +10,8 @@ it), records the input of every selection the search makes (``bucket_topk`` / ``
 ``torch.topk`` / ``torch.kthvalue`` call), and times on those very inputs (inside a CUDA graph, as the
 block path runs them):
 
-* top k: ``topk`` (torch, the reference), ``sort`` (a full sort, then the first k), ``bucket_topk``,
+* top k: ``topk`` (torch, the reference), ``sort`` (a full sort, then the first k), ``bucket_topk``, ``row_topk``
+  (lsr.search.kernels.row_topk_cuda: one CTA a row sorts it in shared memory; rows up to 4,096 keys),
   ``unsorted+sort`` (an unsorted topk, then a sort of its k keys), ``chunk{C}`` (top k of every C-key slice
   of the row, then top k of those: exact, keys are unique);
 * the k-th score (pass 1's threshold): ``kthvalue`` (the reference), ``topk_amin``, ``chunk{C}_amin`` and
@@ -42,8 +43,9 @@ from bench_search import parse_size, read_real_queries
 from lsr.bench import Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.index.inverted import InvertedIndex
 from lsr.search import block_path
+from lsr.search.kernels import row_topk_cuda
 from lsr.search.kernels.select import bucket_theta, bucket_topk
-from lsr.search.kernels.topk import key_scores
+from lsr.search.kernels.topk import key_scores, topk_keys
 from lsr.search.triton_backend import default_config, triton_search
 from lsr.synth import SynthSpec, synth_docs, synth_queries
 
@@ -53,34 +55,40 @@ THETA_SLACK = 2.0 ** -15   # bucket_theta's largest relative distance below the 
 
 def record_calls(search: Callable[[], object]) -> list[tuple[str, torch.Tensor, int, bool]]:
     """(op, input copy, k, sorted) of every selection ``search`` makes: the block path's ``bucket_topk`` /
-    ``bucket_theta`` (as "topk" / "kth") and any 2-D torch.topk / torch.kthvalue call."""
+    ``bucket_theta`` / ``topk_keys`` (as "topk" / "kth" / "topk") and any other 2-D torch.topk / torch.kthvalue
+    call."""
     calls = []
+    inside = [0]   # a torch.topk inside a recorded selection is not recorded again
 
     def topk(x, k, dim=-1, largest=True, sorted=True, **kw):  # noqa: A002 - torch's own argument name
-        if x.dim() == 2 and dim in (1, -1) and largest:
+        if x.dim() == 2 and dim in (1, -1) and largest and not inside[0]:
             calls.append(("topk", x.detach().clone(), int(k), bool(sorted)))
         return TOPK(x, k, dim=dim, largest=largest, sorted=sorted, **kw)
+
+    def recorded(op: str, fn: Callable, sorted_: bool) -> Callable:
+        def call(x, k):
+            calls.append((op, x.detach().clone(), int(k), sorted_))
+            inside[0] += 1
+            try:
+                return fn(x, k)
+            finally:
+                inside[0] -= 1
+        return call
 
     def kthvalue(x, k, dim=-1, **kw):
         if x.dim() == 2 and dim in (1, -1):
             calls.append(("kth", x.detach().clone(), int(x.shape[1]) - int(k) + 1, False))
         return KTHVALUE(x, k, dim=dim, **kw)
 
-    def theta(x, k):
-        calls.append(("kth", x.detach().clone(), int(k), False))
-        return bucket_theta(x, k)
-
-    def top(x, k):
-        calls.append(("topk", x.detach().clone(), int(k), True))
-        return bucket_topk(x, k)
-
     torch.topk, torch.kthvalue = topk, kthvalue
-    block_path.bucket_theta, block_path.bucket_topk = theta, top
+    block_path.bucket_theta = recorded("kth", bucket_theta, False)
+    block_path.bucket_topk = recorded("topk", bucket_topk, True)
+    block_path.topk_keys = recorded("topk", topk_keys, True)
     try:
         search()
     finally:
         torch.topk, torch.kthvalue = TOPK, KTHVALUE
-        block_path.bucket_theta, block_path.bucket_topk = bucket_theta, bucket_topk
+        block_path.bucket_theta, block_path.bucket_topk, block_path.topk_keys = bucket_theta, bucket_topk, topk_keys
     return calls
 
 
@@ -110,6 +118,8 @@ def variants(op: str, x: torch.Tensor, k: int, sorted_: bool,
     out = {"topk": lambda: TOPK(x, k, dim=1, sorted=sorted_).values,
            "sort": lambda: torch.sort(x, dim=1, descending=True).values[:, :k],
            "bucket_topk": lambda: bucket_topk(x, k)[0]}
+    if row_topk_cuda.usable(x):
+        out["row_topk"] = lambda: row_topk_cuda.cuda_row_topk(x, k)
     if sorted_:
         out["unsorted+sort"] = lambda: torch.sort(TOPK(x, k, dim=1, sorted=False).values, dim=1, descending=True).values
     for c in chunks:
@@ -154,7 +164,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", default="8.8m")
-    ap.add_argument("--cases", default="real:1:10,synth:1:10,synth:1:1000,real:16:10,synth:64:1000,real:64:1000")
+    ap.add_argument("--cases",
+                    default="real:1:10,synth:1:10,synth:1:1000,real:16:10,synth:64:1000,real:64:1000,synth:500:1000")
     ap.add_argument("--chunks", default="2048,4096,8192,16384")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run (small collection, interpreter mode)")
     args = ap.parse_args()

@@ -284,6 +284,24 @@ axes[1].set_title("issue 18's start (65fee74) vs now")
 plt.tight_layout(); plt.savefig(FIG / 'search_session22.png', dpi=110); plt.show()
 base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
 
+AB23 = """def merged(name, trees):  # lsr-auto rows of a merged A/B file ({tag: bench_search JSON}, tag = tree + round)
+    d = json.loads((BENCH / 'extra' / name).read_text())
+    rows = pd.concat([pd.DataFrame(v['rows']).assign(tree=trees[t[:3]], round=t[3:]) for t, v in d.items()])
+    rows = rows[rows.method == 'lsr-auto'].copy()
+    rows['case'] = rows['queries'] + ' B=' + rows['B'].astype(str) + ' k=' + rows['k'].astype(str)
+    return rows
+runs = merged('bench_search_session_ab_session23_h200.json', {'old': '8423771 (start)', 'new': 'end'})
+base = merged('bench_search_issue_baseline_session23_h200.json', {'old': '65fee74 (issue 18)', 'new': 'end'})
+fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
+runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['8423771 (start)', 'end']].plot.bar(ax=axes[0], rot=25)
+axes[0].set_title("bench_search: session 23's start vs its end, alternating twice on one H200 (median)")
+axes[0].set_ylabel('queries / s')
+base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[['65fee74 (issue 18)', 'end']].plot.bar(ax=axes[1], rot=0)
+axes[1].axhline(45000, color='k', ls='--', lw=1)
+axes[1].set_title("issue 18's start vs now (3 rounds)")
+plt.tight_layout(); plt.savefig(FIG / 'search_session23.png', dpi=110); plt.show()
+base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -329,6 +347,9 @@ BENCHMARKS = [
     new_code_cell(AB21),
     new_markdown_cell("## Search at the start and the end of session 22, and against the tree issue 18 started from (one H200)"),
     new_code_cell(AB22),
+    new_markdown_cell("## Search at the start and the end of session 23 (row top-k and histogram kernels), and against issue "
+                      "18's starting tree (one H200)"),
+    new_code_cell(AB23),
 ]
 
 

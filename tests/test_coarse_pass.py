@@ -215,9 +215,9 @@ def test_sampled_floor_end_to_end_at_large_k(gen, monkeypatch):
     the 256th): the top k equals the float64 reference, whether or not a query needed the exact pass 2."""
     import lsr.search.block_path as bp
     from lsr.search.kernels import coarse
-    docs = random_dense_rows(65536, 40, 0.05, gen)
-    q = random_dense_rows(6, 40, 0.15, gen, empty_rows=1)
-    index = InvertedIndex.build(docs, device="cpu", block_size=1024, postings="float32")
+    docs = random_dense_rows(65536, 40, 0.05, gen, device=DEV)
+    q = random_dense_rows(6, 40, 0.15, gen, empty_rows=1, device=DEV)
+    index = InvertedIndex.build(docs, device=DEV, block_size=1024, postings="float32")
     monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 1024))
     monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 2048)
     ranks = []

@@ -113,7 +113,7 @@ def test_auto_layout_is_compact_where_it_holds_the_weights(gen):
 @pytest.fixture
 def saved(tmp_path, gen):
     docs = bf16_rows(120, 30, 0.2, gen)
-    index = InvertedIndex.build(docs, block_size=64, postings="compact")
+    index = InvertedIndex.build(docs, device="cpu", block_size=64, postings="compact")   # load() gives CPU tensors
     return index, index.save(tmp_path / "idx")
 
 
@@ -136,7 +136,7 @@ def test_compact_index_roundtrips_with_version_2(saved, tmp_path):
         back = InvertedIndex.load(path, mmap=mmap)
         assert back.postings == "compact"
         assert torch.equal(back.doc_ids, index.doc_ids) and torch.equal(back.scores, index.scores)
-    plain = InvertedIndex.build(index.docs, block_size=64, postings="float32").save(tmp_path / "plain")
+    plain = InvertedIndex.build(index.docs, device="cpu", block_size=64, postings="float32").save(tmp_path / "plain")
     assert json.loads((plain / "meta.json").read_text())["version"] == 1, "float32 indexes stay readable by old lsr"
 
 
@@ -275,7 +275,7 @@ def test_searcher_on_a_saved_compact_index(saved):
     index, path = saved
     q = random_dense_rows(4, 30, 0.3, seeded_generator(1)).to("cpu")
     ref = float64_scores(q, index.docs)
-    back = InvertedIndex.load(path)
+    back = InvertedIndex.load(path, device=DEV)   # the Triton backend: CUDA, or the interpreter on the CPU
     for backend in ("torch", "triton"):
         s, d = Searcher(back, backend=backend).search(q, k=7)
         assert_exact_topk(s.cpu(), d.cpu(), ref, 7)
@@ -296,7 +296,7 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
     assert main(base + ["--out", str(tmp_path / "f32"), "--postings", "float32"]) == 0
     assert InvertedIndex.load(tmp_path / "f32").postings == "float32"
     assert main(base + ["--out", str(tmp_path / "parts"), "--postings", "compact", "--partitions", "2"]) == 0
-    sharded = ShardedIndex.load(tmp_path / "parts")
+    sharded = ShardedIndex.load(tmp_path / "parts", device=DEV)
     q = random_dense_rows(3, 25, 0.3, gen)
     s, d = Searcher(sharded, backend="triton").search(q, k=9)
     assert_exact_topk(s, d, float64_scores(q, docs), 9)
@@ -313,7 +313,7 @@ def test_in_memory_sharded_index_takes_the_posting_layout(gen):
     from lsr.search.searcher import Searcher
     docs = bf16_rows(90, 30, 0.2, gen).to("cpu")
     q = random_dense_rows(4, 30, 0.3, gen)
-    sharded = ShardedIndex.from_vectors(docs, 3, device="cpu", block_size=64, postings="compact")
+    sharded = ShardedIndex.from_vectors(docs, 3, device=DEV, block_size=64, postings="compact")
     assert {part.postings for part in sharded.partitions} == {"compact"}
     s, d = Searcher(sharded, backend="triton").search(q, k=11)
     assert_exact_topk(s, d, float64_scores(q, docs), 11)

@@ -121,6 +121,26 @@ def test_gpu_bucket_selection_at_search_shapes(gen, monkeypatch, B, C, k, rank_m
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B,C,empty,ties", [(3, 5000, 0.5, True), (500, 8704, 0.0, False), (2, 70000, 0.9, True),
+                                            (4, 1, 0.0, False)])
+def test_gpu_cuda_histogram_is_the_triton_one(gen, B, C, empty, ties):
+    """Both levels of the CUDA histogram (shared-memory counts, warp-aggregated) equal the Triton kernel's, on rows
+    whose keys crowd into a few bins (ties) and rows that span several CTAs; a row whose pick is -1 counts nothing."""
+    from lsr.search.kernels import select_cuda
+    keys = random_keys(gen, B, C, empty, ties)
+    pick = torch.where(keys.amax(1) >= 0, keys.amax(1) >> select.SHIFT1, -1)
+    pick[0] = -1
+    for level2 in (False, True):
+        got = torch.zeros((B, select.BINS), dtype=torch.int32, device=DEV)
+        want = torch.zeros_like(got)
+        select_cuda.cuda_bucket_hist(keys, got, pick, level2)
+        select._hist_kernel[(B, -(-C // select._BLOCK))](keys, C, want, pick, LEVEL2=level2, BLOCK=select._BLOCK)
+        assert torch.equal(got, want) and bool((got.sum(1)[1:] > 0).any() or C == 1)
+        if level2:
+            assert int(got[0].sum()) == 0
+
+
+@pytest.mark.gpu
 def test_gpu_triton_query_scales_is_query_scales(gen):
     max_scores = (torch.rand(30522, generator=gen) * 3).to(DEV)
     for lens in ([40], [0, 300, 12] * 100):

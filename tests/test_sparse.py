@@ -128,3 +128,21 @@ def test_prune_top_k_keeps_largest_weights():
     assert (p.lengths <= 4).all()
     with pytest.raises(ValueError):
         v.prune_top_k(0)
+
+
+@pytest.mark.gpu
+def test_gpu_slices_follow_an_indptr_changed_in_place_or_replaced():
+    """Slicing a CUDA batch reads a host copy of indptr kept across slices: a change of indptr in place (version
+    counter), a new indptr tensor, and an inference tensor (no version counter) must each give the current rows."""
+    q = SparseVectors([0, 2, 4, 6], [0, 1, 2, 3, 0, 1], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vocab_size=4, device="cuda")
+    assert q[1:2].indices.tolist() == [2, 3]
+    q.indptr[1] = 1                                   # rows 0 / 1 now hold [0] / [1, 2, 3]
+    assert q[1:2].indices.tolist() == [1, 2, 3] and q[1:2].values.tolist() == [2.0, 3.0, 4.0]
+    q.indptr = torch.tensor([0, 3, 4, 6], device="cuda")   # rows [0, 1, 2] / [3] / [0, 1]
+    assert q[1:2].indices.tolist() == [3] and q[0:1].indptr.tolist() == [0, 3]
+    with torch.inference_mode():
+        r = SparseVectors([0, 1, 3], [0, 1, 2], [1.0, 2.0, 3.0], vocab_size=4, device="cuda")   # rows [0] / [1, 2]
+        assert r[1:2].indices.tolist() == [1, 2]
+        r.indptr[1] = 2                                                   # rows [0, 1] / [2]
+    assert r.indptr.is_inference()
+    assert r[1:2].indices.tolist() == [2] and r[0:1].indices.tolist() == [0, 1]

@@ -201,9 +201,9 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
         graph = cached_chunk_graph(plan.index, body, B, B * plan.max_terms, plan.graph_key(B))
         if graph is not None:
             with graph.lock:
-                out = _settle(plan, graph(*queries))
+                out = _settle(plan, graph(*queries), True)
     if out is None:
-        out = _settle(plan, body(*queries))
+        out = _settle(plan, body(*queries), False)
     if out.unpacked is not None:
         return out.unpacked
     best = out.best
@@ -213,7 +213,7 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
     if out.redo is not None:
         sel = out.redo
         exact = replace(plan, coarse=None)
-        best[sel] = _settle(exact, _score_chunk(exact, *queries.select(sel))).best
+        best[sel] = _settle(exact, _score_chunk(exact, *queries.select(sel)), False).best
     return unpack_keys(best)
 
 
@@ -332,14 +332,17 @@ def _pack(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     return triton_pack_keys(scores, docs) if _fused(scores) else pack_keys(scores, docs)
 
 
-def _settle(plan: BlockPlan, result: ChunkResult) -> Settled:
+def _settle(plan: BlockPlan, result: ChunkResult, replayed: bool) -> Settled:
     """Read the chunk's flags (the one host sync), repair what they name and pick out the queries that need
     more: the exact pass 2, or the rescoring of all their coarse candidates. Rows whose bucket selection
-    overflowed are selected again with ``torch.topk``; overflowed (query, span) pairs are rescored. The
-    outputs are copies (a graph's outputs are overwritten by its next replay)."""
+    overflowed are selected again with ``torch.topk``; overflowed (query, span) pairs are rescored. A graph's
+    outputs are overwritten by its next replay (``replayed``), so what is returned from them is a copy; the copy
+    of the unpacked result is queued before the flag read, so that it runs right behind the graph rather than
+    after the host has woken up (it goes unused when something is repaired)."""
+    unpacked = tuple(t.clone() for t in result.unpacked) if replayed else result.unpacked
     any_over, any_reselect, any_redo, any_rescue = result.flags.tolist()
     if not (any_over or any_reselect or any_redo or any_rescue):
-        return Settled(result.best, None, None, tuple(t.clone() for t in result.unpacked))
+        return Settled(result.best, None, None, unpacked)
     best = result.best.clone()
     if any_reselect:
         rows = torch.nonzero(result.reselect).flatten()

@@ -14,10 +14,13 @@ one-query search in them (docs/benchmarks.md). Here:
    all >= ``lo``, and ``lo`` read as a score is a lower bound of the k-th score (at most 2**-15 relative
    below it): what pass 1 needs (``bucket_theta``).
 3. ``gather`` (``bucket_topk``): every key >= ``lo`` goes to a row of ``kmax`` slots (in an order the
-   atomics choose), then ``rank``: each gathered key's rank is the number of gathered keys above it (keys
-   are unique), and the keys of rank < k are written in place: the answer, sorted, whatever the slot order.
-   A row with more than ``kmax`` keys >= ``lo`` (thousands of docs tied within 2**-16 of the k-th
-   score) is flagged: the caller selects it again with ``torch.topk``.
+   atomics choose), then, for up to RANK_MAX_B rows, ``rank``: each gathered key's rank is the number of
+   gathered keys above it (keys are unique), and the keys of rank < k are written in place: the answer,
+   sorted, whatever the slot order. More rows sort their gathered slots (``row_topk_cuda``: one CTA a row,
+   or its twin, torch.topk). A row with more than ``kmax`` keys >= ``lo`` (thousands of docs tied within
+   2**-16 of the k-th score) is flagged: the caller selects it again with ``torch.topk``.
+
+The histograms run as ``select_cuda``'s kernel on a GPU (shared-memory counts), as ``_hist_kernel`` elsewhere.
 
 Counts are integers (exact in any order), so every output is deterministic. The keys of a row must be unique
 (the block path's are: one doc per key), else the rank kernel gives equal keys one rank and leaves a -1.
@@ -32,6 +35,8 @@ import triton
 import triton.language as tl
 
 from lsr.kernel_utils import check_tensor
+from lsr.search.kernels import row_topk_cuda, select_cuda
+from lsr.search.kernels.row_topk_cuda import row_topk
 
 __all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
 
@@ -40,9 +45,10 @@ SHIFT1 = 50                   # level 1: key bits 61..50 (keys of positive float
 SHIFT2 = 38                   # level 2: key bits 49..38
 _BLOCK = 2048                 # keys per program of the histogram and gather kernels
 _TILE = 128                   # keys per program of the ranking kernel
-RANK_MAX_K = 512              # bucket_topk ranks by counting (~n^2 compares of the n ~ k gathered keys) up to this
-RANK_MAX_B = 16               # k or this many rows; beyond both, torch.topk of the gathered slots is faster (one
-                              # row: the rank kernel's 32 programs beat its single block; docs/benchmarks.md, session 21)
+RANK_MAX_B = 16               # bucket_topk ranks by counting (~n^2 compares of the n ~ k gathered keys) for up to
+                              # this many rows (one row: the rank kernel's 32 programs beat a single block); more rows
+RANK_MAX_K = 512              # sort their gathered slots (row_topk), except up to this k where the CUDA sort is not
+                              # available (docs/benchmarks.md, sessions 21 and 23)
 
 
 @triton.jit
@@ -125,8 +131,12 @@ def _levels(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, tor
     total = torch.empty(B, dtype=torch.int32, device=dev)
     theta = torch.empty(B, dtype=torch.float32, device=dev)
     grid = (B, triton.cdiv(C, _BLOCK))
+    cuda_hist = select_cuda.usable(keys)
     for level in (0, 1):
-        _hist_kernel[grid](keys, C, hist[level], pick, LEVEL2=level == 1, BLOCK=_BLOCK)
+        if cuda_hist:
+            select_cuda.cuda_bucket_hist(keys, hist[level], pick, level == 1)
+        else:
+            _hist_kernel[grid](keys, C, hist[level], pick, LEVEL2=level == 1, BLOCK=_BLOCK)
         _find_kernel[(B,)](hist[level], k, pick, above, lo, total, theta, LEVEL2=level == 1, num_warps=4)
     return lo, total, theta
 
@@ -160,14 +170,13 @@ def bucket_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     B, C = keys.shape
     kmax = select_rows(k)
     lo, total, _ = _levels(keys, k)
-    by_rank = k <= RANK_MAX_K or B <= RANK_MAX_B
-    # the rank kernel reads only the gathered slots; torch.topk reads them all, so the empty ones hold -1
-    buf = (torch.empty((B, kmax), dtype=torch.int64, device=keys.device) if by_rank
-           else torch.full((B, kmax), -1, dtype=torch.int64, device=keys.device))
+    sortable = kmax <= row_topk_cuda.MAX_ROW and row_topk_cuda.available(keys.device)
+    by_rank = B <= RANK_MAX_B or (k <= RANK_MAX_K and not sortable)
+    buf = torch.empty((B, kmax), dtype=torch.int64, device=keys.device)   # both read only the gathered slots
     count = torch.zeros(B, dtype=torch.int32, device=keys.device)
     _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, kmax, BLOCK=_BLOCK)
     if not by_rank:   # the gathered keys are unique and the empty slots -1: the k largest are the answer
-        return torch.topk(buf, k, dim=1, largest=True, sorted=True).values, total > kmax
+        return row_topk(buf, k, count), total > kmax
     top = torch.full((B, k), -1, dtype=torch.int64, device=keys.device)
     _rank_kernel[(B, triton.cdiv(kmax, _TILE))](buf, count, top, kmax, k, TILE=_TILE, CH=_TILE)
     return top, total > kmax

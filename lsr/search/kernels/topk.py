@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from lsr.kernel_utils import check_tensor
+from lsr.search.kernels import row_topk_cuda
 
 __all__ = [
     "DOC_MASK",
@@ -82,7 +83,9 @@ def key_docs(keys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tens
 
 
 def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k)."""
+    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k). Keys >= 0 or -1."""
+    if row_topk_cuda.usable(keys):   # short rows on a GPU: one sorting kernel instead of torch.topk's select + sort
+        return row_topk_cuda.cuda_row_topk(keys, k)
     if keys.shape[1] < k:
         pad = torch.full((keys.shape[0], k - keys.shape[1]), -1, dtype=torch.int64, device=keys.device)
         keys = torch.cat([keys, pad], 1)
