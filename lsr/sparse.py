@@ -12,6 +12,7 @@ ids a run file can hold (:func:`lsr.io.check_id`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -257,7 +258,8 @@ class SparseVectors:
 
     def _row_bounds(self, start: int, stop: int) -> tuple[int, int]:
         """indptr[start], indptr[stop] as ints. A CUDA indptr of up to HOST_INDPTR_MAX rows is read once and its
-        host copy kept while the tensor is the same object, unmodified (its in-place version counter): slicing
+        host copy kept while the tensor is the same object, unmodified (its in-place version counter and data pointer;
+        writes that bypass the counter, through ``.data`` or a foreign alias, are not seen: vectors are read-only): slicing
         batches out of a query set then costs no device read each (the read took ~50 of a 64-query search's ~140 µs
         of host time before its graph launched; docs/notes-search.md, session 23). Longer ones, and inference tensors
         (no version counter), read the rows' ends in one copy."""
@@ -268,10 +270,21 @@ class SparseVectors:
             ends = (ip[start:stop + 1] if stop - start <= 4096 else ip[[start, stop]]).cpu()
             return int(ends[0]), int(ends[-1])
         held = getattr(self, "_host_indptr", None)
-        if held is None or held[0] is not ip or held[1] != ip._version:
-            held = (ip, ip._version, ip.cpu().numpy())   # numpy: an element read costs ~0.1 µs, a tensor's ~2 µs
+        key = (ip._version, ip.data_ptr())
+        if held is None or held[0]() is not ip or held[1] != key:
+            # a weak reference: a replaced indptr is not kept alive; numpy: an element read ~0.1 µs, a tensor's ~2 µs
+            held = (weakref.ref(ip), key, ip.cpu().numpy())
             self._host_indptr = held
         return int(held[2][start]), int(held[2][stop])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The vectors without the host copy of ``_row_bounds``: a rebuilt tensor restarts its version counter, so a
+        copy carried through pickle or deepcopy could pass the check with offsets of an earlier state."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_host_indptr" and hasattr(self, k)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
 
     @classmethod
     def _of_rows(cls, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, ids: list[str],

@@ -146,3 +146,16 @@ def test_gpu_slices_follow_an_indptr_changed_in_place_or_replaced():
         r.indptr[1] = 2                                                   # rows [0, 1] / [2]
     assert r.indptr.is_inference()
     assert r[1:2].indices.tolist() == [2] and r[0:1].indices.tolist() == [0, 1]
+
+
+def test_copies_do_not_carry_the_host_offsets():
+    """The host copy of a CUDA indptr that slicing keeps is checked by the tensor's version counter, which a rebuilt
+    tensor restarts: pickle and deepcopy must leave it behind (set by hand here: CPU vectors never keep one)."""
+    import copy
+    import pickle
+
+    q = SparseVectors([0, 2, 3], [0, 1, 2], [1.0, 2.0, 3.0], vocab_size=4)
+    q._host_indptr = (None, (0, 0), np.array([0, 9, 9]))
+    for back in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q), copy.copy(q)):
+        assert getattr(back, "_host_indptr", None) is None
+        assert back.ids == q.ids and torch.equal(back.indptr, q.indptr) and back[1:2].indices.tolist() == [2]

@@ -25,7 +25,8 @@ __all__ = ["MAX_VOCAB", "cuda_rescore"]
 _SOURCE = cuda_source("rescore.cu")
 
 _WARPS = 8        # warps per CTA, a cell each at a time
-_CTA_CELLS = 64   # cells per CTA (one query's): the CTA's bitmap of the query's terms serves them all
+_CTA_CELLS = 64   # cells per CTA (one query's): the CTA's bitmap of the query's terms serves them all; at most the
+                  # source's MAX_CTA_CELLS (its shared table of the cells' rows)
 MAX_GRID_Y = 65535   # queries a launch takes (its grid's y extent); more run as several launches
 MAX_VOCAB = (48 * 1024 // 4 - 1 - 4 * _CTA_CELLS) * 32   # the bitmap and the cells' row bounds (16 B each) below the
                                                         # 48 KB of shared memory a launch gets without opting in

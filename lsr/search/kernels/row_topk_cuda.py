@@ -33,8 +33,8 @@ def available(device: torch.device) -> bool:
 
 
 def usable(keys: torch.Tensor) -> bool:
-    """Whether ``cuda_row_topk`` takes these keys: a CUDA [B, C] tensor, C <= MAX_ROW, and ``available``."""
-    return keys.dim() == 2 and keys.shape[1] <= MAX_ROW and available(keys.device)
+    """Whether ``cuda_row_topk`` takes these keys: a CUDA int64 [B, C] tensor, C <= MAX_ROW, and ``available``."""
+    return keys.dtype == torch.int64 and keys.dim() == 2 and keys.shape[1] <= MAX_ROW and available(keys.device)
 
 
 def cuda_row_topk(keys: torch.Tensor, k: int, count: torch.Tensor | None = None) -> torch.Tensor:
