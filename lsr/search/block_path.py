@@ -58,7 +58,6 @@ from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.select import bucket_edge, bucket_theta, bucket_topk
 from lsr.search.kernels.topk import (
     ROW,
-    key_docs,
     pack_keys,
     topk_keys,
     triton_pack_keys,
@@ -214,7 +213,7 @@ def _search_chunk(plan: BlockPlan, queries: QueryCSR) -> tuple[torch.Tensor, tor
         sel = out.redo
         exact = replace(plan, coarse=None)
         best[sel] = _settle(exact, _score_chunk(exact, *queries.select(sel)), False).best
-    return unpack_keys(best)
+    return _unpack(best)
 
 
 def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor) -> ChunkResult:
@@ -323,7 +322,7 @@ def _rescore_candidates(plan: BlockPlan, queries: QueryCSR, cand: torch.Tensor, 
                         inv: torch.Tensor) -> torch.Tensor:
     """Best keys [n, k] of queries from the exact scores of all their coarse candidates [n, C] (``scale`` /
     ``inv`` [n]: the queries' fixed-point scales, as the chunk computed them)."""
-    docs = key_docs(cand)
+    docs = _unpack(cand)[1]   # one launch where fused: this runs on the host side, launch by launch
     return topk_keys(_pack(_exact_scores(plan.index, queries, scale, inv, docs), docs), plan.k)
 
 
