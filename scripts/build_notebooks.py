@@ -291,7 +291,7 @@ AB23 = """def merged(name, trees):  # lsr-auto rows of a merged A/B file ({tag: 
     rows['case'] = rows['queries'] + ' B=' + rows['B'].astype(str) + ' k=' + rows['k'].astype(str)
     return rows
 runs = merged('bench_search_session_ab_session23_h200.json', {'old': '8423771 (start)', 'new': 'end'})
-base = merged('bench_search_issue_baseline_session23_h200.json', {'old': '65fee74 (issue 18)', 'new': 'end'})
+base = merged('bench_search_issue_baseline_call16_session23_h200.json', {'old': '65fee74 (issue 18)', 'new': 'end'})
 fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
 runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['8423771 (start)', 'end']].plot.bar(ax=axes[0], rot=25)
 axes[0].set_title("bench_search: session 23's start vs its end, alternating twice on one H200 (median)")
