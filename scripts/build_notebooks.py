@@ -54,7 +54,16 @@ def lsr_rows(pattern, tree):  # lsr-auto rows of bench_search JSONs in extra/, l
                       for p in sorted((BENCH / 'extra').glob(pattern))])
     runs = runs[runs.method == 'lsr-auto'].copy()
     runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
-    return runs"""
+    return runs
+def ab_panels(runs, run_trees, run_title, base, base_trees, base_title, png):  # a session's A/B beside the issue's start
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
+    runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[run_trees].plot.bar(ax=axes[0], rot=25)
+    axes[0].set_title(run_title); axes[0].set_ylabel('queries / s')
+    base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[base_trees].plot.bar(ax=axes[1], rot=0)
+    axes[1].axhline(45000, color='k', ls='--', lw=1)
+    axes[1].set_title(base_title)
+    plt.tight_layout(); plt.savefig(FIG / png, dpi=110); plt.show()
+    return base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
 
 HEAD = """head = csvs('bench_head*.csv')
 MAIN = ['sparton', 'sparton_head', 'gemm_floor', 'torch_compile', 'torch_eager', 'torch_vocab_tiled',
@@ -274,15 +283,8 @@ runs.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'ma
 
 AB22 = """runs = lsr_rows('bench_search_session_ab_*_session22_h200.json', lambda stem: stem.split('_')[4][:3])
 base = lsr_rows('bench_search_issue_baseline_*_session22_h200.json', lambda stem: stem.split('_')[4])
-fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
-runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=axes[0], rot=25)
-axes[0].set_title("bench_search: session 22's start (ed17eeb) vs its end, alternating twice on one H200 (median)")
-axes[0].set_ylabel('queries / s')
-base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[['today', 'new']].plot.bar(ax=axes[1], rot=0)
-axes[1].axhline(45000, color='k', ls='--', lw=1)
-axes[1].set_title("issue 18's start (65fee74) vs now")
-plt.tight_layout(); plt.savefig(FIG / 'search_session22.png', dpi=110); plt.show()
-base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
+ab_panels(runs, ['old', 'new'], "bench_search: session 22's start (ed17eeb) vs its end, alternating twice on one H200 (median)",
+          base, ['today', 'new'], "issue 18's start (65fee74) vs now", 'search_session22.png')"""
 
 AB23 = """def merged(name, trees):  # lsr-auto rows of a merged A/B file ({tag: bench_search JSON}, tag = tree + round)
     d = json.loads((BENCH / 'extra' / name).read_text())
@@ -292,15 +294,8 @@ AB23 = """def merged(name, trees):  # lsr-auto rows of a merged A/B file ({tag: 
     return rows
 runs = merged('bench_search_session_ab_session23_h200.json', {'old': '8423771 (start)', 'new': 'end'})
 base = merged('bench_search_issue_baseline_call16_session23_h200.json', {'old': '65fee74 (issue 18)', 'new': 'end'})
-fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
-runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['8423771 (start)', 'end']].plot.bar(ax=axes[0], rot=25)
-axes[0].set_title("bench_search: session 23's start vs its end, alternating twice on one H200 (median)")
-axes[0].set_ylabel('queries / s')
-base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[['65fee74 (issue 18)', 'end']].plot.bar(ax=axes[1], rot=0)
-axes[1].axhline(45000, color='k', ls='--', lw=1)
-axes[1].set_title("issue 18's start vs now (3 rounds)")
-plt.tight_layout(); plt.savefig(FIG / 'search_session23.png', dpi=110); plt.show()
-base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
+ab_panels(runs, ['8423771 (start)', 'end'], "bench_search: session 23's start vs its end, alternating twice on one H200 (median)",
+          base, ['65fee74 (issue 18)', 'end'], "issue 18's start vs now (3 rounds)", 'search_session23.png')"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
