@@ -14,15 +14,11 @@ runnable under TRITON_INTERPRET (CPU CI tests the twin; the ``gpu`` tests compar
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from lsr.search.kernels import cuda_source
+from lsr.search.kernels import nvrtc_kernel
 
 __all__ = ["MAX_VOCAB", "cuda_rescore"]
-
-_SOURCE = cuda_source("rescore.cu")
 
 _WARPS = 8        # warps per CTA, a cell each at a time
 _CTA_CELLS = 64   # cells per CTA (one query's): the CTA's bitmap of the query's terms serves them all; at most the
@@ -32,9 +28,8 @@ MAX_VOCAB = (48 * 1024 // 4 - 1 - 4 * _CTA_CELLS) * 32   # the bitmap and the ce
                                                         # 48 KB of shared memory a launch gets without opting in
 
 
-@functools.cache
-def _kernel():
-    return torch.cuda._compile_kernel(_SOURCE, "lsr_rescore")
+def _kernel(device_index: int):
+    return nvrtc_kernel("rescore.cu", "lsr_rescore", device_index)
 
 
 def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights: torch.Tensor,
@@ -79,7 +74,7 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         with torch.cuda.device(dev):
             for b0 in range(0, B, MAX_GRID_Y):   # query rows b0.. in one launch; q_indptr's offsets stay absolute
                 b1 = min(B, b0 + MAX_GRID_Y)
-                _kernel()(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, b1 - b0, 1), block=(32 * _WARPS, 1, 1),
+                _kernel(dev.index or 0)(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, b1 - b0, 1), block=(32 * _WARPS, 1, 1),
                           shared_mem=4 * ((V + 31) // 32),
                           args=[doc_indptr, doc_terms, doc_weights, qdense[b0:b1], qdense.stride(0), scale[b0:b1],
                                 inv_scale[b0:b1], cand[b0:b1], C, n_docs, q_indptr[b0:b1 + 1], q_terms, V, _CTA_CELLS,

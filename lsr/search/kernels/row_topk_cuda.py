@@ -57,9 +57,7 @@ def cuda_row_topk(keys: torch.Tensor, k: int, count: torch.Tensor | None = None)
     out = torch.empty((B, k), dtype=torch.int64, device=keys.device)
     if B and k:
         keys = keys.contiguous()
-        n = 2
-        while n < C:
-            n <<= 1
+        n = max(2, 1 << (C - 1).bit_length())   # the padded row length of the longest row: shared memory
         with torch.cuda.device(keys.device):
             _kernel(keys.device.index or 0)(grid=(B, 1, 1), block=(min(_THREADS, max(32, n // 2)), 1, 1),
                                             shared_mem=8 * n,

@@ -36,7 +36,6 @@ import triton.language as tl
 
 from lsr.kernel_utils import check_tensor
 from lsr.search.kernels import row_topk_cuda, select_cuda
-from lsr.search.kernels.row_topk_cuda import row_topk
 
 __all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
 
@@ -176,7 +175,7 @@ def bucket_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     count = torch.zeros(B, dtype=torch.int32, device=keys.device)
     _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, kmax, BLOCK=_BLOCK)
     if not by_rank:   # the gathered keys are unique and the empty slots -1: the k largest are the answer
-        return row_topk(buf, k, count), total > kmax
+        return row_topk_cuda.row_topk(buf, k, count), total > kmax
     top = torch.full((B, k), -1, dtype=torch.int64, device=keys.device)
     _rank_kernel[(B, triton.cdiv(kmax, _TILE))](buf, count, top, kmax, k, TILE=_TILE, CH=_TILE)
     return top, total > kmax

@@ -83,13 +83,9 @@ def key_docs(keys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tens
 
 
 def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k). Keys >= 0 or -1."""
-    if row_topk_cuda.usable(keys):   # short rows on a GPU: one sorting kernel instead of torch.topk's select + sort
-        return row_topk_cuda.cuda_row_topk(keys, k)
-    if keys.shape[1] < k:
-        pad = torch.full((keys.shape[0], k - keys.shape[1]), -1, dtype=torch.int64, device=keys.device)
-        keys = torch.cat([keys, pad], 1)
-    return torch.topk(keys, k, dim=1, largest=True, sorted=True).values
+    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k). Keys >= 0 or -1. Short rows on a
+    GPU take one sorting kernel instead of torch.topk's select + sort (``row_topk_cuda``; its twin is torch.topk)."""
+    return row_topk_cuda.row_topk(keys, k)
 
 
 def merge_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
