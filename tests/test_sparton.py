@@ -176,6 +176,35 @@ def test_sparse_gradient_tiles_match_fp64(poison):
     assert all(e <= 2e-5 * s for e, s in zip(errors(got, ref), scale, strict=False))
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])
+def test_weight_grads_tile_width_follows_density(dense, poison):
+    """dE / db come from the wide-tile launch for a dense gradient and from the narrow one for a sparse one (the
+    choice is a flag on the device); the launch whose width was not picked writes nothing."""
+    B, S, V, D = 3, 7, 70, 32
+    gen = torch.Generator().manual_seed(31 + dense)
+    hidden = torch.randn(B, S, D, generator=gen).to(DEV)
+    arg = torch.randint(0, S, (B, V), generator=gen, dtype=torch.int32).to(DEV)
+    g = torch.randn(B, V, generator=gen).to(DEV)
+    if not dense:
+        g[:, 10:] = 0.0  # one live narrow tile: one live wide tile of three
+    (nv, _, _), (wv, _, _) = sparton_bwd._DE_TILES
+    wide = sparton_bwd._wide_flag(sparton_bwd._pairs_live(sparton_bwd._live_tiles(g, nv), wv // nv))
+    assert wide.tolist() == [int(dense)]
+    dw, db = torch.empty(V, D, device=DEV), torch.empty(V, device=DEV)
+    sparton_bwd._weight_grads(hidden, g, arg, dw, db, D)
+    ref = sum(g[b].double()[:, None] * hidden[b, arg[b].long()].double() for b in range(B))
+    assert (dw.double() - ref).abs().max() <= 1e-5 * (1 + ref.abs().max())
+    assert torch.allclose(db.double(), g.double().sum(0), atol=1e-5)
+    for flag, tiles in enumerate(sparton_bwd._DE_TILES):  # a launch whose WIDE is not the flag leaves NaN alone
+        untouched = torch.full((V, D), float("nan"), device=DEV)
+        block_v, block_d, warps = tiles
+        sparton_bwd._bwd_de_kernel[(-(-V // block_v), -(-D // block_d))](
+            hidden, g, arg, torch.ones(-(-V // block_v), dtype=torch.int8, device=DEV),
+            torch.tensor([1 - flag], dtype=torch.int8, device=DEV), untouched, g, B, V, D, S * D, D, D,
+            HAS_DE=True, HAS_DB=False, WIDE=flag, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=warps)
+        assert untouched.isnan().all()
+
+
 def test_deterministic_mode_is_bit_identical(poison):
     # few positions and many vocab entries: every dH row sums many terms, so order would show
     B, S, V, D = 3, 5, 260, 32

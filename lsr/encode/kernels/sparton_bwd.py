@@ -11,10 +11,11 @@ gathers E[v] for its rows' entries (a contiguous run) and writes each dH row exa
 [B, S, D] buffer, no float atomics). Entries with g = 0 (Y = 0: most of a real SPLADE vector) are
 dropped before the sort, so their E rows are never read.
 
-When E does not fit in L2 (large vocabularies: 250k x 768 bf16 is 384 MB) and an fp32 copy of dH is
-affordable, the buckets are keyed by (vocab chunk, row) and dH is built chunk after chunk (one launch
-per ~24 MB slice of E, accumulating in fp32), so E is gathered from L2 instead of re-read from HBM
-once per batch row.
+When E is large (250k x 768 bf16 is 384 MB, L2 holds ~50 MB) and an fp32 copy of dH is affordable, the
+buckets are keyed by (vocab chunk, row) and dH is built chunk after chunk (one launch per ~96 MB slice
+of E, accumulating in fp32), so a slice's rows are mostly gathered from L2 instead of re-read from HBM
+once per batch row. The slice is twice L2's size on purpose: each extra launch reads and writes the fp32
+partial, which cost more than the slice's L2 misses (docs/notes-sparton.md, session 24).
 
 Modes: the default fills the buckets with integer atomics (fast; the order inside a bucket, hence
 the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by v
@@ -117,14 +118,25 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, s
 
 
 @triton.jit
-def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
-                   HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, wide_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s,
+                   stride_de_v, HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, WIDE: tl.constexpr,
+                   BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v].
 
+    Launched twice, with narrow and with wide vocabulary tiles; only the launch whose WIDE equals the flag at
+    wide_ptr (set on the GPU from the gradient's density, no host sync) does anything.
     Two batch rows per iteration, both gathers issued before either is used (twice the loads in flight).
     A vocabulary tile without gradient in any row (live[tile] == 0: most of a trained head's vocabulary)
     skips the loop and stores zeros; the test is once per program, so dense gradients pay nothing.
     """
+    if tl.load(wide_ptr) == WIDE:
+        _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+                 HAS_DE, HAS_DB, BLOCK_V, BLOCK_D)
+
+
+@triton.jit
+def _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+             HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -158,7 +170,7 @@ def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, str
             tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
 
 
-_L2_CHUNK_BYTES = 24 * 2**20  # slice of E gathered per dH launch when E is larger than twice this
+_DH_CHUNK_BYTES = 96 * 2**20  # slice of E gathered per dH launch when E is larger than twice this
 _FP32_DH_LIMIT = 512 * 2**20  # largest fp32 dH partial the chunked path may allocate
 
 
@@ -188,8 +200,8 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         pass
     elif _chunk_v is not None:
         chunk_v = _chunk_v
-    elif V * D * weight.element_size() > 2 * _L2_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
-        chunk_v = max(1, _L2_CHUNK_BYTES // (D * weight.element_size()))
+    elif V * D * weight.element_size() > 2 * _DH_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
+        chunk_v = max(1, _DH_CHUNK_BYTES // (D * weight.element_size()))
     n_chunks = triton.cdiv(V, chunk_v) if V else 1
     if B * V >= 2**31 or n_chunks * n_rows >= 2**31:
         raise ValueError("B·V and B·S·(vocab chunks) must be < 2**31")
@@ -222,7 +234,8 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
                                                              chunk_v, BLOCK=blk)
         dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)  # see _cast
         part = torch.empty(n_rows, D, dtype=torch.float32, device=dev) if n_chunks > 1 else dh
-        rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 64, 128)
+        # tile sizes from a sweep on H100 and H200 (docs/notes-sparton.md, session 24): 32 entries a step beat 64
+        rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 32, 128)
         if n_rows and D:
             grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
             prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
@@ -231,19 +244,50 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
                 _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
                                      weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
                                      INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=INTERPRET,
-                                     NUM_STAGES=1 if INTERPRET else 3,
+                                     NUM_STAGES=1 if INTERPRET else 2,
                                      ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
-        block_v, block_d = (16, 32) if INTERPRET else (32, 128)
         if V and D:
-            grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if need_dw else 1)
-            _bwd_de_kernel[grid](hidden, g, arg, _live_tiles(g, block_v), dw if need_dw else g, db if need_db else g,
-                                 B, V, D, hidden.stride(0), hidden.stride(1), weight.stride(0),
-                                 HAS_DE=need_dw, HAS_DB=need_db, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=4)
+            _weight_grads(hidden, g, arg, dw, db, weight.stride(0))
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
+
+
+# (BLOCK_V, BLOCK_D, num_warps) of the dE kernel, narrow and wide vocabulary tiles. Wide tiles were the faster
+# ones for dense gradients in a sweep on H100 and H200 (docs/notes-sparton.md, session 24); with a trained head's
+# sparse gradient they have more live tiles (a tile is live if any of its entries is), so narrow ones stay for that.
+_DE_TILES = ((16, 32, 4), (32, 16, 4)) if INTERPRET else ((32, 128, 4), (64, 64, 2))
+_WIDE_LIVE_SHARE = 0.75  # wide tiles when at least this share of them is live
+
+
+def _weight_grads(hidden: torch.Tensor, g: torch.Tensor, arg: torch.Tensor, dw: torch.Tensor | None,
+                  db: torch.Tensor | None, stride_w_v: int) -> None:
+    """dE into ``dw`` and db into ``db`` (either may be None) with the tile width the gradient's density picks,
+    decided on the GPU: both widths are launched and the one not picked returns at once (no host sync)."""
+    B, S, D = hidden.shape
+    V = g.shape[1]
+    narrow_v, wide_v = _DE_TILES[0][0], _DE_TILES[1][0]
+    live_narrow = _live_tiles(g, narrow_v)
+    live_wide = _pairs_live(live_narrow, wide_v // narrow_v)
+    wide = _wide_flag(live_wide)
+    for flag, (block_v, block_d, warps), live in ((0, _DE_TILES[0], live_narrow), (1, _DE_TILES[1], live_wide)):
+        grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d) if dw is not None else 1)
+        _bwd_de_kernel[grid](hidden, g, arg, live, wide, g if dw is None else dw, g if db is None else db,
+                             B, V, D, hidden.stride(0), hidden.stride(1), stride_w_v, HAS_DE=dw is not None,
+                             HAS_DB=db is not None, WIDE=flag, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=warps)
+
+
+def _wide_flag(live_wide: torch.Tensor) -> torch.Tensor:
+    """int8 [1] on the flags' device: 1 (wide tiles) when at least _WIDE_LIVE_SHARE of the wide tiles are live."""
+    return (live_wide.sum(dtype=torch.int32) >= _WIDE_LIVE_SHARE * live_wide.numel()).to(torch.int8).view(1)
+
+
+def _pairs_live(live: torch.Tensor, factor: int) -> torch.Tensor:
+    """Live flags of tiles ``factor`` times as wide, from the narrow tiles' flags."""
+    pad = -live.numel() % factor
+    return torch.nn.functional.pad(live, (0, pad)).view(-1, factor).amax(1)
 
 
 def _live_tiles(g: torch.Tensor, block_v: int) -> torch.Tensor:
