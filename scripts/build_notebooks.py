@@ -297,6 +297,22 @@ base = merged('bench_search_issue_baseline_call16_session23_h200.json', {'old': 
 ab_panels(runs, ['8423771 (start)', 'end'], "bench_search: session 23's start vs its end, alternating twice on one H200 (median)",
           base, ['65fee74 (issue 18)', 'end'], "issue 18's start vs now (3 rounds)", 'search_session23.png')"""
 
+HEAD24 = """def head_ab(name, gpu):  # a merged A/B file {tag: bench_head JSON}, tag = tree + case (+ round)
+    frames = [pd.DataFrame(doc['rows']).assign(tree={'base': '9fb413b (start)', 'new': 'b121e6e'}[tag.split('_')[0]])
+              for tag, doc in json.loads((BENCH / 'extra' / name).read_text()).items()]
+    df = pd.concat(frames)
+    sparsity = np.where(df.active < 1, ' active ' + df.active.astype(str), ' random')
+    df['case'] = df.B.astype(str) + 'x' + df.S.astype(str) + 'x' + df.V.astype(str) + sparsity + ' (' + gpu + ')'
+    return df
+ab = pd.concat([head_ab('bench_head_250k_ab_session24_h100.json', 'H100'), head_ab('bench_head_30k_ab_session24_h200.json', 'H200')])
+t = ab.pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median')
+fig, axes = plt.subplots(1, 2, figsize=(15, 4.2))
+for ax, impl, title in [(axes[0], 'sparton', 'fwd + bwd (ms)'), (axes[1], 'sparton_bwd_only', 'backward alone (ms)')]:
+    t.xs(impl, level='impl').plot.bar(ax=ax, rot=12); ax.set_title(title)
+axes[0].axhline(26, color='k', ls='--', lw=1)  # issue 18's target for 64x512x250002
+plt.tight_layout(); plt.savefig(FIG / 'head_session24.png', dpi=110); plt.show()
+t.loc[(slice(None), ['sparton', 'sparton_bwd_only', 'sparton_bwd_dh_part', 'sparton_bwd_de_part']), :].round(2)"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -345,6 +361,8 @@ BENCHMARKS = [
     new_markdown_cell("## Search at the start and the end of session 23 (row top-k and histogram kernels), and against issue "
                       "18's starting tree (one H200)"),
     new_code_cell(AB23),
+    new_markdown_cell("## Sparton head backward: tile sizes from a sweep (session 24, start = 9fb413b, end = b121e6e)"),
+    new_code_cell(HEAD24),
 ]
 
 

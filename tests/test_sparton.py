@@ -257,7 +257,7 @@ def test_torch_twin_and_backend_choice():
 
 # ---------------------------------------------------------------- GPU only: realistic bf16 shapes
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [30522, 120000])  # 120000 x 768 bf16 > L2: the vocab-chunked dH path
+@pytest.mark.parametrize("V", [30522, 150000])  # 150000 x 768 bf16 > 2 slices of 96 MB: the vocab-chunked dH path
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
     B, S, D = 6, 200, 768
@@ -278,8 +278,8 @@ def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
 
 @pytest.mark.gpu
 def test_gpu_large_vocab_weight_grad_only():
-    """Frozen hidden states (no dH) with a vocabulary big enough for the chunked dH layout."""
-    B, S, V, D = 2, 16, 120000, 256
+    """Frozen hidden states (no dH) with a vocabulary big enough for the chunked dH layout (E > 2 x 96 MB)."""
+    B, S, V, D = 2, 16, 400000, 256
     hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=4)
     w = weight.clone().requires_grad_()
     dy = torch.randn(B, V, device=DEV)

@@ -16,6 +16,7 @@ from lsr.testing import SAMPLE_TEXTS as TEXTS
 transformers = pytest.importorskip("transformers")
 
 from lsr.encode.splade import SpladeEncoder
+from tests.conftest import DEV
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +54,11 @@ def test_triton_backend_matches_hf(models):
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    enc = SpladeEncoder.from_pretrained(models["roberta"], device="cpu", backend="triton")
+    # on a GPU host the kernel runs on the GPU (the interpreter is not on there); fp32, like the HF reference
+    enc = SpladeEncoder.from_pretrained(models["roberta"], device=DEV, dtype=torch.float32, backend="triton")
     vec = enc.encode_query(TEXTS)
     ref = hf_reference(models["roberta"], TEXTS, enc.max_length_query)
-    torch.testing.assert_close(vec.to_dense(), ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(vec.to_dense().cpu(), ref, atol=1e-5, rtol=1e-4)
 
 
 def test_query_and_document_max_lengths(models):
