@@ -195,13 +195,7 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         raise TypeError("y32 must be float32 and arg int32")
     dev = hidden.device
     n_rows = B * S
-    chunk_v = max(V, 1)  # buckets (and vocab chunks) exist only for dH
-    if not need_dh:
-        pass
-    elif _chunk_v is not None:
-        chunk_v = _chunk_v
-    elif V * D * weight.element_size() > 2 * _DH_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
-        chunk_v = max(1, _DH_CHUNK_BYTES // (D * weight.element_size()))
+    chunk_v = _chunk_size(V, D, n_rows, weight.element_size(), _chunk_v) if need_dh else max(V, 1)
     n_chunks = triton.cdiv(V, chunk_v) if V else 1
     if B * V >= 2**31 or n_chunks * n_rows >= 2**31:
         raise ValueError("B·V and B·S·(vocab chunks) must be < 2**31")
@@ -209,43 +203,14 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
     # bucket sizes, shifted by one for the cumsum
     counts = torch.zeros(n_chunks * n_rows + 1 if need_dh else 1, dtype=torch.int32, device=dev)
-    blk = 1024
     if B and V:
-        _bwd_prep_kernel[(B, triton.cdiv(V, blk))](dy, y32, arg, g, counts[1:], S, V, n_rows, chunk_v,
-                                                   dy.stride(0), COUNT=need_dh, BLOCK=blk)
-
+        _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], S, V, n_rows, chunk_v,
+                                                            dy.stride(0), COUNT=need_dh, BLOCK=_ENTRY_BLOCK)
     dh = dw = db = None
     if need_dh:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bucket starts
-        if deterministic:  # buckets ordered by v: a stable sort on the bucket key; dropped entries sort last
-            key = (torch.arange(V, device=dev, dtype=torch.int32) // chunk_v) * n_rows \
-                + torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
-            order = torch.sort(torch.where(g != 0, key, n_chunks * n_rows).view(-1), stable=True).indices
-            del key
-            v_sorted = (order % V).to(torch.int32)
-            g_sorted = g.view(-1)[order]
-            del order
-        else:
-            v_sorted = torch.empty(B * V, dtype=torch.int32, device=dev)
-            g_sorted = torch.empty(B * V, dtype=torch.float32, device=dev)
-            if B and V:
-                cursor = offsets[:-1].clone()
-                _bwd_bucket_kernel[(B, triton.cdiv(V, blk))](g, arg, cursor, v_sorted, g_sorted, S, V, n_rows,
-                                                             chunk_v, BLOCK=blk)
-        dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)  # see _cast
-        part = torch.empty(n_rows, D, dtype=torch.float32, device=dev) if n_chunks > 1 else dh
-        # tile sizes from a sweep on H100 and H200 (docs/notes-sparton.md, session 24): 32 entries a step beat 64
-        rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 32, 128)
-        if n_rows and D:
-            grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
-            prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
-            split = weight.dtype == torch.bfloat16
-            for c in range(n_chunks):  # in order: the fp32 partial makes the sum order fixed
-                _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
-                                     weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
-                                     INPUT_PRECISION=prec, SPLIT_BF16=split, DOT_FP32=INTERPRET,
-                                     NUM_STAGES=1 if INTERPRET else 2,
-                                     ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+        v_sorted, g_sorted = _bucket_entries(g, arg, offsets, S, chunk_v, deterministic)
+        dh = _hidden_grads(hidden, weight, v_sorted, g_sorted, offsets, n_chunks)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
@@ -253,6 +218,64 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
             _weight_grads(hidden, g, arg, dw, db, weight.stride(0))
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
+
+
+_ENTRY_BLOCK = 1024  # (b, v) entries a program of the prep and bucket kernels
+
+
+def _chunk_size(V: int, D: int, n_rows: int, elem: int, forced: int | None) -> int:
+    """Vocabulary rows per dH launch: all of them, or ~_DH_CHUNK_BYTES of E when E is over twice that and the fp32
+    partial of dH is affordable; ``forced`` (tests) wins."""
+    if forced is not None:
+        return forced
+    if V * D * elem > 2 * _DH_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
+        return max(1, _DH_CHUNK_BYTES // (D * elem))
+    return max(V, 1)
+
+
+def _bucket_entries(g: torch.Tensor, arg: torch.Tensor, offsets: torch.Tensor, S: int, chunk_v: int,
+                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v, g) of every entry with g != 0, bucketed by (vocab chunk, row b·S + argmax): int32 and float32 [B·V], the
+    buckets starting at ``offsets``. Deterministic: each bucket ordered by v (a stable sort on the bucket key);
+    otherwise integer atomics fill them in an order that varies."""
+    B, V = g.shape
+    n_rows, dev = B * S, g.device
+    if deterministic:  # dropped entries sort last
+        key = (torch.arange(V, device=dev, dtype=torch.int32) // chunk_v) * n_rows \
+            + torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
+        n_keys = offsets.numel() - 1
+        order = torch.sort(torch.where(g != 0, key, n_keys).view(-1), stable=True).indices
+        del key
+        return (order % V).to(torch.int32), g.view(-1)[order]
+    v_sorted = torch.empty(B * V, dtype=torch.int32, device=dev)
+    g_sorted = torch.empty(B * V, dtype=torch.float32, device=dev)
+    if B and V:
+        cursor = offsets[:-1].clone()
+        _bwd_bucket_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](g, arg, cursor, v_sorted, g_sorted, S, V, n_rows,
+                                                              chunk_v, BLOCK=_ENTRY_BLOCK)
+    return v_sorted, g_sorted
+
+
+def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, v_sorted: torch.Tensor, g_sorted: torch.Tensor,
+                  offsets: torch.Tensor, n_chunks: int) -> torch.Tensor:
+    """dH [B, S, D] from the bucketed entries, one launch per vocabulary chunk in order (the fp32 partial between
+    launches keeps the sum order fixed). fp32 under the interpreter (see _cast)."""
+    B, S, D = hidden.shape
+    n_rows = B * S
+    dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)
+    part = torch.empty(n_rows, D, dtype=torch.float32, device=hidden.device) if n_chunks > 1 else dh
+    # tile sizes from a sweep on H100 and H200 (docs/notes-sparton.md, session 24): 32 entries a step beat 64
+    rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 32, 128)
+    if n_rows and D:
+        grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
+        prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
+        for c in range(n_chunks):
+            _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
+                                 weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
+                                 INPUT_PRECISION=prec, SPLIT_BF16=weight.dtype == torch.bfloat16,
+                                 DOT_FP32=INTERPRET, NUM_STAGES=1 if INTERPRET else 2,
+                                 ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+    return dh
 
 
 # (BLOCK_V, BLOCK_D, num_warps) of the dE kernel, narrow and wide vocabulary tiles. Wide tiles were the faster
