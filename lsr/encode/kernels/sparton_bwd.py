@@ -172,6 +172,7 @@ def _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_
 
 _DH_CHUNK_BYTES = 96 * 2**20  # slice of E gathered per dH launch when E is larger than twice this
 _FP32_DH_LIMIT = 512 * 2**20  # largest fp32 dH partial the chunked path may allocate
+_ENTRY_BLOCK = 1024  # (b, v) entries a program of the prep and bucket kernels
 
 
 def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, y32: torch.Tensor,
@@ -218,9 +219,6 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
             _weight_grads(hidden, g, arg, dw, db, weight.stride(0))
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
-
-
-_ENTRY_BLOCK = 1024  # (b, v) entries a program of the prep and bucket kernels
 
 
 def _chunk_size(V: int, D: int, n_rows: int, elem: int, forced: int | None) -> int:
