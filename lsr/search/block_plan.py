@@ -138,7 +138,7 @@ class ChunkResult(NamedTuple):
     flags: torch.Tensor                # bool or int32 [4]: any overflow / reselect / redo / rescue (one host read)
     unpacked: tuple[torch.Tensor, torch.Tensor]  # unpack_keys(best): the answer when no flag is set
     items: tuple                       # the cached work items the passes read: a captured graph keeps them
-                                       # alive through its outputs after ``_span_items`` drops them
+                                       # alive through its outputs after ``span_work_items`` drops them
 
 
 class Settled(NamedTuple):

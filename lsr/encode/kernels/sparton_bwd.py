@@ -306,16 +306,15 @@ def _wide_flag(live_wide: torch.Tensor) -> torch.Tensor:
 
 
 def _pairs_live(live: torch.Tensor, factor: int) -> torch.Tensor:
-    """Live flags of tiles ``factor`` times as wide, from the narrow tiles' flags."""
+    """int8 flags [cdiv(n, factor)]: 1 where any of ``factor`` consecutive flags of ``live`` [n] is (the live flags
+    of tiles ``factor`` times as wide)."""
     pad = -live.numel() % factor
-    return torch.nn.functional.pad(live, (0, pad)).view(-1, factor).amax(1)
+    return torch.nn.functional.pad(live.to(torch.int8), (0, pad)).view(-1, factor).amax(1)
 
 
 def _live_tiles(g: torch.Tensor, block_v: int) -> torch.Tensor:
     """int8 [cdiv(V, block_v)]: 1 where some row of g [B, V] has a non-zero entry in that vocabulary tile."""
-    live = (g != 0).any(0)
-    pad = -live.numel() % block_v
-    return torch.nn.functional.pad(live, (0, pad)).view(-1, block_v).any(1).to(torch.int8)
+    return _pairs_live((g != 0).any(0), block_v)
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
