@@ -152,8 +152,6 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
         impls["sparton_bwd_only_det"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, deterministic=True)
         impls["sparton_bwd_dh_part"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, need_dw=False, need_db=False)
         impls["sparton_bwd_de_part"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, need_dh=False)
-        impls["sparton_bwd_dh_part_unchunked"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, need_dw=False,
-                                                                            need_db=False, _chunk_v=V)
     impls["torch_eager"] = wrap(eager_head)
     impls["torch_vocab_tiled"] = wrap(lambda *a: vocab_tiled_head(*a, checkpoint=train))
     impls["torch_compile"] = wrap(compiled)

@@ -118,20 +118,21 @@ def test_forward_variants(blocks, need_argmax, poison):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
-def test_vocab_chunked_dh(deterministic, poison):
-    """The large-vocabulary dH path (buckets keyed by (vocab chunk, row), fp32 partial across launches)."""
+def test_dh_row_groups_across_batch_rows(deterministic, poison):
+    """dH's buckets are groups of 16 rows of the flattened [B·S]: with S = 23 groups straddle two batch rows and
+    the last one is short; the (v, row-in-group) tags must route every entry to its own row."""
     B, S, V, D = 3, 23, 150, 32
     hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.float32, True, "padded", seed=23 + deterministic)
     dy = torch.randn(B, V, device=DEV, dtype=torch.float64)
     ref = grads_of(torch_sparton_head, hidden, weight, b, mask, dy, torch.float64)
     _, y32, arg = triton_sparton_fwd(hidden, weight, b, mask.bool(), need_fp32=True)
-    dh, dw, db = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, deterministic=deterministic,
-                                                _chunk_v=41)  # 4 chunks, the last one short
+    assert sparton_bwd._DH_ROWS == 16 and (B * S) % 16 != 0
+    dh, dw, db = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, deterministic=deterministic)
     err = errors([dh, dw, db], ref[1:])
     assert all(e <= 2e-5 * (1 + r.abs().max().item()) for e, r in zip(err, ref[1:], strict=False)), err
-    # without dH (hidden needs no grad) there are no buckets: dE/db only, whatever the chunking
+    # without dH (hidden needs no grad) there are no buckets: dE/db only
     none, dw2, db2 = sparton_bwd.triton_sparton_bwd(dy.float(), hidden, weight, y32, arg, need_dh=False,
-                                                    deterministic=deterministic, _chunk_v=41)
+                                                    deterministic=deterministic)
     assert none is None and torch.equal(dw2, dw) and torch.equal(db2, db)
 
 
@@ -257,7 +258,7 @@ def test_torch_twin_and_backend_choice():
 
 # ---------------------------------------------------------------- GPU only: realistic bf16 shapes
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [30522, 150000])  # 150000 x 768 bf16 > 2 slices of 96 MB: the vocab-chunked dH path
+@pytest.mark.parametrize("V", [30522, 150000])  # 150000 x 768 bf16 = 230 MB of E: far more than L2
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
     B, S, D = 6, 200, 768
@@ -278,7 +279,7 @@ def test_gpu_bf16_realistic_within_2x_torch(deterministic, V):
 
 @pytest.mark.gpu
 def test_gpu_large_vocab_weight_grad_only():
-    """Frozen hidden states (no dH) with a vocabulary big enough for the chunked dH layout (E > 2 x 96 MB)."""
+    """Frozen hidden states (no dH, so no buckets) with a 400,000-row vocabulary."""
     B, S, V, D = 2, 16, 400000, 256
     hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.bfloat16, True, "padded", seed=4)
     w = weight.clone().requires_grad_()

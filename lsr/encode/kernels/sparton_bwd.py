@@ -6,19 +6,19 @@
     dH[b, s] = Σ_{v : argmax[b, v] = s} g[b, v] · E[v]
 
 dH is a sparse-times-dense product with B·V nonzeros (one per (b, v)): the nonzeros are bucketed by
-row r = b·S + s (a counting sort: histogram + cumsum + scatter), then one program per block of rows
-gathers E[v] for its rows' entries (a contiguous run) and writes each dH row exactly once (bf16 directly, no fp32
-[B, S, D] buffer, no float atomics). Entries with g = 0 (Y = 0: most of a real SPLADE vector) are
-dropped before the sort, so their E rows are never read.
+row group (_DH_ROWS consecutive rows r = b·S + s; a counting sort: histogram + cumsum + scatter, each entry
+tagged with its row inside the group), then one program per row group gathers E[v] for the group's entries (a
+contiguous run) and writes each dH row exactly once (bf16 directly, no fp32 [B, S, D] buffer, no float
+atomics). Entries with g = 0 (Y = 0: most of a real SPLADE vector) are dropped before the sort, so their E rows
+are never read.
 
-When E is large (250k x 768 bf16 is 384 MB, L2 holds ~50 MB) and an fp32 copy of dH is affordable, the
-buckets are keyed by (vocab chunk, row) and dH is built chunk after chunk (one launch per ~96 MB slice
-of E, accumulating in fp32), so a slice's rows are mostly gathered from L2 instead of re-read from HBM
-once per batch row. The slice is twice L2's size on purpose: each extra launch reads and writes the fp32
-partial, which cost more than the slice's L2 misses (docs/notes-sparton.md, session 24).
+E can be far larger than L2 (250k x 768 bf16 is 384 MB, L2 holds ~50 MB). A bucket holds its entries
+roughly in vocabulary order (the scatter's programs run in v order, and so does the deterministic sort), so
+the dH programs running side by side sweep the vocabulary together and gather E rows from a sliding window
+that stays in L2: one launch, no vocabulary chunks and no fp32 partial of dH (docs/notes-sparton.md, session 25).
 
 Modes: the default fills the buckets with integer atomics (fast; the order inside a bucket, hence
-the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by v
+the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by (b, v)
 with a stable torch.sort instead, so every gradient is bit-identical run to run.
 """
 
@@ -32,9 +32,9 @@ from lsr.kernel_utils import INTERPRET
 
 
 @triton.jit
-def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, N_ROWS, CHUNK_V, stride_dy_b,
-                     COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; if COUNT: count[(v // CHUNK_V)·N_ROWS + b·S + argmax] += 1 for every g != 0."""
+def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy_b,
+                     COUNT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """g = dY·exp(−Y)·[Y>0]; if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -45,12 +45,14 @@ def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, N_ROWS, C
     tl.store(g_ptr + row + offs, g, mask=ok)
     if COUNT:
         a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
-        tl.atomic_add(count_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=ok & (g != 0.0))
+        tl.atomic_add(count_ptr + (b * S + a) // ROWS, 1, mask=ok & (g != 0.0))
 
 
 @triton.jit
-def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, N_ROWS, CHUNK_V, BLOCK: tl.constexpr):
-    """Fast mode: i = cursor[bucket]++; (v_sorted, g_sorted)[i] = (v, g) for g != 0 (order in a bucket varies)."""
+def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, ROWS: tl.constexpr, TAG: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Fast mode: i = cursor[group]++; (tagged v, g)[i] = (v | row-in-group << TAG, g) for g != 0, group and
+    row-in-group of r = b·S + argmax (the order inside a bucket varies, roughly ascending in v)."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -58,49 +60,41 @@ def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, N_ROWS,
     g = tl.load(g_ptr + row + offs, mask=ok, other=0.0)
     a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
     live = ok & (g != 0.0)
-    pos = tl.atomic_add(cursor_ptr + (offs // CHUNK_V) * N_ROWS + b * S + a, 1, mask=live)
-    tl.store(vs_ptr + pos, offs, mask=live)
+    r = b * S + a
+    pos = tl.atomic_add(cursor_ptr + r // ROWS, 1, mask=live)
+    tl.store(vs_ptr + pos, offs | ((r % ROWS) << TAG), mask=live)
     tl.store(gs_ptr + pos, g, mask=live)
 
 
 @triton.jit
-def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, stride_e_v,
-                   LOAD_ACC: tl.constexpr, STORE_FINAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v, INPUT_PRECISION: tl.constexpr,
                    SPLIT_BF16: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dH[r, d-tile] (+)= Σ_{i in bucket r} g_i · E[v_i, d-tile] for ROWS consecutive rows r = b·S + s.
+                   ROWS: tl.constexpr, TAG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dH[r, d-tile] = Σ_{i in bucket of r} g_i · E[v_i, d-tile] for the ROWS rows r = q·ROWS + t of group q.
 
-    The rows' buckets are one contiguous run of sorted entries; each chunk of BLOCK_N entries is
-    gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot
-    (g folded into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E):
-    the weights go in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA
-    straight from the pipelined load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
-    LOAD_ACC adds the fp32 partial of the previous vocab chunks; STORE_FINAL writes dH, else the partial.
+    The group's entries are one contiguous run, each v tagged with its row t (v | t << TAG); each chunk of BLOCK_N entries is
+    gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot (g folded
+    into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E): the weights go
+    in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA straight from the pipelined
+    load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
     """
-    r0 = tl.program_id(0) * ROWS
-    offs_r = r0 + tl.arange(0, ROWS)
-    r_ok = offs_r < N_ROWS
-    starts = tl.load(off_ptr + offs_r, mask=r_ok, other=2**31 - 1)
-    ends = tl.load(off_ptr + offs_r + 1, mask=r_ok, other=0)
-    first = tl.load(off_ptr + r0)
-    last = tl.load(off_ptr + tl.minimum(r0 + ROWS, N_ROWS))
+    q = tl.program_id(0)
+    offs_r = q * ROWS + tl.arange(0, ROWS)
+    first = tl.load(off_ptr + q)
+    last = tl.load(off_ptr + q + 1)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
-    out = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
-    out_ok = r_ok[:, None] & d_ok[None, :]
-    if LOAD_ACC:
-        acc = tl.load(acc_ptr + out, mask=out_ok, other=0.0)
-    else:
-        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     for n0 in tl.range(first, last, BLOCK_N, num_stages=NUM_STAGES):
         idx = n0 + offs_n
         n_ok = idx < last
-        v = tl.load(vs_ptr + idx, mask=n_ok, other=0)
-        gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)
+        tagged = tl.load(vs_ptr + idx, mask=n_ok, other=0)
+        gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)  # 0 past the run: those columns add nothing
+        v = tagged & ((1 << TAG) - 1)
         e = tl.load(e_ptr + v.to(tl.int64)[:, None] * stride_e_v + offs_d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        hit = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])
+        hit = (tagged >> TAG)[None, :] == tl.arange(0, ROWS)[:, None]
         w = tl.where(hit, gv[None, :], 0.0)
         if SPLIT_BF16:
             w_hi = w.to(tl.bfloat16)
@@ -111,10 +105,8 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, acc_ptr, D, N_ROWS, s
             acc = tl.dot(w_lo, e, acc)
         else:
             acc = tl.dot(w, e.to(tl.float32), acc, input_precision=INPUT_PRECISION)
-    if STORE_FINAL:
-        tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=out_ok)
-    else:
-        tl.store(acc_ptr + out, acc, mask=out_ok)
+    out = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
+    tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=(offs_r < N_ROWS)[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -170,21 +162,20 @@ def _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_
             tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
 
 
-_DH_CHUNK_BYTES = 96 * 2**20  # slice of E gathered per dH launch when E is larger than twice this
-_FP32_DH_LIMIT = 512 * 2**20  # largest fp32 dH partial the chunked path may allocate
+_DH_ROWS = 16  # rows of dH a program of the dH kernel writes (a bucket of the sort is one such row group)
+_TAG_SHIFT = 27  # an entry's v and its row in the group share one int32: v | row << _TAG_SHIFT
 _ENTRY_BLOCK = 1024  # (b, v) entries a program of the prep and bucket kernels
 
 
 def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, y32: torch.Tensor,
                        arg: torch.Tensor, *, need_dh: bool = True, need_dw: bool = True, need_db: bool = True,
-                       deterministic: bool = False, _chunk_v: int | None = None
+                       deterministic: bool = False
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Backward launcher.
 
     dy [B,V] (any float dtype/strides), hidden [B,S,D] and weight [V,D] (contiguous, one dtype),
     y32 [B,V] float32 and arg [B,V] int32 from ``triton_sparton_fwd``. Returns dH [B,S,D] (hidden's
-    dtype), dE [V,D] (weight's dtype) and db [V] float32; None where not needed. ``_chunk_v`` forces
-    the vocab-chunked dH path with that chunk size (tests).
+    dtype), dE [V,D] (weight's dtype) and db [V] float32; None where not needed.
     """
     B, S, D = hidden.shape
     V = weight.shape[0]
@@ -194,24 +185,22 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         raise ValueError("shape mismatch: dy/y32/arg must be [B,V], hidden [B,S,D], weight [V,D]")
     if y32.dtype != torch.float32 or arg.dtype != torch.int32:
         raise TypeError("y32 must be float32 and arg int32")
+    if B * V >= 2**31 or B * S >= 2**31 or V >= 2**_TAG_SHIFT:
+        raise ValueError(f"B·V and B·S must be < 2**31 and V < 2**{_TAG_SHIFT}")
     dev = hidden.device
-    n_rows = B * S
-    chunk_v = _chunk_size(V, D, n_rows, weight.element_size(), _chunk_v) if need_dh else max(V, 1)
-    n_chunks = triton.cdiv(V, chunk_v) if V else 1
-    if B * V >= 2**31 or n_chunks * n_rows >= 2**31:
-        raise ValueError("B·V and B·S·(vocab chunks) must be < 2**31")
+    n_groups = triton.cdiv(B * S, _DH_ROWS)
     dy = dy.contiguous() if dy.stride(-1) != 1 else dy
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
     # bucket sizes, shifted by one for the cumsum
-    counts = torch.zeros(n_chunks * n_rows + 1 if need_dh else 1, dtype=torch.int32, device=dev)
+    counts = torch.zeros(n_groups + 1 if need_dh else 1, dtype=torch.int32, device=dev)
     if B and V:
-        _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], S, V, n_rows, chunk_v,
-                                                            dy.stride(0), COUNT=need_dh, BLOCK=_ENTRY_BLOCK)
+        _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], S, V, dy.stride(0),
+                                                            COUNT=need_dh, ROWS=_DH_ROWS, BLOCK=_ENTRY_BLOCK)
     dh = dw = db = None
     if need_dh:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bucket starts
-        v_sorted, g_sorted = _bucket_entries(g, arg, offsets, S, chunk_v, deterministic)
-        dh = _hidden_grads(hidden, weight, v_sorted, g_sorted, offsets, n_chunks)
+        tagged_v, g_sorted = _bucket_entries(g, arg, offsets, S, deterministic)
+        dh = _hidden_grads(hidden, weight, tagged_v, g_sorted, offsets)
     if need_dw or need_db:
         dw = torch.empty_like(weight, dtype=torch.float32 if INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
@@ -221,58 +210,43 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
 
 
-def _chunk_size(V: int, D: int, n_rows: int, elem: int, forced: int | None) -> int:
-    """Vocabulary rows per dH launch: all of them, or ~_DH_CHUNK_BYTES of E when E is over twice that and the fp32
-    partial of dH is affordable; ``forced`` (tests) wins."""
-    if forced is not None:
-        return forced
-    if V * D * elem > 2 * _DH_CHUNK_BYTES and n_rows * D * 4 <= _FP32_DH_LIMIT:
-        return max(1, _DH_CHUNK_BYTES // (D * elem))
-    return max(V, 1)
-
-
-def _bucket_entries(g: torch.Tensor, arg: torch.Tensor, offsets: torch.Tensor, S: int, chunk_v: int,
-                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(v, g) of every entry with g != 0, bucketed by (vocab chunk, row b·S + argmax): int32 and float32 [B·V], the
-    buckets starting at ``offsets``. Deterministic: each bucket ordered by v (a stable sort on the bucket key);
-    otherwise integer atomics fill them in an order that varies."""
+def _bucket_entries(g: torch.Tensor, arg: torch.Tensor, offsets: torch.Tensor, S: int, deterministic: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tagged v, g) of every entry with g != 0, bucketed by row group (b·S + argmax) // _DH_ROWS: int32 and float32
+    [B·V], the buckets starting at ``offsets``; tagged v = v | (row in the group) << _TAG_SHIFT. Deterministic: each
+    bucket in (b, v) order (a stable sort on the group); otherwise integer atomics fill them in an order that varies."""
     B, V = g.shape
-    n_rows, dev = B * S, g.device
+    dev = g.device
     if deterministic:  # dropped entries sort last
-        key = (torch.arange(V, device=dev, dtype=torch.int32) // chunk_v) * n_rows \
-            + torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
+        row = torch.arange(B, device=dev, dtype=torch.int32)[:, None] * S + arg
         n_keys = offsets.numel() - 1
-        order = torch.sort(torch.where(g != 0, key, n_keys).view(-1), stable=True).indices
-        del key
-        return (order % V).to(torch.int32), g.view(-1)[order]
-    v_sorted = torch.empty(B * V, dtype=torch.int32, device=dev)
+        order = torch.sort(torch.where(g != 0, row // _DH_ROWS, n_keys).view(-1), stable=True).indices
+        tag = (row.view(-1)[order] % _DH_ROWS) << _TAG_SHIFT
+        del row
+        return (order % V).to(torch.int32) | tag, g.view(-1)[order]
+    tagged_v = torch.empty(B * V, dtype=torch.int32, device=dev)
     g_sorted = torch.empty(B * V, dtype=torch.float32, device=dev)
     if B and V:
         cursor = offsets[:-1].clone()
-        _bwd_bucket_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](g, arg, cursor, v_sorted, g_sorted, S, V, n_rows,
-                                                              chunk_v, BLOCK=_ENTRY_BLOCK)
-    return v_sorted, g_sorted
+        _bwd_bucket_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](g, arg, cursor, tagged_v, g_sorted, S, V,
+                                                              ROWS=_DH_ROWS, TAG=_TAG_SHIFT, BLOCK=_ENTRY_BLOCK)
+    return tagged_v, g_sorted
 
 
-def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, v_sorted: torch.Tensor, g_sorted: torch.Tensor,
-                  offsets: torch.Tensor, n_chunks: int) -> torch.Tensor:
-    """dH [B, S, D] from the bucketed entries, one launch per vocabulary chunk in order (the fp32 partial between
-    launches keeps the sum order fixed). fp32 under the interpreter (see _cast)."""
+def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, tagged_v: torch.Tensor, g_sorted: torch.Tensor,
+                  offsets: torch.Tensor) -> torch.Tensor:
+    """dH [B, S, D] from the bucketed entries (fp32 under the interpreter, see _cast)."""
     B, S, D = hidden.shape
-    n_rows = B * S
     dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)
-    part = torch.empty(n_rows, D, dtype=torch.float32, device=hidden.device) if n_chunks > 1 else dh
     # tile sizes from a sweep on H100 and H200 (docs/notes-sparton.md, session 24): 32 entries a step beat 64
-    rows_per, block_n, block_d = (16, 16, 16) if INTERPRET else (16, 32, 128)
-    if n_rows and D:
-        grid = (triton.cdiv(n_rows, rows_per), triton.cdiv(D, block_d))
+    block_n, block_d = (16, 16) if INTERPRET else (32, 128)
+    if B * S and D:
+        grid = (offsets.numel() - 1, triton.cdiv(D, block_d))
         prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
-        for c in range(n_chunks):
-            _bwd_dh_kernel[grid](weight, v_sorted, g_sorted, offsets[c * n_rows:], dh, part, D, n_rows,
-                                 weight.stride(0), LOAD_ACC=c > 0, STORE_FINAL=c == n_chunks - 1,
-                                 INPUT_PRECISION=prec, SPLIT_BF16=weight.dtype == torch.bfloat16,
-                                 DOT_FP32=INTERPRET, NUM_STAGES=1 if INTERPRET else 2,
-                                 ROWS=rows_per, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+        _bwd_dh_kernel[grid](weight, tagged_v, g_sorted, offsets, dh, D, B * S, weight.stride(0),
+                             INPUT_PRECISION=prec, SPLIT_BF16=weight.dtype == torch.bfloat16, DOT_FP32=INTERPRET,
+                             NUM_STAGES=1 if INTERPRET else 2, ROWS=_DH_ROWS, TAG=_TAG_SHIFT, BLOCK_N=block_n, BLOCK_D=block_d,
+                             num_warps=4)
     return dh
 
 
