@@ -117,6 +117,31 @@ def test_forward_variants(blocks, need_argmax, poison):
         assert arg is None
 
 
+@pytest.mark.parametrize("kinds", [(1, 2), (1,), (2,)], ids=["split", "no-holes-only", "holes-only"])
+def test_forward_split_by_holes(kinds, poison):
+    """Large problems run two launches: rows whose kept positions are 0..len-1 without reading the mask, the others
+    (holes, left padding) with it; each launch must write exactly its own rows and the two together all of them."""
+    B, S, V, D = 5, 37, 70, 16
+    hidden, weight, b, mask = case_on_dev(B, S, V, D, torch.float32, True, "holes", seed=31)
+    mask = mask.bool()
+    mask[1] = torch.arange(S, device=DEV) < 20  # right padding: no holes
+    mask[2] = torch.arange(S, device=DEV) >= 5  # left padding: a hole at the start
+    mask[3] = True
+    mask[4] = (torch.arange(S, device=DEV) < 30) & (torch.arange(S, device=DEV) % 3 != 1)  # holes
+    assert not mask[0].any()  # fully masked (no holes: its length is 0)
+    blocks = {"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2, "ROW_KINDS": kinds}
+    y, y32, arg = triton_sparton_fwd(hidden, weight, b, mask, need_fp32=True, _blocks=blocks)
+    ref = torch_sparton_head(hidden.double(), weight.double(), b.double(), mask)
+    logits = (hidden.double() @ weight.double().t()).masked_fill(~mask[:, :, None], float("-inf"))
+    plain = torch.tensor([True, True, False, True, False], device=DEV)  # kept positions are 0..len-1
+    written = plain if kinds == (1,) else ~plain if kinds == (2,) else torch.ones_like(plain)
+    assert (y32[written].double() - ref[written]).abs().max() <= 1e-5 * (1 + ref.abs().max())
+    assert y32[~written].isnan().all()
+    rows = written & mask.any(1)
+    assert torch.equal(arg.long()[rows], logits.argmax(1)[rows])
+    assert (arg[written & ~mask.any(1)] == 0).all()
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 def test_dh_row_groups_across_batch_rows(deterministic, poison):
     """dH's buckets are groups of 16 rows of the flattened [B·S]: with S = 23 groups straddle two batch rows and

@@ -7,7 +7,9 @@ the one reference), ``SpartonHead`` (nn.Module), ``triton_sparton_fwd`` (forward
 Forward: one program per (batch row b, vocab tile); it loops over the sequence in BLOCK_S chunks,
 computes the [BLOCK_V, BLOCK_S] logit tile Eᵀ-major with tl.dot (fp32 accumulation; the max over S is
 then a reduction along the MMA's N axis, i.e. inside a thread / quad, no shared memory) and keeps a
-running max + argmax on chip. [B, S, V] is never materialised.
+running max + argmax on chip. [B, S, V] is never materialised. Large problems run two launches, one for the rows
+whose kept positions are exactly 0..len-1 (right padding: no mask reads in the chunk loop) and one for the rest;
+a program whose row belongs to the other launch returns at once (no host sync).
 """
 
 from __future__ import annotations
@@ -65,10 +67,10 @@ if triton is not None:
 
     @triton.jit
     def _sparton_fwd_kernel(
-        h_ptr, e_ptr, h_desc, e_desc, bias_ptr, mask_ptr, len_ptr, y_ptr, y32_ptr, arg_ptr,
+        h_ptr, e_ptr, h_desc, e_desc, bias_ptr, mask_ptr, len_ptr, holes_ptr, y_ptr, y32_ptr, arg_ptr,
         B, S, V, D, S_KEY,  # S_KEY (bucketed S) is only an autotune key
         stride_h_b, stride_h_s, stride_e_v, stride_m_b, stride_y_b,
-        HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, STORE_ARGMAX: tl.constexpr,
+        HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, STORE_ARGMAX: tl.constexpr, ROW_KIND: tl.constexpr,
         INPUT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
         BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_B: tl.constexpr,
         FLATTEN: tl.constexpr, USE_TMA: tl.constexpr,
@@ -76,44 +78,53 @@ if triton is not None:
         # Grouped order: GROUP_B batch rows share each E tile while it is in L2, and each H[b] is
         # reused by the ~all vocab tiles running next to it.
         b, vt = grouped_program_ids(tl.program_id(0), B, tl.cdiv(V, BLOCK_V), GROUP_B)
-
-        offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
-        v_ok = offs_v < V
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_s = tl.arange(0, BLOCK_S)
-        h_base = h_ptr + b.to(tl.int64) * stride_h_b
-        n_s = tl.load(len_ptr + b)  # last unmasked position + 1: trailing padding costs nothing
-        run_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        run_arg = tl.zeros([BLOCK_V], tl.int32)
-        for s0 in tl.range(0, n_s, BLOCK_S, flatten=FLATTEN):  # flatten: pipeline across S chunks too
-            s_ok = s0 + offs_s < n_s
-            acc = tl.zeros([BLOCK_V, BLOCK_S], tl.float32)
-            for d0 in range(0, D, BLOCK_D):
-                if USE_TMA:  # Hopper TMA; rows past this b's n_s (next b / zero fill) are masked below
-                    e = e_desc.load([vt * BLOCK_V, d0])
-                    h = tl.trans(h_desc.load([b * S + s0, d0]))
+        # ROW_KIND 0: every row, the mask read per S chunk; 1: only rows whose kept positions are 0..len-1 (no
+        # mask reads: a load in the chunk loop costs ~1 ms of 20 at 250K); 2: only the other rows, mask read
+        if ROW_KIND == 0:
+            mine = True
+        else:
+            mine = (tl.load(holes_ptr + b) != 0) == (ROW_KIND == 2)
+        if mine:
+            offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
+            v_ok = offs_v < V
+            offs_d = tl.arange(0, BLOCK_D)
+            offs_s = tl.arange(0, BLOCK_S)
+            h_base = h_ptr + b.to(tl.int64) * stride_h_b
+            n_s = tl.load(len_ptr + b)  # last unmasked position + 1: trailing padding costs nothing
+            run_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
+            run_arg = tl.zeros([BLOCK_V], tl.int32)
+            for s0 in tl.range(0, n_s, BLOCK_S, flatten=FLATTEN):  # flatten: pipeline across S chunks too
+                s_ok = s0 + offs_s < n_s
+                acc = tl.zeros([BLOCK_V, BLOCK_S], tl.float32)
+                for d0 in range(0, D, BLOCK_D):
+                    if USE_TMA:  # Hopper TMA; rows past this b's n_s (next b / zero fill) are masked below
+                        e = e_desc.load([vt * BLOCK_V, d0])
+                        h = tl.trans(h_desc.load([b * S + s0, d0]))
+                    else:
+                        d_ok = d0 + offs_d < D
+                        e = tl.load(e_ptr + offs_v[:, None] * stride_e_v + (d0 + offs_d)[None, :],
+                                    mask=v_ok[:, None] & d_ok[None, :], other=0.0)
+                        h = tl.load(h_base + (s0 + offs_s)[None, :] * stride_h_s + (d0 + offs_d)[:, None],
+                                    mask=s_ok[None, :] & d_ok[:, None], other=0.0)
+                    if DOT_FP32:  # interpreter: its bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact here
+                        e, h = e.to(tl.float32), h.to(tl.float32)
+                    acc = tl.dot(e, h, acc, input_precision=INPUT_PRECISION)
+                if ROW_KIND == 1:
+                    keep = s_ok
                 else:
-                    d_ok = d0 + offs_d < D
-                    e = tl.load(e_ptr + offs_v[:, None] * stride_e_v + (d0 + offs_d)[None, :],
-                                mask=v_ok[:, None] & d_ok[None, :], other=0.0)
-                    h = tl.load(h_base + (s0 + offs_s)[None, :] * stride_h_s + (d0 + offs_d)[:, None],
-                                mask=s_ok[None, :] & d_ok[:, None], other=0.0)
-                if DOT_FP32:  # interpreter: its bf16/fp16 tl.dot is wrong (triton 3.9); fp32 is exact here
-                    e, h = e.to(tl.float32), h.to(tl.float32)
-                acc = tl.dot(e, h, acc, input_precision=INPUT_PRECISION)
-            keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
-            run_max, run_arg = fold_row_max(acc, keep, run_max, run_arg, s0, STORE_ARGMAX)
-        if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
-            run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-        r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
-        u = 1.0 + r  # log1p(r) = log(u) * r / (u - 1) (Kahan): exact for tiny r
-        y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
-        out = b.to(tl.int64) * stride_y_b + offs_v
-        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
-        if STORE_ARGMAX:
-            tl.store(arg_ptr + out, run_arg, mask=v_ok)
-        if STORE_FP32:
-            tl.store(y32_ptr + out, y, mask=v_ok)
+                    keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
+                run_max, run_arg = fold_row_max(acc, keep, run_max, run_arg, s0, STORE_ARGMAX)
+            if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
+                run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
+            u = 1.0 + r  # log1p(r) = log(u) * r / (u - 1) (Kahan): exact for tiny r
+            y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
+            out = b.to(tl.int64) * stride_y_b + offs_v
+            tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
+            if STORE_ARGMAX:
+                tl.store(arg_ptr + out, run_arg, mask=v_ok)
+            if STORE_FP32:
+                tl.store(y32_ptr + out, y, mask=v_ok)
 
     def _fwd_prune(configs, named_args, **kwargs):
         s_key = named_args["S_KEY"]
@@ -145,7 +156,7 @@ if triton is not None:
                 for bv, bs, bd, w, st, f, t in shapes]
 
     def _tuner(configs: list):
-        return triton.autotune(configs, key=["V", "D", "S_KEY"],
+        return triton.autotune(configs, key=["V", "D", "S_KEY", "ROW_KIND"],
                                prune_configs_by={"early_config_prune": _fwd_prune})(_sparton_fwd_kernel)
 
     # TMA loads (triton >= 3.4 tensor descriptors) and loop flattening (tl.range(flatten=True), >= 3.3)
@@ -202,7 +213,8 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         descs = (TensorDescriptor.from_tensor(hidden.view(B * S, D), blk),
                  TensorDescriptor.from_tensor(weight, [_blocks["BLOCK_V"], blk[1]] if _blocks else [64, 64]))
     s_key = min(triton.next_power_of_2(max(S, 1)), 256)
-    args = (hidden, weight, *descs, bias if bias is not None else y, mask.view(torch.uint8), lengths, y,
+    holes = (mask.sum(1, dtype=torch.int32) != lengths).to(torch.int8)  # kept positions are not just 0..len-1
+    args = (hidden, weight, *descs, bias if bias is not None else y, mask.view(torch.uint8), lengths, holes, y,
             y32 if need_fp32 else y, arg if need_argmax else lengths, B, S, V, D, s_key,
             hidden.stride(0), hidden.stride(1), weight.stride(0), mask.stride(0), y.stride(0))
     flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32, "STORE_ARGMAX": need_argmax,
@@ -214,20 +226,27 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         blocks.setdefault("FLATTEN", False)
         blocks.setdefault("USE_TMA", False)
         launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
-        _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](*args, **flags, **blocks, **launch)
-    else:
-        grid = lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
-        while True:
-            try:
-                _FWD_TUNERS[0][grid](*args, **flags)
-                break
-            except Exception as e:  # noqa: BLE001 - compiler failure of an optional config family
-                if len(_FWD_TUNERS) == 1:
-                    raise
-                warnings.warn(f"sparton: a forward config family failed ({type(e).__name__}: {str(e)[:300]}); "
-                              "falling back", stacklevel=2)
-                _FWD_TUNERS.pop(0)
+        for kind in blocks.pop("ROW_KINDS", (0,)):  # tests pin (1, 2): the split launch of large problems
+            _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](*args, **flags, **blocks, **launch,
+                                                                          ROW_KIND=kind)
+    else:  # two launches: rows without holes skip the mask reads; each program of the other launch returns at once
+        for kind in (1, 2):
+            _launch_tuned(lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),), args, {**flags, "ROW_KIND": kind})
     return y.to(hidden.dtype), y32, arg
+
+
+def _launch_tuned(grid, args: tuple, flags: dict) -> None:
+    """Launch the autotuned forward with the first config family that compiles on the installed triton."""
+    while True:
+        try:
+            _FWD_TUNERS[0][grid](*args, **flags)
+            return
+        except Exception as e:  # noqa: BLE001 - compiler failure of an optional config family
+            if len(_FWD_TUNERS) == 1:
+                raise
+            warnings.warn(f"sparton: a forward config family failed ({type(e).__name__}: {str(e)[:300]}); "
+                          "falling back", stacklevel=2)
+            _FWD_TUNERS.pop(0)
 
 
 class SpartonHeadFunction(torch.autograd.Function):
