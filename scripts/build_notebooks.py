@@ -297,8 +297,8 @@ base = merged('bench_search_issue_baseline_call16_session23_h200.json', {'old': 
 ab_panels(runs, ['8423771 (start)', 'end'], "bench_search: session 23's start vs its end, alternating twice on one H200 (median)",
           base, ['65fee74 (issue 18)', 'end'], "issue 18's start vs now (3 rounds)", 'search_session23.png')"""
 
-HEAD24 = """def head_ab(name, gpu):  # a merged A/B file {tag: bench_head JSON}, tag = tree + case (+ round)
-    frames = [pd.DataFrame(doc['rows']).assign(tree={'base': '9fb413b (start)', 'new': 'b121e6e'}[tag.split('_')[0]])
+HEAD24 = """def head_ab(name, gpu, trees={'base': '9fb413b (start)', 'new': 'b121e6e'}):  # {tag: bench_head JSON}, tag = tree_case
+    frames = [pd.DataFrame(doc['rows']).assign(tree=trees[tag.split('_')[0]])
               for tag, doc in json.loads((BENCH / 'extra' / name).read_text()).items()]
     df = pd.concat(frames)
     sparsity = np.where(df.active < 1, ' active ' + df.active.astype(str), ' random')
@@ -312,6 +312,18 @@ for ax, impl, title in [(axes[0], 'sparton', 'fwd + bwd (ms)'), (axes[1], 'spart
 axes[0].axhline(26, color='k', ls='--', lw=1)  # issue 18's target for 64x512x250002
 plt.tight_layout(); plt.savefig(FIG / 'head_session24.png', dpi=110); plt.show()
 t.loc[(slice(None), ['sparton', 'sparton_bwd_only', 'sparton_bwd_dh_part', 'sparton_bwd_de_part']), :].round(2)"""
+
+HEAD25 = """bwd = pd.concat([head_ab(f'bench_head_bwd_ab_session25_{g.lower()}.json', g, {'base': 'beff6cf', 'new': '75c8dca'})
+                 for g in ('H100', 'H200')])
+fwd = head_ab('bench_head_fwd_ab_session25_h100.json', 'H100', {'base': '75c8dca', 'new': '6b5fdba'})
+fig, axes = plt.subplots(1, 2, figsize=(15, 4.2))
+tb = bwd[bwd.impl == 'sparton_bwd_dh_part'].pivot_table(index='case', columns='tree', values='ms', aggfunc='median')
+tb[['beff6cf', '75c8dca']].plot.bar(ax=axes[0], rot=12); axes[0].set_title('dH part of the backward (ms): 96 MB slices -> row groups, one launch')
+fwd_rows = fwd.impl.isin(['sparton_fwd_only', 'gemm_floor']) | ((fwd['mode'] == 'fwd') & (fwd.impl == 'sparton'))
+tf = fwd[fwd_rows].pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median')
+tf[['75c8dca', '6b5fdba']].plot.bar(ax=axes[1], rot=12); axes[1].set_title('forward (ms): rows without holes skip the mask reads (H100)')
+plt.tight_layout(); plt.savefig(FIG / 'head_session25.png', dpi=110); plt.show()
+fwd.pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median').round(2)"""
 
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
@@ -363,6 +375,9 @@ BENCHMARKS = [
     new_code_cell(AB23),
     new_markdown_cell("## Sparton head backward: tile sizes from a sweep (session 24, start = 9fb413b, end = b121e6e)"),
     new_code_cell(HEAD24),
+    new_markdown_cell("## Sparton head: dH over row groups in one launch, the forward without mask reads for right-padded rows "
+                      "(session 25)"),
+    new_code_cell(HEAD25),
 ]
 
 
