@@ -217,7 +217,7 @@ def test_weight_grads_tile_width_follows_density(dense, poison):
     wide = sparton_bwd._wide_flag(sparton_bwd._pairs_live(sparton_bwd._live_tiles(g, nv), wv // nv))
     assert wide.tolist() == [int(dense)]
     dw, db = torch.empty(V, D, device=DEV), torch.empty(V, device=DEV)
-    sparton_bwd._weight_grads(hidden, g, arg, dw, db, D)
+    sparton_bwd._weight_grads(hidden, g, arg, sparton_bwd._live_tiles(g, nv), dw, db, D)
     ref = sum(g[b].double()[:, None] * hidden[b, arg[b].long()].double() for b in range(B))
     assert (dw.double() - ref).abs().max() <= 1e-5 * (1 + ref.abs().max())
     assert torch.allclose(db.double(), g.double().sum(0), atol=1e-5)
@@ -229,6 +229,30 @@ def test_weight_grads_tile_width_follows_density(dense, poison):
             torch.tensor([1 - flag], dtype=torch.int8, device=DEV), untouched, g, B, V, D, S * D, D, D,
             HAS_DE=True, HAS_DB=False, WIDE=flag, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=warps)
         assert untouched.isnan().all()
+
+
+def test_prep_kernel_gradient_flags_and_counts(poison):
+    """The prep kernel: g = dY·exp(−Y)·[Y > 0], the dE tiles' live flags (torch twin: _live_tiles) and the dH row
+    groups' bucket sizes, with dead vocabulary tiles, an entry without upstream gradient and a short last tile."""
+    B, S, V = 3, 7, 70
+    gen = torch.Generator().manual_seed(41)
+    y32 = torch.rand(B, V, generator=gen).to(DEV)
+    nv, rows = sparton_bwd._DE_TILES[0][0], sparton_bwd._DH_ROWS
+    y32[:, nv:2 * nv] = 0.0  # relu-dead entries (a whole tile): no gradient, the tile stays dead
+    dy = torch.randn(B, V, generator=gen).to(DEV)
+    dy[1, 5] = 0.0
+    arg = torch.randint(0, S, (B, V), generator=gen, dtype=torch.int32).to(DEV)
+    g = torch.empty(B, V, device=DEV)
+    counts = torch.zeros(-(-B * S // rows), dtype=torch.int32, device=DEV)
+    live = torch.zeros(-(-V // nv), dtype=torch.int32, device=DEV)
+    sparton_bwd._bwd_prep_kernel[(B, -(-V // 1024))](dy, y32, arg, g, counts, live, S, V, dy.stride(0), COUNT=True,
+                                                      ROWS=rows, TILE=nv, BLOCK=1024)
+    ref = torch.where(y32 > 0, dy * torch.exp(-y32), 0.0)
+    assert torch.equal(g == 0, ref == 0) and torch.allclose(g, ref, rtol=1e-5, atol=0)  # exp: a few ulp apart
+    twin = sparton_bwd._live_tiles(g, nv)
+    assert torch.equal(live.to(torch.int8), twin) and 0 < int(twin.sum()) < twin.numel()
+    group = (torch.arange(B, device=DEV)[:, None] * S + arg.long()) // rows
+    assert torch.equal(counts.long(), torch.bincount(group[g != 0], minlength=counts.numel()))
 
 
 def test_deterministic_mode_is_bit_identical(poison):

@@ -32,9 +32,10 @@ from lsr.kernel_utils import INTERPRET
 
 
 @triton.jit
-def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy_b,
-                     COUNT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
+def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, live_ptr, S, V, stride_dy_b,
+                     COUNT: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """g = dY·exp(−Y)·[Y>0]; live[v // TILE] = 1 where some g != 0 (the dE kernel's vocabulary tiles, zeroed
+    before); if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -43,6 +44,9 @@ def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, S, V, stride_dy
     dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
     g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
     tl.store(g_ptr + row + offs, g, mask=ok)
+    tile_live = tl.max(tl.reshape((g != 0.0).to(tl.int32), [BLOCK // TILE, TILE]), axis=1)
+    tiles = tl.program_id(1) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)
+    tl.atomic_max(live_ptr + tiles, tile_live, mask=tile_live != 0)  # masked g is 0: no tile past V is set
     if COUNT:
         a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
         tl.atomic_add(count_ptr + (b * S + a) // ROWS, 1, mask=ok & (g != 0.0))
@@ -193,9 +197,11 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
     # bucket sizes, shifted by one for the cumsum
     counts = torch.zeros(n_groups + 1 if need_dh else 1, dtype=torch.int32, device=dev)
+    live_narrow = torch.zeros(triton.cdiv(V, _DE_TILES[0][0]), dtype=torch.int32, device=dev)
     if B and V:
-        _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], S, V, dy.stride(0),
-                                                            COUNT=need_dh, ROWS=_DH_ROWS, BLOCK=_ENTRY_BLOCK)
+        _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], live_narrow, S, V,
+                                                            dy.stride(0), COUNT=need_dh, ROWS=_DH_ROWS,
+                                                            TILE=_DE_TILES[0][0], BLOCK=_ENTRY_BLOCK)
     dh = dw = db = None
     if need_dh:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bucket starts
@@ -205,7 +211,7 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
         dw = torch.empty_like(weight, dtype=torch.float32 if INTERPRET else None) if need_dw else None
         db = torch.empty(V, dtype=torch.float32, device=dev) if need_db else None
         if V and D:
-            _weight_grads(hidden, g, arg, dw, db, weight.stride(0))
+            _weight_grads(hidden, g, arg, live_narrow, dw, db, weight.stride(0))
     # the interpreter truncates fp32 -> bf16/fp16 stores (GPU rounds to nearest): it stores fp32, cast here
     return _cast(dh, hidden.dtype), _cast(dw, weight.dtype), db
 
@@ -257,14 +263,14 @@ _DE_TILES = ((16, 32, 4), (32, 16, 4)) if INTERPRET else ((32, 128, 4), (64, 64,
 _WIDE_LIVE_SHARE = 0.75  # wide tiles when at least this share of them is live
 
 
-def _weight_grads(hidden: torch.Tensor, g: torch.Tensor, arg: torch.Tensor, dw: torch.Tensor | None,
-                  db: torch.Tensor | None, stride_w_v: int) -> None:
+def _weight_grads(hidden: torch.Tensor, g: torch.Tensor, arg: torch.Tensor, live_narrow: torch.Tensor,
+                  dw: torch.Tensor | None, db: torch.Tensor | None, stride_w_v: int) -> None:
     """dE into ``dw`` and db into ``db`` (either may be None) with the tile width the gradient's density picks,
-    decided on the GPU: both widths are launched and the one not picked returns at once (no host sync)."""
+    decided on the GPU: both widths are launched and the one not picked returns at once (no host sync).
+    ``live_narrow``: the narrow tiles' live flags (set by the prep kernel; ``_live_tiles`` is their torch twin)."""
     B, S, D = hidden.shape
     V = g.shape[1]
     narrow_v, wide_v = _DE_TILES[0][0], _DE_TILES[1][0]
-    live_narrow = _live_tiles(g, narrow_v)
     live_wide = _pairs_live(live_narrow, wide_v // narrow_v)
     wide = _wide_flag(live_wide)
     for flag, (block_v, block_d, warps), live in ((0, _DE_TILES[0], live_narrow), (1, _DE_TILES[1], live_wide)):
@@ -287,7 +293,8 @@ def _pairs_live(live: torch.Tensor, factor: int) -> torch.Tensor:
 
 
 def _live_tiles(g: torch.Tensor, block_v: int) -> torch.Tensor:
-    """int8 [cdiv(V, block_v)]: 1 where some row of g [B, V] has a non-zero entry in that vocabulary tile."""
+    """int8 [cdiv(V, block_v)]: 1 where some row of g [B, V] has a non-zero entry in that vocabulary tile (the torch
+    twin of the prep kernel's flags)."""
     return _pairs_live((g != 0).any(0), block_v)
 
 
