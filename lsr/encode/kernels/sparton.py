@@ -201,17 +201,7 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     lengths = (torch.where(mask, pos, 0).amax(dim=1).to(torch.int32) if S > 0
                else torch.zeros(B, dtype=torch.int32, device=dev))
     big = B * S * V >= 2**25  # small problems: a fixed config, not an autotuning run per new V
-    elem = hidden.element_size()
-    tma = (big and _blocks is None and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-           and (D * elem) % 16 == 0 and hidden.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0) \
-        or bool(_blocks and _blocks.get("USE_TMA"))
-    descs = (None, None)
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        blk = [_blocks["BLOCK_S"], _blocks["BLOCK_D"]] if _blocks else [64, 64]  # set per config by a pre-hook
-        descs = (TensorDescriptor.from_tensor(hidden.view(B * S, D), blk),
-                 TensorDescriptor.from_tensor(weight, [_blocks["BLOCK_V"], blk[1]] if _blocks else [64, 64]))
+    descs = _tma_descriptors(hidden, weight, big, _blocks)
     s_key = min(triton.next_power_of_2(max(S, 1)), 256)
     holes = (mask.sum(1, dtype=torch.int32) != lengths).to(torch.int8)  # kept positions are not just 0..len-1
     args = (hidden, weight, *descs, bias if bias is not None else y, mask.view(torch.uint8), lengths, holes, y,
@@ -233,6 +223,23 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         for kind in (1, 2):
             _launch_tuned(lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),), args, {**flags, "ROW_KIND": kind})
     return y.to(hidden.dtype), y32, arg
+
+
+def _tma_descriptors(hidden: torch.Tensor, weight: torch.Tensor, big: bool, blocks: dict | None) -> tuple:
+    """TMA tensor descriptors of hidden [B·S, D] and weight [V, D] (Hopper and later, 16-byte aligned, large problems
+    or a pinned TMA config), else (None, None). Block shapes are set per autotuning config by a pre-hook."""
+    B, S, D = hidden.shape
+    dev = hidden.device
+    tma = (big and blocks is None and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+           and (D * hidden.element_size()) % 16 == 0 and hidden.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0) \
+        or bool(blocks and blocks.get("USE_TMA"))
+    if not tma:
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    blk = [blocks["BLOCK_S"], blocks["BLOCK_D"]] if blocks else [64, 64]
+    return (TensorDescriptor.from_tensor(hidden.view(B * S, D), blk),
+            TensorDescriptor.from_tensor(weight, [blocks["BLOCK_V"], blk[1]] if blocks else [64, 64]))
 
 
 def _launch_tuned(grid, args: tuple, flags: dict) -> None:
