@@ -8,16 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lsr.search.kernels import coarse_checks as cc
 from lsr.search.kernels import topk
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, coarse_floor, coarse_theta
-from lsr.search.kernels.coarse_checks import (
-    candidate_docs,
-    coarse_bounds,
-    coarse_verdicts,
-    torch_candidate_docs,
-    torch_coarse_bounds,
-    torch_coarse_verdicts,
-)
 from lsr.testing import seeded_generator
 from tests.conftest import DEV
 
@@ -64,8 +57,8 @@ def test_coarse_bounds_match_the_twin_bit_for_bit(gen):
     inv[32:40] = ((m / 32 + 1.4 * ulp) / (m * 2.0 ** 45)).to(DEV)
     scale[32:40] = 2.0 ** 50
     indptr = _indptr(B, gen)
-    theta, floor = coarse_bounds(edge, inv, scale, indptr)
-    want_theta, want_floor = torch_coarse_bounds(edge, inv, scale, indptr)
+    theta, floor = cc.coarse_bounds(edge, inv, scale, indptr)
+    want_theta, want_floor = cc.torch_coarse_bounds(edge, inv, scale, indptr)
     assert torch.equal(theta.view(torch.int32), want_theta.view(torch.int32))
     assert torch.equal(floor, want_floor)
     # the cases above are reached: theta rounded down from a float32 above the exact value, FLT_MAX, floor 2**62 >> 45
@@ -97,11 +90,11 @@ def test_coarse_verdicts_match_the_twin(gen, sampled, rescue_flag):
     reselect = (torch.rand(B, generator=gen) < 0.1).to(DEV)
     for n_cand, kk in ((1000, k), (W, k), (1000, W + 4)):   # a complete list by size; fewer keys than k
         args = (top, kk, n_cand, counts, cap, floor, reselect, inv, scale, indptr, sampled, rescue_flag)
-        got, want = coarse_verdicts(*args), torch_coarse_verdicts(*args)
+        got, want = cc.coarse_verdicts(*args), cc.torch_coarse_verdicts(*args)
         for g, w in zip(got, want):
             assert torch.equal(g, w)
-    redo, rescue, flags = coarse_verdicts(top, k, 1000, counts, cap, floor, reselect, inv, scale, indptr, sampled,
-                                          rescue_flag)
+    redo, rescue, flags = cc.coarse_verdicts(top, k, 1000, counts, cap, floor, reselect, inv, scale, indptr, sampled,
+                                             rescue_flag)
     assert 0 < int(redo.sum()) < B and 0 < int(rescue.sum()) < B, "both verdicts occur"
     assert flags.tolist() == [0, 0, 1, int(rescue_flag)]
 
@@ -113,9 +106,9 @@ def test_candidate_docs_match_the_twin(gen):
     top[:, -7:] = -1                                      # list padding and empty candidate slots
     cand[:, ::3] = -1
     rescue = torch.tensor([True, False, False, True, False, True], device=DEV)
-    assert torch.equal(candidate_docs(top), torch_candidate_docs(top))
-    got = candidate_docs(top, cand, rescue)
-    assert torch.equal(got, torch_candidate_docs(top, cand, rescue))
+    assert torch.equal(cc.candidate_docs(top), cc.torch_candidate_docs(top))
+    got = cc.candidate_docs(top, cand, rescue)
+    assert torch.equal(got, cc.torch_candidate_docs(top, cand, rescue))
     assert bool((got[0, :W] == -1).all()) and bool((got[1, W:] == -1).all())
     assert bool((got[1, W - 7:W] == -1).all()) and bool((got[0, W::3] == -1).all()) and bool((got[0, W + 1:] >= 0).any())
 

@@ -94,24 +94,17 @@ def test_msmarco_round_trip_preserves_ranking(tmp_path, suffix):
     assert runs.read_run(path) == back
 
 
-def test_read_trec_rejects_duplicates(tmp_path):
-    path = tmp_path / "dup.trec"
-    path.write_text("1 Q0 d1 1 2.0 x\n1 Q0 d2 2 1.0 x\n1 Q0 d1 3 0.5 x\n")
-    with pytest.raises(ValueError, match=r"dup.trec:3: duplicate .*'d1'.*line 1"):
-        runs.read_trec(path)
-    path.write_text("1\td1\t1\n1\td1\t2\n")
-    with pytest.raises(ValueError, match="duplicate"):
-        runs.read_msmarco(path)
-
-
-def test_read_rejects_malformed_lines(tmp_path):
-    path = tmp_path / "bad.trec"
-    path.write_text("1 Q0 d1 1 2.0\n")
-    with pytest.raises(ValueError, match="expected 6 columns"):
-        runs.read_trec(path)
-    path.write_text("1 Q0 d1 1 abc x\n")
-    with pytest.raises(ValueError, match="not a number"):
-        runs.read_trec(path)
+@pytest.mark.parametrize("reader, text, message", [
+    ("read_trec", "1 Q0 d1 1 2.0 x\n1 Q0 d2 2 1.0 x\n1 Q0 d1 3 0.5 x\n", r"bad.run:3: duplicate .*'d1'.*line 1"),
+    ("read_msmarco", "1\td1\t1\n1\td1\t2\n", "duplicate"),
+    ("read_trec", "1 Q0 d1 1 2.0\n", "expected 6 columns"),
+    ("read_trec", "1 Q0 d1 1 abc x\n", "not a number"),
+], ids=["trec-duplicate", "msmarco-duplicate", "trec-columns", "trec-score"])
+def test_read_rejects_bad_lines(tmp_path, reader, text, message):
+    path = tmp_path / "bad.run"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        getattr(runs, reader)(path)
 
 
 def test_write_is_atomic_on_failure(tmp_path):
