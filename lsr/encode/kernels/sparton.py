@@ -78,8 +78,8 @@ if triton is not None:
         # Grouped order: GROUP_B batch rows share each E tile while it is in L2, and each H[b] is
         # reused by the ~all vocab tiles running next to it.
         b, vt = grouped_program_ids(tl.program_id(0), B, tl.cdiv(V, BLOCK_V), GROUP_B)
-        # ROW_KIND 0: every row, the mask read per S chunk; 1: only rows whose kept positions are 0..len-1 (no
-        # mask reads: a load in the chunk loop costs ~1 ms of 20 at 250K); 2: only the other rows, mask read
+        # ROW_KIND 0: every row, the mask read per S chunk; 1: only rows whose kept positions are 0..len-1, no mask
+        # reads (a load in the flattened chunk loop is not hidden: docs/notes-sparton.md, session 25); 2: the others
         if ROW_KIND == 0:
             mine = True
         else:
