@@ -246,7 +246,7 @@ def test_prep_kernel_gradient_flags_and_counts(poison):
     counts = torch.zeros(-(-B * S // rows), dtype=torch.int32, device=DEV)
     live = torch.zeros(-(-V // nv), dtype=torch.int32, device=DEV)
     sparton_bwd._bwd_prep_kernel[(B, -(-V // 1024))](dy, y32, arg, g, counts, live, S, V, dy.stride(0), COUNT=True,
-                                                      ROWS=rows, TILE=nv, BLOCK=1024)
+                                                      LIVE=True, ROWS=rows, TILE=nv, BLOCK=1024)
     ref = torch.where(y32 > 0, dy * torch.exp(-y32), 0.0)
     assert torch.equal(g == 0, ref == 0) and torch.allclose(g, ref, rtol=1e-5, atol=0)  # exp: a few ulp apart
     twin = sparton_bwd._live_tiles(g, nv)

@@ -203,25 +203,27 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     big = B * S * V >= 2**25  # small problems: a fixed config, not an autotuning run per new V
     descs = _tma_descriptors(hidden, weight, big, _blocks)
     s_key = min(triton.next_power_of_2(max(S, 1)), 256)
-    holes = (mask.sum(1, dtype=torch.int32) != lengths).to(torch.int8)  # kept positions are not just 0..len-1
+    tuned = _blocks is None and not INTERPRET and big
+    blocks = None if tuned else dict(_blocks or (
+        {"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2} if INTERPRET else
+        {"BLOCK_V": 64, "BLOCK_S": min(max(s_key, 16), 64), "BLOCK_D": 64, "GROUP_B": 8}))
+    # tuned (large) problems launch twice, rows without holes skipping the mask reads; tests pin (1, 2) as well
+    kinds = (1, 2) if tuned else blocks.pop("ROW_KINDS", (0,))
+    # the per-row flag only the split launches read: kept positions are not just 0..len-1
+    holes = (mask.sum(1, dtype=torch.int32) != lengths).to(torch.int8) if kinds != (0,) else lengths
     args = (hidden, weight, *descs, bias if bias is not None else y, mask.view(torch.uint8), lengths, holes, y,
             y32 if need_fp32 else y, arg if need_argmax else lengths, B, S, V, D, s_key,
             hidden.stride(0), hidden.stride(1), weight.stride(0), mask.stride(0), y.stride(0))
     flags = {"HAS_BIAS": bias is not None, "STORE_FP32": need_fp32, "STORE_ARGMAX": need_argmax,
              "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32",
              "DOT_FP32": INTERPRET}
-    if _blocks is not None or INTERPRET or not big:
-        blocks = dict(_blocks or ({"BLOCK_V": 32, "BLOCK_S": 16, "BLOCK_D": 16, "GROUP_B": 2} if INTERPRET else
-                                  {"BLOCK_V": 64, "BLOCK_S": min(max(s_key, 16), 64), "BLOCK_D": 64, "GROUP_B": 8}))
-        blocks.setdefault("FLATTEN", False)
-        blocks.setdefault("USE_TMA", False)
-        launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
-        for kind in blocks.pop("ROW_KINDS", (0,)):  # tests pin (1, 2): the split launch of large problems
-            _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](*args, **flags, **blocks, **launch,
-                                                                          ROW_KIND=kind)
-    else:  # two launches: rows without holes skip the mask reads; each program of the other launch returns at once
-        for kind in (1, 2):
+    for kind in kinds:  # a program whose row is of the other kind returns at once
+        if tuned:
             _launch_tuned(lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),), args, {**flags, "ROW_KIND": kind})
+        else:
+            launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 3}
+            _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](
+                *args, **flags, **{"FLATTEN": False, "USE_TMA": False, **blocks}, **launch, ROW_KIND=kind)
     return y.to(hidden.dtype), y32, arg
 
 

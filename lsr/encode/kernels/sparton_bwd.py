@@ -33,8 +33,9 @@ from lsr.kernel_utils import INTERPRET
 
 @triton.jit
 def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, live_ptr, S, V, stride_dy_b,
-                     COUNT: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; live[v // TILE] = 1 where some g != 0 (the dE kernel's vocabulary tiles, zeroed
+                     COUNT: tl.constexpr, LIVE: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """g = dY·exp(−Y)·[Y>0]; if LIVE: live[v // TILE] = 1 where some g != 0 (the dE kernel's vocabulary tiles, zeroed
     before); if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -44,9 +45,10 @@ def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, live_ptr, S, V,
     dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
     g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
     tl.store(g_ptr + row + offs, g, mask=ok)
-    tile_live = tl.max(tl.reshape((g != 0.0).to(tl.int32), [BLOCK // TILE, TILE]), axis=1)
-    tiles = tl.program_id(1) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)
-    tl.atomic_max(live_ptr + tiles, tile_live, mask=tile_live != 0)  # masked g is 0: no tile past V is set
+    if LIVE:
+        tile_live = tl.max(tl.reshape((g != 0.0).to(tl.int32), [BLOCK // TILE, TILE]), axis=1)
+        tiles = tl.program_id(1) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)
+        tl.atomic_max(live_ptr + tiles, tile_live, mask=tile_live != 0)  # masked g is 0: no tile past V is set
     if COUNT:
         a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
         tl.atomic_add(count_ptr + (b * S + a) // ROWS, 1, mask=ok & (g != 0.0))
@@ -76,8 +78,8 @@ def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v
                    ROWS: tl.constexpr, TAG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """dH[r, d-tile] = Σ_{i in bucket of r} g_i · E[v_i, d-tile] for the ROWS rows r = q·ROWS + t of group q.
 
-    The group's entries are one contiguous run, each v tagged with its row t (v | t << TAG); each chunk of BLOCK_N entries is
-    gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot (g folded
+    The group's entries are one contiguous run, each v tagged with its row t (v | t << TAG); each chunk of BLOCK_N
+    entries is gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot (g folded
     into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E): the weights go
     in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA straight from the pipelined
     load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
@@ -197,11 +199,12 @@ def triton_sparton_bwd(dy: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     g = torch.empty(B, V, dtype=torch.float32, device=dev)
     # bucket sizes, shifted by one for the cumsum
     counts = torch.zeros(n_groups + 1 if need_dh else 1, dtype=torch.int32, device=dev)
-    live_narrow = torch.zeros(triton.cdiv(V, _DE_TILES[0][0]), dtype=torch.int32, device=dev)
+    live_narrow = torch.zeros(triton.cdiv(V, _DE_TILES[0][0]) if need_dw or need_db else 1, dtype=torch.int32,
+                              device=dev)  # set by the prep kernel only for dE / db
     if B and V:
         _bwd_prep_kernel[(B, triton.cdiv(V, _ENTRY_BLOCK))](dy, y32, arg, g, counts[1:], live_narrow, S, V,
-                                                            dy.stride(0), COUNT=need_dh, ROWS=_DH_ROWS,
-                                                            TILE=_DE_TILES[0][0], BLOCK=_ENTRY_BLOCK)
+                                                            dy.stride(0), COUNT=need_dh, LIVE=need_dw or need_db,
+                                                            ROWS=_DH_ROWS, TILE=_DE_TILES[0][0], BLOCK=_ENTRY_BLOCK)
     dh = dw = db = None
     if need_dh:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bucket starts
@@ -251,8 +254,8 @@ def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, tagged_v: torch.Te
         prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"
         _bwd_dh_kernel[grid](weight, tagged_v, g_sorted, offsets, dh, D, B * S, weight.stride(0),
                              INPUT_PRECISION=prec, SPLIT_BF16=weight.dtype == torch.bfloat16, DOT_FP32=INTERPRET,
-                             NUM_STAGES=1 if INTERPRET else 2, ROWS=_DH_ROWS, TAG=_TAG_SHIFT, BLOCK_N=block_n, BLOCK_D=block_d,
-                             num_warps=4)
+                             NUM_STAGES=1 if INTERPRET else 2, ROWS=_DH_ROWS, TAG=_TAG_SHIFT, BLOCK_N=block_n,
+                             BLOCK_D=block_d, num_warps=4)
     return dh
 
 
