@@ -109,6 +109,20 @@ def fmt(row: dict) -> str:
     return f"{row['ms']:9.2f} ms  {row['peak_extra_mb']:9.0f} MB{tf}"
 
 
+def tl_forward(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with sparton.USE_RESIDENT off: the forward runs the tl kernel only (no-op where the resident-tile kernel
+    does not apply, e.g. off sm_90)."""
+    from lsr.encode.kernels import sparton
+
+    def go():
+        old, sparton.USE_RESIDENT = sparton.USE_RESIDENT, False
+        try:
+            return fn()
+        finally:
+            sparton.USE_RESIDENT = old
+    return go
+
+
 def head_cases(mode: str, shape, args, rows, deadline) -> None:
     B, S, V = shape
     torch.manual_seed(0)
@@ -137,6 +151,8 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
     wrap = fwd_bwd if train else fwd
     impls = {
         "sparton": wrap(lambda *a: sparton_head(*a, backend="triton")),
+        # the same call with the tl forward kernel for every row: the in-run baseline of the resident-tile forward
+        "sparton_tl_forward": tl_forward(wrap(lambda *a: sparton_head(*a, backend="triton"))),
         # E·Hᵀ ([V, B·S]): the same flops as H·Eᵀ, but its rows stay 16-byte aligned; with V = 30522 the
         # [B·S, V] layout sends cuBLAS to a slow kernel (~250 TFLOP/s on H200), which is no floor
         "gemm_floor": fwd(lambda h, w, b, m: w @ h.view(-1, D).t()),
@@ -148,6 +164,7 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
             _, y32, arg = triton_sparton_fwd(h, w, b, m, need_fp32=True)
         impls["sparton_deterministic"] = wrap(lambda *a: sparton_head(*a, backend="triton", deterministic=True))
         impls["sparton_fwd_only"] = fwd(lambda *a: sparton_head(*a, backend="triton"))
+        impls["sparton_fwd_only_tl"] = tl_forward(impls["sparton_fwd_only"])
         impls["sparton_bwd_only"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg)
         impls["sparton_bwd_only_det"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, deterministic=True)
         impls["sparton_bwd_dh_part"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, need_dw=False, need_db=False)

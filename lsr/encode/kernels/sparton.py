@@ -9,7 +9,8 @@ computes the [BLOCK_V, BLOCK_S] logit tile Eᵀ-major with tl.dot (fp32 accumula
 then a reduction along the MMA's N axis, i.e. inside a thread / quad, no shared memory) and keeps a
 running max + argmax on chip. [B, S, V] is never materialised. Large problems run two launches, one for the rows
 whose kept positions are exactly 0..len-1 (right padding: no mask reads in the chunk loop) and one for the rest;
-a program whose row belongs to the other launch returns at once (no host sync).
+a program whose row belongs to the other launch returns at once (no host sync). On an sm_90 GPU the first of the two
+runs ``sparton_resident.py`` instead (the E tile stays on chip for the whole batch; bit-identical, faster).
 """
 
 from __future__ import annotations
@@ -114,17 +115,25 @@ if triton is not None:
                 else:
                     keep = tl.load(mask_ptr + b * stride_m_b + s0 + offs_s, mask=s_ok, other=0) != 0
                 run_max, run_arg = fold_row_max(acc, keep, run_max, run_arg, s0, STORE_ARGMAX)
-            if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
-                run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-            r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
-            u = 1.0 + r  # log1p(r) = log(u) * r / (u - 1) (Kahan): exact for tiny r
-            y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
-            out = b.to(tl.int64) * stride_y_b + offs_v
-            tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
-            if STORE_ARGMAX:
-                tl.store(arg_ptr + out, run_arg, mask=v_ok)
-            if STORE_FP32:
-                tl.store(y32_ptr + out, y, mask=v_ok)
+            store_head_row(run_max, run_arg, offs_v, v_ok, b, bias_ptr, y_ptr, y32_ptr, arg_ptr, stride_y_b,
+                           HAS_BIAS, STORE_FP32, STORE_ARGMAX)
+
+    @triton.jit
+    def store_head_row(run_max, run_arg, offs_v, v_ok, b, bias_ptr, y_ptr, y32_ptr, arg_ptr, stride_y,
+                       HAS_BIAS: tl.constexpr, STORE_FP32: tl.constexpr, STORE_ARGMAX: tl.constexpr):
+        """Batch row b's outputs from its running max over s: y = log1p(relu(max + bias)), y32 and argmax. Also
+        called from the Gluon kernel (sparton_resident.py), so both forwards write the same bits."""
+        if HAS_BIAS:  # bias is constant over s: add after the max, argmax unchanged
+            run_max += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        r = tl.maximum(run_max, 0.0)  # relu; -inf (fully masked row) -> 0
+        u = 1.0 + r  # log1p(r) = log(u) * r / (u - 1) (Kahan): exact for tiny r
+        y = tl.where(u == 1.0, r, tl.log(u) * (r / tl.where(u == 1.0, 1.0, u - 1.0)))
+        out = b.to(tl.int64) * stride_y + offs_v
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=v_ok)
+        if STORE_ARGMAX:
+            tl.store(arg_ptr + out, run_arg, mask=v_ok)
+        if STORE_FP32:
+            tl.store(y32_ptr + out, y, mask=v_ok)
 
     def _fwd_prune(configs, named_args, **kwargs):
         s_key = named_args["S_KEY"]
@@ -218,6 +227,8 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
              "INPUT_PRECISION": "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32",
              "DOT_FP32": INTERPRET}
     for kind in kinds:  # a program whose row is of the other kind returns at once
+        if tuned and kind == 1 and _resident_fwd(hidden, weight, bias, lengths, holes, y, y32, arg):
+            continue
         if tuned:
             _launch_tuned(lambda meta: (B * triton.cdiv(V, meta["BLOCK_V"]),), args, {**flags, "ROW_KIND": kind})
         else:
@@ -225,6 +236,34 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
             _sparton_fwd_kernel[(B * triton.cdiv(V, blocks["BLOCK_V"]),)](
                 *args, **flags, **{"FLATTEN": False, "USE_TMA": False, **blocks}, **launch, ROW_KIND=kind)
     return y.to(hidden.dtype), y32, arg
+
+
+USE_RESIDENT = True  # False: the tl kernel for every row (benchmarks compare the two in one run)
+# the resident kernel runs one program per 128-row vocabulary tile: with few waves of them (30522 rows: 1.8 on an
+# H100) the idle SMs of the last one cost what the resident tile saves (docs/notes-sparton.md, session 26)
+RESIDENT_MIN_WAVES = 8
+
+
+def _resident_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lengths: torch.Tensor,
+                  holes: torch.Tensor, y: torch.Tensor, y32: torch.Tensor | None, arg: torch.Tensor | None) -> bool:
+    """Rows without holes through the resident-tile kernel where it applies; False where it does not, or where it
+    failed to compile on this triton (then it stays off for the process, and the tl kernel runs)."""
+    from lsr.encode.kernels import sparton_resident  # it imports this module's store_head_row
+
+    global USE_RESIDENT
+    if not (USE_RESIDENT and sparton_resident.resident_applies(hidden, weight)):
+        return False
+    tiles = triton.cdiv(weight.shape[0], sparton_resident.BLOCK_V)
+    if tiles < RESIDENT_MIN_WAVES * torch.cuda.get_device_properties(hidden.device).multi_processor_count:
+        return False
+    try:
+        sparton_resident.resident_fwd(hidden, weight, bias, lengths, holes == 0, y, y32, arg)
+        return True
+    except Exception as e:  # noqa: BLE001 - Gluon is experimental: an API change must not break the head
+        warnings.warn(f"sparton: the resident-tile forward failed ({type(e).__name__}: {str(e)[:300]}); "
+                      "using the tl kernel", stacklevel=3)
+        USE_RESIDENT = False
+        return False
 
 
 def _tma_descriptors(hidden: torch.Tensor, weight: torch.Tensor, big: bool, blocks: dict | None) -> tuple:

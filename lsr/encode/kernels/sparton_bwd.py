@@ -242,13 +242,18 @@ def _bucket_entries(g: torch.Tensor, arg: torch.Tensor, offsets: torch.Tensor, S
     return tagged_v, g_sorted
 
 
+# (entries a step, columns) of the dH kernel. 64 entries a step pay off only for long buckets, i.e. up to
+# _DH_ROWS·V/S ≥ _DH_LONG entries per row group (A/B in docs/notes-sparton.md, session 26)
+_DH_TILE, _DH_TILE_LONG, _DH_LONG = (32, 128), (64, 128), 4096
+
+
 def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, tagged_v: torch.Tensor, g_sorted: torch.Tensor,
                   offsets: torch.Tensor) -> torch.Tensor:
     """dH [B, S, D] from the bucketed entries (fp32 under the interpreter, see _cast)."""
     B, S, D = hidden.shape
     dh = torch.empty_like(hidden, dtype=torch.float32 if INTERPRET else None)
-    # tile sizes from a sweep on H100 and H200 (docs/notes-sparton.md, session 24): 32 entries a step beat 64
-    block_n, block_d = (16, 16) if INTERPRET else (32, 128)
+    long_buckets = _DH_ROWS * weight.shape[0] >= _DH_LONG * max(S, 1)
+    block_n, block_d = (16, 16) if INTERPRET else _DH_TILE_LONG if long_buckets else _DH_TILE
     if B * S and D:
         grid = (offsets.numel() - 1, triton.cdiv(D, block_d))
         prec = "ieee" if hidden.dtype == torch.float32 or INTERPRET else "tf32x3"

@@ -1,0 +1,129 @@
+"""The resident-tile Sparton forward (Gluon, sm_90): its chunk table on any device; on an H100/H200 its outputs
+against the tl kernel (bit-identical) and the float64 torch twin, through ``triton_sparton_fwd``'s dispatch.
+
+Gluon kernels have no CPU interpreter, so the kernel tests are GPU-only (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lsr.encode.kernels import sparton, sparton_resident
+from lsr.encode.kernels.sparton import torch_sparton_head, triton_sparton_fwd
+from tests.conftest import HAS_CUDA
+
+
+def chunk_rows_twin(lengths: list[int], rows_ok: list[bool], S: int, block: int) -> list[int]:
+    rows = []
+    for b, (n, ok) in enumerate(zip(lengths, rows_ok, strict=True)):
+        if ok:
+            rows += [b * S + s0 for s0 in range(0, max(n, 1), block)]
+    return rows
+
+
+@pytest.mark.parametrize("lengths,rows_ok,S,block", [
+    ([0, 5, 300, 129, 256], [True, True, False, True, True], 300, 128),
+    ([7, 7, 7], [True, True, True], 7, 128),
+    ([512, 1, 0, 512], [True, False, True, True], 512, 128),
+    ([64, 65], [True, True], 65, 16),
+])
+def test_chunk_table_lists_every_chunk_in_batch_order(lengths, rows_ok, S, block):
+    table, count = sparton_resident.chunk_table(torch.tensor(lengths, dtype=torch.int32), torch.tensor(rows_ok),
+                                                S, block)
+    want = chunk_rows_twin(lengths, rows_ok, S, block)
+    assert table.dtype == torch.int32 and count.tolist() == [len(want)]
+    assert table[:len(want)].tolist() == want
+    assert (table[len(want):] == -1).all() and table.numel() == len(lengths) * -(-S // block) + 1
+
+
+def test_chunk_table_without_rows_ends_at_once():
+    table, count = sparton_resident.chunk_table(torch.tensor([3, 9], dtype=torch.int32),
+                                                torch.tensor([False, False]), 9, 4)
+    assert count.tolist() == [0] and (table == -1).all()
+
+
+def test_resident_kernel_does_not_claim_cpu_inputs():
+    h, w = torch.zeros(2, 8, 768, dtype=torch.bfloat16), torch.zeros(100, 768, dtype=torch.bfloat16)
+    assert not sparton_resident.resident_applies(h, w)
+
+
+def _on_hopper() -> bool:
+    return HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and sparton_resident.gluon is not None
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100/H200) and triton's Gluon")
+
+
+def _mixed_case(dtype: torch.dtype, V: int = 16411, seed: int = 3):
+    """B·S·V >= 2^25, so the launcher takes its tuned path (the only one that dispatches to the resident kernel)."""
+    g = torch.Generator().manual_seed(seed)
+    B, S, D = 6, 512, 768
+    h = torch.randn(B, S, D, generator=g).to(dtype)
+    h[0, 7] = h[0, 300]  # equal logits at two positions (and chunks): the first wins
+    w = (torch.randn(V, D, generator=g) * 0.05).to(dtype)
+    bias = torch.randn(V, generator=g) * 0.1
+    m = torch.ones(B, S, dtype=torch.bool)
+    m[1, 200:] = False  # right padding, last chunk partial
+    m[2] = False  # fully masked
+    m[3, 40:90] = False  # holes: the tl kernel's launch
+    m[4, :5] = False  # left padding: the tl kernel's launch
+    m[5, 128:] = False  # one full chunk
+    return h.cuda(), w.cuda(), bias.cuda(), m.cuda()
+
+
+def _forward(h, w, bias, m, resident: bool, **kw):
+    calls = []
+    real = sparton_resident.resident_fwd
+    sparton_resident.resident_fwd = lambda *a: (calls.append(1), real(*a))[1]
+    old = sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES
+    sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = resident, 0  # small V: the dispatch's wave rule off
+    try:
+        out = triton_sparton_fwd(h, w, bias, m, **kw)
+    finally:
+        sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = old
+        sparton_resident.resident_fwd = real
+    return out, len(calls)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("train", [True, False])
+def test_resident_forward_bit_identical_to_tl_kernel(dtype, train):
+    h, w, bias, m = _mixed_case(dtype)
+    kw = {"need_fp32": train, "need_argmax": train}
+    (y, y32, arg), n_res = _forward(h, w, bias, m, True, **kw)
+    (ry, ry32, rarg), n_tl = _forward(h, w, bias, m, False, **kw)
+    assert (n_res, n_tl) == (1, 0)
+    assert torch.equal(y, ry)
+    if train:
+        assert torch.equal(y32, ry32) and torch.equal(arg, rarg)
+        assert arg[0].eq(7).any() and not arg[0].eq(300).any()  # the tie (see _mixed_case) goes to the first
+        assert (arg[2] == 0).all() and (y32[2] == 0).all()
+    twin = torch_sparton_head(h.double(), w.double(), bias.double(), m)
+    assert (y.double() - twin).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+@hopper
+def test_resident_forward_without_bias_and_odd_vocabulary():
+    h, w, _, m = _mixed_case(torch.bfloat16, V=16385, seed=5)
+    (y, y32, arg), n_res = _forward(h, w, None, m, True, need_fp32=True)
+    (ry, ry32, rarg), _ = _forward(h, w, None, m, False, need_fp32=True)
+    assert n_res == 1 and torch.equal(y32, ry32) and torch.equal(arg, rarg) and torch.equal(y, ry)
+
+
+@pytest.mark.gpu
+@hopper
+def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel():
+    h, w, bias, m = _mixed_case(torch.bfloat16, V=16411)
+    calls = []
+    real = sparton_resident.resident_fwd
+    sparton_resident.resident_fwd = lambda *a: (calls.append(1), real(*a))[1]
+    try:
+        triton_sparton_fwd(h, w, bias, m, need_fp32=True)  # 129 tiles: under RESIDENT_MIN_WAVES waves
+    finally:
+        sparton_resident.resident_fwd = real
+    assert calls == []
