@@ -49,6 +49,26 @@ def test_resident_kernel_does_not_claim_cpu_inputs():
     assert not sparton_resident.resident_applies(h, w)
 
 
+def test_a_failing_resident_kernel_warns_once_and_leaves_the_rows_to_the_tl_kernel(monkeypatch):
+    monkeypatch.setattr(sparton, "USE_RESIDENT", True)
+    monkeypatch.setattr(sparton_resident, "resident_applies", lambda h, w: True)
+    monkeypatch.setattr(sparton, "_fills_waves", lambda programs, device: True)
+    tried = []
+
+    def broken(*args):
+        tried.append(1)
+        raise RuntimeError("unsupported layout")  # what a Gluon API change looks like at compile time
+
+    monkeypatch.setattr(sparton_resident, "resident_fwd", broken)
+    h, w = torch.zeros(2, 4, 64), torch.zeros(10, 64)
+    lengths, holes = torch.tensor([4, 2], dtype=torch.int32), torch.zeros(2, dtype=torch.int8)
+    y = torch.zeros(2, 10)
+    with pytest.warns(UserWarning, match="resident-tile forward failed .*unsupported layout"):
+        assert sparton._resident_fwd(h, w, None, lengths, holes, y, None, None) is False
+    assert sparton.USE_RESIDENT is False
+    assert sparton._resident_fwd(h, w, None, lengths, holes, y, None, None) is False and tried == [1]
+
+
 def _on_hopper() -> bool:
     return HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and sparton_resident.gluon is not None
 

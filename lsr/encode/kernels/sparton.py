@@ -185,18 +185,9 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """
     if triton is None:
         raise RuntimeError("the Triton backend needs the `triton` package")
+    _check_fwd_inputs(hidden, weight, bias, mask)
     B, S, D = hidden.shape
     V = weight.shape[0]
-    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
-        raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
-    if weight.shape[1] != D or mask.shape != (B, S) or mask.dtype != torch.bool:
-        raise ValueError("expected hidden [B,S,D], weight [V,D], bool mask [B,S]")
-    if bias is not None and (bias.shape != (V,) or not bias.is_floating_point()):
-        raise ValueError("bias must be a float [V]")
-    if any(t.device != hidden.device for t in (weight, mask) + ((bias,) if bias is not None else ())):
-        raise ValueError("all inputs must be on one device")
-    if B * S >= 2**31 or V * D >= 2**31:
-        raise ValueError("B·S and V·D must be < 2**31")
     hidden, weight, mask = hidden.contiguous(), weight.contiguous(), mask.contiguous()
     bias = bias.contiguous() if bias is not None else None
     dev = hidden.device
@@ -238,6 +229,21 @@ def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return y.to(hidden.dtype), y32, arg
 
 
+def _check_fwd_inputs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: torch.Tensor) -> None:
+    B, S, D = hidden.shape
+    V = weight.shape[0]
+    if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
+        raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
+    if weight.shape[1] != D or mask.shape != (B, S) or mask.dtype != torch.bool:
+        raise ValueError("expected hidden [B,S,D], weight [V,D], bool mask [B,S]")
+    if bias is not None and (bias.shape != (V,) or not bias.is_floating_point()):
+        raise ValueError("bias must be a float [V]")
+    if any(t.device != hidden.device for t in (weight, mask) + ((bias,) if bias is not None else ())):
+        raise ValueError("all inputs must be on one device")
+    if B * S >= 2**31 or V * D >= 2**31:
+        raise ValueError("B·S and V·D must be < 2**31")
+
+
 USE_RESIDENT = True  # False: the tl kernel for every row (benchmarks compare the two in one run)
 # the resident kernel runs one program per 128-row vocabulary tile: with few waves of them (30522 rows: 1.8 on an
 # H100) the idle SMs of the last one cost what the resident tile saves (docs/notes-sparton.md, session 26)
@@ -253,8 +259,7 @@ def _resident_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     global USE_RESIDENT
     if not (USE_RESIDENT and sparton_resident.resident_applies(hidden, weight)):
         return False
-    tiles = triton.cdiv(weight.shape[0], sparton_resident.BLOCK_V)
-    if tiles < RESIDENT_MIN_WAVES * torch.cuda.get_device_properties(hidden.device).multi_processor_count:
+    if not _fills_waves(triton.cdiv(weight.shape[0], sparton_resident.BLOCK_V), hidden.device):
         return False
     try:
         sparton_resident.resident_fwd(hidden, weight, bias, lengths, holes == 0, y, y32, arg)
@@ -264,6 +269,10 @@ def _resident_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                       "using the tl kernel", stacklevel=3)
         USE_RESIDENT = False
         return False
+
+
+def _fills_waves(programs: int, device: torch.device) -> bool:
+    return programs >= RESIDENT_MIN_WAVES * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tma_descriptors(hidden: torch.Tensor, weight: torch.Tensor, big: bool, blocks: dict | None) -> tuple:
