@@ -93,29 +93,36 @@ def _mixed_case(dtype: torch.dtype, V: int = 16411, seed: int = 3):
     return h.cuda(), w.cuda(), bias.cuda(), m.cuda()
 
 
-def _forward(h, w, bias, m, resident: bool, **kw):
+@pytest.fixture
+def resident_calls(monkeypatch) -> list:
+    """One entry per call of the resident kernel's launcher while the test runs."""
     calls = []
     real = sparton_resident.resident_fwd
-    sparton_resident.resident_fwd = lambda *a: (calls.append(1), real(*a))[1]
-    old = sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES
-    sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = resident, 0  # small V: the dispatch's wave rule off
+    monkeypatch.setattr(sparton_resident, "resident_fwd", lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
+def _forward(calls: list, h, w, bias, m, resident: bool, **kw):
+    """triton_sparton_fwd with the resident kernel on or off and the wave rule off (the cases' V is small); returns
+    the outputs and how often the resident kernel ran."""
+    old = sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES, len(calls)
+    sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = resident, 0
     try:
         out = triton_sparton_fwd(h, w, bias, m, **kw)
     finally:
-        sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = old
-        sparton_resident.resident_fwd = real
-    return out, len(calls)
+        sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = old[:2]
+    return out, len(calls) - old[2]
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("train", [True, False])
-def test_resident_forward_bit_identical_to_tl_kernel(dtype, train):
+def test_resident_forward_bit_identical_to_tl_kernel(dtype, train, resident_calls):
     h, w, bias, m = _mixed_case(dtype)
     kw = {"need_fp32": train, "need_argmax": train}
-    (y, y32, arg), n_res = _forward(h, w, bias, m, True, **kw)
-    (ry, ry32, rarg), n_tl = _forward(h, w, bias, m, False, **kw)
+    (y, y32, arg), n_res = _forward(resident_calls, h, w, bias, m, True, **kw)
+    (ry, ry32, rarg), n_tl = _forward(resident_calls, h, w, bias, m, False, **kw)
     assert (n_res, n_tl) == (1, 0)
     assert torch.equal(y, ry)
     if train:
@@ -128,22 +135,16 @@ def test_resident_forward_bit_identical_to_tl_kernel(dtype, train):
 
 @pytest.mark.gpu
 @hopper
-def test_resident_forward_without_bias_and_odd_vocabulary():
+def test_resident_forward_without_bias_and_odd_vocabulary(resident_calls):
     h, w, _, m = _mixed_case(torch.bfloat16, V=16385, seed=5)
-    (y, y32, arg), n_res = _forward(h, w, None, m, True, need_fp32=True)
-    (ry, ry32, rarg), _ = _forward(h, w, None, m, False, need_fp32=True)
+    (y, y32, arg), n_res = _forward(resident_calls, h, w, None, m, True, need_fp32=True)
+    (ry, ry32, rarg), _ = _forward(resident_calls, h, w, None, m, False, need_fp32=True)
     assert n_res == 1 and torch.equal(y32, ry32) and torch.equal(arg, rarg) and torch.equal(y, ry)
 
 
 @pytest.mark.gpu
 @hopper
-def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel():
+def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel(resident_calls):
     h, w, bias, m = _mixed_case(torch.bfloat16, V=16411)
-    calls = []
-    real = sparton_resident.resident_fwd
-    sparton_resident.resident_fwd = lambda *a: (calls.append(1), real(*a))[1]
-    try:
-        triton_sparton_fwd(h, w, bias, m, need_fp32=True)  # 129 tiles: under RESIDENT_MIN_WAVES waves
-    finally:
-        sparton_resident.resident_fwd = real
-    assert calls == []
+    triton_sparton_fwd(h, w, bias, m, need_fp32=True)  # 129 tiles: under RESIDENT_MIN_WAVES waves
+    assert resident_calls == []

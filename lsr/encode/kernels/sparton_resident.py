@@ -38,7 +38,7 @@ except Exception:  # noqa: BLE001 - pragma: no cover (older triton, no triton)
 BLOCK_V = 128  # vocabulary rows per program (two warpgroups of 64)
 BLOCK_S = 128  # hidden rows per chunk
 BLOCK_K = 64  # K slice of one ring stage / one resident slice
-REG_K = 2  # K slices of the E tile held in registers
+REG_K = 2  # K slices of the E tile held in registers (the kernel has exactly two: e_reg0, e_reg1)
 STAGES = 4
 SMEM_BYTES = 227 * 1024  # sm_90's opt-in shared memory per block
 
@@ -50,14 +50,15 @@ if gluon is not None:
         e_desc, h_desc, chunk_ptr, n_chunks_ptr, len_ptr, bias_ptr, y_ptr, y32_ptr, arg_ptr,
         S, V, stride_y,
         HAS_BIAS: gl.constexpr, STORE_FP32: gl.constexpr, STORE_ARGMAX: gl.constexpr,
-        NUM_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        NUM_K: gl.constexpr, REG_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):
+        gl.static_assert(REG_K == 2)
         BV: gl.constexpr = e_desc.block_type.shape[0]
         BS: gl.constexpr = h_desc.block_type.shape[0]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BS, 16])
         v0 = gl.program_id(0) * BV
-        e_smem = gl.allocate_shared_memory(e_desc.dtype, [NUM_K - 2, BV, e_desc.block_type.shape[1]], e_desc.layout)
+        e_smem = gl.allocate_shared_memory(e_desc.dtype, [NUM_K - REG_K, BV, e_desc.block_type.shape[1]], e_desc.layout)
         h_smem = gl.allocate_shared_memory(h_desc.dtype, [STAGES, BS, h_desc.block_type.shape[1]], h_desc.layout)
         e_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -65,7 +66,7 @@ if gluon is not None:
         for st in gl.static_range(STAGES):
             mbarrier.init(ready.index(st), count=1)
         fence_async_shared()
-        e_reg0, e_reg1 = _stage_e_tile(e_desc, e_smem, h_smem, e_bar, v0, NUM_K, mma)
+        e_reg0, e_reg1 = _stage_e_tile(e_desc, e_smem, h_smem, e_bar, v0, NUM_K, REG_K, mma)
         n_chunks = gl.load(n_chunks_ptr)
         row = gl.load(chunk_ptr)  # -1 when there is no chunk
         for st in gl.static_range(STAGES - 1):  # ring prologue: the first chunk's first K slices
@@ -86,7 +87,7 @@ if gluon is not None:
                 elif k == 1:
                     a = e_reg1
                 else:
-                    a = e_smem.index(k - 2)
+                    a = e_smem.index(k - REG_K)
                 acc = warpgroup_mma(a, h_smem.index(i % STAGES).permute((1, 0)), acc, use_acc=k > 0, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 # step i-1's MMA is done, so its slot takes step i + STAGES - 1
@@ -104,16 +105,16 @@ if gluon is not None:
             mbarrier.invalidate(ready.index(st))
 
     @gluon.jit
-    def _stage_e_tile(e_desc, e_smem, h_smem, e_bar, v0, NUM_K: gl.constexpr, mma: gl.constexpr):
-        """TMA the program's E tile on chip: slices 2.. into ``e_smem``; slices 0 and 1 through the ring's first two
+    def _stage_e_tile(e_desc, e_smem, h_smem, e_bar, v0, NUM_K: gl.constexpr, REG_K: gl.constexpr, mma: gl.constexpr):
+        """TMA the program's E tile on chip: slices REG_K.. into ``e_smem``; slices 0 and 1 (REG_K = 2) through the ring's first two
         slots into registers (returned), after which the slots are free for the ring."""
         BK: gl.constexpr = e_desc.block_type.shape[1]
         mbarrier.expect(e_bar, NUM_K * e_desc.block_type.nbytes)
         for k in gl.static_range(NUM_K):
-            if k < 2:
+            if k < REG_K:
                 tma.async_copy_global_to_shared(e_desc, [v0, k * BK], e_bar, h_smem.index(k))
             else:
-                tma.async_copy_global_to_shared(e_desc, [v0, k * BK], e_bar, e_smem.index(k - 2))
+                tma.async_copy_global_to_shared(e_desc, [v0, k * BK], e_bar, e_smem.index(k - REG_K))
         mbarrier.wait(e_bar, 0)
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         e_reg0 = h_smem.index(0).load(a_regs)
@@ -208,4 +209,4 @@ def resident_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         e_desc, h_desc, table, n_chunks, lengths, bias if bias is not None else y, y,
         y32 if y32 is not None else y, arg if arg is not None else lengths, S, V, y.stride(0),
         HAS_BIAS=bias is not None, STORE_FP32=y32 is not None, STORE_ARGMAX=arg is not None,
-        NUM_K=D // BLOCK_K, STAGES=STAGES, num_warps=8)
+        NUM_K=D // BLOCK_K, REG_K=REG_K, STAGES=STAGES, num_warps=8)
