@@ -15,33 +15,49 @@ from lsr.encode.kernels.sparton import torch_sparton_head, triton_sparton_fwd
 from tests.conftest import HAS_CUDA
 
 
-def chunk_rows_twin(lengths: list[int], rows_ok: list[bool], S: int, block: int) -> list[int]:
-    rows = []
-    for b, (n, ok) in enumerate(zip(lengths, rows_ok, strict=True)):
-        if ok:
-            rows += [b * S + s0 for s0 in range(0, max(n, 1), block)]
-    return rows
+def chunk_table_twin(lengths: list[int], rows_ok: list[bool], S: int, block: int) -> tuple[list[int], list[int]]:
+    """(first hidden rows, info) of the chunks: ok rows in pairs, the pair's chunks interleaved, the owner the
+    row's rank among ok rows mod 2; info = owner | last-of-row << 1 | previous chunk's owner << 2."""
+    ok_rows = [b for b, ok in enumerate(rows_ok) if ok]
+    starts = {b: [b * S + s0 for s0 in range(0, max(lengths[b], 1), block)] for b in ok_rows}
+    chunks = []
+    for p in range(0, len(ok_rows), 2):
+        pair = ok_rows[p:p + 2]
+        for j in range(max(len(starts[b]) for b in pair)):
+            chunks += [(starts[b][j], owner, j == len(starts[b]) - 1) for owner, b in enumerate(pair)
+                       if j < len(starts[b])]
+    info = [own | last << 1 | (chunks[i - 1][1] if i else own) << 2 for i, (_, own, last) in enumerate(chunks)]
+    return [row for row, _, _ in chunks], info
 
 
 @pytest.mark.parametrize("lengths,rows_ok,S,block", [
     ([0, 5, 300, 129, 256], [True, True, False, True, True], 300, 128),
     ([7, 7, 7], [True, True, True], 7, 128),
     ([512, 1, 0, 512], [True, False, True, True], 512, 128),
+    ([512, 1, 300, 0, 129], [True, True, False, True, True], 512, 128),
     ([64, 65], [True, True], 65, 16),
 ])
-def test_chunk_table_lists_every_chunk_in_batch_order(lengths, rows_ok, S, block):
-    table, count = sparton_resident.chunk_table(torch.tensor(lengths, dtype=torch.int32), torch.tensor(rows_ok),
-                                                S, block)
-    want = chunk_rows_twin(lengths, rows_ok, S, block)
-    assert table.dtype == torch.int32 and count.tolist() == [len(want)]
-    assert table[:len(want)].tolist() == want
-    assert (table[len(want):] == -1).all() and table.numel() == len(lengths) * -(-S // block) + 1
+def test_chunk_table_interleaves_row_pairs_and_marks_owners(lengths, rows_ok, S, block):
+    table, info, count = sparton_resident.chunk_table(torch.tensor(lengths, dtype=torch.int32),
+                                                      torch.tensor(rows_ok), S, block)
+    rows, want_info = chunk_table_twin(lengths, rows_ok, S, block)
+    assert table.dtype == info.dtype == torch.int32 and count.tolist() == [len(rows)]
+    assert table[:len(rows)].tolist() == rows and info[:len(rows)].tolist() == want_info
+    assert (table[len(rows):] == -1).all() and (info[len(rows):] == 0).all()
+    assert table.numel() == info.numel() == len(lengths) * -(-S // block) + 1
+    n_last = sum(i >> 1 & 1 for i in want_info)
+    assert n_last == sum(rows_ok)  # every ok row's outputs are written exactly once
 
 
 def test_chunk_table_without_rows_ends_at_once():
-    table, count = sparton_resident.chunk_table(torch.tensor([3, 9], dtype=torch.int32),
-                                                torch.tensor([False, False]), 9, 4)
-    assert count.tolist() == [0] and (table == -1).all()
+    table, info, count = sparton_resident.chunk_table(torch.tensor([3, 9], dtype=torch.int32),
+                                                      torch.tensor([False, False]), 9, 4)
+    assert count.tolist() == [0] and (table == -1).all() and (info == 0).all()
+
+
+@pytest.mark.parametrize("num_k,stages", [(3, 3), (4, 4), (6, 6), (8, 8), (10, 5), (12, 4), (16, 0)])
+def test_ring_depth_divides_the_slices_and_fits_shared_memory(num_k, stages):
+    assert sparton_resident.ring_stages(num_k, 2) == stages
 
 
 def test_resident_kernel_does_not_claim_cpu_inputs():
@@ -76,10 +92,10 @@ def _on_hopper() -> bool:
 hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100/H200) and triton's Gluon")
 
 
-def _mixed_case(dtype: torch.dtype, V: int = 16411, seed: int = 3):
+def _mixed_case(dtype: torch.dtype, V: int = 16411, seed: int = 3, D: int = 768):
     """B·S·V >= 2^25, so the launcher takes its tuned path (the only one that dispatches to the resident kernel)."""
     g = torch.Generator().manual_seed(seed)
-    B, S, D = 6, 512, 768
+    B, S = 6, 512
     h = torch.randn(B, S, D, generator=g).to(dtype)
     h[0, 7] = h[0, 300]  # equal logits at two positions (and chunks): the first wins
     w = (torch.randn(V, D, generator=g) * 0.05).to(dtype)
@@ -148,3 +164,15 @@ def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel(resident_calls):
     h, w, bias, m = _mixed_case(torch.bfloat16, V=16411)
     triton_sparton_fwd(h, w, bias, m, need_fp32=True)  # 129 tiles: under RESIDENT_MIN_WAVES waves
     assert resident_calls == []
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("D", [384, 512])
+def test_resident_forward_other_widths_and_an_odd_number_of_rows(D, resident_calls):
+    """Other ring depths (6 and 8 slots) and five rows for the two consumers (the last one has no partner)."""
+    h, w, bias, m = _mixed_case(torch.bfloat16, seed=7, D=D)
+    m[3] = True
+    (y, y32, arg), n_res = _forward(resident_calls, h, w, bias, m, True, need_fp32=True)
+    (ry, ry32, rarg), _ = _forward(resident_calls, h, w, bias, m, False, need_fp32=True)
+    assert n_res == 1 and torch.equal(y32, ry32) and torch.equal(arg, rarg) and torch.equal(y, ry)
