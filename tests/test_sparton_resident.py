@@ -168,9 +168,9 @@ def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel(resident_calls):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("D", [384, 512])
+@pytest.mark.parametrize("D", [192, 384, 512, 640, 896])
 def test_resident_forward_other_widths_and_an_odd_number_of_rows(D, resident_calls):
-    """Other ring depths (6 and 8 slots) and five rows for the two consumers (the last one has no partner)."""
+    """Other ring depths (3, 6, 8, 5 and 2 slots) and five rows for the two consumers (the last one has no partner)."""
     h, w, bias, m = _mixed_case(torch.bfloat16, seed=7, D=D)
     m[3] = True
     (y, y32, arg), n_res = _forward(resident_calls, h, w, bias, m, True, need_fp32=True)
