@@ -325,6 +325,48 @@ tf[['75c8dca', '6b5fdba']].plot.bar(ax=axes[1], rot=12); axes[1].set_title('forw
 plt.tight_layout(); plt.savefig(FIG / 'head_session25.png', dpi=110); plt.show()
 fwd.pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median').round(2)"""
 
+HEAD26 = """runs26 = {'bench_head_resident_session26_h100_call7_round1.json': 'H100 call 7', 'bench_head_session26_h100.json': 'H100 call 9',
+         'bench_head_active001_session26_h100.json': 'H100 call 9', 'bench_head_250k_session26_h200_round1.json': 'H200 call 10a',
+         'bench_head_250k_session26_h200_round2.json': 'H200 call 10b', 'bench_head_250k_active001_session26_h200.json': 'H200 call 10',
+         'bench_head_250k_final_session26_h200.json': 'H200 call 11'}
+r26 = pd.concat([pd.DataFrame(json.loads((BENCH / 'extra' / f).read_text())['rows']).assign(run=run) for f, run in runs26.items()])
+r26 = r26[r26.status == 'ok'].copy()
+r26['case'] = (r26['mode'] + ' ' + r26.B.astype(str) + 'x' + r26.S.astype(str) + 'x' + r26.V.astype(str)
+               + np.where(r26.active < 1, ' active ' + r26.active.astype(str), '') + ' | ' + r26.run)
+pairs = {'sparton': 'resident forward', 'sparton_tl_forward': 'tl forward',
+         'sparton_fwd_only': 'resident forward', 'sparton_fwd_only_tl': 'tl forward'}
+fig, axes = plt.subplots(1, 2, figsize=(15, 7.5), gridspec_kw={'wspace': 0.75})
+for ax, impls, title in [(axes[0], ['sparton', 'sparton_tl_forward'], 'head call (train: fwd+bwd, fwd: forward), ms'),
+                         (axes[1], ['sparton_fwd_only', 'sparton_fwd_only_tl'], 'training forward alone, ms')]:
+    t = r26[r26.impl.isin(impls)].assign(kernel=lambda d: d.impl.map(pairs))
+    t.pivot_table(index='case', columns='kernel', values='ms', aggfunc='median').plot.barh(ax=ax)
+    ax.set_title(title); ax.set_ylabel(''); ax.legend(loc='lower right')
+axes[0].axvline(26, color='k', ls='--', lw=1)
+plt.savefig(FIG / 'head_session26.png', dpi=110, bbox_inches='tight'); plt.show()
+r26[r26.impl.isin(pairs)].pivot_table(index='case', columns='impl', values='ms', aggfunc='median').round(2)"""
+
+HEAD27 = """runs27 = {'bench_head_250k_session27_h100_call2.json': 'H100 call 2', 'bench_head_250k_session27_h100_call6.json': 'H100 call 6 (exp. bwd)',
+          'bench_head_250k_session27_h100_call8.json': 'H100 call 8', 'bench_head_250k_session27_h200_round2.json': 'H200 call 10',
+          'bench_head_250k_session27_h200_call12_round1.json': 'H200 call 12a', 'bench_head_250k_session27_h200_call12_round2.json': 'H200 call 12b',
+          'bench_head_250k_active001_session27_h100_call8.json': 'H100 call 8', 'bench_head_250k_active001_session27_h200.json': 'H200 call 10'}
+r27 = pd.concat([pd.DataFrame(json.loads((BENCH / 'extra' / f).read_text())['rows']).assign(run=run) for f, run in runs27.items()])
+r27 = r27[(r27.status == 'ok') & r27.impl.isin(['sparton', 'sparton_tl_forward'])].copy()
+r27['case'] = np.where(r27.active < 1, 'active ' + r27.active.astype(str), 'random') + ' | ' + r27.run
+ab = []
+for f, run in {'sparton_ws_vs_lockstep_session27_h100_call2.json': 'H100 call 2', 'sparton_ws_vs_lockstep_session27_h100_call8.json': 'H100 call 8',
+               'sparton_ws_vs_lockstep_session27_h200.json': 'H200 call 10'}.items():
+    for case, t in json.loads((BENCH / 'extra' / f).read_text())['timing'].items():
+        for kernel, key in (('lockstep (session 26)', 'res'), ('warp-specialized', '{}')):
+            ab += [{'case': f'{case} | {run}', 'kernel': kernel, 'ms': ms} for ms in t[key]]
+ab = pd.DataFrame(ab)
+fig, axes = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={'wspace': 0.6})
+r27.pivot_table(index='case', columns='impl', values='ms', aggfunc='median').plot.barh(ax=axes[0])
+axes[0].axvline(26, color='k', ls='--', lw=1); axes[0].legend(loc='upper center', bbox_to_anchor=(0.5, -0.05), ncol=2); axes[0].set_title('64x512x250002 fwd+bwd, ms'); axes[0].set_ylabel('')
+ab.pivot_table(index='case', columns='kernel', values='ms', aggfunc='median').plot.barh(ax=axes[1])
+axes[1].set_title('resident forward alone (median of 3 rounds), ms'); axes[1].set_ylabel('')
+plt.savefig(FIG / 'head_session27.png', dpi=110, bbox_inches='tight'); plt.show()
+ab.pivot_table(index='case', columns='kernel', values='ms', aggfunc=['min', 'median', 'max']).round(2)"""
+
 BENCHMARKS = [
     new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
                       "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
@@ -378,6 +420,18 @@ BENCHMARKS = [
     new_markdown_cell("## Sparton head: dH over row groups in one launch, the forward without mask reads for right-padded rows "
                       "(session 25)"),
     new_code_cell(HEAD25),
+    new_markdown_cell("## Sparton head: the forward with the vocabulary tile resident on chip (Gluon, session 26)\n\nEach "
+                      "file is one `bench_head.py` run; `sparton_tl_forward` / `sparton_fwd_only_tl` are the same calls "
+                      "with the tl forward kernel, measured in the same run. The dashed line is issue 18's 26 ms for "
+                      "64x512x250002."),
+    new_code_cell(HEAD26),
+    new_markdown_cell("## Sparton head: the warp-specialized resident forward (session 27)\n\nLeft: `bench_head.py` runs of"
+                      " 64x512x250002 training (fwd+bwd), the warp-specialized resident forward (`sparton`) against the "
+                      "session-25 tl forward (`sparton_tl_forward`) in the same run; H100 calls 2 and 8 and H200 calls 10 "
+                      "and 12 ran the committed tree, H100 call 6 an experimental backward that was not kept. Right: the "
+                      "training forward alone, session 26's lockstep resident kernel against the warp-specialized one, "
+                      "three alternating rounds per call (`ab_fwd.py`). The dashed line is issue 18's 26 ms."),
+    new_code_cell(HEAD27),
 ]
 
 

@@ -67,6 +67,7 @@ if gluon is not None:
         (producer warp), two consumer warpgroups taking turns chunk by chunk (see ``chunk_table``)."""
         gl.static_assert(REG_K == 2)
         gl.static_assert(NUM_K % STAGES == 0)  # so step k of any chunk sits in ring slot k % STAGES
+        gl.static_assert(STAGES >= REG_K)  # the register slices arrive through the first REG_K slots
         BV: gl.constexpr = e_desc.block_type.shape[0]
         BK: gl.constexpr = e_desc.block_type.shape[1]
         v0 = gl.program_id(0) * BV
@@ -161,10 +162,10 @@ if gluon is not None:
         BS: gl.constexpr = h_smem.shape[1]
         ph0 = (c * (NUM_K // STAGES)) & 1
         acc = gl.zeros([BV, BS], gl.float32, mma)  # the first MMA does not read it
-        mbarrier.wait(bars.index(0), ph0)
+        mbarrier.wait(bars.index(0), ph0)  # steps 0 and 1 sit in slots 0 and 1 of the chunk's first ring lap
         acc = warpgroup_mma(e_reg0, h_smem.index(0).permute((1, 0)), acc, use_acc=False, is_async=True)
-        mbarrier.wait(bars.index(1 % STAGES), ph0 ^ ((1 // STAGES) & 1))
-        acc = warpgroup_mma(e_reg1, h_smem.index(1 % STAGES).permute((1, 0)), acc, is_async=True)
+        mbarrier.wait(bars.index(1), ph0)
+        acc = warpgroup_mma(e_reg1, h_smem.index(1).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         mbarrier.arrive(bars.index(STAGES), count=1)
         # a loop, not unrolled: unrolled, the shared-memory descriptors of all steps stay live and spill
