@@ -2,10 +2,12 @@
 
 Packages follow the pipeline, each with its kernels: ``encode`` (SPLADE with the Sparton head, BM25,
 corpus encoding), ``index`` (the GPU inverted index), ``search`` (exact top-k), ``evaluation``
-(ir-measures and the fast [B, k] metrics), ``interop`` (Anserini / Pyserini files). Shared modules:
-``sparse`` (CSR vectors), ``shards`` (Parquet I/O), ``runs``, ``data``, ``io``, ``config``,
-``devices`` (the device names accepted), ``pipeline`` and ``cli``; ``testing`` and ``bench`` hold the
-references and the harness that the tests and the benchmark scripts share.
+(ir-measures and the fast [B, k] metrics), ``train``, ``rerank``, ``serve``; ``parallel`` holds everything
+torch.distributed. Around them: ``data`` (datasets, topics, qrels, run files), ``storage`` (atomic files,
+Parquet vector shards, provenance), ``interop`` (Anserini / CIFF / PyTerrier), ``sparse`` (CSR vectors),
+``config``, ``pipeline`` and ``cli``; ``utils`` (devices, ragged index arithmetic, kernel helpers);
+``testing`` and ``benchmarks`` hold the references, the synthetic collections and the harness that the tests
+and the benchmark scripts share.
 
 Importing ``lsr`` is cheap: torch, triton and transformers are imported only when a public name
 that needs them is first used (PEP 562 lazy attributes).
@@ -23,22 +25,22 @@ _LAZY = {
     "SparseVectors": "lsr.sparse",
     "InvertedIndex": "lsr.index.inverted",
     "Searcher": "lsr.search.searcher",
-    "SpladeEncoder": "lsr.encode.splade",
-    "LexicalEncoder": "lsr.encode.lexical",
+    "SpladeEncoder": "lsr.encode.splade.encoder",
+    "LexicalEncoder": "lsr.encode.bm25.lexical",
     "evaluate": "lsr.evaluation.measures",
-    "load_dataset": "lsr.data",
+    "load_dataset": "lsr.data.sources",
 }
 _SUBMODULES = {
-    "cli", "config", "data", "encode", "evaluation", "index", "interop", "io", "pipeline", "runs", "search", "shards",
-    "train", "sparse", "synth", "serve", "rerank",
+    "benchmarks", "cli", "config", "data", "encode", "evaluation", "index", "interop", "parallel", "pipeline", "rerank",
+    "search", "serve", "sparse", "storage", "train", "utils",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lsr.data import load_dataset
-    from lsr.encode.lexical import LexicalEncoder
-    from lsr.encode.splade import SpladeEncoder
+    from lsr.data.sources import load_dataset
+    from lsr.encode.bm25.lexical import LexicalEncoder
+    from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.evaluation.measures import evaluate
     from lsr.index.inverted import InvertedIndex
     from lsr.search.searcher import Searcher

@@ -34,7 +34,7 @@ def _check_json_out(path: str | None, inputs: list[str | None]) -> None:
     """``--json``: never inside an input, and an existing file only if it is a metrics JSON (lsr's own)."""
     if path is None:
         return
-    from lsr.provenance import check_not_inside
+    from lsr.storage.provenance import check_not_inside
 
     check_not_inside(path, inputs, "--json")
     p = Path(path)
@@ -49,7 +49,7 @@ def _check_json_out(path: str | None, inputs: list[str | None]) -> None:
 
 
 def _print_metrics(metrics: dict[str, float], json_out: str | None) -> None:
-    from lsr.io import atomic_write_text
+    from lsr.storage.files import atomic_write_text
 
     for name, value in metrics.items():
         print(f"{name}\t{value:.4f}")
@@ -63,7 +63,7 @@ def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
     from lsr.pipeline import build_encoder
 
     if args.encoder == "bm25" and args.model:
-        from lsr.encode.lexical import LexicalEncoder
+        from lsr.encode.bm25.lexical import LexicalEncoder
 
         return LexicalEncoder.load(args.model)
     cfg = EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
@@ -73,10 +73,10 @@ def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    from lsr.data import load_dataset
+    from lsr.data.sources import load_dataset
     from lsr.encode.corpus import encode_corpus
     from lsr.pipeline import resolve_device
-    from lsr.shards import write_vectors
+    from lsr.storage.shards import write_vectors
 
     device = resolve_device(args.device)
     ds = load_dataset(args.dataset, args.split)
@@ -92,16 +92,16 @@ def cmd_encode(args: argparse.Namespace) -> int:
         write_vectors(out, vecs, enc.describe())
         print(f"wrote {len(vecs)} query vectors to {out}")
         return 0
-    from lsr.distributed import is_distributed
+    from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # every rank of a torchrun job encodes its slice
-        from lsr.encode.distributed import encode_command
+        from lsr.parallel.encode import encode_command
 
         return encode_command(args, ds, device, _encoder_from_args)
     enc = _encoder_from_args(args, device)
     if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
-        from lsr.provenance import check_same_origin
-        from lsr.shards import read_manifest
+        from lsr.storage.provenance import check_same_origin
+        from lsr.storage.shards import read_manifest
 
         check_same_origin(read_manifest(out).get("origin"), ds.docs_origin, out)
     if args.encoder == "bm25" and not args.model:
@@ -117,7 +117,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def _check_encode_out(out: Path, args: argparse.Namespace) -> None:
     """``lsr encode --out``: not inside an input; a new or empty folder, or a vector folder to resume."""
-    from lsr.provenance import check_not_inside
+    from lsr.storage.provenance import check_not_inside
 
     check_not_inside(out, [args.dataset, args.dataset.rsplit(":", 1)[0], args.model], "--out")
     if not out.exists():
@@ -137,8 +137,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.partitions is not None:
-        from lsr.distributed import init_distributed, is_distributed
-        from lsr.index.sharded import ShardedIndex, read_sharded_manifest
+        from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
+        from lsr.parallel.topology import init_distributed, is_distributed
 
         if is_distributed():  # under torchrun every rank builds its partitions on its own device
             device = str(init_distributed(device))
@@ -162,7 +162,7 @@ def _queries_from_args(args: argparse.Namespace, device: str):
 
     qpath = Path(args.queries)
     if qpath.is_file() and args.model and not args.vocab:   # text topics for the given encoder
-        from lsr.data import read_topics_tsv
+        from lsr.data.sources import read_topics_tsv
 
         topics = read_topics_tsv(qpath)
         return _encode_queries(args, device, topics)
@@ -173,11 +173,11 @@ def _queries_from_args(args: argparse.Namespace, device: str):
                              "drop one of them")
         meta = None
         if qpath.is_dir():   # the encoder lsr encode --queries recorded: checked against the index's, as below
-            from lsr.shards import read_manifest
+            from lsr.storage.shards import read_manifest
 
             meta = read_manifest(qpath).get("metadata")
         return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
-    from lsr.data import load_dataset
+    from lsr.data.sources import load_dataset
 
     return _encode_queries(args, device, load_dataset(args.queries, args.split).queries)
 
@@ -189,12 +189,12 @@ def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, st
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from lsr import runs
+    from lsr.data import runs
     from lsr.index.inverted import InvertedIndex
-    from lsr.index.sharded import is_sharded
+    from lsr.parallel.sharded_index import is_sharded
     from lsr.pipeline import resolve_device
-    from lsr.provenance import check_not_inside
     from lsr.search.searcher import Searcher, run_depth
+    from lsr.storage.provenance import check_not_inside
 
     check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
     if Path(args.out).is_dir():
@@ -203,12 +203,12 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
     if is_sharded(args.index):  # one process, or every rank of a torchrun job
-        from lsr.index.sharded import read_sharded_manifest
-        from lsr.search.distributed import search_sharded
+        from lsr.parallel.search import search_sharded
+        from lsr.parallel.sharded_index import read_sharded_manifest
 
         args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
         return search_sharded(args, device, _queries_from_args)
-    from lsr.distributed import is_distributed
+    from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # every rank would search all of it and write the same --out
         raise UsageError(f"{args.index} is a single index; under torchrun search a sharded one: "

@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import Callable
 
-from lsr.devices import DEVICE_HELP, is_device_name
+from lsr.utils.devices import DEVICE_HELP, is_device_name
 
 __all__ = ["DEVICE_HELP", "device", "integer", "positive_float"]
 

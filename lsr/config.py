@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from lsr.devices import is_device_name
+from lsr.utils.devices import is_device_name
 
 __all__ = ["EncoderConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
            "load_config", "validate_config"]
@@ -98,7 +98,7 @@ class RunConfig:
         return d
 
     def save(self, path: str | Path) -> None:
-        from lsr.io import atomic_write_text
+        from lsr.storage.files import atomic_write_text
 
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 

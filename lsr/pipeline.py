@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lsr.config import EncoderConfig, RunConfig
-from lsr.devices import check_device
-from lsr.io import atomic_write_text
+from lsr.storage.files import atomic_write_text
+from lsr.utils.devices import check_device
 
 __all__ = ["build_encoder", "claim_output", "doc_encoder", "encode_documents", "encode_queries", "job_origin",
            "load_query_vectors", "read_doc_vectors", "resolve_device", "run_pipeline", "timed_step",
@@ -50,13 +50,13 @@ def timed_step(name: str, timings: dict[str, float]) -> Iterator[None]:
 def build_encoder(cfg: EncoderConfig, device: str) -> Any:
     """Instantiate the configured encoder (a BM25 encoder is returned unfitted)."""
     if cfg.kind == "bm25":
-        from lsr.encode.lexical import LexicalEncoder
+        from lsr.encode.bm25.lexical import LexicalEncoder
 
         return LexicalEncoder(k1=cfg.k1, b=cfg.b)
     if cfg.kind == "splade":
         if not cfg.model:
             raise ValueError("encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
-        from lsr.encode.splade import SpladeEncoder
+        from lsr.encode.splade.encoder import SpladeEncoder
 
         return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
                                              max_length_query=cfg.max_length_query,
@@ -67,7 +67,7 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
 
 def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any:
     """Pre-encoded queries: an lsr vector directory or an Anserini ``qid\\ttok tok ...`` file."""
-    from lsr.shards import read_vectors
+    from lsr.storage.shards import read_vectors
 
     p = Path(path)
     if p.is_dir():
@@ -84,9 +84,9 @@ def encode_documents(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, orig
     """Write document vectors to ``out`` and return the manifest; collective in a torchrun job (every rank
     encodes its slice, the folder equals one process's). A complete directory is reused only when it was
     written with the same encoder settings (encode_corpus / ShardWriter check them)."""
-    from lsr.distributed import rank_and_size
     from lsr.encode.corpus import encode_corpus
-    from lsr.encode.distributed import encode_corpus_distributed
+    from lsr.parallel.encode import encode_corpus_distributed
+    from lsr.parallel.topology import rank_and_size
 
     kw = {"batch_size": cfg.encoder.batch_size, "shard_rows": cfg.encoder.shard_rows, "resume": True,
           "doc_top_k": cfg.encoder.doc_top_k, "tokenize_workers": cfg.encoder.tokenize_workers, "origin": origin}
@@ -105,7 +105,7 @@ def doc_encoder(cfg: RunConfig, dataset: Any, out: Path, origin: dict[str, Any],
         return encoder
     if fit:
         return _fit_lexical(encoder, dataset, out / "encoder", origin)
-    from lsr.encode.lexical import LexicalEncoder
+    from lsr.encode.bm25.lexical import LexicalEncoder
 
     return LexicalEncoder.load(out / "encoder")
 
@@ -139,19 +139,19 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
     documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
     not write or one made for other documents (lsr's own artefacts in it are recomputed). Under torchrun
-    every rank runs it (``lsr.pipeline_distributed``) and every rank returns rank 0's result.
+    every rank runs it (``lsr.parallel.pipeline``) and every rank returns rank 0's result.
     """
-    from lsr.distributed import is_distributed
+    from lsr.parallel.topology import is_distributed
 
     if is_distributed():
-        from lsr.pipeline_distributed import run_pipeline_distributed
+        from lsr.parallel.pipeline import run_pipeline_distributed
 
         return run_pipeline_distributed(cfg, overwrite)
     import torch
 
-    from lsr.data import load_dataset
+    from lsr.data.sources import load_dataset
     from lsr.search.searcher import Searcher, run_depth
-    from lsr.shards import read_vectors
+    from lsr.storage.shards import read_vectors
 
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
@@ -190,7 +190,7 @@ def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: di
                                     postings=cfg.index.postings)
         index.save(out, overwrite=True)
         return index
-    from lsr.index.sharded import ShardedIndex
+    from lsr.parallel.sharded_index import ShardedIndex
 
     # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
     # and the searcher moves them to the device, or streams them there when they do not fit
@@ -205,7 +205,7 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
     returns the job's result."""
     import pyarrow as pa
 
-    from lsr import runs
+    from lsr.data import runs
     from lsr.evaluation.topk import evaluate_topk
 
     out = Path(cfg.output)
@@ -249,7 +249,7 @@ def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> di
     it; returns the documents' origin."""
     import shutil
 
-    from lsr.provenance import check_not_inside, check_same_origin
+    from lsr.storage.provenance import check_not_inside, check_same_origin
 
     check_not_inside(out, [cfg.dataset, cfg.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
                            cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
@@ -277,7 +277,7 @@ def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> di
 def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any]) -> Any:
     """Fit BM25 statistics on the corpus (or reuse a saved fit of the same documents) and keep them
     with the output (``origin.json`` beside the fit records which documents)."""
-    from lsr.encode.lexical import LexicalEncoder
+    from lsr.encode.bm25.lexical import LexicalEncoder
 
     recorded = path / "origin.json"
     if (path / "lexical.json").exists() and recorded.is_file():
@@ -292,7 +292,7 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any])
 
 
 def read_doc_vectors(path: str, vocab: str | None) -> Any:
-    from lsr.shards import read_vectors
+    from lsr.storage.shards import read_vectors
 
     p = Path(path)
     if p.is_dir():

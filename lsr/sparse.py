@@ -7,7 +7,7 @@ index. Tensors live on one device (CPU or CUDA); validation runs on that device 
 Inputs are range-checked before they are narrowed (int64 term ids to int32, float64 weights to
 float32), so an out-of-range value raises instead of wrapping. Weights are bounded by
 :func:`weight_limit` so that no dot product of two vectors can overflow float32, and ids must be
-ids a run file can hold (:func:`lsr.io.check_id`).
+ids a run file can hold (:func:`lsr.storage.files.check_id`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lsr.io import check_id, first_bad_id
-from lsr.ragged import ragged_positions, segment_ids
+from lsr.storage.files import check_id, first_bad_id
+from lsr.utils.ragged import ragged_positions, segment_ids
 
 __all__ = ["SparseVectors", "weight_limit"]
 

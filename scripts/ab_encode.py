@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from bench_encode import synth_texts  # noqa: E402
 
 from lsr.encode.corpus import encode_corpus  # noqa: E402
-from lsr.encode.splade import SpladeEncoder  # noqa: E402
+from lsr.encode.splade.encoder import SpladeEncoder  # noqa: E402
 
 
 def main() -> None:

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
+from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
+from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
-from lsr.index.sharded import ShardedIndex, partition_bounds
+from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
+from lsr.parallel.sharded_search import ShardedSearcher, merge_topk
 from lsr.search.searcher import Searcher
-from lsr.search.sharded import ShardedSearcher, merge_topk
-from lsr.synth import SynthSpec, synth_docs, synth_queries
 
 GIB = 1 << 30
 
@@ -160,7 +160,7 @@ def _fake_list(B: int, k: int, seed: int, dev: torch.device):
 def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpec) -> None:
     import torch.distributed as dist
 
-    from lsr.search.distributed import DistributedSearcher
+    from lsr.parallel.search import DistributedSearcher
 
     rank, W = dist.get_rank(), dist.get_world_size()
     N = parse_size(args.docs)
@@ -224,7 +224,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = SynthSpec() if args.device.startswith("cuda") else SynthSpec(block_rows=4096)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from lsr.distributed import init_distributed
+        from lsr.parallel.topology import init_distributed
 
         dev = init_distributed(args.device)
         import torch.distributed as dist

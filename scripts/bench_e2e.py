@@ -3,13 +3,13 @@ dev-small query vectors against a synthetic MS MARCO-sized index (vectors given,
 
     PYTHONPATH=. python scripts/bench_e2e.py --out OUT [--n-docs 8841823] [--k 1000]
 
-Documents come from lsr.synth (seeded, on the GPU) with docnos "0".."N-1" (the MS MARCO passage id
+Documents come from lsr.benchmarks.synth (seeded, on the GPU) with docnos "0".."N-1" (the MS MARCO passage id
 space), so the run is a well-formed dev-small run and evaluation does its real work against the
 real qrels (the metric values themselves are meaningless on synthetic documents).
 Timed, wall clock, after one warm-up pass: Searcher.search (default path) -> TREC + MS MARCO run files
 (runs.write_topk) -> RR@10 / nDCG@10 / R@1000 (lsr.evaluation.topk.evaluate_topk). Baseline in the same run:
 the same search output through the generic path (runs.from_topk dict -> runs.write_trec ->
-ir_measures.calc_aggregate). Writes OUT/bench_e2e_BACKEND.json + .csv (lsr.bench schema) and prints a short
+ir_measures.calc_aggregate). Writes OUT/bench_e2e_BACKEND.json + .csv (lsr.benchmarks.harness schema) and prints a short
 table last.
 """
 
@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr import runs  # noqa: E402
-from lsr.bench import PeakMemory, Results, environment, timed  # noqa: E402
-from lsr.data import load_dataset  # noqa: E402
+from lsr.benchmarks.harness import PeakMemory, Results, environment, timed  # noqa: E402
+from lsr.benchmarks.synth import SynthSpec, synth_docs  # noqa: E402
+from lsr.data import runs  # noqa: E402
+from lsr.data.sources import load_dataset  # noqa: E402
 from lsr.evaluation.topk import evaluate_topk  # noqa: E402
 from lsr.index.inverted import InvertedIndex  # noqa: E402
 from lsr.interop.anserini import read_anserini_queries  # noqa: E402
 from lsr.search.searcher import Searcher  # noqa: E402
-from lsr.synth import SynthSpec, synth_docs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"

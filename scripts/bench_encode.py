@@ -25,7 +25,7 @@ Cases (passages/s):
 Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS; all texts
 for lsr, 4 batches for hf);
 median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-of-memory and other
-failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv (lsr.bench schema) to
+failures are recorded per case and the run goes on. Writes bench_encode.json + bench_encode.csv (lsr.benchmarks.harness schema) to
 --out after every case; prints a table last.
 
     PYTHONPATH=. python scripts/bench_encode.py --out results/encode            # H200, ~6 min
@@ -50,9 +50,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from lsr.bench import PeakMemory, Results, environment, quantiles, time_calls
+from lsr.benchmarks.harness import PeakMemory, Results, environment, quantiles, time_calls
 from lsr.encode.corpus import encode_corpus
-from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch
+from lsr.encode.splade.encoder import PreparedTexts, SpladeEncoder, TokenBatch
 from lsr.testing import calibrate_sparsity, tiny_config
 
 TARGET_PPS, TARGET_RATIO = 22_000, 1.5

@@ -6,7 +6,7 @@ vocab-tiled head (chunks of V; checkpointed per chunk for training), and the bar
 floor). Plus BERT-base (BertForMaskedLM from a config, random weights, sdpa) forward with the HF head
 vs the Sparton head. Time: median of CUDA-event timings after warm-up, L2 flushed per repeat. Memory:
 peak torch.cuda.max_memory_allocated during one call minus what was allocated before it (inputs), so
-outputs and gradients count. Results go to --out as bench_head.json + bench_head.csv (lsr.bench schema), rewritten after
+outputs and gradients count. Results go to --out as bench_head.json + bench_head.csv (lsr.benchmarks.harness schema), rewritten after
 every case so a killed run keeps what it measured.
 
     PYTHONPATH=. python scripts/bench_head.py --out results/ [--only fwd,train,bert] [--skip compile]
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.bench import PeakMemory, Results, environment, quantiles, time_for
-from lsr.encode.kernels.sparton import sparton_head, torch_sparton_head, triton_sparton_fwd
+from lsr.benchmarks.harness import PeakMemory, Results, environment, quantiles, time_for
+from lsr.encode.sparton.fwd_padded import sparton_head, torch_sparton_head, triton_sparton_fwd
 
 D = 768
 FWD_CASES = [(320, 512, 30522), (128, 2048, 30522), (32, 512, 250002)]
@@ -112,7 +112,7 @@ def fmt(row: dict) -> str:
 def tl_forward(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` with sparton.USE_RESIDENT off: the forward runs the tl kernel only (no-op where the resident-tile kernel
     does not apply, e.g. off sm_90)."""
-    from lsr.encode.kernels import sparton
+    from lsr.encode.sparton import fwd_padded as sparton
 
     def go():
         old, sparton.USE_RESIDENT = sparton.USE_RESIDENT, False
@@ -158,7 +158,7 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
         "gemm_floor": fwd(lambda h, w, b, m: w @ h.view(-1, D).t()),
     }
     if train:
-        from lsr.encode.kernels.sparton_bwd import triton_sparton_bwd
+        from lsr.encode.sparton.bwd import triton_sparton_bwd
 
         with torch.no_grad():
             _, y32, arg = triton_sparton_fwd(h, w, b, m, need_fp32=True)
@@ -211,7 +211,7 @@ def bert_case(args, rows, deadline, B: int = 320, S: int = 512) -> None:
 
 
 def tuned_configs() -> dict:
-    from lsr.encode.kernels import sparton
+    from lsr.encode.sparton import fwd_padded as sparton
 
     out = {}
     for i, tuner in enumerate(getattr(sparton, "_FWD_TUNERS", [])):

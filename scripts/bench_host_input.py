@@ -49,11 +49,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from bench_encode import MAX_LEN, synth_texts  # noqa: E402
 from profile_host import ReadyTokens  # noqa: E402
 
-from lsr.bench import Results, environment, format_table  # noqa: E402
-from lsr.encode.batching import length_sorted_batches  # noqa: E402
+from lsr.benchmarks.harness import Results, environment, format_table  # noqa: E402
 from lsr.encode.corpus import _check_windows, _windows  # noqa: E402
-from lsr.encode.splade import SpladeEncoder  # noqa: E402
+from lsr.encode.splade.encoder import SpladeEncoder  # noqa: E402
 from lsr.encode.stream import FIRST_WINDOW, WINDOW, Prefetch, window_spans  # noqa: E402
+from lsr.encode.tokenize.batching import length_sorted_batches  # noqa: E402
 
 try:
     from lsr.encode.stream import Pipeline  # since session 13

@@ -37,7 +37,7 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, time_calls, time_for
+from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, time_calls, time_for
 from lsr.rerank.kernels.maxsim import maxsim
 
 SIZES = {  # name -> (Nq, C or None = all pairs, Nd, Lq, (Ld_min, Ld_max), d, query chunk of the baselines)

@@ -4,7 +4,7 @@
         [--ks 10,1000] [--queries synth,real] [--terms random,real] [--npz VECTORS.npz] [--sweep "span=2048,rows=32;rows=8,per_sm=4"]
         [--postings float32,compact]
 
-Documents: lsr.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
+Documents: lsr.benchmarks.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
 doc_weights, q_indptr, q_terms, q_weights). Queries: synthetic ones and/or the 6,980 real SPLADE++ ED
 dev-small query vectors (Anserini format, weight = count / 1000). Per case: ms per batch (CUDA events,
 median of --repeats after a warm-up, a different query window each repeat), QPS, peak extra GPU memory,
@@ -29,13 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls, timed
-from lsr.index.compact import decode_postings
-from lsr.index.inverted import InvertedIndex
-from lsr.search.kernels.scatter import triton_scatter_scores
-from lsr.search.triton_backend import BlockConfig, default_config, triton_search
-from lsr.sparse import SparseVectors
-from lsr.synth import (
+from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls, timed
+from lsr.benchmarks.synth import (
     SynthSpec,
     describe,
     load_npz,
@@ -44,6 +39,11 @@ from lsr.synth import (
     synth_queries,
     synth_stats,
 )
+from lsr.index.compact import decode_postings
+from lsr.index.inverted import InvertedIndex
+from lsr.search.kernels.scatter import triton_scatter_scores
+from lsr.search.triton_backend import BlockConfig, default_config, triton_search
+from lsr.sparse import SparseVectors
 from lsr.testing import rounded_weights, topk_violations
 
 REPO = Path(__file__).resolve().parents[1]

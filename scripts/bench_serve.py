@@ -4,9 +4,9 @@
         [--model data/models/splade-tiny] [--concurrency 1,4,16,32,64,128,256] [--max-batch 1,64]
         [--max-wait-ms 2] [--k 10] [--duration-s 6] [--slo-ms 20] [--device cuda] [--quick]
 
-The index: lsr.synth documents (seeded, generated on the device, as scripts/bench_search.py does), searched
+The index: lsr.benchmarks.synth documents (seeded, generated on the device, as scripts/bench_search.py does), searched
 in process: uvicorn serves ``create_app`` in a thread of this process, and a closed-loop client
-(lsr.serve.loadgen) runs in a separate process with C keep-alive connections, each sending one query per
+(lsr.benchmarks.loadgen) runs in a separate process with C keep-alive connections, each sending one query per
 request and the next as soon as the answer arrives. Query sets: ``synth`` (pre-encoded synthetic query
 vectors, term-id keys), ``real`` (the 6,980 SPLADE++ ED dev-small query vectors), ``text`` (MS MARCO dev-small
 query texts encoded by the server with --model, whose vocabulary must be BERT's 30522 word pieces).
@@ -18,7 +18,7 @@ answer keeps lsr's exact top-k contract against a float64 brute force, lsr.testi
 ``same_as_alone``, the fraction identical byte for byte to the request searched alone (batch invariance; a
 text query's encoding also depends on its batch's padding). Summary: per query set and max_batch the
 highest QPS whose p99 <= --slo-ms.
-Writes OUT/bench_serve.json and .csv (lsr.bench schema), OUT/bench_serve.png with --plot; prints a table.
+Writes OUT/bench_serve.json and .csv (lsr.benchmarks.harness schema), OUT/bench_serve.png with --plot; prints a table.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, synchronize
+from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize
+from lsr.benchmarks.loadgen import run_load
+from lsr.benchmarks.synth import SynthSpec, describe, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
 from lsr.serve.engine import SearchRequest
-from lsr.serve.loadgen import run_load
 from lsr.sparse import SparseVectors
-from lsr.synth import SynthSpec, describe, synth_docs, synth_queries
 from lsr.testing import topk_violations
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def doc_index(docnos: list[str], docno: str) -> int:
     """The doc index of a synthetic docno ("d<index>")."""
     i = int(docno.lstrip("d"))
     if docnos[i] != docno:
-        raise ValueError(f"docno {docno!r} is not lsr.synth's d<index>")
+        raise ValueError(f"docno {docno!r} is not lsr.benchmarks.synth's d<index>")
     return i
 
 

@@ -4,7 +4,7 @@ Encodes --encode passages (synthetic MS MARCO-length text, scripts/bench_encode.
 the CPU, repeats them (rows shuffled, fresh ids) up to --rows, and times on one thread:
 
 * ``dictionary_zstd``: ``pq.write_table(..., compression="zstd")`` (the layout before session 12);
-* ``delta_bss_zstd``: ``lsr.shards.PARQUET_OPTIONS`` (delta term ids, byte-stream-split weights, zstd);
+* ``delta_bss_zstd``: ``lsr.storage.shards.PARQUET_OPTIONS`` (delta term ids, byte-stream-split weights, zstd);
 * ``shard_writer_tN``: ``ShardWriter`` end to end (sha256, fsync, manifest) with N threads, fed in windows
   of --window rows with a row group per window, as ``encode_corpus`` does, one window every
   window / --rate seconds (the model's pace); ``tail_s`` is the time ``close()`` takes after the last ``add``
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from bench_encode import synth_texts  # noqa: E402
 
-from lsr.encode.splade import SpladeEncoder  # noqa: E402
-from lsr.shard_writer import PARQUET_OPTIONS, ShardWriter  # noqa: E402
-from lsr.shards import vectors_to_table  # noqa: E402
+from lsr.encode.splade.encoder import SpladeEncoder  # noqa: E402
 from lsr.sparse import SparseVectors  # noqa: E402
+from lsr.storage.shard_writer import PARQUET_OPTIONS, ShardWriter  # noqa: E402
+from lsr.storage.shards import vectors_to_table  # noqa: E402
 
 
 def real_vectors(model: str, encode: int, rows: int) -> SparseVectors:

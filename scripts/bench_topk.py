@@ -5,7 +5,7 @@
 
 Session 13's profile put ~190 of the ~460 us of GPU time of a B=1 search at 8.8M docs in torch.topk /
 kthvalue; the block path now selects with lsr.search.kernels.select (session 15). This script runs one
-eager search per case (``query set:B:k``) on a synthetic collection (lsr.synth, as bench_search.py builds
+eager search per case (``query set:B:k``) on a synthetic collection (lsr.benchmarks.synth, as bench_search.py builds
 it), records the input of every selection the search makes (``bucket_topk`` / ``bucket_theta``, and any
 ``torch.topk`` / ``torch.kthvalue`` call), and times on those very inputs (inside a CUDA graph, as the
 block path runs them):
@@ -40,14 +40,14 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
 
 from bench_search import parse_size, read_real_queries
 
-from lsr.bench import Results, environment, format_table, quantiles, synchronize, time_calls
+from lsr.benchmarks.harness import Results, environment, format_table, quantiles, synchronize, time_calls
+from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
 from lsr.search import block_path
 from lsr.search.kernels import row_topk_cuda
 from lsr.search.kernels.select import bucket_theta, bucket_topk
 from lsr.search.kernels.topk import key_scores, topk_keys
 from lsr.search.triton_backend import default_config, triton_search
-from lsr.synth import SynthSpec, synth_docs, synth_queries
 
 TOPK, KTHVALUE = torch.topk, torch.kthvalue
 THETA_SLACK = 2.0 ** -15   # bucket_theta's largest relative distance below the k-th score
@@ -142,7 +142,7 @@ def same(a: torch.Tensor, b: torch.Tensor, ordered: bool) -> bool:
 
 
 def time_us(fn: Callable[[], object], cuda: bool, reps: int = 20) -> float:
-    """Median µs per call (``lsr.bench.time_calls``, 5 repeats): of a CUDA graph of ``reps`` calls (the block
+    """Median µs per call (``lsr.benchmarks.harness.time_calls``, 5 repeats): of a CUDA graph of ``reps`` calls (the block
     path replays graphs), or of one call on the CPU."""
     fn()
     synchronize()

@@ -17,7 +17,7 @@ interleaved rounds (one step of each per round, the order rotated: host or clock
 median / p10 / p90 step time, peak extra memory, tokens/s (--profile N adds the top kernels). Then,
 unless --no-max-batch, each implementation alone: the largest batch that fits, doubling from the first
 --batches entry until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
-Results: OUT/bench_train_<models>.json + .csv (lsr.bench schema), ratios printed at the end.
+Results: OUT/bench_train_<models>.json + .csv (lsr.benchmarks.harness schema), ratios printed at the end.
 
     PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batches 32,48] \
         [--checkpointing off,on] [--profile 3]
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lsr.bench import PeakMemory, Results, environment, format_table, quantiles, time_calls
-from lsr.encode.kernels.sparton import torch_sparton_head
+from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, time_calls
+from lsr.encode.sparton.fwd_padded import torch_sparton_head
 from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
 from lsr.train import losses
 
@@ -83,7 +83,7 @@ def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool, compile: bool = False
              ) -> Callable[[dict, dict], None]:
-    from lsr.encode.splade import SpladeEncoder
+    from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False, compile=compile)

@@ -24,7 +24,7 @@ QUICKSTART = [
                       "encoder for `lsr.SpladeEncoder.from_pretrained('data/models/splade-tiny')` (the shipped "
                       "model that `lsr run configs/quickstart.yaml` uses)."),
     new_code_cell("import os, time\nos.chdir('..')  # repository root: data/ lives there\n"
-                  "import lsr\nfrom lsr.data import load_dataset\nfrom lsr.encode.lexical import LexicalEncoder\n"
+                  "import lsr\nfrom lsr.data.sources import load_dataset\nfrom lsr.encode.bm25.lexical import LexicalEncoder\n"
                   "ds = load_dataset('data/scifact', 'test')\n"
                   "ids, texts = zip(*ds.docs_iter())\nlen(ids), len(ds.queries), sum(map(len, ds.qrels.values()))"),
     new_code_cell("t0 = time.time()\nenc = LexicalEncoder(k1=0.9, b=0.4)\n"
@@ -148,7 +148,7 @@ plt.tight_layout(); plt.savefig(FIG / 'encode_varlen.png', dpi=110); plt.show()
 table"""
 
 E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
-if 'schema' in e2e:  # the lsr.bench layout: the step times are in the summary, the sizes in the config
+if 'schema' in e2e:  # the lsr.benchmarks.harness layout: the step times are in the summary, the sizes in the config
     e2e = {**e2e['summary'], 'meta': e2e['config']}
 steps = dict(e2e['timed_s'])
 ax = pd.Series(steps).plot.barh(figsize=(7, 3))

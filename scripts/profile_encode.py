@@ -55,13 +55,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 from bench_encode import MAX_LEN, build_model, common_args, measure, synth_texts
 
-from lsr.bench import environment, synchronize
+from lsr.benchmarks.harness import environment, synchronize
 from lsr.encode.corpus import encode_corpus
-from lsr.encode.extract import to_csr as _to_csr
-from lsr.encode.kernels.sparton import sparton_head
-from lsr.encode.kernels.sparton_packed import packed_sparton_head
-from lsr.encode.splade import PreparedTexts, SpladeEncoder, TokenBatch
-from lsr.encode.tokenize_pool import default_workers
+from lsr.encode.sparton.fwd_packed import packed_sparton_head
+from lsr.encode.sparton.fwd_padded import sparton_head
+from lsr.encode.splade.encoder import PreparedTexts, SpladeEncoder, TokenBatch
+from lsr.encode.splade.extract import to_csr as _to_csr
+from lsr.encode.tokenize.pool import default_workers
 
 
 def timed(fn, dev: torch.device) -> float:

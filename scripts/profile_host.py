@@ -48,13 +48,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 from bench_encode import MAX_LEN, synth_texts
 
-import lsr.encode.splade as splade
-from lsr.bench import environment
+import lsr.encode.splade.encoder as splade
+from lsr.benchmarks.harness import environment
 from lsr.encode.corpus import encode_corpus
 from lsr.encode.stream import WINDOW
-from lsr.encode.tokenize_pool import TokenizerPool, token_arrays
-from lsr.shard_writer import ShardWriter
+from lsr.encode.tokenize.pool import TokenizerPool, token_arrays
 from lsr.sparse import SparseVectors
+from lsr.storage.shard_writer import ShardWriter
 
 NNZ = 127  # terms per passage of a trained SPLADE model on MS MARCO
 
@@ -141,7 +141,7 @@ def tokenize_stages(enc: splade.SpladeEncoder, parts: list[list[str]], n: int, r
 def real_text_stages(enc: splade.SpladeEncoder, repeats: int) -> dict:
     """SciFact documents (real text: word pieces, punctuation, some non-ASCII): the lsr tokenizer on its
     first call (every word new) and warm, against the Rust ids."""
-    from lsr.encode.checkpoint import TextTokenizer
+    from lsr.encode.splade.checkpoint import TextTokenizer
 
     with open(REPO / "data" / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
         docs = [f"{r['title']} {r['text']}" for r in map(json.loads, f)]

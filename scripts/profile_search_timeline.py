@@ -3,7 +3,7 @@
 
     PYTHONPATH=. python scripts/profile_search_timeline.py --out OUT [--n-docs 8841823]
 
-8.8M synthetic docs (lsr.synth, bf16-rounded weights, compact postings), synthetic queries, B = 1 / 64 / 500,
+8.8M synthetic docs (lsr.benchmarks.synth, bf16-rounded weights, compact postings), synthetic queries, B = 1 / 64 / 500,
 top-1000. Writes OUT/prof_timeline.json; prints the marks (ms from the call's start) and kernel counts.
 docs/notes-search.md, session 22, reads these.
 """
@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
 from lsr.search import block_path as bp
 from lsr.search import graphs as gr
 from lsr.search import triton_backend as tb
 from lsr.search.triton_backend import triton_search
-from lsr.synth import SynthSpec, synth_docs, synth_queries
 from lsr.testing import rounded_weights
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

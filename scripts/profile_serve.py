@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/profile_serve.py --out OUT [--n-docs 8.8m] [--model data/models/splade-tiny]
         [--batches 1,8,32,64] [--repeats 30] [--k 10]
 
-On the index bench_serve.py builds (lsr.synth documents, seeded, on the device) and MS MARCO dev-small query
+On the index bench_serve.py builds (lsr.benchmarks.synth documents, seeded, on the device) and MS MARCO dev-small query
 texts, per batch size B (median of --repeats, CUDA synchronised after every stage):
 
 * ``prepare_ms``: ``encoder.prepare(texts, "query")`` (tokenize, sort, pad; the host part of the unbucketed path);
@@ -42,11 +42,11 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from bench_serve import TEXTS, parse_size  # noqa: E402
 
-from lsr.bench import environment, synchronize  # noqa: E402
-from lsr.encode.query_graphs import QueryGraphs  # noqa: E402
+from lsr.benchmarks.harness import environment, synchronize  # noqa: E402
+from lsr.benchmarks.synth import SynthSpec, synth_docs  # noqa: E402
+from lsr.encode.splade.query_graphs import QueryGraphs  # noqa: E402
 from lsr.index.inverted import InvertedIndex  # noqa: E402
 from lsr.serve.engine import SearchEngine, SearchRequest  # noqa: E402
-from lsr.synth import SynthSpec, synth_docs  # noqa: E402
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:

@@ -58,7 +58,7 @@ def poison():
 @pytest.fixture(autouse=True)
 def _fresh_search_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     """Block-path plans are not cached across searches inside the tests: many tests patch what a plan is built
-    from (the span scorer, the slots per span) between two searches of one index. tests/test_search_plans.py
+    from (the span scorer, the slots per span) between two searches of one index. tests/search/test_search_plans.py
     turns the cache on and tests it."""
     import lsr.search.block_path as bp
 

@@ -42,10 +42,10 @@ import pyarrow.parquet as pq
 
 from lsr.encode.base import Encoder
 from lsr.encode.stream import FIRST_WINDOW, Pipeline, window_spans
-from lsr.encode.tokenize_pool import default_workers
-from lsr.shard_writer import ShardWriter
-from lsr.shards import MANIFEST, read_manifest
+from lsr.encode.tokenize.pool import default_workers
 from lsr.sparse import SparseVectors
+from lsr.storage.shard_writer import ShardWriter
+from lsr.storage.shards import MANIFEST, read_manifest
 
 __all__ = ["encode_corpus"]
 
@@ -160,7 +160,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
         stream_offset: position of ``docs``' first document in a longer stream that other processes
-            encode in slices (``lsr.encode.distributed``); a multiple of ``shard_rows``. Windows are cut
+            encode in slices (``lsr.parallel.encode``); a multiple of ``shard_rows``. Windows are cut
             where the whole stream's would be, so the vectors equal a single-process run's.
     """
     if progress is not None:

@@ -94,7 +94,7 @@ FIRST_WINDOW = 4_096  # the first window of a long list (windows then double up 
 def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) -> Any:
     """The encoder's shared tokenizer pool (``tokenize_workers`` processes; None: ``default_workers()`` on
     CUDA, none elsewhere) when ``n`` texts are worth it, else None (tokenize in-process)."""
-    from lsr.encode.tokenize_pool import CHUNK, default_workers
+    from lsr.encode.tokenize.pool import CHUNK, default_workers
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if encoder.device.type == "cuda" else 0
@@ -123,11 +123,11 @@ def encode_windows(encoder: Any, texts: Sequence[str], ids: Sequence[str] | None
     together (the model has nothing to do yet). Windows grow from ``first_window`` (default ``FIRST_WINDOW``)
     to ``window`` texts (``window_spans``); vectors equal those of one window up to the rounding of other
     batch shapes. A helper thread copies each window's vectors from pinned
-    memory into the result while the model runs the next (``lsr.encode.extract.VectorsBuilder``: no final
+    memory into the result while the model runs the next (``lsr.encode.splade.extract.VectorsBuilder``: no final
     concatenation). Returns SparseVectors in input order. ``encoder``: a SpladeEncoder."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from lsr.encode.extract import VectorsBuilder
+    from lsr.encode.splade.extract import VectorsBuilder
 
     n = len(texts)
     ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lsr.io import PathLike
+from lsr.storage.files import PathLike
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _as_run(run: RunLike) -> Mapping[str, Mapping[str, float]]:
                 raise ValueError(f"run: query {qid!r}, doc {bad!r} has score {docs[bad]!r}; scores must be finite "
                                  "numbers (a NaN would rank by the dict's order)")
         return run
-    from lsr.runs import read_run
+    from lsr.data.runs import read_run
 
     return read_run(run)
 
@@ -75,7 +75,7 @@ def _as_qrels(qrels: QrelsLike) -> Mapping[str, Mapping[str, int]]:
     if isinstance(qrels, Mapping):
         out = qrels
     else:
-        from lsr import data
+        from lsr.data import sources as data
 
         out = data.read_qrels(qrels) if Path(qrels).is_file() else data.load_dataset(str(qrels)).qrels
     if not out:
@@ -89,7 +89,7 @@ def evaluate(run: RunLike, qrels: QrelsLike, metrics: str | Sequence[str] = MSMA
 
     Args:
         run: a run dict (qid -> docno -> score) or a TREC / MS MARCO run file (``.gz`` ok).
-        qrels: a qrels dict, a TREC or BEIR qrels file, or a dataset spec for :func:`lsr.data.load_dataset`.
+        qrels: a qrels dict, a TREC or BEIR qrels file, or a dataset spec for :func:`lsr.data.sources.load_dataset`.
         metrics: ir-measures strings, e.g. ``("RR@10", "nDCG@10", "R@1000")`` or :data:`DL_METRICS`.
         require_overlap: raise ValueError when no judged query has results in the run (every metric would be
             0: usually a run evaluated against another collection's qrels); ``lsr evaluate`` sets it.

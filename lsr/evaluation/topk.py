@@ -4,7 +4,7 @@
 evaluating takes ~7 s on a CPU, longer than the search itself. Here the common measures (RR, nDCG, R,
 P, AP with ``@cutoff`` and ``rel=``) are computed with numpy on the [B, k] arrays, with trec_eval's
 definitions (what ir_measures reports). Other measures fall back to ir_measures.
-tests/test_topk_metrics.py checks equality with ir_measures.
+tests/evaluation/test_topk_metrics.py checks equality with ir_measures.
 
 Ties: evaluation tools ignore the rank column of a run file and re-sort each query by score, breaking
 ties by docno. trec_eval (ir_measures' ``pytrec_eval`` provider: nDCG, AP, P, R, RR without cutoff)
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lsr.evaluation.measures import note_missing_queries, parse_metrics
-from lsr.io import arrow_strings, to_numpy
+from lsr.storage.files import arrow_strings, to_numpy
 
 __all__ = ["FAST_MEASURES", "evaluate_topk"]
 

@@ -30,8 +30,8 @@ from typing import NamedTuple
 import torch
 
 from lsr.index.compact import AUTO, COMPACT, FLOAT32, choose_layout, encode_docs, is_compact
-from lsr.ragged import segment_ids
 from lsr.sparse import SparseVectors
+from lsr.utils.ragged import segment_ids
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "PAD", "POSTING_TENSORS", "PostingArrays", "build_postings", "check_block_size",
            "default_memory_budget", "n_blocks_for"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from lsr.ragged import segment_ids
+from lsr.utils.ragged import segment_ids
 
 __all__ = ["AUTO", "CHOICES", "COMPACT", "FLOAT32", "LAYOUTS", "MAX_COMPACT_BLOCK", "MIN_COMPACT_BLOCK", "WEIGHT_DTYPES",
            "check_compact_block_size", "check_compact_postings", "choose_layout", "compact_block_size_ok",

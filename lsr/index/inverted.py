@@ -54,10 +54,10 @@ from lsr.index.compact import (
     decode_postings,
     weight_dtype_name,
 )
-from lsr.io import atomic_directory, fsynced_write, recover_directory
-from lsr.provenance import check_replaceable
-from lsr.shards import read_manifest, read_vectors, sha256_file
 from lsr.sparse import SparseVectors
+from lsr.storage.files import atomic_directory, fsynced_write, recover_directory
+from lsr.storage.provenance import check_replaceable
+from lsr.storage.shards import read_manifest, read_vectors, sha256_file
 
 __all__ = ["FORMAT", "VERSION", "InvertedIndex"]
 
@@ -135,7 +135,7 @@ class InvertedIndex(PostingArrays):
     def build(cls, vectors: SparseVectors | str | os.PathLike, device: str | torch.device | None = None,
               block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None, *,
               max_memory_bytes: int | None = None, postings: str = AUTO) -> InvertedIndex:
-        """Index document vectors (SparseVectors, or a vector directory written by ``lsr.shards``).
+        """Index document vectors (SparseVectors, or a vector directory written by ``lsr.storage.shards``).
 
         Args:
             vectors: n docs; their ids become the docnos.

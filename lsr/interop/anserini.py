@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lsr.io import PathLike, atomic_write, check_id, iter_lines, iter_tsv_pairs
 from lsr.sparse import SparseVectors
+from lsr.storage.files import PathLike, atomic_write, check_id, iter_lines, iter_tsv_pairs
 
 __all__ = [
     "ANSERINI_QUERY_SCALE",

@@ -32,8 +32,8 @@ from typing import IO, Any
 import numpy as np
 
 from lsr.interop.ciff_postings import decode_postings, encode_postings, split_postings_field
-from lsr.io import PathLike, atomic_directory, atomic_write_bytes
 from lsr.sparse import SparseVectors
+from lsr.storage.files import PathLike, atomic_directory, atomic_write_bytes
 
 __all__ = ["CIFF_VERSION", "DEFAULT_SCALE", "export_ciff", "import_ciff", "messages", "read_ciff", "read_delimited",
            "write_ciff", "write_delimited"]
@@ -129,7 +129,7 @@ def _tokens(vocab: Any, vocab_size: int) -> list[str] | None:
     if vocab is None:
         return None
     if isinstance(vocab, (str, os.PathLike)) and (Path(vocab) / "lexical.json").is_file():
-        from lsr.encode.lexical import LexicalEncoder
+        from lsr.encode.bm25.lexical import LexicalEncoder
 
         tokens = list(LexicalEncoder.load(vocab).vocab)
         if len(tokens) < vocab_size:
@@ -150,7 +150,7 @@ def _vocab_from_metadata(metadata: dict[str, Any], vocab_size: int) -> list[str]
     model = metadata.get("model")
     if not model or not Path(model).is_dir():
         return None
-    from lsr.encode.lexical import vocab_hash
+    from lsr.encode.bm25.lexical import vocab_hash
 
     try:
         tokens = _tokens(model, vocab_size)
@@ -325,7 +325,7 @@ def read_ciff(path: PathLike, *, vocab: Any = None, scale: float | None = None) 
 def export_ciff(source: PathLike, path: PathLike, *, vocab: Any = None, scale: float = DEFAULT_SCALE,
                 overwrite: bool = False) -> dict[str, Any]:
     """An lsr index directory (``meta.json``) or vector directory -> a CIFF file; returns the header."""
-    from lsr.shards import read_manifest, read_vectors
+    from lsr.storage.shards import read_manifest, read_vectors
 
     source = Path(source)
     if (source / "meta.json").is_file():
@@ -351,10 +351,10 @@ def import_ciff(path: PathLike, out: PathLike, *, index: bool = False, vocab: An
 
         InvertedIndex.build(vectors.to(device), device=device, metadata=metadata).save(out, overwrite=overwrite)
     else:
-        from lsr.shards import write_vectors
+        from lsr.storage.shards import write_vectors
 
         if out.exists():
-            from lsr.provenance import check_replaceable
+            from lsr.storage.provenance import check_replaceable
 
             check_replaceable(out, lambda name: name == "manifest.json" or name.startswith("part-"), "vector")
         with atomic_directory(out, overwrite=overwrite) as tmp:

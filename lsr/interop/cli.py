@@ -14,7 +14,7 @@ _HELP_VOCAB = ("vocab.txt, tokenizer folder or fitted BM25 encoder folder (lexic
 
 def cmd_export_ciff(args: argparse.Namespace) -> int:
     from lsr.interop.ciff import export_ciff
-    from lsr.provenance import check_not_inside
+    from lsr.storage.provenance import check_not_inside
 
     check_not_inside(args.out, [args.source, args.vocab], "--out")
     header = export_ciff(args.source, args.out, vocab=args.vocab, scale=args.scale, overwrite=args.overwrite)

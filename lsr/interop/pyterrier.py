@@ -39,18 +39,18 @@ __all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "d
 
 
 def get_topics(dataset: Any) -> pd.DataFrame:
-    """An :class:`lsr.data.Dataset`'s queries as PyTerrier topics (``qid``, ``query``)."""
+    """An :class:`lsr.data.sources.Dataset`'s queries as PyTerrier topics (``qid``, ``query``)."""
     return pd.DataFrame({"qid": list(dataset.queries), "query": list(dataset.queries.values())})
 
 
 def get_qrels(dataset: Any) -> pd.DataFrame:
-    """An :class:`lsr.data.Dataset`'s judgements as PyTerrier qrels (``qid``, ``docno``, ``label``)."""
+    """An :class:`lsr.data.sources.Dataset`'s judgements as PyTerrier qrels (``qid``, ``docno``, ``label``)."""
     rows = [(q, d, g) for q, judged in dataset.qrels.items() for d, g in judged.items()]
     return pd.DataFrame(rows, columns=["qid", "docno", "label"])
 
 
 def get_corpus_iter(dataset: Any) -> Iterator[dict[str, str]]:
-    """An :class:`lsr.data.Dataset`'s documents as ``{"docno", "text"}`` dicts (what indexers take)."""
+    """An :class:`lsr.data.sources.Dataset`'s documents as ``{"docno", "text"}`` dicts (what indexers take)."""
     return ({"docno": doc_id, "text": text} for doc_id, text in dataset.docs_iter())
 
 

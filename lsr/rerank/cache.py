@@ -83,7 +83,7 @@ class DocEmbeddingCache:
         if self.dir is not None:
             from safetensors.torch import save
 
-            from lsr.io import atomic_write_bytes
+            from lsr.storage.files import atomic_write_bytes
 
             n = len(self._paths)
             while (self.dir / f"part-{n:05d}.safetensors").exists():  # never replace a finished part

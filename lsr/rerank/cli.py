@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction, command) -> None:
 
 def cmd_rerank(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
-    from lsr.provenance import check_not_inside
+    from lsr.storage.provenance import check_not_inside
 
     for name in ("k", "batch_size", "query_batch"):
         if getattr(args, name) < 1:
@@ -63,8 +63,8 @@ def rerank_to_file(run_path: str, model: str, dataset: str, out: str, *, k: int 
                    cache_dir: str | Path | None = None, device: str = "auto", dtype: str | None = None,
                    batch_size: int = 32, query_batch: int = 64, backend: str = "auto", tag: str = "lsr-rerank") -> int:
     """Read a run, rerank it (see ``lsr.rerank.rerank.rerank_run``), write a TREC run; returns the query count."""
-    from lsr import runs
-    from lsr.data import load_dataset
+    from lsr.data import runs
+    from lsr.data.sources import load_dataset
     from lsr.pipeline import resolve_device
     from lsr.rerank.cache import DocEmbeddingCache
     from lsr.rerank.encoder import ColbertEncoder

@@ -72,7 +72,7 @@ def _local_folder(name: str) -> Path:
         raise FileNotFoundError(f"late-interaction checkpoint {name!r} not found (a local folder or a hub id)")
     from huggingface_hub import snapshot_download
 
-    from lsr.encode.checkpoint import downloads_off
+    from lsr.encode.splade.checkpoint import downloads_off
 
     offline, why = downloads_off(None)
     try:
@@ -135,7 +135,7 @@ class ColbertEncoder:
                  document_length: int | None = None) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        from lsr.encode.checkpoint import resolve_dtype
+        from lsr.encode.splade.checkpoint import resolve_dtype
 
         ckpt = read_colbert_checkpoint(checkpoint)
         s = ckpt.settings

@@ -104,7 +104,7 @@ def rerank_stage(cfg: Any, first: Mapping[str, Mapping[str, float]], dataset: An
                  metrics: Sequence[str]) -> dict[str, float]:
     """The ``rerank:`` stage of ``lsr run``: rerank ``first`` (a run), write ``out/rerank.trec``, return its
     metrics. ``cfg`` is a ``lsr.config.RerankConfig``."""
-    from lsr import runs
+    from lsr.data import runs
     from lsr.evaluation.measures import evaluate
     from lsr.rerank.encoder import ColbertEncoder
 

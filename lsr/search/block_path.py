@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lsr.kernel_utils import INTERPRET
-from lsr.ragged import segment_ids
 from lsr.search.block_plan import (
     BlockConfig,
     BlockPlan,
@@ -67,6 +65,8 @@ from lsr.search.kernels.topk import (
 from lsr.search.span_scorer import coarse_span, cuda_span, select_span_scorer
 from lsr.search.spans import span_offsets
 from lsr.search.work_items import span_work_items
+from lsr.utils.kernels import INTERPRET
+from lsr.utils.ragged import segment_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex

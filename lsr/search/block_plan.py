@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from lsr.ragged import ragged_positions
 from lsr.search.kernels import block_cuda
+from lsr.utils.ragged import ragged_positions
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex

@@ -8,10 +8,10 @@ session 21). Graphs are cached per index, the least recently used dropped beyond
 GRAPH_BYTES of memory they keep by estimate (a 500-query graph at 8.8M docs keeps ~176 MB: its candidate slots).
 
 With ``SHARED_POOL`` (the default) the graphs of one index share one memory pool and one lock, as
-``lsr.encode.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
+``lsr.encode.splade.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
 lock, so no graph's memory is read after another graph of the index ran. Twelve graphs of one 8.8M-doc index
 (B = 1-64, k = 10 and 1000) held 214 MiB in one pool against 660 MiB in private pools, with the same bits as
-the eager path (docs/benchmarks.md, session 15); ``tests/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``
+the eager path (docs/benchmarks.md, session 15); ``tests/search/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``
 replays shared-pool graphs in a shuffled order against the eager path.
 """
 

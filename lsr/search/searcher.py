@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from lsr.devices import torch_device
 from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
+from lsr.utils.devices import torch_device
 
 __all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk", "run_depth"]
 
@@ -131,7 +131,7 @@ def _default_budget(device: torch.device) -> int:
 class Searcher:
     """Exact top-k search over an InvertedIndex.
 
-    Given a ``ShardedIndex`` it returns a ``lsr.search.sharded.ShardedSearcher`` (same API; extra
+    Given a ``ShardedIndex`` it returns a ``lsr.parallel.sharded_search.ShardedSearcher`` (same API; extra
     keyword ``stream``).
 
     Args:
@@ -144,10 +144,10 @@ class Searcher:
 
     def __new__(cls, index: Any, *args: Any, **kwargs: Any) -> Any:
         # a ShardedIndex gets its searcher (same API, partitions searched in turn, exact merge)
-        from lsr.index.sharded import ShardedIndex
+        from lsr.parallel.sharded_index import ShardedIndex
 
         if cls is Searcher and isinstance(index, ShardedIndex):
-            from lsr.search.sharded import ShardedSearcher
+            from lsr.parallel.sharded_search import ShardedSearcher
 
             return ShardedSearcher(index, *args, **kwargs)
         return super().__new__(cls)
@@ -223,7 +223,7 @@ class Searcher:
                    show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first (at most the index's
         documents per query: a deeper k would only allocate padding, ``run_depth``)."""
-        from lsr.runs import from_topk
+        from lsr.data.runs import from_topk
 
         k = run_depth(check_request(queries, k, query_metadata, self.index), self.index.n_docs)
         scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)

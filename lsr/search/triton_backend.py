@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from lsr.index.compact import COMPACT
-from lsr.kernel_utils import INTERPRET
-from lsr.ragged import segment_ids
 from lsr.search.block_path import block_search
 from lsr.search.block_plan import BlockConfig, QueryCSR, default_config
 from lsr.search.kernels.csr import dense_queries, triton_csr_scores
@@ -31,6 +29,8 @@ from lsr.search.kernels.scatter import triton_scatter_scores
 from lsr.search.kernels.topk import triton_topk
 from lsr.search.span_scorer import cuda_span
 from lsr.search.spans import span_offsets
+from lsr.utils.kernels import INTERPRET
+from lsr.utils.ragged import segment_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex

@@ -7,7 +7,7 @@ thread runs). Results are exact: the same documents and float32 scores as ``Sear
 ``lsr search``) give for the same query vectors, since every top-k keeps the total order score descending,
 doc index ascending and a request's k hits are the first k of the batch's larger k. Text queries are encoded
 as ``encoder.encode_query`` encodes the batch's texts (bit for bit; short batches of a SPLADE encoder through
-``lsr.encode.query_graphs``, replayed as a CUDA graph on CUDA): deterministic for a given batch, while the same
+``lsr.encode.splade.query_graphs``, replayed as a CUDA graph on CUDA): deterministic for a given batch, while the same
 text in a batch of another bucket may differ in the last bits of its weights (the encoder's GEMMs run at the
 bucket's token count), as it could with the batch's padding before.
 
@@ -63,10 +63,10 @@ def load_query_encoder(model: str | Path, device: str) -> Any:
     checkpoint (local folder or Hugging Face id)."""
     path = Path(model)
     if (path / "lexical.json").is_file() or path.name == "lexical.json":
-        from lsr.encode.lexical import LexicalEncoder
+        from lsr.encode.bm25.lexical import LexicalEncoder
 
         return LexicalEncoder.load(path)
-    from lsr.encode.splade import SpladeEncoder
+    from lsr.encode.splade.encoder import SpladeEncoder
 
     return SpladeEncoder.from_pretrained(str(model), device=device)
 

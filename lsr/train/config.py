@@ -90,7 +90,7 @@ class TrainConfig:
                          dict(v) if isinstance(v, Mapping) else v) for f in dataclasses.fields(self)}
 
     def save(self, path: str | Path) -> None:
-        from lsr.io import atomic_write_text
+        from lsr.storage.files import atomic_write_text
 
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 

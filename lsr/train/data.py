@@ -2,7 +2,7 @@
 
 Sources:
 
-* a dataset (local BEIR / TSV folder or ir_datasets id, via ``lsr.data.load_dataset``): every judged
+* a dataset (local BEIR / TSV folder or ir_datasets id, via ``lsr.data.sources.load_dataset``): every judged
   (query, document) pair with a grade > 0 is a positive; the documents are held in memory;
 * a triples TSV (``query<TAB>positive<TAB>negative[<TAB>negative...]``, MS MARCO's triples layout):
   texts are given, ids are made up (one id per distinct text).
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.io import iter_lines
+from lsr.storage.files import iter_lines
 from lsr.train.config import TrainConfig
 
 __all__ = ["Example", "TrainData", "epoch_batches", "load_train_data", "mine_negatives", "read_teacher_scores"]
@@ -73,7 +73,7 @@ def read_teacher_scores(path: str) -> dict[str, dict[str, float]]:
 
 
 def _from_dataset(cfg: TrainConfig) -> TrainData:
-    from lsr.data import load_dataset
+    from lsr.data.sources import load_dataset
 
     ds = load_dataset(cfg.dataset, cfg.split)
     if not ds.qrels:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from lsr.io import atomic_directory
+from lsr.storage.files import atomic_directory
 
 __all__ = ["STATE_DIR", "find_checkpoint", "list_checkpoints", "load_trainer_state", "save_trainer_state"]
 

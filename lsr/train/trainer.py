@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lsr.io import atomic_write_text
+from lsr.storage.files import atomic_write_text
 from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
@@ -81,7 +81,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _load_encoder(self, checkpoint: Path | None) -> Any:
-        from lsr.encode.splade import SpladeEncoder
+        from lsr.encode.splade.encoder import SpladeEncoder
 
         cfg = self.cfg
         source = str(checkpoint) if checkpoint is not None else cfg.model
@@ -105,7 +105,7 @@ class Trainer:
             self.data.candidates = json.loads(path.read_text())
             return
         if cfg.negatives == "bm25":
-            from lsr.encode.lexical import LexicalEncoder
+            from lsr.encode.bm25.lexical import LexicalEncoder
 
             encoder = LexicalEncoder().fit(self.data.docs.values())
         else:
@@ -183,7 +183,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def _load_eval(self) -> dict[str, Any]:
-        from lsr.data import load_dataset
+        from lsr.data.sources import load_dataset
 
         cfg = self.cfg
         ds = load_dataset(cfg.eval_dataset, cfg.eval_split)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from lsr.kernel_utils import INTERPRET, check_tensor, fold_row_max, grouped_program_ids, tl, triton, use_triton
+from lsr.utils.kernels import INTERPRET, check_tensor, fold_row_max, grouped_program_ids, tl, triton, use_triton
 
 __all__ = ["MaxSimFunction", "as_mask", "maxsim", "torch_maxsim", "triton_maxsim_fwd"]
 

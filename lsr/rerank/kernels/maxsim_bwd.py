@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from lsr.kernel_utils import INTERPRET, tl, triton
+from lsr.utils.kernels import INTERPRET, tl, triton
 
 __all__ = ["triton_maxsim_bwd"]
 

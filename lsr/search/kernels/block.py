@@ -37,8 +37,6 @@ import triton
 import triton.language as tl
 
 from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
-from lsr.kernel_utils import check_tensor
-from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_outputs, coarse_unusual
 from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (
@@ -50,6 +48,8 @@ from lsr.search.kernels.topk import (
     torch_emit,
     torch_row_max,
 )
+from lsr.utils.kernels import check_tensor
+from lsr.utils.ragged import ragged_positions, segment_ids
 
 __all__ = ["check_block_args", "default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
 

@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from lsr.ragged import segment_ids
 from lsr.search.kernels.topk import DOC_MASK, torch_emit, torch_row_max
+from lsr.utils.ragged import segment_ids
 
 __all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta",
            "coarse_unusual", "sampled_rank"]

@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernel_utils import check_tensor
-from lsr.ragged import ragged_positions
 from lsr.search.kernels.fixed import check_scales, from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
+from lsr.utils.kernels import check_tensor
+from lsr.utils.ragged import ragged_positions
 
 __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernel_utils import check_tensor
+from lsr.utils.kernels import check_tensor
 
 __all__ = ["FIXED_BITS", "check_query_csr", "check_scales", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed",
            "torch_to_fixed", "triton_query_scales"]
@@ -102,7 +102,7 @@ def _query_scales_kernel(indptr_ptr, terms_ptr, weights_ptr, max_ptr, scale_ptr,
 def triton_query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
                         max_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``query_scales`` in one kernel launch (its ~25 small torch kernels dominate a one-query search's
-    CUDA graph); same arguments, same bits (tests/test_kernels_search.py)."""
+    CUDA graph); same arguments, same bits (tests/search/test_kernels_search.py)."""
     n = check_query_csr(q_indptr, q_terms, q_weights, q_weights.device)
     check_tensor("max_scores", max_scores, dtype=torch.float32, ndim=1, device=q_weights.device, contiguous=True)
     scale = torch.empty(n, dtype=torch.float64, device=q_weights.device)

@@ -18,8 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernel_utils import check_tensor
-from lsr.ragged import ragged_positions, segment_ids
 from lsr.search.kernels.fixed import (
     check_query_csr,
     check_scales,
@@ -28,6 +26,8 @@ from lsr.search.kernels.fixed import (
     torch_from_fixed,
     torch_to_fixed,
 )
+from lsr.utils.kernels import check_tensor
+from lsr.utils.ragged import ragged_positions, segment_ids
 
 __all__ = ["torch_scatter_scores", "triton_scatter_scores"]
 

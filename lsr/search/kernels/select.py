@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernel_utils import check_tensor
 from lsr.search.kernels import row_topk_cuda, select_cuda
+from lsr.utils.kernels import check_tensor
 
 __all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
 

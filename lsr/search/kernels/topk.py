@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.kernel_utils import check_tensor
 from lsr.search.kernels import row_topk_cuda
+from lsr.utils.kernels import check_tensor
 
 __all__ = [
     "DOC_MASK",

@@ -4,8 +4,8 @@ import torch, triton, triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lsr.encode.kernels.sparton import triton_sparton_fwd
-from lsr.kernel_utils import grouped_program_ids, fold_row_max
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
+from lsr.utils.kernels import grouped_program_ids, fold_row_max
 
 from exp_fwd import bench  # the runs used a local copy of it with warm=2 (rep as passed)
 

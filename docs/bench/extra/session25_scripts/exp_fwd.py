@@ -3,8 +3,8 @@ import json, os, sys, time, inspect
 import torch, triton, triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.getcwd())
-from lsr.encode.kernels.sparton import triton_sparton_fwd
-from lsr.kernel_utils import grouped_program_ids, fold_row_max
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
+from lsr.utils.kernels import grouped_program_ids, fold_row_max
 
 res = {"triton": triton.__version__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
 

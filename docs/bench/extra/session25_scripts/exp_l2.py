@@ -5,7 +5,7 @@ import torch, triton, triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.join(os.getcwd(), ".old/exp"))
-from lsr.encode.kernels.sparton import triton_sparton_fwd
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
 from exp_fwd import fwd_var, bench  # noqa: E402  (exp_fwd runs main() on import: guarded below)
 
 @triton.jit

@@ -3,8 +3,8 @@ import json, os, sys, itertools
 import torch, triton
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lsr.encode.kernels.sparton import triton_sparton_fwd
-from lsr.encode.kernels import sparton_bwd as sb
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
+from lsr.encode.sparton import bwd as sb
 
 from exp_fwd import bench  # the runs used a local copy of it with warm=2 (rep as passed)
 

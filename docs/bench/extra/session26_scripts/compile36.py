@@ -16,7 +16,7 @@ class Fake(CudaDriver):
     def is_active(): return True
 drv.driver.set_active(Fake()) if hasattr(drv, "driver") and hasattr(drv.driver, "set_active") else triton.runtime.driver.set_active(Fake())
 sys.path.insert(0, ".")
-from lsr.encode.kernels import sparton_resident as R
+from lsr.encode.sparton import fwd_resident as R
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 B, S, V, D = 4, 256, 1000, 768

@@ -2,7 +2,7 @@ import sys, torch, triton
 sys.argv += []
 exec(open(".old/exp/compile36.py").read().split("sys.path.insert")[0])
 sys.path.insert(0, ".")
-from lsr.encode.kernels import sparton_resident as R
+from lsr.encode.sparton import fwd_resident as R
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 B, S, V, D = 4, 256, 1000, 768

@@ -2,8 +2,8 @@
 import json, os, sys
 import torch
 sys.path.insert(0, os.getcwd())
-from lsr.encode.kernels import sparton_bwd as sb
-from lsr.encode.kernels.sparton import triton_sparton_fwd
+from lsr.encode.sparton import bwd as sb
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
 sys.path.insert(0, os.path.join(os.getcwd(), ".old/exp"))
 from gl_bench import bench
 B, S, V = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "64x512x250002").split("x")]

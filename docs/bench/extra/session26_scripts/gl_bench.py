@@ -2,8 +2,8 @@
 import json, os, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
-from lsr.encode.kernels.sparton import triton_sparton_fwd, torch_sparton_head
-from lsr.encode.kernels import sparton_resident as R
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd, torch_sparton_head
+from lsr.encode.sparton import fwd_resident as R
 
 OUT = os.environ.get("OUT", "/tmp")
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -71,7 +71,7 @@ def big(B, S, V, train=True, rounds=3):
     m = torch.ones(B, S, dtype=torch.bool, device="cuda")
     ry, ry32, rarg = triton_sparton_fwd(h, e, bias, m, need_fp32=train, need_argmax=train)
     out = {"shape": [B, S, V], "train": train, "cfg": {}}
-    import lsr.encode.kernels.sparton as sp
+    import lsr.encode.sparton.fwd_padded as sp
     def tlx(two, skip):
         sp._EXP_TWO_PASS, sp._EXP_SKIP = two, skip
         try:

@@ -5,8 +5,8 @@ import os
 
 import torch
 from common import OUT, median_ms
-import sparton_resident_lockstep as LOCKSTEP  # git show 1595d57:lsr/encode/kernels/sparton_resident.py
-from lsr.encode.kernels import sparton_resident as SHIPPED
+import sparton_resident_lockstep as LOCKSTEP  # git show 1595d57:lsr/encode/sparton/fwd_resident.py
+from lsr.encode.sparton import fwd_resident as SHIPPED
 
 res = {"gpu": torch.cuda.get_device_name(), "parity": {}, "timing": {}}
 

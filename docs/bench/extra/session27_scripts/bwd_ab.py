@@ -5,8 +5,8 @@ import os
 
 import torch
 from common import CASES, OUT, head_case, median_ms
-import sparton_bwd_old as OLD  # git show cf3b413:lsr/encode/kernels/sparton_bwd.py
-from lsr.encode.kernels import sparton_bwd as NEW
+import sparton_bwd_old as OLD  # git show cf3b413:lsr/encode/sparton/bwd.py
+from lsr.encode.sparton import bwd as NEW
 
 res = {"gpu": torch.cuda.get_device_name(), "cases": {}}
 for case in CASES:

@@ -8,9 +8,9 @@ import triton
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.join(os.getcwd(), ".old/exp"))
-from lsr.bench import time_calls  # noqa: E402
-from lsr.encode.kernels import sparton_bwd as SB  # noqa: E402
-from lsr.encode.kernels.sparton import triton_sparton_fwd  # noqa: E402
+from lsr.benchmarks.harness import time_calls  # noqa: E402
+from lsr.encode.sparton import bwd as SB  # noqa: E402
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 CASES = ((64, 512, 250002, 1.0), (64, 512, 250002, 0.01), (128, 512, 30522, 1.0))

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from common import CASES, OUT, SB, buckets, head_case, median_ms, shipped_dh
 import sparton_res_exp as RX
-from lsr.encode.kernels import sparton_resident as R
+from lsr.encode.sparton import fwd_resident as R
 
 res = {"gpu": torch.cuda.get_device_name(), "dh": {}, "fwd": {}}
 

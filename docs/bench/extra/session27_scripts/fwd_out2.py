@@ -6,7 +6,7 @@ import os
 import torch
 from common import OUT, head_case, median_ms
 import sparton_res_exp as RX
-from lsr.encode.kernels import sparton_resident as R
+from lsr.encode.sparton import fwd_resident as R
 
 B, S, V = 64, 512, 250002
 c = head_case(B, S, V)

@@ -1,0 +1,369 @@
+"""Datasets: documents, queries and relevance judgements from one spec string.
+
+``load_dataset(spec, split=None)`` accepts
+
+1. **A local BEIR folder** (``corpus.jsonl`` with ``_id``/``title``/``text``, ``queries.jsonl`` with
+   ``_id``/``text``, ``qrels/<split>.tsv`` with a ``query-id corpus-id score`` header; any file may be
+   ``.gz``). ``split`` defaults to ``"test"``; ``"folder:split"`` also selects it. As in BEIR, the
+   queries are those named in the split's qrels; a folder without ``qrels/`` gives all queries and no
+   qrels. Document text is ``title + " " + text`` (Pyserini's "flat" BEIR indexes).
+2. **A local TSV folder** (the MS MARCO layout): ``collection.tsv`` (``docno<TAB>text``),
+   ``queries.tsv`` (``qid<TAB>text``) and optional TREC qrels ``qrels.tsv`` or ``qrels.txt``
+   (``qid 0 docno grade``). With a split ``s`` the files are ``queries.s.tsv`` and ``qrels.s.tsv`` /
+   ``qrels.s.txt`` (e.g. MS MARCO's ``queries.dev.small.tsv`` + ``qrels.dev.small.tsv``).
+3. **A Hugging Face dataset** ``hf:ORG/NAME[?options]`` or a local Parquet / JSONL file with a column
+   mapping (``docs.parquet?text=body&queries=q.jsonl&qrels=test.tsv``): see :mod:`lsr.data.hf`.
+4. **An ir_datasets id** (``msmarco-passage/dev/small``, ``beir/scifact/test``; ``split`` is appended
+   as ``/<split>``). Topics and qrels of the ids in :data:`BUILTIN` are read from the data folder
+   shipped with lsr (``$LSR_DATA``, else the repository's ``data/``) when it is there, so they work
+   offline; anything else goes through ir_datasets (imported lazily). Downloads are refused when
+   ``LSR_OFFLINE``, ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set (or ``download=False``);
+   a missing file raises :class:`DatasetUnavailableError` naming the files to place and where.
+
+Text fields are stripped of surrounding whitespace; files may start with a UTF-8 BOM and use CRLF line
+ends. Duplicate doc ids, query ids or (query, doc) judgements raise ``ValueError`` naming the id, and
+so do ids that a run file cannot hold (empty, whitespace, control or invisible characters: see
+:func:`lsr.storage.files.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsr.storage.files import PathLike, check_id, count_lines, iter_lines, iter_tsv_pairs
+from lsr.storage.provenance import file_origin
+
+__all__ = [
+    "BUILTIN",
+    "LOCAL_HINT",
+    "OFFLINE_VARS",
+    "check_new",
+    "Dataset",
+    "DatasetUnavailableError",
+    "data_root",
+    "load_dataset",
+    "read_beir_qrels",
+    "read_beir_queries",
+    "read_qrels",
+    "read_topics_tsv",
+    "read_trec_qrels",
+    "qrels_from_rows",
+    "unique_docs",
+]
+
+Qrels = dict[str, dict[str, int]]
+DocsIter = Iterator[tuple[str, str]]
+
+_MSMARCO_PASSAGE_DOCS = 8_841_823  # ir_datasets / MS MARCO v1 passage collection size
+OFFLINE_VARS = ("LSR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+LOCAL_HINT = ("or use a local folder: load_dataset('path/to/folder[:split]') with the BEIR layout (corpus.jsonl, "
+               "queries.jsonl, qrels/<split>.tsv) or the TSV layout (collection.tsv, queries.tsv, qrels.tsv)")
+
+
+class DatasetUnavailableError(FileNotFoundError):
+    """The data a dataset needs is not on this machine (and could not or may not be downloaded)."""
+
+
+@dataclass
+class Dataset:
+    """Queries and qrels in memory; documents streamed by :meth:`docs_iter`."""
+
+    name: str
+    queries: dict[str, str]
+    qrels: Qrels
+    n_docs: int | None = None
+    docs_source: Callable[[], DocsIter] | None = field(default=None, repr=False, compare=False)
+    # where the documents come from (lsr.storage.provenance: file path, size and mtime, or an ir_datasets id),
+    # recorded with every artefact made from them so that none is reused for other documents
+    docs_origin: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def docs_iter(self) -> DocsIter:
+        """Iterate ``(doc_id, text)`` in collection order; raises if the documents are unavailable."""
+        if self.docs_source is None:
+            raise DatasetUnavailableError(f"dataset {self.name!r} has no documents")
+        return self.docs_source()
+
+    @property
+    def docs(self) -> DocsIter:
+        """Same as :meth:`docs_iter` (a fresh iterator each time)."""
+        return self.docs_iter()
+
+
+# ---------------------------------------------------------------------------------------- file readers
+def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
+    if key in seen:
+        raise ValueError(f"{where}: duplicate {what} {key!r}")
+
+
+def read_topics_tsv(path: PathLike) -> dict[str, str]:
+    """``qid<TAB>text`` lines -> {qid: text}."""
+    out: dict[str, str] = {}
+    for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
+        check_id(qid, "query id", f"{path}:{n}")
+        check_new(out, qid, "query id", f"{path}:{n}")
+        out[qid] = text
+    return out
+
+
+def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
+    for n, line in iter_lines(path):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON ({e})") from None
+            if not isinstance(obj, dict) or "_id" not in obj:
+                got = "no '_id'" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+                raise ValueError(f"{path}:{n}: expected a JSON object with '_id' (BEIR layout), got {got}")
+            if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
+                raise ValueError(f"{path}:{n}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
+            yield n, obj
+
+
+def read_beir_queries(path: PathLike) -> dict[str, str]:
+    """BEIR ``queries.jsonl`` (``_id``, ``text``) -> {qid: text}."""
+    out: dict[str, str] = {}
+    for n, obj in _read_jsonl(path):
+        qid = str(obj["_id"])
+        check_id(qid, "query id", f"{path}:{n}")
+        check_new(out, qid, "query id", f"{path}:{n}")
+        out[qid] = str(obj.get("text", "")).strip()
+    return out
+
+
+def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
+    qrels: Qrels = {}
+    for n, qid, docno, grade in rows:
+        where = f"{path}:{n}" if n else str(path)
+        check_id(qid, "query id", where)
+        check_id(docno, f"doc id (judged for query {qid!r})", where)
+        try:
+            rel = int(grade)
+        except ValueError:
+            raise ValueError(f"{path}:{n}: relevance {grade!r} is not an integer") from None
+        docs = qrels.setdefault(qid, {})
+        check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
+        docs[docno] = rel
+    return qrels
+
+
+def _split_rows(path: PathLike, n_cols: int, header: bool) -> Iterator[tuple[int, list[str]]]:
+    """Whitespace-split rows of n_cols; with ``header``, a first line whose last column is not an integer
+    (``query-id corpus-id score``) is skipped, and a first line of data is kept."""
+    for n, line in iter_lines(path):
+        parts = line.split()
+        if not parts:
+            continue
+        if header:
+            header = False
+            if not parts[-1].lstrip("+-").isdigit():
+                continue
+        if len(parts) != n_cols:
+            raise ValueError(f"{path}:{n}: expected {n_cols} columns, got {len(parts)}: {line!r}")
+        yield n, parts
+
+
+def read_trec_qrels(path: PathLike) -> Qrels:
+    """TREC qrels (``qid iter docno grade``, whitespace separated; the iter column is ignored)."""
+    return qrels_from_rows(((n, p[0], p[2], p[3]) for n, p in _split_rows(path, 4, False)), path)
+
+
+def read_beir_qrels(path: PathLike) -> Qrels:
+    """BEIR qrels TSV (``query-id corpus-id score``; a header line first, as BEIR writes it, or none)."""
+    return qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
+
+
+def read_qrels(path: PathLike) -> Qrels:
+    """A TREC (4 columns) or BEIR (3 columns, an optional header) qrels file, told apart by the first line."""
+    for _, line in iter_lines(path):
+        if line.strip():
+            return read_beir_qrels(path) if len(line.split()) == 3 else read_trec_qrels(path)
+    return {}
+
+
+# ---------------------------------------------------------------------------------------- local folders
+def _find(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
+    seen: set[str] = set()  # ~100 bytes per id: fine for MS MARCO-sized corpora on a GPU host
+    for doc_id, text in docs:
+        check_new(seen, doc_id, "doc id", str(source))
+        seen.add(doc_id)
+        yield doc_id, text
+
+
+def _beir_corpus(path: Path) -> DocsIter:
+    for n, obj in _read_jsonl(path):
+        title, text, doc_id = str(obj.get("title") or ""), str(obj.get("text") or ""), str(obj["_id"])
+        check_id(doc_id, "doc id", f"{path}:{n}")
+        yield doc_id, f"{title} {text}".strip()
+
+
+def _tsv_collection(path: Path) -> DocsIter:
+    for n, docno, text in iter_tsv_pairs(path, "docno<TAB>text"):
+        check_id(docno, "doc id", f"{path}:{n}")
+        yield docno, text
+
+
+def _local_docs(path: Path, reader: Callable[[Path], DocsIter]) -> Callable[[], DocsIter]:
+    return lambda: unique_docs(reader(path), path)
+
+
+def _load_beir(folder: Path, split: str | None, explicit: bool) -> Dataset:
+    split = split or "test"
+    corpus, queries_file = _find(folder, "corpus.jsonl"), _find(folder, "queries.jsonl")
+    if queries_file is None:
+        raise FileNotFoundError(f"BEIR folder {folder} has no queries.jsonl")
+    queries = read_beir_queries(queries_file)
+    qrels: Qrels = {}
+    qrels_dir = folder / "qrels"
+    if qrels_dir.is_dir():
+        qrels_file = _find(qrels_dir, f"{split}.tsv")
+        if qrels_file is None:
+            splits = sorted(p.name.split(".")[0] for p in qrels_dir.glob("*.tsv*"))
+            raise FileNotFoundError(f"{qrels_dir} has no {split}.tsv; available splits: {splits}")
+        qrels = read_beir_qrels(qrels_file)
+        missing = [q for q in qrels if q not in queries]
+        if missing:
+            raise ValueError(f"{qrels_file} judges query {missing[0]!r}, which is not in {queries_file}")
+        queries = {q: queries[q] for q in qrels}  # BEIR: a split's queries are those it judges
+    elif explicit:
+        raise FileNotFoundError(f"BEIR folder {folder} has no qrels/ folder for split {split!r}")
+    return Dataset(name=f"{folder}:{split}", queries=queries, qrels=qrels,
+                   n_docs=count_lines(corpus) if corpus else None,
+                   docs_source=_local_docs(corpus, _beir_corpus) if corpus else None,
+                   docs_origin=file_origin(corpus) if corpus else {})
+
+
+def _load_tsv(folder: Path, split: str | None) -> Dataset:
+    stem = f".{split}" if split else ""
+    queries_file = _find(folder, f"queries{stem}.tsv")
+    if queries_file is None:
+        raise FileNotFoundError(f"TSV folder {folder} has no queries{stem}.tsv")
+    qrels_file = _find(folder, f"qrels{stem}.tsv") or _find(folder, f"qrels{stem}.txt")
+    collection = _find(folder, "collection.tsv")
+    return Dataset(name=f"{folder}:{split}" if split else str(folder), queries=read_topics_tsv(queries_file),
+                   qrels=read_trec_qrels(qrels_file) if qrels_file else {},
+                   n_docs=count_lines(collection) if collection else None,
+                   docs_source=_local_docs(collection, _tsv_collection) if collection else None,
+                   docs_origin=file_origin(collection) if collection else {})
+
+
+def _load_folder(folder: Path, split: str | None, explicit: bool) -> Dataset:
+    if _find(folder, "corpus.jsonl") or _find(folder, "queries.jsonl"):
+        return _load_beir(folder, split, explicit)
+    if _find(folder, "collection.tsv") or list(folder.glob("queries*.tsv*")):
+        return _load_tsv(folder, split)
+    raise FileNotFoundError(f"{folder} is neither a BEIR folder (corpus.jsonl, queries.jsonl, qrels/) nor a TSV "
+                            "folder (collection.tsv, queries.tsv, qrels.tsv)")
+
+
+# ---------------------------------------------------------------------------------------- shipped data
+@dataclass(frozen=True)
+class _Builtin:
+    folder: str
+    topics: str | None = None  # TSV topics + TREC qrels (msmarco-passage) ...
+    qrels: str | None = None
+    judged_only: bool = False
+    beir_split: str | None = None  # ... or a BEIR folder split
+
+
+BUILTIN: dict[str, _Builtin] = {
+    "msmarco-passage/dev/small": _Builtin("msmarco-passage", "topics.msmarco-passage.dev-subset.txt",
+                                          "qrels.msmarco-passage.dev-subset.txt"),
+    "msmarco-passage/trec-dl-2019/judged": _Builtin("msmarco-passage", "topics.dl19-passage.txt",
+                                                    "qrels.dl19-passage.txt", judged_only=True),
+    "msmarco-passage/trec-dl-2020": _Builtin("msmarco-passage", "topics.dl20.txt", "qrels.dl20-passage.txt"),
+    "msmarco-passage/trec-dl-2020/judged": _Builtin("msmarco-passage", "topics.dl20.txt", "qrels.dl20-passage.txt",
+                                                    judged_only=True),
+    "beir/scifact/test": _Builtin("scifact", beir_split="test"),
+    "beir/scifact/train": _Builtin("scifact", beir_split="train"),
+}
+
+
+def data_root() -> Path | None:
+    """The shipped data folder: ``$LSR_DATA`` if set, else the repository's ``data/`` if present."""
+    env = os.environ.get("LSR_DATA")
+    if env:
+        return Path(env).expanduser()
+    repo_data = Path(__file__).resolve().parents[2] / "data"
+    return repo_data if repo_data.is_dir() else None
+
+
+def _load_builtin(spec: str, entry: _Builtin, root: Path, download: bool) -> Dataset | None:
+    folder = root / entry.folder
+    if entry.beir_split:
+        if not (_find(folder, "queries.jsonl") and (folder / "qrels").is_dir()):
+            return None
+        ds = _load_beir(folder, entry.beir_split, explicit=True)
+        ds.name = spec
+        return ds
+    topics, qrels_file = folder / entry.topics, folder / entry.qrels
+    if not (topics.is_file() and qrels_file.is_file()):
+        return None
+    queries, qrels = read_topics_tsv(topics), read_trec_qrels(qrels_file)
+    if entry.judged_only:
+        queries = {q: t for q, t in queries.items() if q in qrels}
+    collection = _find(folder, "collection.tsv")
+    return Dataset(name=spec, queries=queries, qrels=qrels, n_docs=_MSMARCO_PASSAGE_DOCS,
+                   docs_source=lambda: _msmarco_docs(folder, download),
+                   docs_origin=file_origin(collection) if collection else {"ir_datasets": "msmarco-passage"})
+
+
+def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
+    collection = _find(folder, "collection.tsv")
+    if collection is not None:
+        return unique_docs(_tsv_collection(collection), collection)
+    hint = (f"docs for msmarco-passage need ir_datasets' collection or a local collection.tsv "
+            f"(docno<TAB>text, e.g. from MS MARCO's collectionandqueries.tar.gz) at {folder / 'collection.tsv'}")
+    from lsr.data.irds import ir_docs
+
+    return ir_docs("msmarco-passage", download, hint)
+
+
+# ---------------------------------------------------------------------------------------- entry point
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no") for v in OFFLINE_VARS)
+
+
+def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download: bool | None = None) -> Dataset:
+    """Load a dataset from a local folder (``"dir"`` or ``"dir:split"``) or an ir_datasets id.
+
+    See the module docstring for the folder layouts. ``download=None`` lets ir_datasets download
+    unless an offline variable (``LSR_OFFLINE``, ``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``) is set.
+    """
+    spec = os.fspath(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _load_folder(path, split, explicit=split is not None)
+    head, colon, tail = spec.rpartition(":")
+    if colon and head and tail and "/" not in tail and Path(head).expanduser().is_dir():
+        if split is not None and split != tail:
+            raise ValueError(f"split given twice: {tail!r} in {spec!r} and split={split!r}")
+        return _load_folder(Path(head).expanduser(), tail, explicit=True)
+    from lsr.data import hf as hf_datasets  # hf: ids and Parquet / JSONL files (imports `datasets` only when used)
+
+    if hf_datasets.handles(spec):
+        return hf_datasets.load_spec(spec, split, download=(not _offline()) if download is None else download)
+    if path.exists() or spec.startswith(("/", "./", "../", "~")):
+        raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
+    ds_id = f"{spec.rstrip('/')}/{split}" if split else spec
+    allow = (not _offline()) if download is None else download
+    entry, root = BUILTIN.get(ds_id), data_root()
+    if entry is not None and root is not None:
+        ds = _load_builtin(ds_id, entry, root, allow)
+        if ds is not None:
+            return ds
+    from lsr.data.irds import load_ir_dataset
+
+    return load_ir_dataset(ds_id, allow)

@@ -1,0 +1,125 @@
+"""``lsr run`` on every rank of a torchrun job: the steps of ``lsr.pipeline`` spread over the ranks.
+
+* rank 0 alone checks and claims the output folder (``lsr.storage.provenance``) and fits BM25 statistics; the
+  other ranks follow once it has (they load the fit it saved);
+* every rank encodes its slice of the documents into the run's ``doc_vectors`` folder
+  (``encode_corpus_distributed``: the folder one process writes, file for file);
+* every rank builds its partitions of the sharded index (``index.partitions``; default one per rank);
+* rank 0 encodes the queries, every rank searches its partitions (``DistributedSearcher``: rank 0's
+  queries broadcast, the per-rank top-k merged exactly);
+* rank 0 alone writes run.trec, run.msmarco.tsv and metrics.json (and runs a configured rerank stage
+  while the others wait), and every rank returns its result.
+
+Each step is wrapped in ``lsr.parallel.topology.agree``: a failure on one rank fails every rank (with the
+failing rank's error there and "another rank failed" elsewhere) instead of leaving the others waiting.
+The run files and metrics equal a single-process ``lsr run`` with the same ``index.partitions`` (and one
+plain index), byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from lsr.config import RunConfig
+from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, init_distributed
+from lsr.pipeline import (
+    claim_output,
+    doc_encoder,
+    encode_documents,
+    encode_queries,
+    job_origin,
+    read_doc_vectors,
+    resolve_device,
+    timed_step,
+    write_results,
+)
+
+__all__ = ["job_partitions", "run_pipeline_distributed"]
+
+RESULT_LIMIT = 1 << 20  # bytes of rank 0's result JSON sent to the other ranks
+
+
+def job_partitions(cfg: RunConfig, world_size: int) -> int:
+    """The sharded index's partitions under ``world_size`` ranks: ``index.partitions``, or one per rank
+    when the config leaves it at 1; at least one per rank."""
+    n = cfg.index.partitions if cfg.index.partitions > 1 else world_size
+    if n < world_size:
+        raise ValueError(f"index.partitions={n} is fewer than the {world_size} ranks: set index.partitions to "
+                         f"{world_size} (or a multiple), or start fewer ranks")
+    return n
+
+
+def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
+    """``run_pipeline`` on every rank of the current torchrun job (collective); returns rank 0's result
+    on every rank. Joins the process group torchrun describes (and leaves it when done) unless the
+    caller already has."""
+    joined = not dist.is_initialized()
+    dev = str(init_distributed(resolve_device(cfg.device)))
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with agree("read the config and the dataset"):
+            cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, world)))
+            from lsr.data.sources import load_dataset
+
+            dataset = load_dataset(cfg.dataset, cfg.split)
+        with agree("claim the output folder"):
+            if rank == 0:  # rank 0 decides, the others follow
+                claim_output(cfg, dataset, Path(cfg.output), overwrite)
+        timings: dict[str, float] = {}
+        vectors, encoder, doc_meta = _encode_corpus(cfg, dataset, dev, timings)
+        result = _index_search_write(cfg, dataset, vectors, encoder, doc_meta, dev, timings)
+        return json.loads(broadcast_text(json.dumps(result) if rank == 0 else None, RESULT_LIMIT))
+    finally:
+        if joined:
+            dist.destroy_process_group()
+
+
+def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, float]) -> tuple[Any, Any, Any]:
+    """(the document vectors: a folder or SparseVectors, the encoder or None, the vectors' metadata)."""
+    out, origin = Path(cfg.output), job_origin(cfg, dataset)
+    with timed_step("encode documents", timings):
+        if cfg.search.doc_vectors:
+            with agree("read the document vectors"):
+                given = Path(cfg.search.doc_vectors)
+                vectors = given if given.is_dir() else read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
+            return vectors, None, None
+        encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
+                                 lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
+                                 rank0_only=cfg.encoder.kind == "bm25")  # the others load the statistics it saves
+        manifest = encode_documents(cfg, dataset, encoder, out / "doc_vectors", origin)
+    return out / "doc_vectors", encoder, manifest.get("metadata")
+
+
+def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any, doc_meta: Any, dev: str,
+                        timings: dict[str, float]) -> dict[str, Any] | None:
+    """Build the sharded index, search it with rank 0's queries, write the results on rank 0 (its result;
+    None on the other ranks)."""
+    from lsr.parallel.search import DistributedSearcher
+    from lsr.parallel.sharded_index import ShardedIndex
+
+    rank, out = dist.get_rank(), Path(cfg.output)
+    with timed_step("build index", timings):
+        # metadata {} for pre-encoded vectors, as the single-process job builds them
+        ShardedIndex.build(vectors, cfg.index.partitions, out / "index", device=dev, block_size=cfg.index.block_size,
+                           metadata=doc_meta or {}, overwrite=True, postings=cfg.index.postings)
+        searcher = DistributedSearcher(out / "index", dev, backend=cfg.search.backend, verify=False)
+    queries, query_meta = None, None
+    with timed_step("encode queries", timings), agree("encode the queries"):
+        if rank == 0:
+            queries, query_meta = encode_queries(cfg, dataset, encoder)
+    with timed_step("search", timings):  # collective: every rank has the merged top-k when it returns
+        from lsr.parallel.sharded_index import read_sharded_manifest
+        from lsr.search.searcher import run_depth
+
+        k = run_depth(cfg.search.k, int(read_sharded_manifest(out / "index")["n_docs"]))
+        topk = searcher.search(queries, k=k, query_batch=cfg.search.query_batch, query_metadata=query_meta)
+    result = None
+    with agree("write the run and metrics"):
+        if rank == 0:
+            result = write_results(cfg, dataset, queries, searcher.index.docnos, topk, timings, dev)
+    return result

@@ -1,0 +1,156 @@
+"""ShardedSearcher: exact top-k over a ``ShardedIndex`` on one device, partition after partition.
+
+Every partition is searched with a ``Searcher`` (same backend, same scores per doc: the partitions carry
+the collection-wide ``max_scores``), its hits shifted to global doc indices and merged into the running
+top-k with ``exact_topk``'s total order (score descending, doc index ascending). The global top-k is
+contained in the union of the partitions' top-k lists, so the result equals the unsharded search bit
+for bit.
+
+Two modes:
+
+* resident: every partition lives on the device (an index that fits; the same speed as one index,
+  plus one merge per partition).
+* streamed: partitions stay in host memory (pinned on CUDA) and go to the device one at a time, the
+  next one copied on a side stream while the current one is searched. All queries of a ``search`` call
+  are run against a partition before the next one comes, so the index crosses the bus once per call:
+  an index larger than the device memory is searched exactly, at PCIe speed per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from lsr.index.build import POSTING_TENSORS
+from lsr.index.inverted import InvertedIndex
+from lsr.parallel.sharded_index import ShardedIndex
+from lsr.search.searcher import Searcher, check_request, exact_topk
+from lsr.sparse import SparseVectors
+from lsr.utils.devices import torch_device
+
+__all__ = ["ShardedSearcher", "merge_topk", "shift_ids"]
+
+
+def shift_ids(doc_idx: torch.Tensor, offset: int) -> torch.Tensor:
+    """Local doc indices -> global ones (padding -1 stays -1)."""
+    return torch.where(doc_idx >= 0, doc_idx + offset, doc_idx)
+
+
+def merge_topk(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact merge of [B, k_i] (scores, global doc idx) lists: top-k by (score desc, doc idx asc)."""
+    if len(parts) == 1 and parts[0][0].shape[1] == k:
+        return parts[0]
+    return exact_topk(torch.cat([s for s, _ in parts], 1), k, torch.cat([i for _, i in parts], 1))
+
+
+def _to_device(index: InvertedIndex, device: torch.device, non_blocking: bool) -> InvertedIndex:
+    """Copy of ``index`` on ``device`` (asynchronous from pinned host memory)."""
+    moved = {f: getattr(index, f).to(device, non_blocking=non_blocking) for f in POSTING_TENSORS}
+    d = index.docs
+    docs = SparseVectors(d.indptr.to(device, non_blocking=non_blocking), d.indices.to(device, non_blocking=non_blocking),
+                         d.values.to(device, non_blocking=non_blocking), d.ids, d.vocab_size, validate=False)
+    return InvertedIndex(**moved, docs=docs, vocab_size=index.vocab_size, n_docs=index.n_docs,
+                         block_size=index.block_size, n_blocks=index.n_blocks, metadata=index.metadata)
+
+
+def _pinned(index: InvertedIndex) -> InvertedIndex:
+    moved = {f: getattr(index, f).pin_memory() for f in POSTING_TENSORS}
+    d = index.docs
+    docs = SparseVectors(d.indptr.pin_memory(), d.indices.pin_memory(), d.values.pin_memory(), d.ids, d.vocab_size,
+                         validate=False)
+    return InvertedIndex(**moved, docs=docs, vocab_size=index.vocab_size, n_docs=index.n_docs,
+                         block_size=index.block_size, n_blocks=index.n_blocks, metadata=index.metadata)
+
+
+class ShardedSearcher:
+    """Exact top-k over the loaded partitions of a ShardedIndex on one device (``Searcher``'s API).
+
+    Args:
+        index: the sharded index; partitions that are not loaded are skipped (a rank of a distributed
+            search holds only its own).
+        device: where to search, as ``Searcher`` (default: the first loaded partition's device).
+        backend: as ``Searcher``.
+        max_memory_bytes: as ``Searcher`` (per partition).
+        stream: keep partitions in host memory and copy each to the device when it is searched
+            (default: on CUDA when the loaded partitions exceed half the free device memory).
+    """
+
+    def __init__(self, index: ShardedIndex, device: str | torch.device | None = None, backend: str = "auto",
+                 max_memory_bytes: int | None = None, stream: bool | None = None) -> None:
+        device = torch_device(device) if device is not None else None  # a bad name fails before any work
+        loaded = [(p, part) for p, part in enumerate(index.partitions) if part is not None]
+        if not loaded:
+            raise ValueError("the sharded index has no loaded partition to search")
+        self.index = index
+        self.device = device if device is not None else loaded[0][1].device
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if stream is None:
+            stream = self.device.type == "cuda" and index.memory_bytes() > torch.cuda.mem_get_info(self.device)[0] // 2
+        self.stream = bool(stream) and self.device.type == "cuda"
+        self._backend_args = {"backend": backend, "max_memory_bytes": max_memory_bytes}
+        self._parts: list[tuple[int, InvertedIndex]] = []
+        for p, part in loaded:
+            if self.stream:
+                part = _pinned(part.to("cpu"))
+            elif part.device != self.device:
+                part = part.to(self.device)
+            self._parts.append((index.doc_starts[p], part))
+        # the backend a partition's Searcher resolves to on the device (a streamed one is still on the host)
+        probe = self._parts[0][1]
+        if self.stream:
+            empty = SparseVectors(torch.zeros(1, dtype=torch.int64), [], [], [], index.vocab_size, device=self.device)
+            probe = InvertedIndex.build(empty)
+        self.backend = self._searcher(probe).backend
+
+    def _searcher(self, part: InvertedIndex) -> Searcher:
+        return Searcher(part, device=self.device, **self._backend_args)
+
+    def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+               query_metadata: Mapping[str, Any] | None = None,
+               show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k documents of every query over the loaded partitions (see ``Searcher.search``); doc
+        indices are global."""
+        k = check_request(queries, k, query_metadata, self.index)
+        queries = queries.to(self.device)
+        best: tuple[torch.Tensor, torch.Tensor] | None = None
+        for offset, part in self._device_parts():
+            s, i = self._searcher(part).search(queries, k, query_batch, show_progress_bar=show_progress_bar)
+            top = (s, shift_ids(i, offset))
+            best = top if best is None else merge_topk([best, top], k)
+            del part
+        assert best is not None
+        return best
+
+    def _device_parts(self):
+        """(doc offset, partition on the device); streamed: the next copy overlaps the current search."""
+        if not self.stream:
+            yield from self._parts
+            return
+        copy_stream = torch.cuda.Stream(self.device)
+        compute = torch.cuda.current_stream(self.device)
+
+        def start(j: int) -> InvertedIndex:
+            with torch.cuda.stream(copy_stream):
+                return _to_device(self._parts[j][1], self.device, non_blocking=True)
+
+        nxt = start(0)
+        for j in range(len(self._parts)):
+            cur = nxt
+            compute.wait_stream(copy_stream)
+            for t in [getattr(cur, f) for f in POSTING_TENSORS] + [cur.docs.indptr, cur.docs.indices, cur.docs.values]:
+                t.record_stream(compute)  # freed only once the search that reads it is done
+            nxt = start(j + 1) if j + 1 < len(self._parts) else None
+            yield self._parts[j][0], cur
+            del cur
+
+    def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+                   query_metadata: Mapping[str, Any] | None = None,
+                   show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
+        """Search and return a run: {qid: {docno: score}} with hits ordered best first."""
+        from lsr.data.runs import from_topk
+
+        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
+        return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())

@@ -1,0 +1,105 @@
+"""Public API conventions: lazy subpackages, ``lsr.evaluate`` always the function, one-line CLI errors."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from lsr.cli import main
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("imports", ["lsr.evaluation.topk", "lsr.evaluation", "lsr.evaluation.measures, lsr.cli",
+                                     "lsr.search, lsr.evaluation.topk, lsr.pipeline"])
+def test_evaluate_stays_callable_whatever_is_imported(imports):
+    code = (f"import lsr, {imports}\nassert callable(lsr.evaluate), lsr.evaluate\n"
+            "print(lsr.evaluate({'q': {'d': 1.0}}, {'q': {'d': 1}}, metrics=['RR@10']))")
+    out = _python(code)
+    assert out.returncode == 0, out.stderr
+    assert "{'RR@10': 1.0}" in out.stdout
+
+
+def test_subpackages_are_reachable_lazily_and_import_lsr_stays_light():
+    code = ("import sys, lsr\n"
+            "heavy = [m for m in ('torch', 'triton', 'transformers') if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "assert lsr.search.Searcher is lsr.Searcher\n"
+            "assert callable(lsr.evaluation.evaluate) and callable(lsr.interop.read_anserini_queries)\n"
+            "assert lsr.index.InvertedIndex is lsr.InvertedIndex and lsr.encode.__name__ == 'lsr.encode'\n")
+    out = _python(code)
+    assert out.returncode == 0, out.stderr
+
+
+def test_encoders_follow_the_protocol_and_keep_deprecated_aliases():
+    from lsr.encode.base import Encoder
+    from lsr.encode.bm25.lexical import LexicalEncoder
+
+    enc = LexicalEncoder().fit(["apple pie", "banana split"])
+    assert isinstance(enc, Encoder)
+    new = enc.encode_query(["apple"], ids=["q1"])
+    with pytest.warns(DeprecationWarning, match="encode_query"):
+        old = enc.encode_queries(["apple"], ids=["q1"])
+    assert new.equal(old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enc.encode_document(["apple pie"], ids=["d1"])
+
+
+def test_version_and_help_show_defaults(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("lsr ")
+    assert main(["search", "--help"]) == 0
+    assert "(default: 1000)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["run", "configs/quickstart.yaml", "--set", "k=["], 2, "not valid YAML"),
+    (["run", "configs/quickstart.yaml", "--set", "encoder=5"], 2, "config.encoder must be a mapping"),
+    (["run", "configs/quickstart.yaml", "--set", "encoder.k1=abc"], 2, "config.encoder.k1 must be float"),
+    (["run", "configs/quickstart.yaml", "--set", "metrics=5"], 2, "config.metrics must be a list of strings"),
+    (["run", "configs/quickstart.yaml", "--set", "metrics=[FOO@3]"], 2, "unknown metric"),
+    (["run", "no-such-config.yaml"], 2, "not found"),
+    (["evaluate", "--run", "tests", "--qrels", "data/scifact"], 1, "is a directory"),
+])
+def test_bad_input_is_one_line_with_the_right_exit_code(args, code, text, capsys, tmp_path, monkeypatch):
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.chdir(repo)
+    out_dir = tmp_path / "out"
+    rc = main(args + (["--set", f"output={out_dir}"] if args[0] == "run" and "--set" in args else []))
+    err = capsys.readouterr().err
+    assert rc == code, err
+    assert text in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out_dir.exists(), "a bad config must fail before any work"
+
+
+def test_full_disk_is_named(monkeypatch, capsys, tmp_path):
+    import errno
+
+    from lsr.evaluation import measures
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.json"))
+
+    monkeypatch.setattr(measures, "evaluate", full)
+    rc = main(["evaluate", "--run", "x", "--qrels", "y"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "no space left on the device" in err and err.count("\n") == 1
+
+
+def test_atomic_writes_use_the_umask(tmp_path):
+    from lsr.storage.files import atomic_write_text
+
+    mask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]   # no temporary left behind

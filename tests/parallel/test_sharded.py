@@ -1,0 +1,243 @@
+"""Sharded index (lsr.parallel.sharded_index) and ShardedSearcher: build / load / validation, and results equal to
+the unsharded index bit for bit (torch backend; the Triton backend under TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from lsr.cli import main
+from lsr.index import InvertedIndex
+from lsr.parallel.sharded_index import ShardedIndex, is_sharded, partition_bounds, partition_count
+from lsr.parallel.sharded_search import ShardedSearcher
+from lsr.search import Searcher
+from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
+from lsr.testing import random_collection
+from tests.conftest import DEV
+
+
+def _collection(n=90, vocab=50, seed=3):
+    docs = random_collection(n, vocab, seed, density=0.15, quantized=True)  # many exact ties
+    queries = random_collection(12, vocab, seed + 100, density=0.2, quantized=True)
+    return docs, queries
+
+
+def test_partition_bounds():
+    assert partition_bounds(10, 3) == [0, 3, 6, 10]
+    assert partition_bounds(2, 4) == [0, 0, 1, 1, 2]
+    with pytest.raises(ValueError, match="positive integer"):
+        partition_bounds(10, 0)
+
+
+def test_read_vector_rows_matches_slices(tmp_path):
+    docs, _ = _collection()
+    write_vectors(tmp_path / "v", docs, shard_rows=7)
+    for a, b in [(0, 90), (5, 6), (7, 14), (13, 71), (90, 90)]:
+        assert read_vector_rows(tmp_path / "v", a, b).equal(docs[a:b])
+    with pytest.raises(ValueError, match="outside"):
+        read_vector_rows(tmp_path / "v", 3, 91)
+
+
+@pytest.mark.parametrize("n_parts,k", [(1, 10), (3, 10), (4, 40), (7, 5)])
+def test_sharded_equals_single_bit_for_bit(tmp_path, n_parts, k):
+    docs, queries = _collection()
+    write_vectors(tmp_path / "v", docs, {"kind": "test"}, shard_rows=11)
+    path = ShardedIndex.build(tmp_path / "v", n_parts, tmp_path / "idx", block_size=16, workers=2)
+    assert is_sharded(path)
+    sharded = ShardedIndex.load(path)
+    assert sharded.docnos == docs.ids and sharded.metadata == {"kind": "test"}
+    single = InvertedIndex.build(docs, block_size=16)
+    want = Searcher(single, backend="torch").search(queries, k)
+    for stream in (False, True):
+        got = ShardedSearcher(sharded, backend="torch", stream=stream).search(queries, k, query_batch=5)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # k larger than any partition (40 > 90 / 4): padding and cross-partition ties merge exactly
+    assert (want[1] >= 0).sum() > 0
+
+
+def test_global_max_scores_installed(tmp_path):
+    docs, _ = _collection()
+    ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=16)
+    sharded = ShardedIndex.load(tmp_path / "idx")
+    single = InvertedIndex.build(docs, block_size=16)
+    for part in sharded.partitions:
+        assert torch.equal(part.max_scores, single.max_scores)
+
+
+@pytest.mark.skipif(DEV == "cpu" and not __import__("os").environ.get("TRITON_INTERPRET"), reason="no Triton")
+def test_triton_backend_sharded_equals_single(tmp_path):
+    # partitions with smaller term maxima than the collection would pick other fixed-point scales
+    docs = random_collection(60, 24, 5, density=0.2)
+    queries = random_collection(6, 24, 6, density=0.3)
+    ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=8)
+    sharded = ShardedIndex.load(tmp_path / "idx", device=DEV)
+    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="triton").search(queries, 7)
+    got = ShardedSearcher(sharded, backend="triton").search(queries, 7)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_partial_load_and_docnos(tmp_path):
+    docs, _ = _collection()
+    ShardedIndex.build(docs, 3, tmp_path / "idx")
+    one = ShardedIndex.load(tmp_path / "idx", partitions=[1])
+    assert one.partitions[0] is None and one.partitions[1].n_docs == 30
+    assert one.docnos == docs.ids  # read from the partitions' docno files
+    with pytest.raises(ValueError, match="partitions 0..2"):
+        ShardedIndex.load(tmp_path / "idx", partitions=[3])
+
+
+def _corrupt(path, edit):
+    mf = path / "manifest.json"
+    m = json.loads(mf.read_text())
+    edit(m)
+    mf.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.update(format="lsr-index"), "is not 'lsr-sharded-index'"),
+    (lambda m: m.update(version=99), "version 99 is not supported"),
+    (lambda m: m["partitions"][1].update(doc_start=31), "do not tile"),
+    (lambda m: m.update(n_docs=91), "do not tile"),
+    (lambda m: m["partitions"][0].pop("dir"), "missing or bad entry"),
+    (lambda m: m["partitions"][1].update(dir="../x"), "distinct plain names"),
+    (lambda m: m.update(partitions=[]), "no partitions"),
+    (lambda m: m["partitions"][0].update(meta_sha256="0" * 64), "does not match the sharded manifest"),
+    (lambda m: m["max_scores"].update(sha256="0" * 64), "fails its sha256"),
+])
+def test_bad_manifests_give_one_line_errors(tmp_path, edit, match):
+    docs, _ = _collection()
+    ShardedIndex.build(docs, 3, tmp_path / "idx")
+    _corrupt(tmp_path / "idx", edit)
+    with pytest.raises(ValueError, match=match) as e:
+        ShardedIndex.load(tmp_path / "idx")
+    assert "\n" not in str(e.value)
+
+
+def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
+    docs, queries = _collection()
+    write_vectors(tmp_path / "q", queries)
+    ShardedIndex.build(docs, 3, tmp_path / "idx")
+
+    def drop_last(m):  # as a hand edit would: the entry gone, the totals made to tile the docs again
+        gone = m["partitions"].pop()
+        m["n_docs"] -= gone["n_docs"]
+        m["n_postings"] -= gone["n_postings"]
+
+    _corrupt(tmp_path / "idx", drop_last)
+    with pytest.raises(ValueError, match="holds the partition part-00002, which its manifest.json does not list") as e:
+        ShardedIndex.load(tmp_path / "idx")
+    assert "\n" not in str(e.value) and "restore the manifest" in str(e.value)
+    out = tmp_path / "x.trec"
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out", str(out),
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "part-00002" in err and "Traceback" not in err and not out.exists()
+    shutil.rmtree(tmp_path / "idx" / "part-00002")  # removed: the index of the listed partitions loads
+    assert ShardedIndex.load(tmp_path / "idx").n_docs == 60
+
+
+def test_more_partitions_than_documents_writes_one_per_document(tmp_path, capsys, caplog):
+    docs, queries = _collection(n=4)
+    write_vectors(tmp_path / "v", docs)
+    with caplog.at_level(logging.WARNING, logger="lsr.parallel.sharded_index"):
+        assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "7",
+                     "--device", "cpu"]) == 0
+    assert "into 4 partitions" in capsys.readouterr().out
+    assert [r.getMessage() for r in caplog.records] == [
+        "7 partitions asked for 4 documents: writing 4 (an empty partition would hold nothing to search)"]
+    sharded = ShardedIndex.load(tmp_path / "idx")
+    assert [p.n_docs for p in sharded.partitions] == [1, 1, 1, 1] and sharded.docnos == docs.ids
+    want = Searcher(InvertedIndex.build(docs), backend="torch").search(queries, 3)
+    got = ShardedSearcher(sharded, backend="torch").search(queries, 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert (partition_count(4, 7), partition_count(90, 3), partition_count(0, 5)) == (4, 3, 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        partition_count(4, 0)
+
+
+def test_swapped_partition_and_stale_max_scores(tmp_path):
+    docs, _ = _collection()
+    ShardedIndex.build(docs, 2, tmp_path / "idx")
+    np.save(tmp_path / "idx" / "max_scores.npy", np.zeros(50, np.float32))
+    with pytest.raises(ValueError, match="below partition 0's term maxima"):
+        ShardedIndex.load(tmp_path / "idx", verify=False)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        ShardedIndex.build(docs, 2, tmp_path / "idx")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="refusing to overwrite"):
+        ShardedIndex.build(docs, 2, tmp_path / "other", overwrite=True)
+
+
+def test_cli_index_partitions_and_search(tmp_path, capsys):
+    docs, queries = _collection()
+    write_vectors(tmp_path / "v", docs, shard_rows=13)
+    write_vectors(tmp_path / "q", queries)
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "3",
+                 "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "one"), "--device", "cpu"]) == 0
+    for idx in ("idx", "one"):
+        assert main(["search", "--index", str(tmp_path / idx), "--queries", str(tmp_path / "q"), "--k", "9",
+                     "--out", str(tmp_path / f"{idx}.trec"), "--device", "cpu", "--backend", "torch"]) == 0
+    assert (tmp_path / "idx.trec").read_text() == (tmp_path / "one.trec").read_text()
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "bad"), "--partitions", "0",
+                 "--device", "cpu"]) == 2
+    assert "--partitions" in capsys.readouterr().err
+    _corrupt(tmp_path / "idx", lambda m: m["partitions"][2].update(n_docs=1))
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
+                 str(tmp_path / "x.trec"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "do not tile" in err and not (tmp_path / "x.trec").exists()
+    assert read_vectors(tmp_path / "v").equal(docs)
+
+
+def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
+    docs, queries = _collection()
+    ShardedIndex.build(docs, 4, tmp_path / "idx", block_size=16)
+    loaded = ShardedIndex.load(tmp_path / "idx")
+    memory = ShardedIndex.from_vectors(docs, 4, block_size=16)
+    assert memory.doc_starts == loaded.doc_starts and memory.docnos == loaded.docnos
+    want = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, 30)
+    for index in (loaded, memory):
+        searcher = Searcher(index, backend="torch")
+        assert isinstance(searcher, ShardedSearcher)
+        got = searcher.search(queries, 30)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    run = Searcher(memory, backend="torch").search_run(queries, 5)
+    assert list(run) == queries.ids and all(d in docs.ids for hits in run.values() for d in hits)
+    only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
+    assert [p is None for p in only.partitions] == [True, True, False, True]
+    assert torch.equal(only.partitions[2].max_scores, loaded.partitions[2].max_scores)
+
+
+@pytest.mark.gpu
+def test_gpu_streamed_and_resident_equal_single():
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+
+    docs = synth_docs(300_000, device="cuda")
+    queries = synth_queries(64, device="cuda")
+    want = Searcher(InvertedIndex.build(docs)).search(queries, 1000)
+    sharded = ShardedIndex.from_vectors(docs, 3, device="cuda")
+    for stream in (False, True):
+        searcher = ShardedSearcher(sharded, "cuda", stream=stream)
+        assert searcher.stream == stream and searcher.backend == "triton"
+        got = searcher.search(queries, 1000, query_batch=20)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_lsr_run_with_partitions_equals_one_index(tmp_path):
+    from tests.conftest import REPO
+
+    out = tmp_path / "job"
+    config = str(REPO / "configs" / "scifact-bm25.yaml")
+    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu"]) == 0
+    single = (out / "run.trec").read_text()
+    # same output folder: the vectors and the BM25 fit are reused, the index is replaced by a sharded one
+    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu", "--set", "index.partitions=3"]) == 0
+    assert is_sharded(out / "index") and (out / "run.trec").read_text() == single
+    assert main(["run", config, "--set", "index.partitions=0"]) == 2

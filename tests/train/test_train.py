@@ -1,0 +1,252 @@
+"""lsr.train on the CPU: a tiny BERT trained a few steps on a 16-document BEIR folder cut from SciFact.
+
+Covers: the loss decreases; checkpoints reload in lsr and in sentence-transformers with equal vectors;
+seeded deterministic runs give bit-identical weights; resuming from a checkpoint equals the
+uninterrupted run; losses against hand computations; GradCache gives the full-batch gradient;
+config errors are one line (exit 2 through the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lsr.cli import main as cli_main
+from lsr.testing import save_tiny_mlm
+from lsr.train import losses
+from lsr.train.config import train_config_from_dict
+from lsr.train.trainer import Trainer, train
+
+N_DOCS = 16
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, data_dir):
+    return save_tiny_mlm("roberta", tmp_path_factory.mktemp("tiny") / "roberta", data_dir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory, data_dir):
+    """Documents = SciFact abstracts (first 40 words); query i = the title of document i, judged
+    relevant to it; queries 0-11 are the train split, 12-15 the dev split."""
+    root = tmp_path_factory.mktemp("beir")
+    rows = []
+    with open(data_dir / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        for line, _ in zip(f, range(N_DOCS)):
+            rows.append(json.loads(line))
+    with open(root / "corpus.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({"_id": r["_id"], "title": "", "text": " ".join(r["text"].split()[:40])}) + "\n")
+    with open(root / "queries.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"q{i}", "text": r["title"]}) + "\n")
+    (root / "qrels").mkdir()
+    for split, ids in (("train", range(12)), ("dev", range(12, N_DOCS))):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\t{rows[i]['_id']}\t1" for i in ids]
+        (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def config(tiny_model, beir, out, **kw):
+    base = {"model": str(tiny_model), "output": str(out), "dataset": str(beir), "split": "train",
+            "max_length_query": 16, "max_length_doc": 32, "batch_size": 4, "lr": 3e-3, "device": "cpu",
+            "head_backend": "torch", "progress": False, "log_every": 1, "flops_query": 1e-4, "flops_doc": 1e-4,
+            "n_negatives": 0, "seed": 3}
+    return train_config_from_dict(base | kw)
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_trains_reloads_and_matches_sentence_transformers(tiny_model, beir, tmp_path):
+    from sentence_transformers import SparseEncoder
+
+    from lsr.encode.splade.encoder import SpladeEncoder
+
+    out = tmp_path / "run"
+    cfg = config(tiny_model, beir, out, max_steps=16, lr=1e-2, negatives="bm25", n_negatives=1,
+                 eval_dataset=str(beir), eval_split="dev", eval_metrics=["nDCG@10"])
+    path = train(cfg)
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 17))
+    first, last = sum(r["rank_loss"] for r in log[:3]) / 3, sum(r["rank_loss"] for r in log[-3:]) / 3
+    assert last < 0.9 * first, (first, last)
+    assert all(r["nnz_q"] > 0 and r["nnz_d"] > 0 and r["tokens_per_s"] > 0 for r in log)
+    assert json.loads((out / "negatives" / "epoch-0.json").read_text())  # BM25 mined with lsr's index
+    metrics = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 16 and 0 <= metrics[-1]["nDCG@10"] <= 1
+    before, after = weights(tiny_model), weights(path)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    texts = ["protein folding in yeast", "a study of T cells and tumour growth"]
+    lsr_vecs = SpladeEncoder.from_pretrained(path, device="cpu").encode_document(texts, convert_to_sparse_tensor=True)
+    st_vecs = SparseEncoder(str(path), device="cpu").encode_document(texts, convert_to_sparse_tensor=True)
+    torch.testing.assert_close(lsr_vecs.to_dense(), st_vecs.to_dense().float(), rtol=1e-4, atol=1e-5)
+
+
+def test_deterministic_runs_are_bit_identical(tiny_model, beir, tmp_path):
+    paths = [train(config(tiny_model, beir, tmp_path / f"r{i}", max_steps=3, deterministic=True)) for i in range(2)]
+    a, b = (weights(p) for p in paths)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(FileExistsError, match="earlier run"):  # never trains over a finished run unasked
+        train(config(tiny_model, beir, tmp_path / "r0", max_steps=3))
+
+
+def test_resume_equals_uninterrupted(tiny_model, beir, tmp_path):
+    kw = {"max_steps": 5, "save_every": 2, "keep_checkpoints": None, "deterministic": True}
+    full = train(config(tiny_model, beir, tmp_path / "full", **kw))
+    ckpt = tmp_path / "full" / "checkpoints" / "step-00000002"
+    assert (ckpt / "trainer_state" / "optimizer.safetensors").is_file()
+    resumed = train(config(tiny_model, beir, tmp_path / "resumed", resume=str(ckpt), **kw))
+    a, b = weights(full), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
+    assert log == [3, 4, 5]
+
+
+def test_grad_cache_equals_full_batch_gradient(tiny_model, beir, tmp_path):
+    trainer = Trainer(config(tiny_model, beir, tmp_path / "gc", max_steps=1, batch_size=5))
+    from lsr.train.data import epoch_batches
+
+    batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
+    trainer.model.eval()  # no dropout: both passes see the same network
+    params = [p for _, p in trainer.model.named_parameters()]
+    grads = []
+    for chunk in (None, 2):
+        for p in params:
+            p.grad = None
+        queries = [trainer.data.queries[e.qid] for e in batch]
+        docs = [trainer.data.docs[e.positive] for e in batch]
+        trainer.model.backward(trainer._loss_fn(batch), queries, docs, chunk)
+        grads.append([p.grad.clone() for p in params])
+    for full, cached in zip(*grads, strict=True):
+        torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-6)
+
+
+def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_path):
+    from lsr.data.sources import load_dataset
+    from lsr.train.data import epoch_batches
+
+    ds = load_dataset(beir, "train")
+    docs = dict(ds.docs_iter())
+    ids = sorted(docs)
+    lines = [f"{ds.queries[q]}\t{docs[d]}\t{docs[ids[(ids.index(d) + 1) % len(ids)]]}"
+             for q, judged in ds.qrels.items() for d in judged]
+    (tmp_path / "triples.tsv").write_text("\n".join(lines) + "\n")
+    cfg = config(tiny_model, beir, tmp_path / "tri", dataset=None, triples=str(tmp_path / "triples.tsv"),
+                 n_negatives=1, max_steps=2, gradient_checkpointing=True)
+    train(cfg)
+    assert len((tmp_path / "tri" / "log.jsonl").read_text().splitlines()) == 2
+    teacher = [f"{q}\t{d}\t{10.0 if d in ds.qrels[q] else (i % 7) / 7}" for q in ds.qrels for i, d in enumerate(ids)]
+    (tmp_path / "teacher.tsv").write_text("\n".join(teacher) + "\n")
+    for loss, negatives, n, separate in (("kl", "none", 3, True), ("margin_mse", "model", 1, False)):
+        out = tmp_path / loss
+        cfg = config(tiny_model, beir, out, loss=loss, teacher_scores=str(tmp_path / "teacher.tsv"),
+                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2, separate_towers=separate)
+        trainer = Trainer(cfg)
+        trainer.run()
+        rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+        for batch in epoch_batches(trainer.data, cfg, 0):
+            for e in batch:
+                assert len(e.negatives) == n and not set(e.negatives) & trainer.data.positives[e.qid]
+    assert (tmp_path / "margin_mse" / "negatives" / "epoch-0.json").is_file()  # mined by the model itself
+    from lsr.encode.splade.encoder import SpladeEncoder
+
+    enc = SpladeEncoder.from_pretrained(tmp_path / "kl" / "model", device="cpu")  # query + document routes
+    assert enc.describe()["query_model"] is not None
+    assert not torch.equal(enc._towers["query"].weight, enc._towers["doc"].weight)  # trained apart
+
+
+def test_losses_against_hand_computation():
+    q = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
+    d = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])  # 2 pos, 1 neg each
+    # scores q0: [1, 0, 2, 1], q1: [0, 2, 0, 1]
+    lse = lambda xs: math.log(sum(math.exp(x) for x in xs))  # noqa: E731
+    want = ((lse([1, 0, 2, 1]) - 1) + (lse([0, 2, 0, 1]) - 2)) / 2
+    assert losses.info_nce(q, d).item() == pytest.approx(want, rel=1e-6)
+    own = ((lse([1, 2]) - 1) + (lse([2, 1]) - 2)) / 2  # each query: its positive and its own negative
+    assert losses.info_nce(q, d, in_batch=False).item() == pytest.approx(own, rel=1e-6)
+    excl = torch.zeros(2, 4, dtype=torch.bool)
+    excl[0, 2] = True
+    want_ex = ((lse([1, 0, 1]) - 1) + (lse([0, 2, 0, 1]) - 2)) / 2
+    assert losses.info_nce(q, d, exclude=excl).item() == pytest.approx(want_ex, rel=1e-6)
+    teacher = torch.tensor([[3.0, 1.0], [0.0, 0.5]])  # margins 2, -0.5; student margins 1-2=-1, 2-1=1
+    assert losses.margin_mse(q, d, teacher).item() == pytest.approx(((-1 - 2) ** 2 + (1 + 0.5) ** 2) / 2)
+    p = torch.softmax(teacher, 1)
+    s = torch.log_softmax(torch.tensor([[1.0, 2.0], [2.0, 1.0]]), 1)
+    want_kl = float((p * (p.log() - s)).sum() / 2)
+    assert losses.kl_distillation(q, d, teacher).item() == pytest.approx(want_kl, rel=1e-5)
+    assert losses.flops(q).item() == pytest.approx(0.5 ** 2 + 0.5 ** 2 + 1.0 ** 2)
+    assert losses.l1(q).item() == pytest.approx((3 + 1) / 2)
+    assert losses.flops_weight(0.4, 5, 10) == pytest.approx(0.1) and losses.flops_weight(0.4, 12, 10) == 0.4
+
+
+def test_cli_trains_and_resumes(tiny_model, beir, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    out = tmp_path / "o"
+    path.write_text(f"model: {tiny_model}\noutput: {out}\ndataset: {beir}\nn_negatives: 0\nbatch_size: 4\n"
+                    "max_length_doc: 32\nmax_length_query: 16\nprogress: false\nsave_every: 1\nhead_backend: torch\n")
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=1"]) == 0
+    assert f"trained model written to {out / 'model'}" in capsys.readouterr().out
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=2", "--resume", "auto"]) == 0
+    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("lr=-1", "config.lr"), ("loss=hinge", "config.loss must be one of"), ("bogus=1", "unknown key"),
+    ("batch_size=two", "config.batch_size must be int"), ("loss=kl", "teacher_scores"),
+])
+def test_config_errors_are_one_line_usage_errors(tiny_model, beir, tmp_path, capsys, override, needle):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {tiny_model}\noutput: {tmp_path / 'o'}\ndataset: {beir}\n")
+    assert cli_main(["train", str(path), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+
+
+def test_shipped_train_configs_load():
+    from lsr.train.config import load_train_config
+    from tests.conftest import REPO
+
+    paths = sorted((REPO / "configs").glob("train-*.yaml"))
+    assert paths
+    for p in paths:
+        cfg = load_train_config(p, ["max_steps=2"])
+        assert cfg.max_steps == 2 and cfg.dataset and cfg.model
+
+
+def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
+    """One batch through the Triton Sparton head (the interpreter on a CPU) and through the torch twin:
+    the same loss and the same parameter gradients within fp32 rounding."""
+    import os
+
+    from lsr.train.data import epoch_batches
+
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    kw = {"max_steps": 1, "batch_size": 3, "max_length_doc": 16, "max_length_query": 8, "bf16": False,
+          "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    out = []
+    for backend in ("triton", "torch"):
+        trainer = Trainer(config(tiny_model, beir, tmp_path / backend, head_backend=backend, **kw))
+        trainer.model.eval()  # no dropout
+        batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
+        loss, *_ = trainer.model.backward(trainer._loss_fn(batch), [trainer.data.queries[e.qid] for e in batch],
+                                          [trainer.data.docs[e.positive] for e in batch])
+        out.append((float(loss), [p.grad for _, p in trainer.model.named_parameters()]))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)
+    for got, want in zip(out[0][1], out[1][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_triton_deterministic_head_gives_identical_weights(tiny_model, beir, tmp_path):
+    kw = {"max_steps": 3, "deterministic": True, "head_backend": "triton", "device": "cuda"}
+    a, b = (weights(train(config(tiny_model, beir, tmp_path / f"g{i}", **kw))) for i in range(2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
