@@ -1,453 +1,241 @@
-"""Write and execute the notebooks in notebooks/ (outputs and plots saved in the .ipynb files and as PNG).
+"""Write the notebooks in notebooks/ and execute them where the tools are installed.
 
-    python scripts/build_notebooks.py [benchmarks] [quickstart]   # needs matplotlib, nbformat, nbconvert, ipykernel
+    python scripts/build_notebooks.py [benchmarks] [quickstart]
 
-The benchmark notebook only reads the committed results in docs/bench/ (no GPU needed); the
-quickstart notebook runs the offline SciFact BM25 pipeline through the Python API (~10 s on a CPU).
+``benchmarks.ipynb`` plots the current result files in docs/bench/ (one section per subsystem, no GPU
+needed) and saves each plot as notebooks/figures/<subsystem>.png; ``quickstart.ipynb`` runs the offline
+SciFact BM25 pipeline through the Python API (~10 s on a CPU). Writing needs nbformat; executing needs
+nbclient, ipykernel and matplotlib (``pip install -e ".[dev]"``). Without them the notebooks are written
+without outputs and the figures are left as they are.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
-
-import nbformat
-from nbconvert.preprocessors import ExecutePreprocessor
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 NB = REPO / "notebooks"
 
 QUICKSTART = [
-    new_markdown_cell("# lsr quickstart: BM25 on SciFact, offline\n\nEncode the shipped SciFact corpus with the "
-                      "BM25 lexical encoder, build the inverted index, search the 300 test queries and evaluate "
-                      "with ir-measures. The same job is `lsr run configs/scifact-bm25.yaml`; for SPLADE swap the "
-                      "encoder for `lsr.SpladeEncoder.from_pretrained('data/models/splade-tiny')` (the shipped "
-                      "model that `lsr run configs/quickstart.yaml` uses)."),
-    new_code_cell("import os, time\nos.chdir('..')  # repository root: data/ lives there\n"
-                  "import lsr\nfrom lsr.data.sources import load_dataset\nfrom lsr.encode.bm25.lexical import LexicalEncoder\n"
-                  "ds = load_dataset('data/scifact', 'test')\n"
-                  "ids, texts = zip(*ds.docs_iter())\nlen(ids), len(ds.queries), sum(map(len, ds.qrels.values()))"),
-    new_code_cell("t0 = time.time()\nenc = LexicalEncoder(k1=0.9, b=0.4)\n"
-                  "docs = enc.fit_encode_document(texts, ids=list(ids))\n"
-                  "index = lsr.InvertedIndex.build(docs, device='cpu')\n"
-                  "qids = list(ds.queries)\nqueries = enc.encode_query([ds.queries[q] for q in qids], ids=qids)\n"
-                  "scores, doc_idx = lsr.Searcher(index).search(queries, k=1000)\n"
-                  "print(f'{len(docs)} docs, {docs.nnz} postings, searched in {time.time() - t0:.1f}s')"),
-    new_code_cell("from lsr import runs\nrun = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)\n"
-                  "lsr.evaluate(run, ds.qrels, metrics=('RR@10', 'nDCG@10', 'R@1000'))"),
-    new_code_cell("# what a query looks like to the index, and its best hit\n"
-                  "q = 0\nprint(ds.queries[qids[q]])\nprint(enc.decode(queries[q])[0][:10])\n"
-                  "best = int(doc_idx[q, 0])\nprint(index.docnos[best], float(scores[q, 0]), texts[best][:200])"),
+    ("md", "# lsr quickstart: BM25 on SciFact, offline\n\nEncode the shipped SciFact corpus with the BM25 lexical "
+           "encoder, build the inverted index, search the 300 test queries and evaluate with ir-measures. The same "
+           "job is `lsr run configs/scifact-bm25.yaml`; for SPLADE swap the encoder for "
+           "`lsr.SpladeEncoder.from_pretrained('data/models/splade-tiny')` (the shipped model that "
+           "`lsr run configs/quickstart.yaml` uses)."),
+    ("code", "import os, time\nos.chdir('..')  # repository root: data/ lives there\n"
+             "import lsr\nfrom lsr import LexicalEncoder, load_dataset\n"
+             "ds = load_dataset('data/scifact', 'test')\n"
+             "ids, texts = zip(*ds.docs_iter())\nlen(ids), len(ds.queries), sum(map(len, ds.qrels.values()))"),
+    ("code", "t0 = time.time()\nenc = LexicalEncoder(k1=0.9, b=0.4)\n"
+             "docs = enc.fit_encode_document(texts, ids=list(ids))\n"
+             "index = lsr.InvertedIndex.build(docs, device='cpu')\n"
+             "qids = list(ds.queries)\nqueries = enc.encode_query([ds.queries[q] for q in qids], ids=qids)\n"
+             "scores, doc_idx = lsr.Searcher(index).search(queries, k=1000)\n"
+             "print(f'{len(docs)} docs, {docs.nnz} postings, searched in {time.time() - t0:.1f}s')"),
+    ("code", "from lsr.data import runs\nrun = runs.from_topk(queries.ids, index.docnos, scores, doc_idx)\n"
+             "lsr.evaluate(run, ds.qrels, metrics=('RR@10', 'nDCG@10', 'R@1000'))"),
+    ("code", "# what a query looks like to the index, and its best hit\n"
+             "q = 0\nprint(ds.queries[qids[q]])\nprint(enc.decode(queries[q])[0][:10])\n"
+             "best = int(doc_idx[q, 0])\nprint(index.docnos[best], float(scores[q, 0]), texts[best][:200])"),
 ]
 
-BENCH_SETUP = """import json, glob
+# Shared by every section: read a result file of either schema (lsr-bench/1 `rows` + `environment`, or the
+# older `results` / `meta` / `env` keys) and draw grouped bars.
+SETUP = """import json
 from pathlib import Path
-import numpy as np
-import pandas as pd
 import matplotlib.pyplot as plt
 BENCH = Path('../docs/bench'); FIG = Path('figures'); FIG.mkdir(exist_ok=True)
-def csvs(pattern):
-    frames = [pd.read_csv(p) for p in sorted(BENCH.glob(pattern))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-def lsr_rows(pattern, tree):  # lsr-auto rows of bench_search JSONs in extra/, labelled by tree(file stem) and case
-    runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=tree(p.stem))
-                      for p in sorted((BENCH / 'extra').glob(pattern))])
-    runs = runs[runs.method == 'lsr-auto'].copy()
-    runs['case'] = runs['queries'] + ' B=' + runs['B'].astype(str) + ' k=' + runs['k'].astype(str)
-    return runs
-def ab_panels(runs, run_trees, run_title, base, base_trees, base_title, png):  # a session's A/B beside the issue's start
-    fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={'width_ratios': [3, 1]})
-    runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[run_trees].plot.bar(ax=axes[0], rot=25)
-    axes[0].set_title(run_title); axes[0].set_ylabel('queries / s')
-    base.pivot_table(index='case', columns='tree', values='qps', aggfunc='median')[base_trees].plot.bar(ax=axes[1], rot=0)
-    axes[1].axhline(45000, color='k', ls='--', lw=1)
-    axes[1].set_title(base_title)
-    plt.tight_layout(); plt.savefig(FIG / png, dpi=110); plt.show()
-    return base.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'median', 'max']).round(0)"""
 
-HEAD = """head = csvs('bench_head*.csv')
-MAIN = ['sparton', 'sparton_head', 'gemm_floor', 'torch_compile', 'torch_eager', 'torch_vocab_tiled',
-        'hf_mlm_head', 'backbone_only']  # the diagnostic split rows stay in the table below
-head = head[(head.status == 'ok') & head.impl.isin(MAIN)].drop_duplicates(['mode', 'B', 'S', 'V', 'impl'], keep='last')
-head['case'] = head['mode'] + ' ' + head.B.astype(str) + 'x' + head.S.astype(str) + 'x' + head.V.astype(str)
-fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-for ax, col, label in [(axes[0], 'ms', 'time (ms, log)'), (axes[1], 'peak_extra_mb', 'peak extra memory (MB, log)')]:
-    pivot = head.pivot_table(index='case', columns='impl', values=col)
-    pivot[[c for c in MAIN if c in pivot]].plot.bar(ax=ax, logy=True, rot=30, legend=ax is axes[1])
-    ax.set_ylabel(label); ax.set_xlabel('')
-axes[1].legend(loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=8)
-axes[0].set_title('Sparton head vs baselines (H200, bf16, D=768)')
-plt.tight_layout(); plt.savefig(FIG / 'head.png', dpi=110); plt.show()
-head.pivot_table(index='case', columns='impl', values='ms').round(2)"""
+def load(name, key=None):
+    doc = json.loads((BENCH / name).read_text())
+    doc = doc[key] if key else doc
+    env = doc.get('environment') or doc.get('meta') or doc.get('env') or {}
+    rows = doc.get('rows') or doc.get('results') or doc.get('e2e') or []
+    return env, [r for r in rows if r.get('status', 'ok') == 'ok']
 
-SEARCH = """search = csvs('bench_search*.csv')
-if len(search):
-    s = search[(search.k == 1000) & search.qps.notna() & ~search.method.str.startswith('blk')]  # no sweep rows
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-    for ax, qset in zip(axes, ['synth', 'real']):
-        part = s[(s.queries == qset) & (s.n_docs == s.n_docs.max())]
-        part.pivot_table(index='B', columns='method', values='qps', aggfunc='max').plot(ax=ax, marker='o', logy=True, logx=True)
-        ax.set_title(f'QPS at {s.n_docs.max():,} docs, k=1000, {qset} queries'); ax.set_ylabel('queries / s')
-    plt.tight_layout(); plt.savefig(FIG / 'search_batch.png', dpi=110); plt.show()
-    if s.n_docs.nunique() > 1:
-        part = s[(s.B == s.B.max()) & (s.queries == 'synth')]
-        ax = part.pivot_table(index='n_docs', columns='method', values='qps', aggfunc='max').plot(marker='o', logx=True, logy=True, figsize=(7, 4.5))
-        ax.set_title(f'QPS vs collection size (B={s.B.max()}, k=1000, synthetic queries)'); plt.savefig(FIG / 'search_size.png', dpi=110); plt.show()
-search.pivot_table(index=['n_docs', 'queries', 'B', 'k'], columns='method', values='qps', aggfunc='max').round(0) if len(search) else 'no search results'"""
+def gpu(env):
+    return env.get('device') or env.get('gpu') or '?'
 
-ENCODE = """enc = csvs('bench_encode*.csv')
-enc = enc[enc.status == 'ok']
-best = enc.groupby(['data', 'method']).pps.max().unstack()
-ax = best.plot.bar(figsize=(9, 4.5), rot=0, logy=True)
-ax.axhline(22000, color='k', ls='--', lw=1, label='target 22k p/s'); ax.legend()
-ax.set_ylabel('passages / s (best batch size)'); ax.set_title('Encoding throughput, BERT-base SPLADE, H200 bf16')
-plt.tight_layout(); plt.savefig(FIG / 'encode.png', dpi=110); plt.show()
-best.round(0)"""
+def bars(ax, groups, series, values, ylabel, title, log=False):
+    \"\"\"values[(group, series)] -> number; one cluster of bars per group.\"\"\"
+    width = 0.8 / max(len(series), 1)
+    for i, s in enumerate(series):
+        ys = [values.get((g, s), 0) for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], ys, width, label=s)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], groups, rotation=20, ha='right')
+    ax.set_ylabel(ylabel); ax.set_title(title, fontsize=10); ax.legend(fontsize=8)
+    if log:
+        ax.set_yscale('log')
 
-PACKED = """prof = json.loads((BENCH / 'extra' / 'profile_encode_packed_e24ae88.json').read_text())
-fixed = pd.DataFrame(prof['runs']['fixed_packed_tma']['fixed']).set_index('S')
-cols = {'head_ms': 'padded, full texts', 'head_packed_ms': 'packed, full texts',
-        'head_var_ms': 'padded, lengths 8..S', 'head_packed_var_ms': 'packed, lengths 8..S'}
-ax = fixed[list(cols)].rename(columns=cols).plot(marker='o', figsize=(7, 4.5))
-ax.set_xlabel('batch width S (tokens)'); ax.set_ylabel('ms per 1024 texts'); ax.set_ylim(0)
-ax.set_title('Sparton head for inference: padded vs packed (H200, bf16, V=30522)')
-plt.tight_layout(); plt.savefig(FIG / 'head_packed.png', dpi=110); plt.show()
-fixed[list(cols)].rename(columns=cols)"""
+def save(fig, name):
+    fig.tight_layout(); fig.savefig(FIG / f'{name}.png', dpi=110); plt.show()"""
 
-WORKERS = """rows = []
-for name, label in [('profile_encode_workers_compile_1m_dev.json', 'run 3'), ('profile_encode_workers_1m_abd6e3f.json', 'run 6')]:
-    prof = json.loads((BENCH / 'extra' / name).read_text())
-    compiled = prof.get('compile', {})
-    compiled = compiled.get('full', compiled)  # keyed by compile mode in later files
-    runs = [('eager', r) for r in prof['e2e']] + [('compiled', r) for r in compiled.get('e2e', [])]
-    for mode, r in runs:
-        rows.append({'case': f"{label}, {mode}", 'tokenizer': 'processes (8)' if r['tokenize_workers'] else 'thread (in-process)',
-                     'pps': r['pps']})
-workers = pd.DataFrame(rows).pivot_table(index='case', columns='tokenizer', values='pps')
-ax = workers.plot.barh(figsize=(8, 3.5))
-ax.axvline(22000, color='k', ls='--', lw=1, label='target 22k p/s'); ax.legend(loc='lower right', fontsize=8)
-ax.set_xlabel('passages / s, encode_corpus end to end (1M MS MARCO-length passages)')
-ax.set_title('Tokenizing in worker processes vs a thread (H200, BERT-base, bf16)')
-plt.tight_layout(); plt.savefig(FIG / 'encode_workers.png', dpi=110); plt.show()
-workers"""
+HEAD = """env, rows = load('head-h200.json')
+impls = ['sparton', 'gemm_floor', 'torch_compile', 'torch_eager', 'torch_vocab_tiled']
+cases = [r for r in rows if r['impl'] in impls and r['mode'] in ('fwd', 'train')]
+groups = list(dict.fromkeys(f"{r['mode']} {r['B']}x{r['S']}x{r['V']}" for r in cases))
+ms = {(f"{r['mode']} {r['B']}x{r['S']}x{r['V']}", r['impl']): r['ms'] for r in cases}
+mb = {(f"{r['mode']} {r['B']}x{r['S']}x{r['V']}", r['impl']): r['peak_extra_mb'] for r in cases}
+fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+bars(axes[0], groups, impls, ms, 'ms (log)', f'Sparton head vs baselines ({gpu(env)}, bf16, D=768)', log=True)
+bars(axes[1], groups, impls, mb, 'peak extra MB (log)', 'memory beyond the inputs', log=True)
+xl = {}
+for name in ['head-250k-h100.json', 'head-250k-h200.json', 'head-250k-sparse-h100.json', 'head-250k-sparse-h200.json']:
+    env, rows = load(name)
+    label = ('sparse ' if 'sparse' in name else 'random ') + gpu(env).split()[1]
+    for r in rows:
+        if r['impl'] in ('sparton', 'sparton_tl_forward'):
+            xl[(label, 'resident forward' if r['impl'] == 'sparton' else 'tl forward')] = r['ms']
+bars(axes[2], list(dict.fromkeys(g for g, _ in xl)), ['resident forward', 'tl forward'], xl, 'ms',
+     'fwd+bwd 64x512x250002 (random weights / 1% active)')
+axes[2].axhline(26, color='k', ls='--', lw=1)
+save(fig, 'head')"""
 
-VARLEN = """prof = json.loads((BENCH / 'extra' / 'profile_encode_varlen_200k_09c00a9.json').read_text())
-e2e1m = json.loads((BENCH / 'extra' / 'profile_encode_varlen_e2e_1m_09c00a9.json').read_text())
-cols = {'body_pps': 'backbone', 'body_head_pps': 'backbone + head', 'encode_prepared_pps': 'encode_prepared',
-        'contended_pool_pps': 'encode_prepared + tokenizer processes'}
-table = pd.DataFrame({body: {label: r[key] for key, label in cols.items()} for body, r in prof['varlen'].items()})
-for r in e2e1m['e2e']:
-    table.loc['encode_corpus, 1M passages', 'varlen' if r['varlen'] else 'hf'] = r['pps']
-table = table.rename(columns={'varlen': 'padding-free (varlen_body)', 'hf': 'HF padded forward'})
-ax = table.plot.barh(figsize=(10, 4))
-ax.axvline(22000, color='k', ls='--', lw=1, label='target 22k p/s')
-ax.legend(loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=8)
-ax.set_xlabel('passages / s (MS MARCO lengths; 200K pre-tokenized, or 1M end to end)')
-ax.set_title('Padding-free backbone vs HF forward (H200, bf16)')
-plt.tight_layout(); plt.savefig(FIG / 'encode_varlen.png', dpi=110); plt.show()
-table"""
+ENCODE = """env, rows = load('encode-h200.json')
+msm = {}
+for r in rows:  # several batch sizes per method: its best
+    msm[(r['data'], r['method'])] = max(msm.get((r['data'], r['method']), 0), r['pps'])
+methods = list(dict.fromkeys(m for _, m in msm))
+fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+bars(axes[0], list(dict.fromkeys(d for d, _ in msm)), methods, msm, 'passages / s',
+     f"bench_encode.py ({gpu(env)}, {env.get('commit', '')})")
+env, rows = load('profile-encode-attention-h200.json')
+att = {(f'round {i // 2}', r['body']): r['pps'] for i, r in enumerate(rows)}
+bars(axes[1], ['round 0', 'round 1'], ['varlen', 'varlen-flash'], att, 'passages / s',
+     f'encode_corpus, 1M passages: packed attention vs flash ({gpu(env)})')
+tiny = [json.loads(line) for line in (BENCH / 'ab-encode-splade-tiny-h100.jsonl').read_text().splitlines()]
+st = {(api, t['label']): t[key] for t in tiny for api, key in (('encode_document', 'api_pps'), ('encode_corpus', 'corpus_pps'))}
+bars(axes[2], ['encode_document', 'encode_corpus'], ['old', 'new'], st, 'passages / s',
+     'splade-tiny, 400K passages (H100): before / after the host-input work')
+save(fig, 'encode')"""
 
-E2E = """e2e = json.loads((BENCH / 'bench_e2e.json').read_text())
-if 'schema' in e2e:  # the lsr.benchmarks.harness layout: the step times are in the summary, the sizes in the config
-    e2e = {**e2e['summary'], 'meta': e2e['config']}
-steps = dict(e2e['timed_s'])
-ax = pd.Series(steps).plot.barh(figsize=(7, 3))
-ax.set_xlabel('seconds'); ax.set_title(f"dev-small end to end: {e2e['meta']['n_queries']} queries x {e2e['meta']['n_docs']:,} docs (total {e2e['total_s']:.2f}s)")
-plt.tight_layout(); plt.savefig(FIG / 'e2e.png', dpi=110); plt.show()
-{'total_s': round(e2e['total_s'], 2), 'baseline_runs_eval_s': round(sum(e2e['baseline_s'].values()), 2), **e2e['meta']}"""
+SEARCH = """env, rows = load('search-h200.json')
+cases = [r for r in rows if r['B'] > 1]
+qps = {(f"B={r['B']} k={r['k']}", r['queries']): r['qps'] for r in cases}
+fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+bars(axes[0], list(dict.fromkeys(g for g, _ in qps)), ['synth', 'real'], qps, 'queries / s',
+     f'exact top-k, 8.8M docs, compact postings ({gpu(env)})')
+base = {}
+for key in ['old0', 'old1', 'old2', 'new0', 'new1', 'new2']:
+    env, rows = load('search-baseline-h200.json', key)
+    for r in rows:
+        if r['method'] == 'lsr-auto':
+            base[(f"B={r['B']} {key[-1]}", '65fee74' if key.startswith('old') else 'current')] = r['qps']
+bars(axes[1], sorted({g for g, _ in base}), ['65fee74', 'current'], base, 'queries / s',
+     'synthetic top-1000: the tree the throughput work started from vs today (3 rounds)')
+axes[1].axhline(45000, color='k', ls='--', lw=1)
+env, rows = load('search-methods-h200.json')
+m = {(r['method'], r['queries']): r['qps'] for r in rows if r['n_docs'] == 8800000 and r['B'] == 500 and r['k'] == 1000}
+bars(axes[2], list(dict.fromkeys(g for g, _ in m)), ['synth', 'real'], m, 'queries / s (log)',
+     f"every method, B=500 k=1000 ({gpu(env)}, {env.get('commit')})", log=True)
+save(fig, 'search')"""
 
-TRAIN = """train = pd.DataFrame([r | {'run': p.stem.replace('bench_train_', '')} for p in sorted(BENCH.glob('bench_train*.json'))
-                      for r in json.loads(p.read_text())['rows']])
-logs = {p.parent.name: pd.read_json(p, lines=True) for p in sorted(BENCH.glob('train/*/log.jsonl'))}
-fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
-if len(train):
-    timed = train[(train.status == 'ok') & train.ms.notna() & ~train.checkpointing]
-    timed.assign(case=timed.model + ' B=' + timed.B.astype(int).astype(str) + np.where(timed.run == 'session11', '', ' *')).pivot_table(
-        index='case', columns='impl', values='ms').plot.bar(ax=axes[0], rot=0)
-    axes[0].set_title('training step at equal batch, interleaved timing (ms, H100; * = a later run)')
-    best = train[train.max_batch.notna()]
-    best.assign(case=best.model + np.where(best.checkpointing, ' +ckpt', '')).pivot_table(
-        index='case', columns='impl', values='max_batch').plot.bar(ax=axes[1], rot=0, logy=True)
-    axes[1].set_title('largest batch that fits, doc length 256 (log)')
-for label, log in logs.items():  # e.g. the SciFact fine-tuning with the Sparton head and with the torch head
-    axes[2].plot(log.step, log.rank_loss.rolling(5, min_periods=1).mean(), label=label)
-axes[2].set_title('SciFact fine-tuning: ranking loss (5-step mean)'); axes[2].set_xlabel('step')
-if logs:
-    axes[2].legend()
-plt.tight_layout(); plt.savefig(FIG / 'train.png', dpi=110); plt.show()
-train[['run', 'model', 'checkpointing', 'impl', 'B', 'ms', 'ms_p10', 'ms_p90', 'peak_extra_mb', 'max_batch']] if len(train) else 'no bench_train results yet'"""
+TRAIN = """fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+env, rows = load('train-h100.json')
+step = {(f"{r['model']} B={r['B']}", r['impl']): r['ms'] for r in rows if r['method'] != 'max_batch'}
+bars(axes[0], list(dict.fromkeys(g for g, _ in step)), ['lsr', 'torch_head', 'st'], step, 'ms per step',
+     f'training step ({gpu(env)}; st = sentence-transformers)')
+big = {(r['model'], r['impl']): r['max_batch'] for r in rows if r['method'] == 'max_batch'}
+env, rows = load('train-checkpointing-h100.json')
+big.update({(r['model'] + ' + ckpt', r['impl']): r['max_batch'] for r in rows if r['method'] == 'max_batch'})
+bars(axes[1], list(dict.fromkeys(g for g, _ in big)), ['lsr', 'torch_head', 'st'], big, 'largest batch (log)',
+     'largest training batch', log=True)
+save(fig, 'train')"""
 
-MAXSIM = """rows = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(source=p.name)
-                  for p in sorted(BENCH.glob('bench_maxsim*.json'))])
-ok = rows[(rows.status == 'ok') & (rows.method != 'einsum-fp32')]
-cases = [c for c in ('colbert', 'colbert-pairs', 'colpali') if c in set(ok.case)]
-fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 3.8), squeeze=False)
-for ax, case in zip(axes[0], cases):
-    ok[ok.case == case].pivot_table(index='method', columns='mode', values='ms').plot.barh(ax=ax, logx=True)
-    ax.set_xlabel('ms (log)'); ax.set_title(f'MaxSim {case} (H100, bf16)')
-plt.tight_layout(); plt.savefig(FIG / 'maxsim.png', dpi=110); plt.show()
-ok.pivot_table(index=['case', 'method'], columns='mode', values='ms')"""
+SERVE = """env, rows = load('serve-h100.json')
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for frozen in (0, 1):
+    pts = [(r['p99_ms'], r['qps'], r['concurrency']) for r in sorted(rows, key=lambda r: r['concurrency'])
+           if r['freeze_gc'] == frozen]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], 'o-', label=f'gc frozen = {frozen}')
+    for p99, q, c in pts:
+        ax.annotate(str(c), (p99, q), fontsize=7)
+ax.axvline(20, color='k', ls='--', lw=1); ax.set_xscale('log')
+ax.set_xlabel('p99 ms (log; labels: clients)'); ax.set_ylabel('queries / s'); ax.legend()
+ax.set_title(f'lsr serve, text queries by splade-tiny, 8.8M docs, k=10 ({gpu(env)})', fontsize=10)
+save(fig, 'serve')"""
 
-COMPACT = """rows = pd.DataFrame(json.loads((BENCH / 'bench_search_compact_session11.json').read_text())['rows'])
-rows = rows[rows.qps.notna()]
-fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-for ax, q in zip(axes, ['synth+ranked', 'real+ranked']):
-    rows[rows.queries == q].pivot_table(index='B', columns='postings', values='qps').plot(ax=ax, marker='o', logx=True)
-    ax.set_title(f'8.8M docs, k=1000, {q} queries (H100)')
-    ax.set_ylabel('queries / s'); ax.set_ylim(0)
-plt.tight_layout(); plt.savefig(FIG / 'search_compact.png', dpi=110); plt.show()
-rows.pivot_table(index=['queries', 'B'], columns='postings', values='qps').round(0)"""
+SCALING = """runs = {}
+for name, label in [('dist-h100.json', None), ('dist-strong-2xh100.json', 'documents split, 2 GPUs'),
+                    ('dist-weak-2xh100.json', '2 x 8.8M docs, 2 GPUs'), ('dist-replicated-2xh100.json', 'replicas, 2 GPUs')]:
+    env, rows = load(name)
+    for r in rows:
+        if r['method'] != 'merge' and r['B'] in (64, 500):
+            runs[(f"B={r['B']}", label or f"{r['method']}, P={r['P']}, 1 GPU")] = r['qps']
+fig, ax = plt.subplots(figsize=(11, 4.5))
+bars(ax, ['B=64', 'B=500'], list(dict.fromkeys(s for _, s in runs)), runs, 'queries / s',
+     'exact top-1000 over 8.8M docs across partitions and GPUs (H100)')
+save(fig, 'scaling')"""
 
-SERVE = """loaded = [(p, json.loads(p.read_text())) for p in [BENCH / 'bench_serve.json', *sorted((BENCH / 'extra').glob('bench_serve*.json'))]]
-serve = pd.concat([pd.DataFrame(d['rows']).assign(run=p.stem) for p, d in loaded if 'rows' in d])   # (A/B summaries have no rows)
-serve = serve[serve.qps.notna()]
-serve['pipeline'] = serve['pipeline'].fillna(0).astype(int) if 'pipeline' in serve else 0
-fig, ax = plt.subplots(figsize=(9, 5))
-serve['freeze_gc'] = serve['freeze_gc'].fillna(-1).astype(int) if 'freeze_gc' in serve else -1
-for (run, q, mb, pl, fz), part in serve.groupby(['run', 'queries', 'max_batch', 'pipeline', 'freeze_gc']):
-    label = f'{run.replace("bench_serve_", "")}: {q}, max_batch={mb}' + (', pipelined' if pl else '') + \
-        ('' if fz else ', GC not frozen')
-    ax.plot(part.qps, part.p99_ms, marker='o', label=label)
-ax.axhline(20, color='k', ls='--', lw=1, label='p99 = 20 ms'); ax.set_yscale('log'); ax.set_xscale('log')
-ax.set_xlabel('queries / s'); ax.set_ylabel('p99 latency (ms)'); ax.legend(fontsize=6)
-ax.set_title('lsr serve, 8.8M docs, k=10, 1-128 clients (H100)')
-plt.tight_layout(); plt.savefig(FIG / 'serve.png', dpi=110); plt.show()
-serve[['run', 'queries', 'max_batch', 'pipeline', 'concurrency', 'qps', 'p50_ms', 'p99_ms', 'mean_batch']]"""
+RERANK = """fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+for ax, (name, title) in zip(axes, [('maxsim-h100.json', 'ColBERT rerank, 500 x 1,000 candidates'),
+                                    ('maxsim-pairs-h100.json', 'kernel against kernel, shared documents')]):
+    env, rows = load(name)
+    ms = {(r['mode'], r['method']): r['ms'] for r in rows}
+    bars(ax, list(dict.fromkeys(m for m, _ in ms)), list(dict.fromkeys(s for _, s in ms)), ms, 'ms (log)',
+         f'MaxSim: {title} ({gpu(env)})', log=True)
+save(fig, 'rerank')"""
 
-OLD_NEW = """runs = pd.concat([pd.DataFrame(json.loads(p.read_text())['rows']).assign(tree=p.stem.split('_')[{tree}])
-                  for p in sorted((BENCH / 'extra').glob('{pattern}'))])
-runs = runs[runs.qps.notna()]
-fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-for ax, (q, k) in zip(axes, [('real', 10), ('synth', 1000)]):
-    part = runs[(runs.queries == q) & (runs.k == k)]
-    part.pivot_table(index='B', columns='tree', values='ms').plot(ax=ax, marker='o', logx=True)
-    ax.set_title(f'8.8M docs, {{q}} queries, top-{{k}}: ms per batch ({title})'); ax.set_ylabel('ms'); ax.set_ylim(0)
-plt.tight_layout(); plt.savefig(FIG / '{figure}', dpi=110); plt.show()
-runs.pivot_table(index=['queries', 'k', 'B'], columns='tree', values=['ms', 'qps', 'p50_latency_ms']).round(2)"""
-RESCUE = OLD_NEW.format(pattern="bench_search_ingraph_rescue_*_session13.json", tree=-2, title="H100, one call",
-                        figure="search_rescue.png")
-SELECT = OLD_NEW.format(pattern="bench_search_select_*_session15_h100.json", tree=-3, title="H100, one call",
-                        figure="search_select.png")
-COARSE3 = OLD_NEW.format(pattern="bench_search_*_session16_h200.json", tree=2, title="H200, one call",
-                         figure="search_coarse3cta.png")
-COARSE16 = OLD_NEW.format(pattern="bench_search_*_session18_h200.json", tree=2, title="H200; final: another call",
-                          figure="search_coarse16.png")
-
-ENCODE19 = """e2e = pd.DataFrame(json.loads((BENCH / 'extra' / 'ab_gelu_epilogue_head_groups_e2e_session19_h200.json').read_text()))
-head = pd.DataFrame(json.loads((BENCH / 'extra' / 'ab_packed_head_configs_session19_h200.json').read_text())['rows'])
-fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
-e2e.pivot_table(index='mode', columns='round', values='pps', sort=False).plot.bar(ax=axes[0], rot=0)
-axes[0].axhline(28000, color='k', ls='--', lw=1, label='issue target 28K'); axes[0].legend(title='round')
-axes[0].set_title('encode_corpus, BERT-base, 1M passages (H200, one process)'); axes[0].set_ylabel('passages / s')
-head.set_index('name').ms.sort_values().plot.barh(ax=axes[1])
-axes[1].set_title('packed Sparton head, one batch of 131K tokens (ms, H200)')
-plt.tight_layout(); plt.savefig(FIG / 'encode_session19.png', dpi=110); plt.show()
-e2e[['round', 'mode', 'pps', 'encode_only_pps']]"""
-
-ATTN20 = """stream = json.loads((BENCH / 'extra' / 'packed_attention_stream_session20_h200.json').read_text())
-ab = json.loads((BENCH / 'extra' / 'ab_packed_attention_e2e_session20_h200.json').read_text())
-rows = pd.DataFrame(stream['rows'])
-# packed_attention's choice: grouped 64-row tiles (2 stages) for texts <= 64 or > 96 tokens, row tiles between
-rows['packed'] = [r['(True, 64, 64, 4, 2)'] if r['L'] <= 64 or 2 * r['L'] > 192 else r['(False, 64, 64, 4, 1)']
-                  for _, r in rows.iterrows()]
-fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
-rows.plot(x='L', y=['flash', 'packed'], marker='o', ax=axes[0])
-axes[0].set_title('attention per layer, one 50K window cut into batches (H200)')
-axes[0].set_xlabel("batch's longest text (tokens)"); axes[0].set_ylabel('ms per call')
-e2e = pd.DataFrame(ab['e2e'])
-e2e['run'] = e2e['call'].str[:2] + ' r' + e2e['round'].astype(str)
-e2e.pivot_table(index='run', columns='attention', values='pps', sort=False).plot.bar(ax=axes[1], rot=0)
-axes[1].axhline(28000, color='k', ls='--', lw=1); axes[1].set_ylim(25000, 29000)
-axes[1].set_title('encode_corpus, BERT-base, flash vs packed in one process'); axes[1].set_ylabel('passages / s')
-plt.tight_layout(); plt.savefig(FIG / 'encode_session20.png', dpi=110); plt.show()
-print('window totals, ms per layer: flash %.2f, packed %.2f' % (rows.flash.sum(), rows.packed.sum()))
-pd.DataFrame(ab['gpu_only'])"""
-
-GRAPH21 = """ab = json.loads((BENCH / 'extra' / 'ab_graph_large_session21_h200.json').read_text())
-rows = pd.DataFrame(ab['batches'])
-rows['case'] = rows['queries'] + ' B=' + rows['B'].astype(str) + ' k=' + rows['k'].astype(str)
-fig, ax = plt.subplots(figsize=(14, 4.2))
-rows.pivot_table(index='case', columns='mode', values='qps', aggfunc='median', sort=False)[['before', 'after']].plot.bar(ax=ax, rot=20)
-ax.axhline(45000, color='k', ls='--', lw=1, label='issue target, B=500 k=1000'); ax.legend()
-ax.set_title('block path: CUDA graphs up to B=64 (before) and up to B=512 (after), one process, H200, 8.8M docs, compact')
-ax.set_ylabel('queries / s (median of two rounds)')
-plt.tight_layout(); plt.savefig(FIG / 'search_graphs_session21.png', dpi=110); plt.show()
-pd.DataFrame(ab['searcher'])"""
-
-AB21 = """runs = lsr_rows('bench_search_session_last_*_session21_h200.json', lambda stem: stem.split('_')[4][:3])
-fig, ax = plt.subplots(figsize=(14, 4.2))
-runs[runs.B > 1].pivot_table(index='case', columns='tree', values='qps', aggfunc='median', sort=False)[['old', 'new']].plot.bar(ax=ax, rot=25)
-ax.set_title("bench_search: session 21's start (f4a70c3) vs its end (4e0bd30), alternating twice on one H200 (median of the rounds)")
-ax.set_ylabel('queries / s'); plt.tight_layout(); plt.savefig(FIG / 'search_session21.png', dpi=110); plt.show()
-runs.pivot_table(index='case', columns='tree', values='qps', aggfunc=['min', 'max'], sort=False).round(0)"""
-
-AB22 = """runs = lsr_rows('bench_search_session_ab_*_session22_h200.json', lambda stem: stem.split('_')[4][:3])
-base = lsr_rows('bench_search_issue_baseline_*_session22_h200.json', lambda stem: stem.split('_')[4])
-ab_panels(runs, ['old', 'new'], "bench_search: session 22's start (ed17eeb) vs its end, alternating twice on one H200 (median)",
-          base, ['today', 'new'], "issue 18's start (65fee74) vs now", 'search_session22.png')"""
-
-AB23 = """def merged(name, trees):  # lsr-auto rows of a merged A/B file ({tag: bench_search JSON}, tag = tree + round)
-    d = json.loads((BENCH / 'extra' / name).read_text())
-    rows = pd.concat([pd.DataFrame(v['rows']).assign(tree=trees[t[:3]], round=t[3:]) for t, v in d.items()])
-    rows = rows[rows.method == 'lsr-auto'].copy()
-    rows['case'] = rows['queries'] + ' B=' + rows['B'].astype(str) + ' k=' + rows['k'].astype(str)
-    return rows
-runs = merged('bench_search_session_ab_session23_h200.json', {'old': '8423771 (start)', 'new': 'end'})
-base = merged('bench_search_issue_baseline_call16_session23_h200.json', {'old': '65fee74 (issue 18)', 'new': 'end'})
-ab_panels(runs, ['8423771 (start)', 'end'], "bench_search: session 23's start vs its end, alternating twice on one H200 (median)",
-          base, ['65fee74 (issue 18)', 'end'], "issue 18's start vs now (3 rounds)", 'search_session23.png')"""
-
-HEAD24 = """def head_ab(name, gpu, trees={'base': '9fb413b (start)', 'new': 'b121e6e'}):  # {tag: bench_head JSON}, tag = tree_case
-    frames = [pd.DataFrame(doc['rows']).assign(tree=trees[tag.split('_')[0]])
-              for tag, doc in json.loads((BENCH / 'extra' / name).read_text()).items()]
-    df = pd.concat(frames)
-    sparsity = np.where(df.active < 1, ' active ' + df.active.astype(str), ' random')
-    df['case'] = df.B.astype(str) + 'x' + df.S.astype(str) + 'x' + df.V.astype(str) + sparsity + ' (' + gpu + ')'
-    return df
-ab = pd.concat([head_ab('bench_head_250k_ab_session24_h100.json', 'H100'), head_ab('bench_head_30k_ab_session24_h200.json', 'H200')])
-t = ab.pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median')
-fig, axes = plt.subplots(1, 2, figsize=(15, 4.2))
-for ax, impl, title in [(axes[0], 'sparton', 'fwd + bwd (ms)'), (axes[1], 'sparton_bwd_only', 'backward alone (ms)')]:
-    t.xs(impl, level='impl').plot.bar(ax=ax, rot=12); ax.set_title(title)
-axes[0].axhline(26, color='k', ls='--', lw=1)  # issue 18's target for 64x512x250002
-plt.tight_layout(); plt.savefig(FIG / 'head_session24.png', dpi=110); plt.show()
-t.loc[(slice(None), ['sparton', 'sparton_bwd_only', 'sparton_bwd_dh_part', 'sparton_bwd_de_part']), :].round(2)"""
-
-HEAD25 = """bwd = pd.concat([head_ab(f'bench_head_bwd_ab_session25_{g.lower()}.json', g, {'base': 'beff6cf', 'new': '75c8dca'})
-                 for g in ('H100', 'H200')])
-fwd = head_ab('bench_head_fwd_ab_session25_h100.json', 'H100', {'base': '75c8dca', 'new': '6b5fdba'})
-fig, axes = plt.subplots(1, 2, figsize=(15, 4.2))
-tb = bwd[bwd.impl == 'sparton_bwd_dh_part'].pivot_table(index='case', columns='tree', values='ms', aggfunc='median')
-tb[['beff6cf', '75c8dca']].plot.bar(ax=axes[0], rot=12); axes[0].set_title('dH part of the backward (ms): 96 MB slices -> row groups, one launch')
-fwd_rows = fwd.impl.isin(['sparton_fwd_only', 'gemm_floor']) | ((fwd['mode'] == 'fwd') & (fwd.impl == 'sparton'))
-tf = fwd[fwd_rows].pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median')
-tf[['75c8dca', '6b5fdba']].plot.bar(ax=axes[1], rot=12); axes[1].set_title('forward (ms): rows without holes skip the mask reads (H100)')
-plt.tight_layout(); plt.savefig(FIG / 'head_session25.png', dpi=110); plt.show()
-fwd.pivot_table(index=['case', 'impl'], columns='tree', values='ms', aggfunc='median').round(2)"""
-
-HEAD26 = """runs26 = {'bench_head_resident_session26_h100_call7_round1.json': 'H100 call 7', 'bench_head_session26_h100.json': 'H100 call 9',
-         'bench_head_active001_session26_h100.json': 'H100 call 9', 'bench_head_250k_session26_h200_round1.json': 'H200 call 10a',
-         'bench_head_250k_session26_h200_round2.json': 'H200 call 10b', 'bench_head_250k_active001_session26_h200.json': 'H200 call 10',
-         'bench_head_250k_final_session26_h200.json': 'H200 call 11'}
-r26 = pd.concat([pd.DataFrame(json.loads((BENCH / 'extra' / f).read_text())['rows']).assign(run=run) for f, run in runs26.items()])
-r26 = r26[r26.status == 'ok'].copy()
-r26['case'] = (r26['mode'] + ' ' + r26.B.astype(str) + 'x' + r26.S.astype(str) + 'x' + r26.V.astype(str)
-               + np.where(r26.active < 1, ' active ' + r26.active.astype(str), '') + ' | ' + r26.run)
-pairs = {'sparton': 'resident forward', 'sparton_tl_forward': 'tl forward',
-         'sparton_fwd_only': 'resident forward', 'sparton_fwd_only_tl': 'tl forward'}
-fig, axes = plt.subplots(1, 2, figsize=(15, 7.5), gridspec_kw={'wspace': 0.75})
-for ax, impls, title in [(axes[0], ['sparton', 'sparton_tl_forward'], 'head call (train: fwd+bwd, fwd: forward), ms'),
-                         (axes[1], ['sparton_fwd_only', 'sparton_fwd_only_tl'], 'training forward alone, ms')]:
-    t = r26[r26.impl.isin(impls)].assign(kernel=lambda d: d.impl.map(pairs))
-    t.pivot_table(index='case', columns='kernel', values='ms', aggfunc='median').plot.barh(ax=ax)
-    ax.set_title(title); ax.set_ylabel(''); ax.legend(loc='lower right')
-axes[0].axvline(26, color='k', ls='--', lw=1)
-plt.savefig(FIG / 'head_session26.png', dpi=110, bbox_inches='tight'); plt.show()
-r26[r26.impl.isin(pairs)].pivot_table(index='case', columns='impl', values='ms', aggfunc='median').round(2)"""
-
-HEAD27 = """runs27 = {'bench_head_250k_session27_h100_call2.json': 'H100 call 2', 'bench_head_250k_session27_h100_call6.json': 'H100 call 6 (exp. bwd)',
-          'bench_head_250k_session27_h100_call8.json': 'H100 call 8', 'bench_head_250k_session27_h200_round2.json': 'H200 call 10',
-          'bench_head_250k_session27_h200_call12_round1.json': 'H200 call 12a', 'bench_head_250k_session27_h200_call12_round2.json': 'H200 call 12b',
-          'bench_head_250k_active001_session27_h100_call8.json': 'H100 call 8', 'bench_head_250k_active001_session27_h200.json': 'H200 call 10'}
-r27 = pd.concat([pd.DataFrame(json.loads((BENCH / 'extra' / f).read_text())['rows']).assign(run=run) for f, run in runs27.items()])
-r27 = r27[(r27.status == 'ok') & r27.impl.isin(['sparton', 'sparton_tl_forward'])].copy()
-r27['case'] = np.where(r27.active < 1, 'active ' + r27.active.astype(str), 'random') + ' | ' + r27.run
-ab = []
-for f, run in {'sparton_ws_vs_lockstep_session27_h100_call2.json': 'H100 call 2', 'sparton_ws_vs_lockstep_session27_h100_call8.json': 'H100 call 8',
-               'sparton_ws_vs_lockstep_session27_h200.json': 'H200 call 10'}.items():
-    for case, t in json.loads((BENCH / 'extra' / f).read_text())['timing'].items():
-        for kernel, key in (('lockstep (session 26)', 'res'), ('warp-specialized', '{}')):
-            ab += [{'case': f'{case} | {run}', 'kernel': kernel, 'ms': ms} for ms in t[key]]
-ab = pd.DataFrame(ab)
-fig, axes = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={'wspace': 0.6})
-r27.pivot_table(index='case', columns='impl', values='ms', aggfunc='median').plot.barh(ax=axes[0])
-axes[0].axvline(26, color='k', ls='--', lw=1); axes[0].legend(loc='upper center', bbox_to_anchor=(0.5, -0.05), ncol=2); axes[0].set_title('64x512x250002 fwd+bwd, ms'); axes[0].set_ylabel('')
-ab.pivot_table(index='case', columns='kernel', values='ms', aggfunc='median').plot.barh(ax=axes[1])
-axes[1].set_title('resident forward alone (median of 3 rounds), ms'); axes[1].set_ylabel('')
-plt.savefig(FIG / 'head_session27.png', dpi=110, bbox_inches='tight'); plt.show()
-ab.pivot_table(index='case', columns='kernel', values='ms', aggfunc=['min', 'median', 'max']).round(2)"""
-
-BENCHMARKS = [
-    new_markdown_cell("# lsr benchmarks\n\nPlots of the committed benchmark results in `docs/bench/` (H200, and H100 for training and MaxSim; see "
-                      "docs/benchmarks.md for the commands, versions and commits). Nothing here needs a GPU."),
-    new_code_cell(BENCH_SETUP),
-    new_markdown_cell("## Sparton head: time and peak extra memory per case"),
-    new_code_cell(HEAD),
-    new_markdown_cell("## Exact search: QPS vs batch size and collection size"),
-    new_code_cell(SEARCH),
-    new_markdown_cell("## Corpus encoding throughput"),
-    new_code_cell(ENCODE),
-    new_markdown_cell("## Padding-free backbone: packed tokens, flash attention, fused add + LayerNorm"),
-    new_code_cell(VARLEN),
-    new_markdown_cell("## Packed Sparton head (inference): texts share 128-token tiles"),
-    new_code_cell(PACKED),
-    new_markdown_cell("## Corpus encoding: tokenizer processes vs a tokenizing thread (same run, 1M passages)"),
-    new_code_cell(WORKERS),
-    new_markdown_cell("## Dev-small end to end (search + runs + evaluation, vectors given)"),
-    new_code_cell(E2E),
-    new_markdown_cell("## Training: step time and largest batch (lsr.train vs sentence-transformers), loss curves"),
-    new_code_cell(TRAIN),
-    new_markdown_cell("## Late interaction: fused MaxSim vs flash-maxsim, einsum and torch.compile"),
-    new_code_cell(MAXSIM),
-    new_markdown_cell("## Compact postings (4 bytes) against float32 postings (8 bytes), same collection, exact"),
-    new_code_cell(COMPACT),
-    new_markdown_cell("## Serving: throughput against p99 latency, batching off and on"),
-    new_code_cell(SERVE),
-    new_markdown_cell("## Small batches: coarse lists with ties settled inside the chunk (session 13, old = 9e6cc32)"),
-    new_code_cell(RESCUE),
-    new_markdown_cell("## Small batches: bucket selection and one-kernel query scales (session 15, old = 007706d)"),
-    new_code_cell(SELECT),
-    new_markdown_cell("## Batches: the coarse pass 2 in float32, three CTAs per SM (session 16, base = 2864652)"),
-    new_code_cell(COARSE3),
-    new_markdown_cell("## Batches: coarse sums in 16 bits, 32,768-doc spans (session 18: base = 1bb7c98 twice, new = da25664 "
-                      "twice, final = 9b72210)"),
-    new_code_cell(COARSE16),
-    new_markdown_cell("## Encoding: GELU in the FFN GEMM's epilogue, packed-head tile groups (session 19, base = 9bba66b)"),
-    new_code_cell(ENCODE19),
-    new_markdown_cell("## Encoding: lsr's packed attention kernel against flash attention's variable-length kernel (session 20)"),
-    new_code_cell(ATTN20),
-    new_markdown_cell("## Batches above 64 queries replay CUDA graphs too (session 21, before = graphs up to B = 64)"),
-    new_code_cell(GRAPH21),
-    new_markdown_cell("## Search at the start and the end of session 21, one machine"),
-    new_code_cell(AB21),
-    new_markdown_cell("## Search at the start and the end of session 22, and against the tree issue 18 started from (one H200)"),
-    new_code_cell(AB22),
-    new_markdown_cell("## Search at the start and the end of session 23 (row top-k and histogram kernels), and against issue "
-                      "18's starting tree (one H200)"),
-    new_code_cell(AB23),
-    new_markdown_cell("## Sparton head backward: tile sizes from a sweep (session 24, start = 9fb413b, end = b121e6e)"),
-    new_code_cell(HEAD24),
-    new_markdown_cell("## Sparton head: dH over row groups in one launch, the forward without mask reads for right-padded rows "
-                      "(session 25)"),
-    new_code_cell(HEAD25),
-    new_markdown_cell("## Sparton head: the forward with the vocabulary tile resident on chip (Gluon, session 26)\n\nEach "
-                      "file is one `bench_head.py` run; `sparton_tl_forward` / `sparton_fwd_only_tl` are the same calls "
-                      "with the tl forward kernel, measured in the same run. The dashed line is issue 18's 26 ms for "
-                      "64x512x250002."),
-    new_code_cell(HEAD26),
-    new_markdown_cell("## Sparton head: the warp-specialized resident forward (session 27)\n\nLeft: `bench_head.py` runs of"
-                      " 64x512x250002 training (fwd+bwd), the warp-specialized resident forward (`sparton`) against the "
-                      "session-25 tl forward (`sparton_tl_forward`) in the same run; H100 calls 2 and 8 and H200 calls 10 "
-                      "and 12 ran the committed tree, H100 call 6 an experimental backward that was not kept. Right: the "
-                      "training forward alone, session 26's lockstep resident kernel against the warp-specialized one, "
-                      "three alternating rounds per call (`ab_fwd.py`). The dashed line is issue 18's 26 ms."),
-    new_code_cell(HEAD27),
+SECTIONS = [
+    ("Sparton head", "Forward and training cases against eager, torch.compile, a vocab-tiled head and the bare GEMM; "
+                     "the XLM-R vocabulary's fwd+bwd with the resident and the `tl` forward (dashed: 26 ms). "
+                     "Page: docs/performance/head.md.", HEAD),
+    ("Encoding", "lsr against Hugging Face + torch head; lsr's packed attention against flash attention end to end; "
+                 "splade-tiny before and after the host-input work. Page: docs/performance/encode.md.", ENCODE),
+    ("Search", "Today's QPS; against the tree the throughput work started from (dashed: 45K); every method in one "
+               "older run. Page: docs/performance/search.md.", SEARCH),
+    ("Training", "Step time and largest batch against a torch head and sentence-transformers. "
+                 "Page: docs/performance/train.md.", TRAIN),
+    ("Serving", "QPS against p99 latency, the garbage collector left as it is or frozen after warm-up (dashed: 20 ms). "
+                "Page: docs/performance/serve.md.", SERVE),
+    ("Scaling", "One index, partitions on one GPU, and two GPUs split by documents or by queries. "
+                "Page: docs/performance/scaling.md.", SCALING),
+    ("Rerank (MaxSim)", "The fused MaxSim kernel against flash-maxsim and einsum. "
+                        "Page: docs/performance/rerank.md.", RERANK),
 ]
 
 
-def build(name: str, cells: list) -> None:
-    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                            "language": "python"}})
-    ExecutePreprocessor(timeout=600, kernel_name="python3").preprocess(nb, {"metadata": {"path": str(NB)}})
+def benchmark_cells() -> list[tuple[str, str]]:
+    cells = [("md", "# lsr benchmarks\n\nPlots of the current result files in `docs/bench/` (one per benchmark and "
+                    "GPU kind; older runs are in git history). Every number, its command and the design behind it "
+                    "are on the performance pages of the documentation (`docs/performance/`). Regenerate with "
+                    "`python scripts/build_notebooks.py benchmarks`."),
+             ("code", SETUP)]
+    for title, text, code in SECTIONS:
+        cells += [("md", f"## {title}\n\n{text}"), ("code", code)]
+    return cells
+
+
+def write(name: str, cells: list[tuple[str, str]]) -> None:
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    nb = new_notebook(cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    runnable = all(importlib.util.find_spec(m) for m in ("nbclient", "ipykernel", "matplotlib"))
+    if runnable:
+        from nbclient import NotebookClient
+
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NB)}}).execute()
+    else:
+        print(f"{name}: nbclient, ipykernel or matplotlib missing: written without outputs", file=sys.stderr)
     nbformat.write(nb, NB / name)
     print(f"wrote {NB / name}")
 
 
-if __name__ == "__main__":
-    import sys
-
+def main(argv: list[str]) -> None:
     NB.mkdir(exist_ok=True)
-    wanted = sys.argv[1:] or ["benchmarks", "quickstart"]  # e.g. `benchmarks` alone: no pipeline run
-    for name, cells in (("benchmarks", BENCHMARKS), ("quickstart", QUICKSTART)):
-        if name in wanted:
-            build(f"{name}.ipynb", cells)
+    wanted = argv or ["benchmarks", "quickstart"]
+    unknown = sorted(set(wanted) - {"benchmarks", "quickstart"})
+    if unknown:
+        raise SystemExit(f"build_notebooks.py: unknown notebook {unknown[0]!r}; choose benchmarks and/or quickstart")
+    if "benchmarks" in wanted:
+        write("benchmarks.ipynb", benchmark_cells())
+    if "quickstart" in wanted:
+        write("quickstart.ipynb", QUICKSTART)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""The documentation site builds with ``mkdocs build --strict`` and says what the package and the results are.
+
+The build reads the docstrings statically (mkdocstrings + griffe), so it needs no GPU and imports nothing of
+lsr; it fetches nothing either (no social cards, no web fonts), so it runs on a CPU-only machine offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+
+# The public names of lsr.__all__ and one stage package each: the reference must render all of them.
+PUBLIC = ["SparseVectors", "InvertedIndex", "Searcher", "SpladeEncoder", "LexicalEncoder", "evaluate", "load_dataset"]
+STAGE_PAGES = ["sparse", "config", "data", "storage", "encode-splade", "encode-bm25", "encode-sparton", "index-package",
+               "search", "evaluation", "train", "serve", "rerank", "parallel", "interop"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module, reason='the docs extra is not installed: pip install -e ".[docs]"')
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def test_every_page_of_the_nav_is_built(site: Path) -> None:
+    for page in ["index.html", "getting-started/index.html", "architecture/index.html", "contributing/index.html",
+                 "guide/search/index.html", "performance/search/index.html", "performance/head/index.html"]:
+        assert (site / page).is_file(), page
+
+
+def test_the_reference_renders_the_public_api_and_each_stage_package(site: Path) -> None:
+    root = (site / "reference" / "index.html").read_text(encoding="utf-8")
+    for name in PUBLIC:
+        assert f'id="lsr.{name}"' in root, f"lsr.{name} is missing from the reference"
+    for page in STAGE_PAGES:
+        html = (site / "reference" / page / "index.html").read_text(encoding="utf-8")
+        # the package heading plus at least one documented member below it
+        assert len(re.findall(r'class="doc doc-heading"', html)) >= 2, f"reference/{page} renders no member"
+
+
+def _text_files() -> list[Path]:
+    files = [REPO / "README.md", REPO / "mkdocs.yml", REPO / "scripts" / "build_notebooks.py"]
+    files += sorted(DOCS.rglob("*.md")) + sorted((REPO / "notebooks").glob("*.ipynb"))
+    return files
+
+
+def test_no_session_diary_in_the_docs() -> None:
+    # The docs are written by topic: history lives in git, not in headings or file names.
+    pattern = re.compile(r"session[ _-]?\d+", re.IGNORECASE)
+    hits = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in _text_files()
+            for m in pattern.finditer(p.read_text(encoding="utf-8"))]
+    hits += [str(p.relative_to(REPO)) for p in (DOCS / "bench").rglob("*") if pattern.search(p.name)]
+    hits += [str(p.relative_to(REPO)) for p in (REPO / "notebooks").rglob("*") if pattern.search(p.name)]
+    assert not hits, hits
+
+
+def test_the_result_files_the_docs_cite_exist() -> None:
+    cited: set[str] = set()
+    for page in [REPO / "README.md", *DOCS.rglob("*.md")]:
+        text = page.read_text(encoding="utf-8")
+        cited |= set(re.findall(r"`((?:docs/bench/)?[a-z0-9-]+-(?:h100|h200|2xh100|cpu)\.jsonl?)`", text))
+    assert cited, "no result file is cited"
+    missing = sorted(c for c in cited if not (DOCS / "bench" / Path(c).name).is_file())
+    assert not missing, missing
