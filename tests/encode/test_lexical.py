@@ -125,6 +125,82 @@ def test_document_weights_equal_float64_bm25(lucene: bool) -> None:
     assert long_row != exact.to_dicts(enc.vocab)[3]["cat"]  # the option matters for a long document
 
 
+# Empty and stop-word-only documents have no term, so Lucene leaves them out of docCount and avgdl.
+WITH_EMPTY = ["cat dog", "", "The and of.", "cat cat bird", "It is -- !!", "dogs"]
+
+
+def test_collection_statistics_are_lucenes_doc_count_and_avgdl() -> None:
+    """docCount = 3 (documents 0, 3 and 5 have terms), sumTotalTermFreq = 2 + 3 + 1 = 6, avgdl = 6 / 3;
+    df: cat 2, dog 2, bird 1; BM25Similarity idf = ln(1 + (docCount - df + 0.5) / (df + 0.5))."""
+    k1, b = 0.9, 0.4
+    enc = LexicalEncoder(k1, b)
+    vecs = enc.fit_encode_document(WITH_EMPTY, ids=[f"d{i}" for i in range(6)])
+    assert (enc.n_docs, enc.doc_count, enc.total_length, enc.avgdl) == (6, 3, 6, 2.0)
+    assert enc.vocab == ["bird", "cat", "dog"] and enc.df.tolist() == [1, 2, 2]
+    idf = {"bird": math.log(1 + 2.5 / 1.5), "cat": math.log(1 + 1.5 / 2.5), "dog": math.log(1 + 1.5 / 2.5)}
+    assert enc.idf().tolist() == pytest.approx([idf["bird"], idf["cat"], idf["dog"]], rel=1e-12)
+
+    def bm25(term: str, tf: int, dl: int) -> float:
+        return idf[term] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / 2.0))
+
+    want = [{"cat": bm25("cat", 1, 2), "dog": bm25("dog", 1, 2)}, {}, {},
+            {"cat": bm25("cat", 2, 3), "bird": bm25("bird", 1, 3)}, {}, {"dog": bm25("dog", 1, 1)}]
+    got = vecs.to_dicts(enc.vocab)
+    for row, expected in zip(got, want, strict=True):
+        assert row.keys() == expected.keys() and all(row[t] == pytest.approx(w, rel=1e-6) for t, w in expected.items())
+    assert enc.describe()["doc_count"] == 3 and enc.describe()["avgdl"] == 2.0
+    assert LexicalEncoder(k1, b).fit(WITH_EMPTY[::-1]).describe() == enc.describe()  # order does not matter
+
+
+def test_a_corpus_of_empty_documents_fits_without_terms() -> None:
+    enc = LexicalEncoder().fit(["", "the of", "!!"])
+    assert (enc.n_docs, enc.doc_count, enc.vocab_size, enc.avgdl) == (3, 0, 0, 1.0)
+    assert enc.encode_document(["cat", ""]).lengths.tolist() == [0, 0]
+
+
+def _format_1(state: dict) -> dict:
+    """lexical.json as format 1 wrote it: N = every fitted document, no doc_count."""
+    old = {k: v for k, v in state.items() if k != "doc_count"}
+    return {**old, "format_version": 1, "avgdl": old["total_length"] / old["n_docs"]}
+
+
+def test_a_format_1_fit_loads_with_its_statistics_as_saved(tmp_path: Path) -> None:
+    from lsr.index.inverted import InvertedIndex
+    from lsr.search.searcher import Searcher
+
+    enc = LexicalEncoder().fit(WITH_EMPTY)
+    enc.save(tmp_path / "new")
+    state = json.loads((tmp_path / "new" / "lexical.json").read_text())
+    assert state["format_version"] == 2 and state["doc_count"] == 3
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "lexical.json").write_text(json.dumps(_format_1(state)))
+    old = LexicalEncoder.load(tmp_path / "old")
+    assert (old.n_docs, old.doc_count, old.avgdl) == (6, 6, 1.0)  # N and avgdl over all six documents
+    assert old.idf().tolist() == pytest.approx([math.log(1 + 5.5 / 1.5)] + [math.log(1 + 4.5 / 2.5)] * 2)
+    old_described = {k: v for k, v in state.items() if k not in ("format", "format_version", "vocab", "df",
+                                                                   "doc_count")} | {"avgdl": 1.0}
+    assert old.describe() == old_described  # what vectors and indexes made with it recorded
+    old.save(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "lexical.json").read_text())["format_version"] == 1
+    # an index built with the format-1 encoder still loads and answers queries of either encoder
+    docs = old.encode_document(WITH_EMPTY, ids=[f"d{i}" for i in range(6)])
+    InvertedIndex.build(docs, device="cpu", metadata=old.describe()).save(tmp_path / "index")
+    searcher = Searcher(InvertedIndex.load(tmp_path / "index"), device="cpu")
+    for encoder in (old, enc):
+        scores, idx = searcher.search(encoder.encode_query(["bird cat"]), k=2, query_metadata=encoder.describe())
+        assert idx[0].tolist() == [3, 0] and scores[0, 0] > scores[0, 1] > 0
+
+
+def test_lexical_json_versions_and_doc_count_are_checked(tmp_path: Path) -> None:
+    enc = LexicalEncoder().fit(WITH_EMPTY)
+    enc.save(tmp_path)
+    state = json.loads((tmp_path / "lexical.json").read_text())
+    for bad in ({"doc_count": 7}, {"doc_count": 1}, {"format_version": 3}):
+        (tmp_path / "lexical.json").write_text(json.dumps({**state, **bad}))
+        with pytest.raises(ValueError, match="corrupt: doc_count|version 1 or 2"):
+            LexicalEncoder.load(tmp_path)
+
+
 def test_queries_are_term_counts_oov_dropped_empty_rows() -> None:
     enc = LexicalEncoder().fit(TINY)
     q = enc.encode_query(["running runs RUN cat", "zebra unicorn", "", "the of and"], ids=["a", "b", "c", "d"])

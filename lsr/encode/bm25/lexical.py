@@ -5,6 +5,13 @@ document vector is the BM25 score of Lucene's ``BM25Similarity`` (times the cons
 Lucene >= 8 drops; rankings are unchanged). Text is analysed like Lucene's ``EnglishAnalyzer`` (see
 :mod:`lsr.encode.bm25.analyzer`), so results track Anserini / Pyserini BM25.
 
+The collection statistics are Lucene's too: the N of the idf and the denominator of the average length
+are ``docCount``, the documents with at least one analysed term, and avgdl = sumTotalTermFreq / docCount.
+Empty and stop-word-only documents have no postings in Lucene and count nowhere; counting them (as
+``lexical.json`` format 1 did) lowers every idf's N-dependence and avgdl and ranks differently from Pyserini
+on collections with many such documents. A format-1 file still loads with its statistics as saved, so
+vectors it made are reproduced.
+
     enc = LexicalEncoder()                       # k1=0.9, b=0.4 (Pyserini defaults)
     docs = enc.fit_encode_document(texts, ids)  # vocabulary, document frequencies, weights
     queries = enc.encode_query(query_texts, query_ids)
@@ -33,7 +40,8 @@ from lsr.storage.files import atomic_write_text
 
 __all__ = ["LexicalEncoder", "decode_rows", "lucene_norm_lengths", "vocab_hash"]
 
-_FORMAT, _FORMAT_VERSION, _FILE = "lsr-lexical", 1, "lexical.json"
+_FORMAT, _FORMAT_VERSION, _FILE = "lsr-lexical", 2, "lexical.json"
+_READABLE_VERSIONS = (1, 2)  # 1: no doc_count; its N was every fitted document
 _LUCENE_FREE_LENGTHS = 24  # SmallFloat.intToByte4 stores lengths below this exactly
 
 
@@ -133,9 +141,11 @@ class LexicalEncoder(PluralAliases):
         self._vocab: list[str] = []
         self._term_ids: _Lookup = _Lookup()
         self.df = np.zeros(0, dtype=np.int64)
-        self.n_docs = 0
+        self.n_docs = 0  # documents fitted on
+        self.doc_count = 0  # of those, documents with at least one analysed term (Lucene's docCount)
         self.total_length = 0
         self._idf = np.zeros(0)
+        self._stats_version = _FORMAT_VERSION  # the lexical.json format whose statistics these are
 
     # ------------------------------------------------------------------ state
     @property
@@ -153,19 +163,21 @@ class LexicalEncoder(PluralAliases):
 
     @property
     def avgdl(self) -> float:
-        """Average analysed document length of the fitted corpus."""
-        return self.total_length / self.n_docs if self.n_docs and self.total_length else 1.0
+        """Average analysed length of the fitted documents that have a term: sumTotalTermFreq / docCount."""
+        return self.total_length / self.doc_count if self.doc_count and self.total_length else 1.0
 
     def idf(self) -> np.ndarray:
-        """float64 [V] Lucene BM25 idf: ln(1 + (N - df + 0.5) / (df + 0.5)), always > 0."""
+        """float64 [V] Lucene BM25 idf: ln(1 + (N - df + 0.5) / (df + 0.5)) with N = ``doc_count``, always > 0."""
         return self._idf
 
-    def _set_stats(self, vocab: list[str], df: np.ndarray, n_docs: int, total_length: int) -> None:
+    def _set_stats(self, vocab: list[str], df: np.ndarray, n_docs: int, total_length: int, doc_count: int,
+                   version: int = _FORMAT_VERSION) -> None:
+        self._stats_version = version
         self._vocab = vocab
         self._term_ids = _Lookup((t, i) for i, t in enumerate(vocab))
         self.df = np.asarray(df, dtype=np.int64)
-        self.n_docs, self.total_length = int(n_docs), int(total_length)
-        self._idf = np.log1p((self.n_docs - self.df + 0.5) / (self.df + 0.5))
+        self.n_docs, self.total_length, self.doc_count = int(n_docs), int(total_length), int(doc_count)
+        self._idf = np.log1p((self.doc_count - self.df + 0.5) / (self.df + 0.5))
 
     def _require_fitted(self, what: str) -> None:
         if not self.fitted:
@@ -182,7 +194,7 @@ class LexicalEncoder(PluralAliases):
         growing = _Growing()
         df = np.zeros(1024, dtype=np.int64)
         kept: list[_Counts] = []
-        n_docs = total = 0
+        n_docs = total = with_terms = 0
         for batch in _batches(texts, self.batch_size):
             c = _count(self._analyze(batch), growing)
             if len(growing) > df.size:
@@ -190,6 +202,7 @@ class LexicalEncoder(PluralAliases):
             uniq, n_with = np.unique(c.terms, return_counts=True)  # rows are unique per (row, term)
             df[uniq] += n_with
             n_docs += len(batch)
+            with_terms += int(np.count_nonzero(c.lengths))
             total += int(c.lengths.sum())
             if keep:
                 kept.append(c)
@@ -199,11 +212,11 @@ class LexicalEncoder(PluralAliases):
         order = sorted(range(len(terms)), key=terms.__getitem__)
         new_id = np.empty(len(terms), dtype=np.int64)
         new_id[order] = np.arange(len(terms))
-        self._set_stats([terms[i] for i in order], df[: len(terms)][order], n_docs, total)
+        self._set_stats([terms[i] for i in order], df[: len(terms)][order], n_docs, total, with_terms)
         return new_id, kept
 
     def fit(self, texts: Iterable[str]) -> LexicalEncoder:
-        """Build the vocabulary, document frequencies and average length from a corpus; returns self."""
+        """Build the vocabulary, document frequencies, docCount and average length from a corpus; returns self."""
         self._fit_counts(texts, keep=False)
         return self
 
@@ -266,18 +279,22 @@ class LexicalEncoder(PluralAliases):
 
     # ------------------------------------------------------------------ description and persistence
     def describe(self) -> dict[str, Any]:
-        """JSON-able description stored with the vectors (checked when queries meet an index)."""
-        return {"kind": "bm25", "k1": self.k1, "b": self.b, "lucene_lengths": self.lucene_lengths,
-                "n_docs": self.n_docs, "total_length": self.total_length, "avgdl": self.avgdl,
-                "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self._vocab),
-                "analyzer": self.analyzer.describe(), "query_weights": "count"}
+        """JSON-able description stored with the vectors (checked when queries meet an index, and
+        compared whole when an encode resumes: a format-1 fit describes itself as it always did)."""
+        described = {"kind": "bm25", "k1": self.k1, "b": self.b, "lucene_lengths": self.lucene_lengths,
+                     "n_docs": self.n_docs, "total_length": self.total_length, "avgdl": self.avgdl,
+                     "vocab_size": self.vocab_size, "vocab_hash": vocab_hash(self._vocab),
+                     "analyzer": self.analyzer.describe(), "query_weights": "count"}
+        if self._stats_version >= 2:
+            described["doc_count"] = self.doc_count
+        return described
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``<path>/lexical.json`` (description + vocabulary + document frequencies), atomically."""
         self._require_fitted("save")
         directory = Path(path)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {"format": _FORMAT, "format_version": _FORMAT_VERSION, **self.describe(),
+        state = {"format": _FORMAT, "format_version": self._stats_version, **self.describe(),
                  "vocab": self._vocab, "df": self.df.tolist()}
         atomic_write_text(directory / _FILE, json.dumps(state, ensure_ascii=False))
 
@@ -290,13 +307,19 @@ class LexicalEncoder(PluralAliases):
         if not file.is_file():
             raise FileNotFoundError(f"no saved LexicalEncoder at {file}")
         state = json.loads(file.read_text(encoding="utf-8-sig"))
-        if state.get("format") != _FORMAT or state.get("format_version") != _FORMAT_VERSION:
-            raise ValueError(f"{file} is not an {_FORMAT} v{_FORMAT_VERSION} file "
-                             f"(format={state.get('format')!r}, version={state.get('format_version')!r})")
-        vocab, df = state["vocab"], state["df"]
+        version = state.get("format_version")
+        if state.get("format") != _FORMAT or version not in _READABLE_VERSIONS:
+            raise ValueError(f"{file} is not an {_FORMAT} file of version {' or '.join(map(str, _READABLE_VERSIONS))} "
+                             f"(format={state.get('format')!r}, version={version!r}): refit the encoder with this lsr")
+        vocab, df = state["vocab"], np.asarray(state["df"], dtype=np.int64)
         if len(vocab) != len(df) or len(vocab) != state["vocab_size"] or vocab_hash(vocab) != state["vocab_hash"]:
             raise ValueError(f"{file} is corrupt: vocabulary, document frequencies and hash disagree")
+        # format 1 counted every fitted document as N; its vectors were weighted so, and are reproduced so
+        doc_count = state["n_docs"] if version == 1 else state["doc_count"]
+        if not (0 <= doc_count <= state["n_docs"] and (df.size == 0 or 0 < df.max() <= doc_count)):
+            raise ValueError(f"{file} is corrupt: doc_count {doc_count} does not fit n_docs {state['n_docs']} and "
+                             f"the largest document frequency {int(df.max()) if df.size else 0}")
         enc = cls(state["k1"], state["b"], EnglishAnalyzer.from_description(state["analyzer"]),
                   lucene_lengths=state["lucene_lengths"])
-        enc._set_stats(list(vocab), np.asarray(df, dtype=np.int64), state["n_docs"], state["total_length"])
+        enc._set_stats(list(vocab), df, state["n_docs"], state["total_length"], doc_count, version)
         return enc
