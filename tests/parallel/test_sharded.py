@@ -76,8 +76,8 @@ def test_triton_backend_sharded_equals_single(tmp_path):
     queries = random_collection(6, 24, 6, density=0.3)
     ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=8)
     sharded = ShardedIndex.load(tmp_path / "idx", device=DEV)
-    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="triton").search(queries, 7)
-    got = ShardedSearcher(sharded, backend="triton").search(queries, 7)
+    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="gpu").search(queries, 7)
+    got = ShardedSearcher(sharded, backend="gpu").search(queries, 7)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -225,7 +225,7 @@ def test_gpu_streamed_and_resident_equal_single():
     sharded = ShardedIndex.from_vectors(docs, 3, device="cuda")
     for stream in (False, True):
         searcher = ShardedSearcher(sharded, "cuda", stream=stream)
-        assert searcher.stream == stream and searcher.backend == "triton"
+        assert searcher.stream == stream and searcher.backend == "gpu"
         got = searcher.search(queries, 1000, query_batch=20)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
