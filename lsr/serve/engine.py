@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from lsr.search.graphs import CAPTURE_AT_ONCE_B
 from lsr.search.searcher import run_depth
 from lsr.sparse import SparseVectors, weight_limit
 
@@ -330,8 +329,8 @@ class SearchEngine:
             sorted({1, max_batch})
         # the commonest shapes (short queries, small batches) last: the graph cache drops the least recently used
         for query in reversed(queries):
-            for b in reversed(sizes):   # a batch above CAPTURE_AT_ONCE_B queries is captured at its second search
-                for _ in range(1 + (b > CAPTURE_AT_ONCE_B)):
+            for b in reversed(sizes):   # a batch above graph_capture_at_once queries is captured at its second search
+                for _ in range(1 + (b > self.searcher.config.graph_capture_at_once)):
                     self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:

@@ -12,7 +12,7 @@ import torch
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.gpu_search import gpu_search
-from lsr.search.kernels import bucket_select as select
+from lsr.search.kernels import bucket_select
 from lsr.search.kernels import topk
 from lsr.search.kernels.fixed import query_scales, triton_query_scales
 from lsr.search.select import row_topk
@@ -46,7 +46,7 @@ CASES = [(1, 5000, 1000, 0.7, False), (3, 3000, 10, 0.5, True), (2, 700, 1000, 0
 def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties, rank_max_k):
     """The k largest keys, sorted, -1 padded; no row of these flags an overflow."""
     keys = random_keys(gen, B, C, empty, ties)
-    top, overflow = select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
+    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
     assert not bool(overflow.any())
     assert torch.equal(top, row_topk(keys, k))
 
@@ -55,10 +55,10 @@ def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties, rank_max_k):
 def test_bucket_levels_match_twin_and_bound_the_kth_score(gen, B, C, k, empty, ties):
     keys = random_keys(gen, B, C, empty, ties)
     if C < k:
-        assert torch.equal(select.bucket_theta(keys, k), torch.zeros(B, device=DEV))
+        assert torch.equal(bucket_select.bucket_theta(keys, k), torch.zeros(B, device=DEV))
         return
-    got = select._levels(keys, k)
-    want = select.torch_bucket_levels(keys, k)
+    got = bucket_select._levels(keys, k)
+    want = bucket_select.torch_bucket_levels(keys, k)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), "kernels == twin"
     theta, kth = got[2], topk.kth_threshold(keys, k)
     assert bool((theta <= kth).all()), "a lower bound"
@@ -71,7 +71,7 @@ def test_bucket_topk_flags_rows_whose_ties_overflow(gen):
     keys = random_keys(gen, 2, 6000, 0.1, False)
     tied = topk.pack_keys(torch.full((1, 6000), 7.0), torch.arange(6000).unsqueeze(0)).to(DEV)
     keys[1] = tied[0]
-    top, overflow = select.bucket_topk(keys, 10)
+    top, overflow = bucket_select.bucket_topk(keys, 10)
     assert overflow.tolist() == [False, True]
     assert torch.equal(top[0], row_topk(keys[:1], 10)[0])
 
@@ -114,10 +114,10 @@ def test_triton_query_scales_is_query_scales(gen, lens):
                                    (500, 17408, 1500)])
 def test_gpu_bucket_selection_at_search_shapes(gen, B, C, k, rank_max_k):
     keys = random_keys(gen, B, C, 0.75, False)
-    top, overflow = select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
+    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
     assert not bool(overflow.any()) and torch.equal(top, row_topk(keys, k))
-    got = select._levels(keys, k)
-    assert all(torch.equal(a, b) for a, b in zip(got, select.torch_bucket_levels(keys, k)))
+    got = bucket_select._levels(keys, k)
+    assert all(torch.equal(a, b) for a, b in zip(got, bucket_select.torch_bucket_levels(keys, k)))
     assert bool((got[2] <= topk.kth_threshold(keys, k)).all())
 
 
@@ -129,13 +129,13 @@ def test_gpu_cuda_histogram_is_the_triton_one(gen, B, C, empty, ties):
     whose keys crowd into a few bins (ties) and rows that span several CTAs; a row whose pick is -1 counts nothing."""
     from lsr.search.kernels import select_cuda
     keys = random_keys(gen, B, C, empty, ties)
-    pick = torch.where(keys.amax(1) >= 0, keys.amax(1) >> select.SHIFT1, -1)
+    pick = torch.where(keys.amax(1) >= 0, keys.amax(1) >> bucket_select.SHIFT1, -1)
     pick[0] = -1
     for level2 in (False, True):
-        got = torch.zeros((B, select.BINS), dtype=torch.int32, device=DEV)
+        got = torch.zeros((B, bucket_select.BINS), dtype=torch.int32, device=DEV)
         want = torch.zeros_like(got)
         select_cuda.cuda_bucket_hist(keys, got, pick, level2)
-        select._hist_kernel[(B, -(-C // select._BLOCK))](keys, C, want, pick, LEVEL2=level2, BLOCK=select._BLOCK)
+        bucket_select._hist_kernel[(B, -(-C // bucket_select._BLOCK))](keys, C, want, pick, LEVEL2=level2, BLOCK=bucket_select._BLOCK)
         assert torch.equal(got, want) and bool((got.sum(1)[1:] > 0).any() or C == 1)
         if level2:
             assert int(got[0].sum()) == 0
