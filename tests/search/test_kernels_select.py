@@ -12,8 +12,7 @@ import torch
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.gpu_search import gpu_search
-from lsr.search.kernels import bucket_select
-from lsr.search.kernels import topk
+from lsr.search.kernels import bucket_select, topk
 from lsr.search.kernels.fixed import query_scales, triton_query_scales
 from lsr.search.select import row_topk
 from lsr.testing import assert_exact_topk, float64_scores, random_dense_rows, seeded_generator
