@@ -74,8 +74,10 @@ class SearchConfig:
     coarse_span: int = 32768             # coarse pass 2: docs per work item (2 bytes of shared memory each)
     coarse_min_batch: int = 17           # smaller batches take the exact pass 2: for them the selection of the best
                                          # k + margin coarse keys costs more than the coarse sums save
-    coarse_margin_min: int = 128         # coarse keys kept beyond k: max(coarse_margin_min, k * share); the list is
-    coarse_margin_share: float = 0.5     # complete when its last coarse sum is a term count below the k-th
+    coarse_margin_min: int = 128         # coarse keys kept beyond k: max(coarse_margin_min, k * share). The list is
+    coarse_margin_share: float = 0.5     # complete when its last coarse sum lies a query's term count below the
+                                         # k-th (~1.5% of the score with 16-bit sums); a margin of k / 8 left many
+                                         # queries to the rescue (docs/notes-search.md)
     sampled_rank_min_k: int = 256        # from this k on the coarse floor comes from a sampled pass-1 key above
                                          # the k-th (lsr.search.kernels.coarse.sampled_rank), checked afterwards
     floor_rank: int | None = None        # the pass-1 key rank behind the coarse floor (None: sampled_rank)

@@ -49,7 +49,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["SearchPlan", "block_plan", "cached_plan_keys", "choose_backend", "coarse_choice", "execution_plan", "plan_batch", "terms_bound", "torch_plan"]
+__all__ = ["SearchPlan", "block_plan", "cached_plan_keys", "choose_backend", "coarse_choice", "execution_plan",
+           "plan_batch", "terms_bound", "torch_plan"]
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ROW = 32   # docs per pass-1 row maximum (lsr.search.kernels.topk.ROW, one warp's worth)

@@ -155,8 +155,6 @@ class Searcher:
         overrides = {name: value for name, value in (("backend", backend), ("max_memory_bytes", max_memory_bytes))
                      if value is not None}
         config = config.replace(**overrides) if overrides else config
-        if config.max_memory_bytes is not None and config.max_memory_bytes <= 0:
-            raise ValueError("max_memory_bytes must be positive")
         self.max_memory_bytes = config.max_memory_bytes or _default_budget(self.device)
         self.backend, self._backend_why = choose_backend(config, self.device)
         self.config = config.replace(backend=self.backend)

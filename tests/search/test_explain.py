@@ -24,8 +24,8 @@ rand_vectors = functools.partial(random_dense_rows, device=DEV)
 @pytest.fixture
 def case() -> tuple[SparseVectors, SparseVectors, InvertedIndex]:
     gen = seeded_generator()
-    docs = rand_vectors(300, 40, 0.2, gen, quantized=True)
-    queries = rand_vectors(70, 40, 0.3, gen, quantized=True, empty_rows=1)
+    docs = rand_vectors(120, 30, 0.2, gen, quantized=True)
+    queries = rand_vectors(70, 30, 0.3, gen, quantized=True, empty_rows=1)
     return docs, queries, InvertedIndex.build(docs, device=DEV, block_size=64, postings="float32")
 
 
@@ -45,7 +45,7 @@ def test_explain_prints_every_step_with_its_reason(case):
     assert got["backend"] == "gpu  (forced by config)"
     assert got["route"] == "block  (auto)"
     if not torch.cuda.is_available():
-        assert got["span scorer"].startswith("triton, span 512 (1 spans)  (auto: the CUDA kernel cannot run (fewer")
+        assert got["span scorer"].startswith("triton, span 128 (1 spans)  (auto: the CUDA kernel cannot run (fewer")
         assert got["pass 2"].endswith("(the Triton span scorer has no coarse mode)")
         assert got["cuda graph"] == "no  (cpu device)"
     assert plan.backend == "gpu" and plan.route == "block" and plan.block is not None
@@ -57,8 +57,8 @@ def test_explain_prints_every_step_with_its_reason(case):
 def test_auto_route_and_kernel_reasons(case):
     docs, queries, index = case
     searcher = Searcher(index, backend="gpu")
-    big = lines(searcher.explain(queries, k=10))   # 70 queries on 300 docs, the Triton span scorer
-    assert big["route"].startswith("dense-scatter  (auto: 300 docs <= scatter_max_docs and 70 queries >=")
+    big = lines(searcher.explain(queries, k=10))   # 70 queries on 120 docs, the Triton span scorer
+    assert big["route"].startswith("dense-scatter  (auto: 120 docs <= scatter_max_docs and 70 queries >=")
     small = SearchConfig(backend="gpu", cuda_span=64)
     if not torch.cuda.is_available():
         reason = lines(Searcher(index, config=small).explain(queries[:3], k=5))["span scorer"]
@@ -82,7 +82,7 @@ def test_forced_choices_are_honoured_and_run(case):
     assert plans["dense-scatter"].block is None
     assert lines(plans["block"])["route"] == "block  (forced by config)"
     twin = lines(plans["twin"])
-    assert twin["span scorer"] == "torch, span 64 (5 spans)  (forced by config)"
+    assert twin["span scorer"] == "torch, span 64 (2 spans)  (forced by config)"
     assert twin["pass 2"].startswith("coarse 16-bit sums, span 128") and "coarse floor" in twin
     assert lines(Searcher(index, config=forced["twin"].replace(coarse_min_batch=8)).explain(q, k=8))["pass 2"] \
         .endswith("(7 queries < coarse_min_batch: the coarse selection would cost more than it saves)")
