@@ -15,7 +15,7 @@ from lsr.cli import main
 from lsr.index import InvertedIndex
 from lsr.parallel.sharded_index import ShardedIndex, is_sharded, partition_bounds, partition_count
 from lsr.parallel.sharded_search import ShardedSearcher
-from lsr.search import Searcher
+from lsr.search import Searcher, open_searcher
 from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
 from lsr.testing import random_collection
 from tests.conftest import DEV
@@ -204,11 +204,11 @@ def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
     assert memory.doc_starts == loaded.doc_starts and memory.docnos == loaded.docnos
     want = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, 30)
     for index in (loaded, memory):
-        searcher = Searcher(index, backend="torch")
+        searcher = open_searcher(index, backend="torch")
         assert isinstance(searcher, ShardedSearcher)
         got = searcher.search(queries, 30)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    run = Searcher(memory, backend="torch").search_run(queries, 5)
+    run = open_searcher(memory, backend="torch").search_run(queries, 5)
     assert list(run) == queries.ids and all(d in docs.ids for hits in run.values() for d in hits)
     only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
     assert [p is None for p in only.partitions] == [True, True, False, True]
