@@ -193,9 +193,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
     from lsr.parallel.sharded_index import is_sharded
     from lsr.pipeline import resolve_device
+    from lsr.search.config import SearchConfig
     from lsr.search.searcher import Searcher, run_depth
     from lsr.storage.provenance import check_not_inside
 
+    if args.explain:
+        return _explain_search(args)
+    if args.out is None:
+        raise UsageError("--out is required: the run file to write (or pass --explain to print the search plan only)")
     check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a directory; give the path of the run file to write")
@@ -217,11 +222,32 @@ def cmd_search(args: argparse.Namespace) -> int:
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
     queries, query_meta = _queries_from_args(args, device)
-    scores, doc_idx = Searcher(index, device=device, backend=args.backend).search(
+    scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
     runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
                     replace=args.overwrite)
     print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
+    return 0
+
+
+def _explain_search(args: argparse.Namespace) -> int:
+    """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
+    from lsr.index.inverted import InvertedIndex
+    from lsr.parallel.sharded_index import ShardedIndex, is_sharded
+    from lsr.pipeline import resolve_device
+    from lsr.search.config import SearchConfig
+    from lsr.search.searcher import Searcher, run_depth
+
+    device = resolve_device(args.device)
+    note = ""
+    if is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
+        sharded = ShardedIndex.load(args.index, device=device, partitions=[0])
+        index, note = sharded.partitions[0], f"(partition 1 of {sharded.n_partitions}) "
+    else:
+        index = InvertedIndex.load(args.index, device=device)
+    queries, _ = _queries_from_args(args, device)
+    searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
+    print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
     return 0
 
 
@@ -326,14 +352,18 @@ def _add_search_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", required=True, help="index directory written by lsr index (sharded or not)")
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
-    p.add_argument("--out", required=True, help="run file to write")
+    p.add_argument("--out", help="run file to write (required unless --explain)")
     p.add_argument("--k", type=integer(1), default=1000, help="results per query (at most the index's documents)")
     p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
     p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=positive_float, default=None, help="Anserini query quantisation scale")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "gpu"),
+                   help="search backend: gpu (Triton/CUDA kernels) on CUDA, torch (the reference) elsewhere (auto)")
+    p.add_argument("--explain", action="store_true",
+                   help="print the search plan of the first query batch (backend, route, kernels, passes, "
+                        "fallbacks, each with its reason) and exit without searching or writing --out")
     p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
                    help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
                         "they exceed half the free GPU memory)")

@@ -175,8 +175,8 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"config.encoder: bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={enc.k1}, b={enc.b}")
     _positive("config.search.k", search.k)
     _positive("config.search.query_batch", search.query_batch)
-    if search.backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"config.search.backend must be auto, torch or triton, got {search.backend!r}")
+    if search.backend not in ("auto", "torch", "gpu"):
+        raise ValueError(f"config.search.backend must be auto, torch or gpu, got {search.backend!r}")
     for name in ("k", "batch_size", "query_batch"):
         _positive(f"config.rerank.{name}", getattr(cfg.rerank, name))
     if cfg.rerank.backend not in ("auto", "torch", "triton"):

@@ -150,7 +150,8 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     import torch
 
     from lsr.data.sources import load_dataset
-    from lsr.search.searcher import Searcher, run_depth
+    from lsr.search.factory import open_searcher
+    from lsr.search.searcher import run_depth
     from lsr.storage.shards import read_vectors
 
     device = resolve_device(cfg.device)
@@ -173,7 +174,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     with timed_step("encode queries", timings):
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
-        searcher = Searcher(index, device=device, backend=cfg.search.backend)
+        searcher = open_searcher(index, device=device, backend=cfg.search.backend)
         scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs), query_batch=cfg.search.query_batch,
                                           query_metadata=query_meta)
         if device.startswith("cuda"):

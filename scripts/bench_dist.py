@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--ks", default="1000")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--block-size", type=int, default=65536)
-    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
+    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "gpu"))
     ap.add_argument("--stream-queries", type=int, default=7000, help="queries of one streamed call")
     ap.add_argument("--stream-batch", type=int, default=None, help="query batch inside a streamed call")
     ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap device memory after the single index")

@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--query-batch", type=int, default=None, help="Searcher query_batch (default: its own)")
-    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
+    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "gpu"))
     ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     out = Path(args.out)

@@ -1,4 +1,4 @@
-"""Benchmark exact top-k search on the GPU: lsr's Triton paths against the seed and torch baselines.
+"""Benchmark exact top-k search on the GPU: lsr's gpu backend routes against the seed and torch baselines.
 
     PYTHONPATH=. python scripts/bench_search.py --out OUT [--sizes 100k,1m,8.8m] [--batches 1,64,500]
         [--ks 10,1000] [--queries synth,real] [--terms random,real] [--npz VECTORS.npz] [--sweep "span=2048,rows=32;rows=8,per_sm=4"]
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,8 +40,9 @@ from lsr.benchmarks.synth import (
 )
 from lsr.index.compact import decode_postings
 from lsr.index.inverted import InvertedIndex
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels.scatter import triton_scatter_scores
-from lsr.search.triton_backend import BlockConfig, default_config, triton_search
 from lsr.sparse import SparseVectors
 from lsr.testing import rounded_weights, topk_violations
 
@@ -103,20 +103,22 @@ def check_exact(scores: torch.Tensor, docs: torch.Tensor, ref: torch.Tensor, k: 
     return sum(bool(topk_violations(s, d, r, k)) for s, d, r in zip(scores, docs, ref))
 
 
-def lsr_method(path: str, cfg: BlockConfig | None = None):
+# the block route's tuning for small batches, whatever the batch size (the lsr-block-small rows and the sweeps)
+AUTO = SearchConfig()
+SMALL_BATCH_TUNING = {"rows": 8, "num_warps": 4, "per_sm": 8, "coarse_sample_every": 32}
+
+
+def lsr_method(cfg: SearchConfig):
+    """The gpu backend with ``cfg`` (made once: a search reads it, building one per call would be timed)."""
     def run(index, q, k):
-        return triton_search(index, q, k, path=path, config=cfg)
+        return gpu_search(index, q, k, cfg)
     return run
 
 
-def lsr_eager(index, q, k):
-    """lsr-auto without CUDA graphs: every kernel launched from Python (the previous small-batch path)."""
-    return triton_search(index, q, k, config=replace(default_config(len(q)), graphs=False))
-
-
-def triton_block(index, q, k):
-    """The block path on the Triton kernel (L2 atomics) with its default tuning: the previous default."""
-    return triton_search(index, q, k, path="block", config=replace(default_config(len(q)), kernel="triton"))
+# lsr-auto without CUDA graphs: every kernel launched from Python (the previous small-batch path)
+lsr_eager = lsr_method(SearchConfig(graphs=False))
+# the block route on the Triton kernel (L2 atomics) with its default tuning: the previous default
+triton_block = lsr_method(SearchConfig(route="block", kernel="triton"))
 
 
 def seed_scatter(index, q, k, chunk=128):
@@ -158,7 +160,7 @@ class Spmm:
         return torch.cat(outs_s), torch.cat(outs_d)
 
 
-def label(cfg: BlockConfig) -> str:
+def label(cfg: SearchConfig) -> str:
     """Short name of a block config: the CUDA kernel's span, warps/CTA, chunks/step; the Triton kernel's
     span, group, rows x chunk, programs/SM, warps."""
     if cfg.kernel == "cuda":
@@ -167,14 +169,18 @@ def label(cfg: BlockConfig) -> str:
     return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
 
 
-def parse_sweep(s: str) -> list[BlockConfig]:
+def parse_sweep(s: str) -> list[SearchConfig]:
+    """Block-route configs of ``--sweep`` ("key=value,...;..."): the fields given, the small-batch tuning for the
+    batch-dependent ones not given, and the defaults for the rest."""
     out = []
     for item in filter(None, (x.strip() for x in s.split(";"))):
         kw = {}
         for kv in item.split(","):
             key, val = kv.split("=")
-            kw[key.strip()] = int(val) if val.strip().lstrip("-").isdigit() else val.strip()
-        out.append(BlockConfig(**kw))
+            key, val = key.strip(), val.strip()
+            value = int(val) if val.lstrip("-").isdigit() else val
+            kw[key] = bool(value) if isinstance(getattr(SearchConfig, key, None), bool) else value   # coarse=0
+        out.append(SearchConfig(**{"route": "block", **SMALL_BATCH_TUNING, **kw}))
     return out
 
 
@@ -259,7 +265,7 @@ def main() -> None:
                 for case in args.sweep_cases.split(","):
                     B, k = (int(x) for x in case.split(":"))
                     qn = next(iter(qsets))
-                    run_case(results, label(cfg), lsr_method("block", cfg), index, qsets[qn], qn, B, k, ctx)
+                    run_case(results, label(cfg), lsr_method(cfg), index, qsets[qn], qn, B, k, ctx)
             if bs == int(args.block_sizes.split(",")[0]):
                 if args.profile and N == max(sizes) and i_case == 0:
                     for B in (int(b) for b in args.profile.split(",")):
@@ -305,7 +311,7 @@ def profile_batch(index, queries, B: int, k: int, path: Path, n: int = 20) -> No
     import pstats
 
     def call(i: int) -> None:
-        triton_search(index, window(queries, B, i), k)
+        gpu_search(index, window(queries, B, i), k, AUTO)
 
     for i in range(3):
         call(i)
@@ -344,9 +350,10 @@ def device_profile(call, n: int) -> str:
 def run_methods(results: Results, index, qsets, ctx) -> None:
     """The lsr paths and the baselines over every (query set, B, k) case."""
     args, N = ctx["args"], ctx["N"]
-    methods = {"lsr-auto": lsr_method("auto"), "lsr-block": lsr_method("block"), "lsr-block-triton": triton_block,
-               "lsr-eager": lsr_eager,
-               "lsr-block-small": lsr_method("block", BlockConfig()), "lsr-scatter": lsr_method("scatter"),
+    methods = {"lsr-auto": lsr_method(AUTO), "lsr-block": lsr_method(SearchConfig(route="block")),
+               "lsr-block-triton": triton_block, "lsr-eager": lsr_eager,
+               "lsr-block-small": lsr_method(SearchConfig(route="block", **SMALL_BATCH_TUNING)),
+               "lsr-scatter": lsr_method(SearchConfig(route="dense-scatter")),
                "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
     wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "eager": "lsr-eager", "small": "lsr-block-small", "scatter": "lsr-scatter",
               "seed": "seed-scatter", "spare": "spare", "spmm": "torch-spmm"}

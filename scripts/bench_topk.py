@@ -3,8 +3,8 @@
     PYTHONPATH=. python scripts/bench_topk.py --out OUT [--size 8.8m] [--cases real:1:10,synth:1:1000,...]
         [--chunks 2048,4096,8192,16384]
 
-Session 13's profile put ~190 of the ~460 us of GPU time of a B=1 search at 8.8M docs in torch.topk /
-kthvalue; the block path now selects with lsr.search.kernels.select (session 15). This script runs one
+A profile once put a large share of a B=1 search's GPU time at 8.8M docs in torch.topk / kthvalue
+(docs/benchmarks-search.md); the block route now selects with lsr.search.select. This script runs one
 eager search per case (``query set:B:k``) on a synthetic collection (lsr.benchmarks.synth, as bench_search.py builds
 it), records the input of every selection the search makes (``bucket_topk`` / ``bucket_theta``, and any
 ``torch.topk`` / ``torch.kthvalue`` call), and times on those very inputs (inside a CUDA graph, as the
@@ -28,7 +28,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,11 +42,12 @@ from bench_search import parse_size, read_real_queries
 from lsr.benchmarks.harness import Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
-from lsr.search import block_path
+from lsr.search import block_path, fallbacks
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels import row_topk_cuda
-from lsr.search.kernels.select import bucket_theta, bucket_topk
-from lsr.search.kernels.topk import key_scores, topk_keys
-from lsr.search.triton_backend import default_config, triton_search
+from lsr.search.kernels.topk import key_scores
+from lsr.search.select import bucket_theta, bucket_topk, row_topk
 
 TOPK, KTHVALUE = torch.topk, torch.kthvalue
 THETA_SLACK = 2.0 ** -15   # bucket_theta's largest relative distance below the k-th score
@@ -55,7 +55,7 @@ THETA_SLACK = 2.0 ** -15   # bucket_theta's largest relative distance below the 
 
 def record_calls(search: Callable[[], object]) -> list[tuple[str, torch.Tensor, int, bool]]:
     """(op, input copy, k, sorted) of every selection ``search`` makes: the block path's ``bucket_topk`` /
-    ``bucket_theta`` / ``topk_keys`` (as "topk" / "kth" / "topk") and any other 2-D torch.topk / torch.kthvalue
+    ``bucket_theta`` / ``row_topk`` (as "topk" / "kth" / "topk") and any other 2-D torch.topk / torch.kthvalue
     call."""
     calls = []
     inside = [0]   # a torch.topk inside a recorded selection is not recorded again
@@ -66,11 +66,11 @@ def record_calls(search: Callable[[], object]) -> list[tuple[str, torch.Tensor, 
         return TOPK(x, k, dim=dim, largest=largest, sorted=sorted, **kw)
 
     def recorded(op: str, fn: Callable, sorted_: bool) -> Callable:
-        def call(x, k):
+        def call(x, k, **kw):
             calls.append((op, x.detach().clone(), int(k), sorted_))
             inside[0] += 1
             try:
-                return fn(x, k)
+                return fn(x, k, **kw)
             finally:
                 inside[0] -= 1
         return call
@@ -83,12 +83,13 @@ def record_calls(search: Callable[[], object]) -> list[tuple[str, torch.Tensor, 
     torch.topk, torch.kthvalue = topk, kthvalue
     block_path.bucket_theta = recorded("kth", bucket_theta, False)
     block_path.bucket_topk = recorded("topk", bucket_topk, True)
-    block_path.topk_keys = recorded("topk", topk_keys, True)
+    block_path.row_topk = fallbacks.row_topk = recorded("topk", row_topk, True)
     try:
         search()
     finally:
         torch.topk, torch.kthvalue = TOPK, KTHVALUE
-        block_path.bucket_theta, block_path.bucket_topk, block_path.topk_keys = bucket_theta, bucket_topk, topk_keys
+        block_path.bucket_theta, block_path.bucket_topk = bucket_theta, bucket_topk
+        block_path.row_topk = fallbacks.row_topk = row_topk
     return calls
 
 
@@ -181,8 +182,8 @@ def main() -> None:
     for case in args.cases.split(","):
         name, B, k = case.split(":")
         B, k = int(B), int(k)
-        cfg = replace(default_config(B), graphs=False)   # eager: every call runs (and is recorded) each time
-        calls = record_calls(lambda: triton_search(index, qsets[name][:B], k, path="block", config=cfg))
+        cfg = SearchConfig(route="block", graphs=False)   # eager: every call runs (and is recorded) each time
+        calls = record_calls(lambda: gpu_search(index, qsets[name][:B], k, cfg))
         for i, (op, x, kk, sorted_) in enumerate(calls):
             fns = variants(op, x, kk, sorted_, chunks)
             ref = next(iter(fns.values()))()

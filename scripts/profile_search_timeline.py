@@ -5,7 +5,7 @@
 
 8.8M synthetic docs (lsr.benchmarks.synth, bf16-rounded weights, compact postings), synthetic queries, B = 1 / 64 / 500,
 top-1000. Writes OUT/prof_timeline.json; prints the marks (ms from the call's start) and kernel counts.
-docs/notes-search.md, session 22, reads these.
+docs/notes-search.md reads these.
 """
 import argparse
 import json
@@ -20,9 +20,9 @@ from torch.profiler import ProfilerActivity, profile
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
 from lsr.search import block_path as bp
+from lsr.search import gpu_search as gs
 from lsr.search import graphs as gr
-from lsr.search import triton_backend as tb
-from lsr.search.triton_backend import triton_search
+from lsr.search.config import SearchConfig
 from lsr.testing import rounded_weights
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,8 +46,8 @@ def wrap(mod, name):
         marks.setdefault(name, time.perf_counter())
         return f(*a, **kw)
     setattr(mod, name, g)
-for mod, name in ((tb, "_query_csr"), (tb, "block_search"), (bp, "_make_plan"), (bp, "_search_chunk"),
-                  (bp, "cached_chunk_graph"), (bp, "_settle")):
+for mod, name in ((gs, "execution_plan"), (gs, "query_csr"), (gs, "block_search"), (bp, "_search_chunk"),
+                  (bp, "cached_chunk_graph"), (bp, "settle")):
     wrap(mod, name)
 orig = gr.ChunkGraph.__call__
 def call(self, *a):
@@ -76,12 +76,13 @@ def one(B, k, i):
     t0 = time.perf_counter()
     q = window(B, i)
     marks["window"] = time.perf_counter()
-    triton_search(index, q, k)
+    gs.gpu_search(index, q, k, AUTO)
     marks["return"] = time.perf_counter()
     torch.cuda.synchronize()
     marks["synced"] = time.perf_counter()
     return {a: (b - t0) * 1e3 for a, b in marks.items()}
 
+AUTO = SearchConfig()
 res = {}
 for B, k in ((1, 1000), (64, 1000), (500, 1000)):
     for i in range(4):

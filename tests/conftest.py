@@ -54,12 +54,3 @@ def poison():
     with poisoned_allocations():
         yield
 
-
-@pytest.fixture(autouse=True)
-def _fresh_search_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Block-path plans are not cached across searches inside the tests: many tests patch what a plan is built
-    from (the span scorer, the slots per span) between two searches of one index. tests/search/test_search_plans.py
-    turns the cache on and tests it."""
-    import lsr.search.block_path as bp
-
-    monkeypatch.setattr(bp, "PLAN_CACHE", 0)

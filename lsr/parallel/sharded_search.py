@@ -26,6 +26,7 @@ import torch
 from lsr.index.build import POSTING_TENSORS
 from lsr.index.inverted import InvertedIndex
 from lsr.parallel.sharded_index import ShardedIndex
+from lsr.search.config import SearchConfig
 from lsr.search.searcher import Searcher, check_request, exact_topk
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
@@ -73,12 +74,14 @@ class ShardedSearcher:
         device: where to search, as ``Searcher`` (default: the first loaded partition's device).
         backend: as ``Searcher``.
         max_memory_bytes: as ``Searcher`` (per partition).
+        config: as ``Searcher`` (every partition's search).
         stream: keep partitions in host memory and copy each to the device when it is searched
             (default: on CUDA when the loaded partitions exceed half the free device memory).
     """
 
-    def __init__(self, index: ShardedIndex, device: str | torch.device | None = None, backend: str = "auto",
-                 max_memory_bytes: int | None = None, stream: bool | None = None) -> None:
+    def __init__(self, index: ShardedIndex, device: str | torch.device | None = None, backend: str | None = None,
+                 max_memory_bytes: int | None = None, stream: bool | None = None, *,
+                 config: SearchConfig | None = None) -> None:
         device = torch_device(device) if device is not None else None  # a bad name fails before any work
         loaded = [(p, part) for p, part in enumerate(index.partitions) if part is not None]
         if not loaded:
@@ -90,7 +93,7 @@ class ShardedSearcher:
         if stream is None:
             stream = self.device.type == "cuda" and index.memory_bytes() > torch.cuda.mem_get_info(self.device)[0] // 2
         self.stream = bool(stream) and self.device.type == "cuda"
-        self._backend_args = {"backend": backend, "max_memory_bytes": max_memory_bytes}
+        self._backend_args = {"backend": backend, "max_memory_bytes": max_memory_bytes, "config": config}
         self._parts: list[tuple[int, InvertedIndex]] = []
         for p, part in loaded:
             if self.stream:

@@ -1,62 +1,35 @@
-"""The block path's configuration and the records its helpers pass around (``lsr.search.block_path``).
+"""The records of the block route (``lsr.search.block_path``): what its helpers pass around.
 
-``BlockConfig`` is the user-facing tuning; ``BlockPlan`` holds what every query chunk of one search shares;
-``ScoreArgs``, ``ChunkResult`` and ``Settled`` are the stages of one chunk.
+``BlockPlan`` (built by ``lsr.search.plan``) holds what every query chunk of one search shares; ``ScoreArgs``,
+``ChunkResult`` and ``Settled`` are the stages of one chunk; ``Repairs`` is what the fallback chain
+(``lsr.search.fallbacks``) did to a chunk, for a caller that asks (``trace``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from lsr.search.kernels import block_cuda
 from lsr.utils.ragged import ragged_positions
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
-    from lsr.search.span_scorer import SpanScorer
+    from lsr.search.config import SearchConfig
 
-__all__ = ["SMALL_BATCH_SAMPLE_B", "BlockConfig", "BlockPlan", "ChunkResult", "CoarseSpans", "QueryCSR", "ScoreArgs", "Settled",
-           "default_config"]
+__all__ = ["BlockPlan", "ChunkResult", "CoarseSpans", "QueryCSR", "Repairs", "ScoreArgs", "Settled", "SpanScorer",
+           "terms_bucket"]
 
-
-@dataclass(frozen=True)
-class BlockConfig:
-    """Tuning of the block path (defaults and the sweeps behind them: docs/benchmarks-search.md)."""
-
-    span: int = 2048          # Triton kernel: docs per work item (power of two dividing or multiple of the index block)
-    group: int = 1            # queries per work item
-    rows: int = 8             # chunks per step: the step's posting tile is [rows, chunk]
-    chunk: int = 32           # postings per chunk
-    readout: int = 1024       # Triton kernel: cells per read-out tile (CPU only: on CUDA one 32-doc row, see kernels.block)
-    per_sm: int = 8           # resident programs per SM (persistent grid)
-    num_warps: int = 4
-    sample_every: int = 16    # pass 1 scores about 1/sample_every of the spans (at least enough rows)
-    coarse_sample_every: int = 32   # the same for batches on the coarse route (their floor is checked)
-    kernel: str = "auto"      # "cuda" (shared-memory tiles, kernels.block_cuda) | "triton" | "auto"
-    cuda_span: int = block_cuda.SPAN    # CUDA kernel: docs per work item (one shared-memory tile per CTA)
-    cuda_warps: int = block_cuda.WARPS  # CUDA kernel: warps per CTA
-    graphs: bool = True       # CUDA: replay a captured graph for batches <= GRAPH_MAX_B (no per-kernel host cost)
-    coarse: bool = True       # CUDA: both passes on coarse 16-bit sums, then the exact rescoring of the best k + margin
-    coarse_span: int = 32768  # CUDA coarse pass: docs per work item (2 bytes of shared memory each)
-    coarse_min_batch: int = 17  # smaller batches take the exact pass 2: for them the selection of the best
-                                # k + margin coarse keys costs more than the coarse sums save
+# a span scorer (lsr.search.kernels.block.triton_block_candidates, its torch twin or
+# lsr.search.kernels.block_cuda.cuda_block_candidates) with its tuning bound
+SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-SMALL_BATCH_SAMPLE_B = 128     # coarse batches up to this size sample 1/64 of the spans in pass 1, larger ones 1/32
-
-
-def default_config(n_queries: int) -> BlockConfig:
-    """Block-path tuning by batch size: wide [32, 32] steps with 8 warps for batches, more and smaller
-    programs for a few queries (more items in flight). The sweep is in docs/notes-search.md. Batches up to
-    SMALL_BATCH_SAMPLE_B queries run pass 1 on half the spans larger ones do: 1-2% faster at 17-128 queries, 14%
-    slower at 500, where the looser floor's extra candidates cost more than the pass saves (session 23)."""
-    if n_queries >= 16:
-        every = 64 if n_queries <= SMALL_BATCH_SAMPLE_B else 32
-        return BlockConfig(rows=32, num_warps=8, per_sm=2, coarse_sample_every=every)
-    return BlockConfig()
+def terms_bucket(max_terms: int) -> int:
+    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
+    return max(64, 1 << max(0, max_terms - 1).bit_length())
 
 
 class QueryCSR(NamedTuple):
@@ -79,10 +52,15 @@ class QueryCSR(NamedTuple):
 
 
 class CoarseSpans(NamedTuple):
-    """The coarse pass 2's span and its span offsets."""
+    """The coarse passes' plan: pass 2's span and span offsets, the pass-1 key rank behind the floor (``sampled``:
+    below k, so not a proven bound and checked), pass 2's slots per (query, span) and the keys kept beyond k."""
 
     span: int
     offsets: torch.Tensor
+    floor_rank: int
+    sampled: bool
+    cap: int
+    margin: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,15 +68,19 @@ class BlockPlan:
     """What every query chunk of one block-path search shares."""
 
     index: InvertedIndex
-    cfg: BlockConfig           # group and span resolved for this search
+    cfg: SearchConfig          # batch-dependent fields, group and span resolved for this search
+    kernel: str                # the span scorer: "cuda" | "triton" | "torch"
     scorer: SpanScorer         # the span scorer with its tuning bound
     span_off: torch.Tensor     # int64 [V, n_spans + 1] span offsets for cfg.span
     k: int
     n_sample: int              # spans scored by pass 1
     cap: int                   # candidate slots per (query, span) in pass 2
-    max_terms: int             # query-length bucket (``triton_backend.terms_bound``): one compile and one CUDA
+    max_terms: int             # query-length bucket (``plan.terms_bound``): one compile and one CUDA
                                # graph per bucket; a graph's term buffer holds n_queries x it
     coarse: CoarseSpans | None  # the coarse passes (pass 1 on coarse sums too), where they run
+    chunk: int                 # queries per chunk: the candidate slots of a chunk fit cfg.candidate_budget
+    fused: bool                # the bookkeeping runs as Triton kernels (CUDA, or the interpreter), not torch twins
+    cuda_rescore: bool         # exact rescoring with the CUDA kernel (kernels.rescore_cuda), else the Triton CSR one
 
     @property
     def n_spans(self) -> int:
@@ -106,6 +88,10 @@ class BlockPlan:
 
     def graph_key(self, n_queries: int) -> tuple:
         return (n_queries, self.max_terms, self.k, self.cfg, self.n_sample, self.cap)
+
+    def without_coarse(self) -> BlockPlan:
+        """This plan with the exact pass 2 (the last fallback of a coarse query, ``lsr.search.fallbacks``)."""
+        return replace(self, coarse=None)
 
 
 class ScoreArgs(NamedTuple):
@@ -123,7 +109,7 @@ class ScoreArgs(NamedTuple):
 
 
 class ChunkResult(NamedTuple):
-    """Both passes of one chunk, before the host-side repairs of ``_settle``."""
+    """Both passes of one chunk, before the fallback chain (``lsr.search.fallbacks``)."""
 
     best: torch.Tensor                 # int64 [B, k] best keys, overflowed (query, span) pairs left out
     overflow: torch.Tensor | None      # bool [B, n_spans] pairs whose slots overflowed (exact pass 2)
@@ -142,9 +128,22 @@ class ChunkResult(NamedTuple):
 
 
 class Settled(NamedTuple):
-    """A chunk after ``_settle``: copies that outlive the next graph replay."""
+    """A chunk after ``fallbacks.settle``: copies that outlive the next graph replay."""
 
     best: torch.Tensor                 # int64 [B, k]; with ``unpacked``: the chunk's own (a graph's: no copy)
     redo: torch.Tensor | None          # int64 [n] queries for the exact pass 2, None if none
     rescue: tuple[torch.Tensor, ...] | None  # (int64 [n] queries, their coarse candidates [n, C], scale, inv_scale)
     unpacked: tuple[torch.Tensor, torch.Tensor] | None = None   # (scores, doc_idx) when nothing was repaired
+    reselected: int = 0                # rows selected again
+    overflowed: int = 0                # (query, span) pairs rescored whole
+
+
+class Repairs(NamedTuple):
+    """What the fallback chain did to one chunk (``lsr.search.fallbacks``), as query / pair counts: rows selected again
+    (``reselect``), (query, span) pairs rescored whole (``overflow``), queries settled from all their coarse candidates
+    on the host side (``rescue``) and queries that took the exact pass 2 (``redo``: int64 [n] chunk rows, or None)."""
+
+    reselect: int
+    overflow: int
+    rescue: int
+    redo: torch.Tensor | None

@@ -2,17 +2,18 @@
 
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
 captured graph removes that host cost. Larger batches gain too: between the two passes the host launches ~40
-small kernels slower than the GPU runs them, so an eager 500-query batch leaves the GPU idle for ~1.4 ms of its
-~15 ms (graphs up to B = 512, the Searcher's batch: +10% at B = 500, +23-37% at B = 128-250; docs/benchmarks.md,
-session 21). Graphs are cached per index, the least recently used dropped beyond GRAPH_CACHE graphs or
-GRAPH_BYTES of memory they keep by estimate (a 500-query graph at 8.8M docs keeps ~176 MB: its candidate slots).
+small kernels slower than the GPU runs them, so an eager large batch leaves the GPU idle for part of its time
+(graphs up to ``SearchConfig.graph_max_batch``, the Searcher's batch; the measurements are in
+docs/benchmarks-search.md). Graphs are cached per index (``GraphCache``), the least recently used dropped beyond
+``graph_cache`` graphs or ``graph_bytes`` of memory they keep by estimate (a large batch's graph keeps its
+candidate slots).
 
-With ``SHARED_POOL`` (the default) the graphs of one index share one memory pool and one lock, as
+With ``graph_shared_pool`` (the default) the graphs of one index share one memory pool and one lock, as
 ``lsr.encode.splade.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
-lock, so no graph's memory is read after another graph of the index ran. Twelve graphs of one 8.8M-doc index
-(B = 1-64, k = 10 and 1000) held 214 MiB in one pool against 660 MiB in private pools, with the same bits as
-the eager path (docs/benchmarks.md, session 15); ``tests/search/test_kernels_search.py::test_gpu_block_graphs_share_one_pool``
-replays shared-pool graphs in a shuffled order against the eager path.
+lock, so no graph's memory is read after another graph of the index ran; one pool holds a fraction of what
+private pools hold, with the same bits as the eager path (docs/benchmarks-search.md).
+``tests/search/test_graphs.py::test_gpu_block_graphs_share_one_pool`` replays shared-pool graphs in a shuffled
+order against the eager path.
 """
 
 from __future__ import annotations
@@ -28,19 +29,9 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
+    from lsr.search.config import SearchConfig
 
-__all__ = ["CAPTURE_AT_ONCE_B", "GRAPH_BYTES", "GRAPH_CACHE", "GRAPH_MAX_B", "ChunkGraph", "cached_chunk_graph", "captures", "trim_graphs"]
-
-GRAPH_MAX_B = 512              # block path: batches up to this size replay a captured CUDA graph
-GRAPH_CACHE = 32               # graphs kept per index (one per batch size x query-length bucket x k); a server's
-                               # warm-up captures up to 2 buckets x 10 sizes (lsr.serve.engine.SearchEngine.warmup)
-GRAPH_BYTES = 1 << 29          # GPU memory the kept graphs of one index hold at most, by their ``bytes`` estimates
-                               # (the newest is always kept)
-CAPTURE_AT_ONCE_B = 64         # batches up to this size are captured at their first search, larger ones at their
-                               # second (the first runs eagerly): a one-off shape, such as the last batch of a
-                               # query set, never pays a capture (a warm-up run and the capture: ~2 batches' time)
-SEEN = 64                      # shapes of large batches remembered per index until their second search
-SHARED_POOL = True             # one memory pool and one lock for all graphs of an index (module docstring)
+__all__ = ["ChunkGraph", "GraphCache", "cached_chunk_graph", "captures", "graph_cache", "trim_graphs"]
 
 ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
@@ -79,25 +70,61 @@ class ChunkGraph:
         return self.out
 
 
-class _IndexGraphs:
-    """The graphs of one index (least recently used first), with the pool and lock they share when
-    ``SHARED_POOL`` is on."""
+class GraphCache:
+    """The graphs of one index (least recently used first), with the pool and lock they share where the config
+    asks for one. ``capture`` makes a graph (``ChunkGraph``; tests pass a stand-in to check the bookkeeping)."""
 
-    def __init__(self) -> None:
-        self.graphs: OrderedDict[Hashable, ChunkGraph | None] = OrderedDict()
+    def __init__(self, capture: Callable[..., Any] = ChunkGraph) -> None:
+        self.graphs: OrderedDict[Hashable, Any] = OrderedDict()
         self.seen: OrderedDict[Hashable, bool] = OrderedDict()   # large-batch shapes: captured yet?
         self.book = threading.Lock()   # the two dicts above
         self.lock = threading.Lock()
         self.pool: Any = None
+        self._capture = capture
 
-    def capture(self, body: ChunkBody, B: int, n_terms: int, device: torch.device) -> ChunkGraph:
+    def capture(self, body: ChunkBody, B: int, n_terms: int, device: torch.device, shared_pool: bool) -> Any:
         _CAPTURES[0] += 1
-        if not SHARED_POOL:
-            return ChunkGraph(body, B, n_terms, device)
+        if not shared_pool:
+            return self._capture(body, B, n_terms, device)
         with self.lock:   # no graph of this pool runs while another is captured into it
-            if self.pool is None:
+            if self.pool is None and self._capture is ChunkGraph:
                 self.pool = torch.cuda.graph_pool_handle()
-            return ChunkGraph(body, B, n_terms, device, pool=self.pool, lock=self.lock)
+            return self._capture(body, B, n_terms, device, pool=self.pool, lock=self.lock)
+
+    def lookup(self, body: ChunkBody, B: int, n_terms: int, key: Hashable, cfg: SearchConfig,
+               device: torch.device) -> Any:
+        """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
+        eagerly: the first search of a batch above ``cfg.graph_capture_at_once`` queries, every later one whose
+        graph was captured once and dropped since (recapturing shapes that evict each other from the memory budget
+        would cost a warm-up run and a capture a search), and every search with a key whose capture failed. Safe
+        for several threads: the bookkeeping runs under its own lock (a capture, which takes milliseconds, outside
+        it; two threads may then capture one key, and the later one is kept)."""
+        large = B > cfg.graph_capture_at_once
+        with self.book:
+            if key in self.graphs:
+                self.graphs.move_to_end(key)
+                return self.graphs[key]
+            # a large batch's shape: None = not searched yet, False = searched once (capture now), True = captured
+            captured = self.seen.get(key) if large else False
+            if captured is not False:
+                self.seen[key] = bool(captured)
+                self.seen.move_to_end(key)
+                while len(self.seen) > cfg.graph_shapes_seen:
+                    self.seen.popitem(last=False)
+                return None
+        try:
+            graph = self.capture(body, B, n_terms, device, cfg.graph_shared_pool)
+        except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
+            warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
+                          "running it eagerly", RuntimeWarning, stacklevel=4)
+            graph = None
+        with self.book:
+            self.graphs[key] = graph
+            self.graphs.move_to_end(key)
+            trim_graphs(self.graphs, cfg.graph_cache, cfg.graph_bytes)   # keeps the newest: this one
+            if large:
+                self.seen[key] = True   # captured: once dropped, the shape runs eagerly
+        return graph
 
 
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -109,45 +136,21 @@ def captures() -> int:
     return _CAPTURES[0]
 
 
-def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable) -> ChunkGraph | None:
-    """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
-    eagerly: the first search of a batch above CAPTURE_AT_ONCE_B queries, every later one whose graph was captured
-    once and dropped since (recapturing shapes that evict each other from the memory budget would cost a warm-up
-    run and a capture a search), and every search with a key whose capture failed. Safe for several threads: the
-    cache's bookkeeping runs under its own lock (a capture, which takes milliseconds, outside it; two threads may
-    then capture one key, and the later one is kept)."""
-    entry = _GRAPHS.setdefault(index, _IndexGraphs())
-    with entry.book:
-        if key in entry.graphs:
-            entry.graphs.move_to_end(key)
-            return entry.graphs[key]
-        # a large batch's shape: None = not searched yet, False = searched once (capture now), True = captured before
-        captured = entry.seen.get(key) if B > CAPTURE_AT_ONCE_B else False
-        if captured is not False:
-            entry.seen[key] = bool(captured)
-            entry.seen.move_to_end(key)
-            while len(entry.seen) > SEEN:
-                entry.seen.popitem(last=False)
-            return None
-    try:
-        graph = entry.capture(body, B, n_terms, index.device)
-    except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
-        warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
-                      "running it eagerly", RuntimeWarning, stacklevel=3)
-        graph = None
-    with entry.book:
-        entry.graphs[key] = graph
-        entry.graphs.move_to_end(key)
-        trim_graphs(entry.graphs)   # keeps the newest: this one
-        if B > CAPTURE_AT_ONCE_B:
-            entry.seen[key] = True   # captured: once dropped, the shape runs eagerly
-    return graph
+def graph_cache(index: InvertedIndex) -> GraphCache:
+    """The graph cache of ``index`` (made at its first use)."""
+    return _GRAPHS.setdefault(index, GraphCache())
 
 
-def trim_graphs(graphs: OrderedDict[Hashable, Any]) -> None:
-    """Drop the least recently used graphs (first in ``graphs``) while more than GRAPH_CACHE are kept or they
-    hold more than GRAPH_BYTES (``bytes``; None entries, failed captures, hold none); the newest stays."""
+def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable,
+                       cfg: SearchConfig) -> ChunkGraph | None:
+    """``graph_cache(index).lookup(...)``: the block route's graph for ``key``, or None (run eagerly)."""
+    return graph_cache(index).lookup(body, B, n_terms, key, cfg, index.device)
+
+
+def trim_graphs(graphs: OrderedDict[Hashable, Any], max_graphs: int, max_bytes: int) -> None:
+    """Drop the least recently used graphs (first in ``graphs``) while more than ``max_graphs`` are kept or they
+    hold more than ``max_bytes`` (``bytes``; None entries, failed captures, hold none); the newest stays."""
     held = sum(getattr(g, "bytes", 0) for g in graphs.values())
-    while len(graphs) > 1 and (len(graphs) > GRAPH_CACHE or held > GRAPH_BYTES):
+    while len(graphs) > 1 and (len(graphs) > max_graphs or held > max_bytes):
         _, dropped = graphs.popitem(last=False)
         held -= getattr(dropped, "bytes", 0)

@@ -1,13 +1,14 @@
 """Searcher: exact top-k retrieval over an InvertedIndex (contract: docs/architecture.md, "Search").
 
-Two backends share query batching, checks and docno mapping:
+Two backends share query batching, checks and docno mapping (``SearchConfig.backend``; ``lsr.search.plan``
+chooses and ``Searcher.explain`` prints the choice):
 
 * ``"torch"`` (any device, the reference): for each doc chunk, scores = docs CSR chunk @ dense query
   block^T in float32, computed as a weighted ``embedding_bag`` sum (deterministic on CUDA, unlike
   cuSPARSE SpMM), then the chunk's exact top-k is merged into the running top-k. Chunk sizes follow
   ``max_memory_bytes``.
-* ``"triton"``: ``lsr.search.triton_backend.triton_search`` over the term-major postings (CUDA, or CPU under
-  TRITON_INTERPRET=1). ``"auto"`` picks it on CUDA when it imports, the torch path otherwise.
+* ``"gpu"``: ``lsr.search.gpu_search.gpu_search`` over the term-major postings with the Triton / CUDA kernels
+  (CUDA, or CPU under TRITON_INTERPRET=1). ``"auto"`` picks it on CUDA when triton imports, torch otherwise.
 
 Results: scores float32 [B, k] descending, doc_idx int64 [B, k]; ties by ascending doc index; -1 / 0.0
 padding when fewer than k docs score > 0; identical on every run.
@@ -25,6 +26,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lsr.index.inverted import InvertedIndex
+from lsr.search.config import SearchConfig
+from lsr.search.plan import SearchPlan, choose_backend, torch_plan
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 
@@ -36,8 +39,6 @@ log = logging.getLogger(__name__)
 # (Lengths and batch sizes legitimately differ between queries and documents, so they are not compared.)
 ENCODER_IDENTITY_KEYS = ("kind", "model", "model_id", "name_or_path", "revision", "vocab_hash", "tokenizer_hash",
                          "vocab_size", "lowercase", "stemmer", "pooling")
-_TRITON_QUERY_BATCH = 512
-_MAX_QUERY_BATCH = 256
 QUERY_LANES = 16       # torch path: query columns padded to whole 512-bit float vectors (_padded_columns)
 
 
@@ -129,53 +130,39 @@ def _default_budget(device: torch.device) -> int:
 
 
 class Searcher:
-    """Exact top-k search over an InvertedIndex.
-
-    Given a ``ShardedIndex`` it returns a ``lsr.parallel.sharded_search.ShardedSearcher`` (same API; extra
-    keyword ``stream``).
+    """Exact top-k search over an InvertedIndex (a ``ShardedIndex`` takes ``lsr.search.open_searcher``).
 
     Args:
         index: the index (moved to ``device`` if it lives elsewhere).
         device: where to search: a torch.device, "cpu", "cuda" or "cuda:N" (default: the index's device).
-        backend: "auto" (Triton on CUDA when available, else torch), "torch" or "triton".
-        max_memory_bytes: bound on the torch path's working memory (dense query block, chunk scores,
-            top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
+        backend: shorthand for ``config.backend``: "auto" (gpu on CUDA when triton imports, else torch), "torch"
+            or "gpu".
+        max_memory_bytes: shorthand for ``config.max_memory_bytes``: the torch backend's working memory (dense
+            query block, chunk scores, top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
+        config: every knob of the search (``SearchConfig``); the two shorthands override its fields.
     """
 
-    def __new__(cls, index: Any, *args: Any, **kwargs: Any) -> Any:
-        # a ShardedIndex gets its searcher (same API, partitions searched in turn, exact merge)
-        from lsr.parallel.sharded_index import ShardedIndex
-
-        if cls is Searcher and isinstance(index, ShardedIndex):
-            from lsr.parallel.sharded_search import ShardedSearcher
-
-            return ShardedSearcher(index, *args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str = "auto",
-                 max_memory_bytes: int | None = None) -> None:
+    def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str | None = None,
+                 max_memory_bytes: int | None = None, *, config: SearchConfig | None = None) -> None:
+        if not isinstance(index, InvertedIndex):
+            raise TypeError(f"Searcher takes an InvertedIndex, got {type(index).__name__}; "
+                            "use lsr.search.open_searcher for a ShardedIndex or an index folder")
         self.device = torch_device(device) if device is not None else index.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.index = index if index.device == self.device else index.to(self.device)
-        if backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-        self.max_memory_bytes = int(max_memory_bytes) if max_memory_bytes is not None else \
-            _default_budget(self.device)
-        if self.max_memory_bytes <= 0:
-            raise ValueError("max_memory_bytes must be positive")
-        self._triton: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-        if backend == "triton" or (backend == "auto" and self.device.type == "cuda"):
-            try:
-                from lsr.search.triton_backend import triton_search
-            except ImportError as e:
-                if backend == "triton":
-                    raise RuntimeError(f"backend='triton' needs lsr.search.triton_backend and triton ({e}); "
-                                       "use backend='torch'") from e
-                log.info("Triton search unavailable (%s); using the torch backend", e)
-            else:
-                self._triton = triton_search
-        self.backend = "triton" if self._triton is not None else "torch"
+        config = config or SearchConfig()
+        overrides = {name: value for name, value in (("backend", backend), ("max_memory_bytes", max_memory_bytes))
+                     if value is not None}
+        config = config.replace(**overrides) if overrides else config
+        self.max_memory_bytes = config.max_memory_bytes or _default_budget(self.device)
+        self.backend, self._backend_why = choose_backend(config, self.device)
+        self.config = config.replace(backend=self.backend)
+        self._gpu: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        if self.backend == "gpu":
+            from lsr.search.gpu_search import gpu_search
+
+            self._gpu = gpu_search
 
     # ------------------------------------------------------------------ public
     def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
@@ -186,7 +173,8 @@ class Searcher:
         Args:
             queries: B sparse queries over the index vocabulary.
             k: hits per query (> 0; may exceed n_docs, the rest is padding).
-            query_batch: queries per batch (default: bounded by ``max_memory_bytes``, at most 256).
+            query_batch: queries per batch (default ``config.query_batch``, else by backend: ``gpu_query_batch``, or
+                bounded by ``max_memory_bytes`` and at most ``torch_query_batch``).
             query_metadata: encoder description of the queries, checked against the index's.
             show_progress_bar: tqdm bar over batches (default: when there are several batches and a tty).
 
@@ -196,9 +184,7 @@ class Searcher:
         """
         k = check_request(queries, k, query_metadata, self.index)
         n_q = len(queries)
-        qb = int(query_batch) if query_batch is not None else self._default_query_batch(n_q)
-        if qb <= 0:
-            raise ValueError(f"query_batch must be positive, got {query_batch}")
+        qb = self._query_batch(n_q, query_batch)
         queries = queries.to(self.device)
         if n_q <= qb and queries.nnz > 0:  # one batch (e.g. a single query): no progress bar, no copies
             return self._search_batch(queries, k)
@@ -229,19 +215,44 @@ class Searcher:
         scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
 
+    def explain(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None) -> SearchPlan:
+        """The plan ``search(queries, k, query_batch)`` follows for its first batch (``str(plan)`` prints it): the
+        backend, the route, the kernels, the passes, the fallbacks, graphs and chunks, each with the reason. Plans
+        nothing it would not plan for the search (on the gpu backend the plan is cached for it)."""
+        k = check_request(queries, k, None, self.index)
+        n_q = len(queries)
+        qb = self._query_batch(n_q, query_batch)
+        first = queries[:qb].to(self.device)
+        if self._gpu is not None and self.index.n_docs and len(first):
+            from lsr.search.plan import plan_batch
+
+            plan = plan_batch(self.index, first, k, self.config)
+        else:
+            plan = torch_plan(len(first), k, len(self._doc_chunks(-(-max(len(first), 1) // QUERY_LANES)
+                                                                  * QUERY_LANES)))
+        batches = f"{-(-n_q // qb)} of <= {qb}" if n_q else "none"
+        return plan.with_steps((("backend", self.backend, self._backend_why),
+                                ("query batches", batches, "the first is planned here; each is planned alike")))
+
     # ------------------------------------------------------------------ internals
+    def _query_batch(self, n_queries: int, query_batch: int | None) -> int:
+        qb = query_batch if query_batch is not None else self.config.query_batch
+        if qb is None:
+            return self._default_query_batch(n_queries)
+        if isinstance(qb, bool) or int(qb) <= 0:
+            raise ValueError(f"query_batch must be a positive integer, got {qb!r}")
+        return int(qb)
+
     def _default_query_batch(self, n_queries: int) -> int:
-        if self._triton is not None:
-            # the Triton path's working set is ~0.64 GiB at 500 queries (docs/benchmarks-search.md) and
-            # its throughput grows with the batch up to there
-            return max(1, min(n_queries, _TRITON_QUERY_BATCH))
+        if self._gpu is not None:
+            return max(1, min(n_queries, self.config.gpu_query_batch))
         # the dense [V, b] query block and its [b, V] source take at most a quarter of the budget
         per_query = 8 * max(self.index.vocab_size, 1)
-        return max(1, min(n_queries, _MAX_QUERY_BATCH, self.max_memory_bytes // (4 * per_query)))
+        return max(1, min(n_queries, self.config.torch_query_batch, self.max_memory_bytes // (4 * per_query)))
 
     def _search_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._triton is not None:
-            return self._triton(self.index, queries, k)
+        if self._gpu is not None:
+            return self._gpu(self.index, queries, k, self.config)
         return self._torch_batch(queries, k)
 
     def _doc_chunks(self, n_queries: int) -> list[tuple[int, int, int, int]]:

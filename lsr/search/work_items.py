@@ -3,26 +3,23 @@
 An item is one (query group, span) with its output offset (``lsr.search.kernels.block.span_items``, 16 B). Made
 per call inside a graph they were ~20-30 of its kernels (each a node that the graph's launch pays for); cached, a
 graph's warm-up run makes them and the graph reads them. A graph holds its items in its ChunkResult, so an entry
-dropped from a cache stays allocated while that graph lives.
+dropped from a cache stays allocated while that graph lives. The cache sizes are ``SearchConfig.items_cache_*``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lsr.search.graphs import GRAPH_MAX_B
 from lsr.search.kernels.block import span_items
 
-__all__ = ["ITEMS_CACHE_MAX_B", "LARGE", "LARGE_ITEMS_BYTES", "LARGE_ITEMS_CACHE", "SMALL", "ItemsCache", "make_span_items",
-           "span_work_items"]
+if TYPE_CHECKING:  # pragma: no cover
+    from lsr.search.config import SearchConfig
 
-ITEMS_CACHE_MAX_B = 64         # batches whose work items are cached per shape, 64 shapes (``SMALL``)
-LARGE_ITEMS_CACHE = 8          # larger batches (up to GRAPH_MAX_B): this many item sets, two a shape (``LARGE``)
-LARGE_ITEMS_BYTES = 1 << 23    # ... of at most this many bytes each (~2.5 MB at B = 512 on 8.8M docs' coarse spans)
+__all__ = ["LARGE", "SMALL", "ItemsCache", "make_span_items", "span_work_items"]
 
 
 def make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
@@ -36,12 +33,11 @@ class ItemsCache:
     """Work items per shape (``make_span_items``'s arguments), the least recently used dropped beyond ``size``
     entries; items above ``max_bytes`` or made during a graph capture (their kernels have not run yet) are not kept."""
 
-    def __init__(self, size: int, max_bytes: int | None = None) -> None:
-        self.size, self.max_bytes = size, max_bytes
+    def __init__(self) -> None:
         self.entries: OrderedDict[tuple, tuple[torch.Tensor, ...]] = OrderedDict()
         self.lock = threading.Lock()
 
-    def __call__(self, *key: Any) -> tuple[torch.Tensor, ...]:
+    def get(self, key: tuple[Any, ...], size: int, max_bytes: int | None = None) -> tuple[torch.Tensor, ...]:
         with self.lock:
             items = self.entries.get(key)
             if items is not None:
@@ -50,10 +46,10 @@ class ItemsCache:
         items = make_span_items(*key)
         device = key[-1]
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not capturing and (self.max_bytes is None or items[0].numel() * 16 <= self.max_bytes):
+        if not capturing and (max_bytes is None or items[0].numel() * 16 <= max_bytes):
             with self.lock:
                 self.entries[key] = items
-                while len(self.entries) > self.size:
+                while len(self.entries) > size:
                     self.entries.popitem(last=False)
         return items
 
@@ -62,15 +58,18 @@ class ItemsCache:
             self.entries.clear()
 
 
-SMALL = ItemsCache(64)
-LARGE = ItemsCache(LARGE_ITEMS_CACHE, LARGE_ITEMS_BYTES)
+SMALL = ItemsCache()
+LARGE = ItemsCache()
 
 
-def span_work_items(B: int, n_items: int, n_spans: int, group: int, width: int,
-                    device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The work items of one pass (``make_span_items``), from SMALL for batches up to ITEMS_CACHE_MAX_B, from LARGE
-    up to GRAPH_MAX_B (LARGE_ITEMS_CACHE entries of up to LARGE_ITEMS_BYTES), made afresh for batches no graph holds."""
+def span_work_items(B: int, n_items: int, n_spans: int, group: int, width: int, device: torch.device,
+                    cfg: SearchConfig) -> tuple[torch.Tensor, ...]:
+    """The work items of one pass (``make_span_items``), from SMALL for batches up to ``cfg.items_cache_max_batch``,
+    from LARGE up to ``cfg.graph_max_batch`` (``items_cache_large`` entries of up to ``items_cache_large_bytes``),
+    made afresh for batches no graph holds."""
     key = (B, n_items, n_spans, group, width, device)
-    if B <= ITEMS_CACHE_MAX_B:
-        return SMALL(*key)
-    return LARGE(*key) if B <= GRAPH_MAX_B else make_span_items(*key)
+    if B <= cfg.items_cache_max_batch:
+        return SMALL.get(key, cfg.items_cache_small)
+    if B <= cfg.graph_max_batch:
+        return LARGE.get(key, cfg.items_cache_large, cfg.items_cache_large_bytes)
+    return make_span_items(*key)

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from lsr.search.graphs import CAPTURE_AT_ONCE_B
 from lsr.search.searcher import run_depth
 from lsr.sparse import SparseVectors, weight_limit
 
@@ -110,7 +109,7 @@ class SearchEngine:
         device: "auto" | "cpu" | "cuda" | "cuda:N".
         k: hits per query when a request does not say; max_k: the largest k a request may ask for
             (default: max(k, 1000)).
-        backend: the Searcher backend ("auto", "torch", "triton").
+        backend: the Searcher backend ("auto", "torch", "gpu").
         pad_batches: search batches padded to a power of two (copies of the last query, whose hits are
             dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
             captured again for every size; default: on CUDA.
@@ -330,8 +329,8 @@ class SearchEngine:
             sorted({1, max_batch})
         # the commonest shapes (short queries, small batches) last: the graph cache drops the least recently used
         for query in reversed(queries):
-            for b in reversed(sizes):   # a batch above CAPTURE_AT_ONCE_B queries is captured at its second search
-                for _ in range(1 + (b > CAPTURE_AT_ONCE_B)):
+            for b in reversed(sizes):   # a batch above graph_capture_at_once queries is captured at its second search
+                for _ in range(1 + (b > self.searcher.config.graph_capture_at_once)):
                     self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:

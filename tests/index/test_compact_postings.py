@@ -2,14 +2,13 @@
 
 Build (compact arrays decode to the float32 layout's), disk format (version 2, one-line errors for
 edited or truncated files), the block scorers on compact postings (Triton kernel vs torch twin under
-TRITON_INTERPRET=1, at small awkward shapes) and triton_search / Searcher against lsr.testing's float64
+TRITON_INTERPRET=1, at small awkward shapes) and gpu_search / Searcher against lsr.testing's float64
 reference. The ``gpu`` test here checks the searcher on CUDA (the CUDA kernel's compact variant against the
 twin: tests/search/test_kernels_search.py::test_gpu_cuda_block_kernel_matches_twin).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 
@@ -19,9 +18,11 @@ import torch
 
 from lsr.index.compact import compact_weight_dtype, decode_postings
 from lsr.index.inverted import InvertedIndex
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels import block, topk
 from lsr.search.kernels.fixed import query_scales
-from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
+from lsr.search.spans import span_offsets
 from lsr.sparse import SparseVectors
 from lsr.testing import (
     assert_exact_topk,
@@ -221,8 +222,9 @@ def test_coarse_twin_on_compact_postings(gen):
 
 
 # --------------------------------------------------------------------------------------- search
-CONFIGS = [BlockConfig(span=32, group=2, rows=4), BlockConfig(span=64, rows=2, readout=32),
-           BlockConfig(span=256, group=4, rows=8, chunk=64, sample_every=2)]   # 256 > block: capped at it
+BLOCK = SearchConfig(route="block")
+CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64, rows=2, readout=32),
+           BLOCK.replace(span=256, group=4, rows=8, chunk=64, sample_every=2)]   # 256 > block: capped at it
 
 
 @pytest.mark.parametrize("quantized", [False, True])
@@ -232,15 +234,15 @@ def test_compact_search_is_exact_and_identical_to_float32(gen, quantized):
     plain, comp = both_layouts(docs, 64)
     ref = float64_scores(q, docs)
     k = 25
-    want = triton_search(plain, q, k, path="csr")
-    for path, cfg in [("auto", None), ("csr", None)] + [("block", c) for c in CONFIGS]:
-        s, d = triton_search(comp, q, k, path=path, config=cfg)
+    want = gpu_search(plain, q, k, SearchConfig(route="dense-scatter"))
+    for cfg in [SearchConfig()] + CONFIGS:
+        s, d = gpu_search(comp, q, k, cfg)
         assert_exact_topk(s, d, ref, k)
-        assert torch.equal(s, want[0]) and torch.equal(d, want[1]), (path, cfg)
-    again = triton_search(comp, q, k, path="block", config=CONFIGS[0])
+        assert torch.equal(s, want[0]) and torch.equal(d, want[1]), cfg
+    again = gpu_search(comp, q, k, CONFIGS[0])
     assert torch.equal(again[0], want[0]) and torch.equal(again[1], want[1]), "bit-identical run to run"
-    with pytest.raises(ValueError, match="scatter path reads float32 postings"):
-        triton_search(comp, q, k, path="scatter")
+    with pytest.raises(ValueError, match="reads float32 postings"):
+        gpu_search(comp, q, k, SearchConfig(route="dense-scatter"))
 
 
 def test_compact_search_k_beyond_matches_and_empty_queries(gen):
@@ -248,25 +250,21 @@ def test_compact_search_k_beyond_matches_and_empty_queries(gen):
     q = random_dense_rows(1, 30, 0.1, gen).to(DEV)
     _, comp = both_layouts(docs, 32)
     k = 120
-    s, d = triton_search(comp, q, k, path="block", config=BlockConfig(span=32))
+    s, d = gpu_search(comp, q, k, BLOCK.replace(span=32))
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
-    s, d = triton_search(comp, empty, 5, path="block", config=BlockConfig(span=32))
+    s, d = gpu_search(comp, empty, 5, BLOCK.replace(span=32))
     assert bool((d == -1).all()) and bool((s == 0).all())
 
 
-def test_compact_coarse_pass_matches_exact(gen, monkeypatch):
+def test_compact_coarse_pass_matches_exact(gen):
     """The coarse pass 2 (CUDA in production; the twin here) on compact postings gives the exact bits."""
-    import lsr.search.block_path as bp
     docs = bf16_rows(600, 30, 0.2, gen)
     q = random_dense_rows(7, 30, 0.3, gen, empty_rows=1).to(DEV)
     plain, comp = both_layouts(docs, 128)
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-    want = triton_search(plain, q, 6, path="block", config=cfg)
-    twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    got = triton_search(comp, q, 6, path="block", config=cfg)
+    cfg = BLOCK.replace(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
+    want = gpu_search(plain, q, 6, cfg)
+    got = gpu_search(comp, q, 6, cfg.replace(kernel="torch", coarse_span=128))   # the twin runs the coarse passes
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -276,7 +274,7 @@ def test_searcher_on_a_saved_compact_index(saved):
     q = random_dense_rows(4, 30, 0.3, seeded_generator(1)).to("cpu")
     ref = float64_scores(q, index.docs)
     back = InvertedIndex.load(path, device=DEV)   # the Triton backend: CUDA, or the interpreter on the CPU
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "gpu"):
         s, d = Searcher(back, backend=backend).search(q, k=7)
         assert_exact_topk(s.cpu(), d.cpu(), ref, 7)
 
@@ -284,7 +282,7 @@ def test_searcher_on_a_saved_compact_index(saved):
 def test_cli_index_postings_option(tmp_path, capsys, gen):
     from lsr.cli import main
     from lsr.parallel.sharded_index import ShardedIndex
-    from lsr.search.searcher import Searcher
+    from lsr.search.factory import open_searcher
     from lsr.storage.shards import write_vectors
     docs = bf16_rows(80, 25, 0.2, gen).to("cpu")
     write_vectors(tmp_path / "vec", docs)
@@ -298,7 +296,7 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
     assert main(base + ["--out", str(tmp_path / "parts"), "--postings", "compact", "--partitions", "2"]) == 0
     sharded = ShardedIndex.load(tmp_path / "parts", device=DEV)
     q = random_dense_rows(3, 25, 0.3, gen)
-    s, d = Searcher(sharded, backend="triton").search(q, k=9)
+    s, d = open_searcher(sharded, backend="gpu").search(q, k=9)
     assert_exact_topk(s, d, float64_scores(q, docs), 9)
     write_vectors(tmp_path / "vec32", random_dense_rows(20, 25, 0.3, gen))
     capsys.readouterr()
@@ -310,12 +308,12 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
 
 def test_in_memory_sharded_index_takes_the_posting_layout(gen):
     from lsr.parallel.sharded_index import ShardedIndex
-    from lsr.search.searcher import Searcher
+    from lsr.search.factory import open_searcher
     docs = bf16_rows(90, 30, 0.2, gen).to("cpu")
     q = random_dense_rows(4, 30, 0.3, gen)
     sharded = ShardedIndex.from_vectors(docs, 3, device=DEV, block_size=64, postings="compact")
     assert {part.postings for part in sharded.partitions} == {"compact"}
-    s, d = Searcher(sharded, backend="triton").search(q, k=11)
+    s, d = open_searcher(sharded, backend="gpu").search(q, k=11)
     assert_exact_topk(s, d, float64_scores(q, docs), 11)
 
 
@@ -337,13 +335,13 @@ def test_pipeline_config_takes_the_posting_layout():
                                              (64, 1000, 8192, torch.float16), (500, 100, 1 << 16, torch.float16)])
 def test_gpu_compact_search_matches_float64_and_float32_layout(B, k, bs, weights):
     from lsr.benchmarks.synth import synth_docs, synth_queries
-    from lsr.search.block_path import cuda_span
+    from lsr.search.plan import block_plan
     from lsr.search.searcher import Searcher
     docs = rounded_weights(synth_docs(60_000, device="cuda"), weights)
     q = synth_queries(B, device="cuda")
     plain, comp = both_layouts(docs, bs)
     assert comp.scores.dtype == weights
-    assert cuda_span(BlockConfig(), comp) is not None, "the compact CUDA kernel compiles and serves (not Triton)"
+    assert block_plan(comp, q, k, SearchConfig()).kernel == "cuda", "the compact CUDA kernel compiles and serves"
     s, d = Searcher(comp).search(q, k=k)
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     s2, d2 = Searcher(plain).search(q, k=k)

@@ -15,7 +15,7 @@ from lsr.cli import main
 from lsr.index import InvertedIndex
 from lsr.parallel.sharded_index import ShardedIndex, is_sharded, partition_bounds, partition_count
 from lsr.parallel.sharded_search import ShardedSearcher
-from lsr.search import Searcher
+from lsr.search import Searcher, open_searcher
 from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
 from lsr.testing import random_collection
 from tests.conftest import DEV
@@ -76,8 +76,8 @@ def test_triton_backend_sharded_equals_single(tmp_path):
     queries = random_collection(6, 24, 6, density=0.3)
     ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=8)
     sharded = ShardedIndex.load(tmp_path / "idx", device=DEV)
-    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="triton").search(queries, 7)
-    got = ShardedSearcher(sharded, backend="triton").search(queries, 7)
+    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="gpu").search(queries, 7)
+    got = ShardedSearcher(sharded, backend="gpu").search(queries, 7)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -204,11 +204,11 @@ def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
     assert memory.doc_starts == loaded.doc_starts and memory.docnos == loaded.docnos
     want = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, 30)
     for index in (loaded, memory):
-        searcher = Searcher(index, backend="torch")
+        searcher = open_searcher(index, backend="torch")
         assert isinstance(searcher, ShardedSearcher)
         got = searcher.search(queries, 30)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    run = Searcher(memory, backend="torch").search_run(queries, 5)
+    run = open_searcher(memory, backend="torch").search_run(queries, 5)
     assert list(run) == queries.ids and all(d in docs.ids for hits in run.values() for d in hits)
     only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
     assert [p is None for p in only.partitions] == [True, True, False, True]
@@ -225,7 +225,7 @@ def test_gpu_streamed_and_resident_equal_single():
     sharded = ShardedIndex.from_vectors(docs, 3, device="cuda")
     for stream in (False, True):
         searcher = ShardedSearcher(sharded, "cuda", stream=stream)
-        assert searcher.stream == stream and searcher.backend == "triton"
+        assert searcher.stream == stream and searcher.backend == "gpu"
         got = searcher.search(queries, 1000, query_batch=20)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 

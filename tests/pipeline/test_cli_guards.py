@@ -232,12 +232,13 @@ def test_searchers_name_a_malformed_device(tmp_path):
     from lsr.parallel.sharded_index import ShardedIndex
     from lsr.parallel.sharded_search import ShardedSearcher
     from lsr.pipeline import resolve_device
+    from lsr.search.factory import open_searcher
     from lsr.search.searcher import Searcher
 
     docs = SparseVectors([0, 1, 3, 4], [0, 0, 1, 2], [1.0, 2.0, 1.0, 3.0], ids=["a", "b", "c"])
     index = InvertedIndex.build(docs)
     sharded = ShardedIndex.load(ShardedIndex.build(docs, 2, tmp_path / "idx"))
-    calls = [lambda d: Searcher(index, device=d), lambda d: Searcher(sharded, device=d),
+    calls = [lambda d: Searcher(index, device=d), lambda d: open_searcher(sharded, device=d),
              lambda d: ShardedSearcher(sharded, device=d), lambda d: DistributedSearcher(tmp_path / "idx", d)]
     for bad in ("gpu", "cuda:x", "CPU", "auto", -1, True):
         for call in calls:

@@ -2,24 +2,25 @@
 lsr.search.block_path's coarse passes 1 and 2): the twin against brute force, the exactness bounds
 (``coarse_floor``, ``coarse_theta``), the fallbacks to the exact pass, and the CUDA kernel against the twin.
 
-Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with the twin standing in for the CUDA kernel;
-the ``gpu`` tests compare the kernel itself. Tests that patch the block path's knobs between searches run eagerly
-(``graphs=False``): a captured graph would replay what was captured before the patch.
+Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with the twin standing in for the CUDA kernel
+(``SearchConfig(kernel="torch")``, which runs the coarse pass too); the ``gpu`` tests compare the kernel itself.
+What the fallback chain did is read from ``gpu_search``'s ``trace``.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
-from lsr.search.kernels import block, select, topk
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
+from lsr.search.kernels import block, bucket_select, topk
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT, coarse_floor, coarse_theta, coarse_unusual
 from lsr.search.kernels.fixed import query_scales
-from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
+from lsr.search.spans import span_offsets
 from lsr.sparse import SparseVectors
 from lsr.testing import assert_exact_topk, float64_scores, random_dense_rows, seeded_generator
 from tests.conftest import DEV
@@ -33,6 +34,22 @@ def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
 
 def csr_of(q: SparseVectors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.indptr, q.indices, q.values
+
+
+# the block route on the Triton kernel (exact pass 2 only on the CPU), and the same with the twin scoring both
+# passes on coarse sums (coarse pass 2 from one query on)
+EXACT = SearchConfig(route="block", span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
+COARSE = EXACT.replace(kernel="torch", coarse_span=128)
+
+
+def sent(trace: list, field: str) -> int:
+    """Queries the first chunk sent to a fallback (``redo`` or ``rescue``)."""
+    got = getattr(trace[0], field)
+    return (0 if got is None else got.numel()) if field == "redo" else got
+
+
+def redone(trace: list) -> list[int]:
+    return [] if trace[0].redo is None else trace[0].redo.tolist()
 
 
 @pytest.fixture
@@ -79,11 +96,11 @@ def test_coarse_twin_and_floor(gen):
     # theta: at most the k-th best row's exact score, and below it by at most the coarse losses (< n_q units of
     # 2**COARSE_SHIFT) and the bucket width (the selection's level-2 key bits: 2 units)
     k = 5
-    theta = coarse_theta(select.bucket_edge(rows.view(6, -1), k), inv)
+    theta = coarse_theta(bucket_select.bucket_edge(rows.view(6, -1), k), inv)
     row_best = torch.nn.functional.pad(exact, (0, 64 * n_spans - 300)).view(6, -1, topk.ROW).amax(2)
     kth = row_best.sort(1, descending=True).values[:, k - 1]
     has_k = (rows.view(6, -1) >= 0).sum(1) >= k
-    bucket = 2 ** (select.SHIFT2 - COARSE_KEY_SHIFT)
+    bucket = 2 ** (bucket_select.SHIFT2 - COARSE_KEY_SHIFT)
     slack = ((bucket + q.indptr.diff() + 1) * 2 ** COARSE_SHIFT).double() * inv
     # random rows may be empty (and one is): two queries with k rows of docs keep the bound checks non-vacuous
     assert bool((theta <= kth).all()) and bool((theta[~has_k] == 0).all()) and bool(has_k.sum() >= 2)
@@ -128,106 +145,83 @@ def test_coarse_sum_at_a_bound_just_below_a_power_of_two():
     assert int(rows.max() >> COARSE_KEY_SHIFT) == 2 ** 16 - 1
 
 
-def test_search_coarse_pass_matches_exact(gen, monkeypatch):
+def test_search_coarse_pass_matches_exact(gen):
     """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
     pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
     below ``coarse_min_batch`` skip it."""
-    import lsr.search.block_path as bp
     docs = rand_vectors(600, 30, 0.2, gen)
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6     # pass 1 needs k row maxima (of 32 docs each) for a theta
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-    want = triton_search(index, q, k, path="block", config=cfg)
+    want = gpu_search(index, q, k, EXACT)
     assert_exact_topk(*want, float64_scores(q, docs), k)
-    twin = functools.partial(block.torch_block_candidates)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (twin, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    settled = []
-    real = bp._settle
-    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: settled.append(out) or out)(real(*a)))
-
-    def n_sent(field: str) -> int:
-        sel = getattr(settled[0], field)
-        return 0 if sel is None else len(sel if field == "redo" else sel[0])
-
-    got = triton_search(index, q, k, path="block", config=cfg)
+    trace = []
+    got = gpu_search(index, q, k, COARSE, trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert n_sent("redo") <= 1, "only the empty query (no theta) needs the exact pass"
-    monkeypatch.setattr(bp, "_coarse_margin", lambda k: 0)   # lists of exactly k: the completeness test fails
-    for cells in (bp.RESCUE_CELLS, 0):   # settled from all candidates inside the chunk, then on the host side
-        monkeypatch.setattr(bp, "RESCUE_CELLS", cells)
-        settled.clear()
-        got = triton_search(index, q, k, path="block", config=cfg)
+    assert sent(trace, "redo") <= 1, "only the empty query (no theta) needs the exact pass"
+    no_margin = COARSE.replace(coarse_margin_min=0, coarse_margin_share=0)   # lists of exactly k: incomplete
+    for cells in (SearchConfig.rescue_cells, 0):   # settled from all candidates inside the chunk, then on the host
+        trace = []
+        got = gpu_search(index, q, k, no_margin.replace(rescue_cells=cells), trace=trace)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert n_sent("redo") <= 1
-        assert (n_sent("rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
+        assert sent(trace, "redo") <= 1
+        assert (sent(trace, "rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
     # and slots overflow: 2 per coarse span, while the first span holds 12 copies of a doc with every term at
     # the largest weight (each non-empty query's top k, so above its floor), whatever the random draw
-    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 1)
+    tight = no_margin.replace(rescue_cells=0, slots_per_span=1)
     heavy = torch.full((12, 30), float(docs.values.max()), device=DEV)
     tied = SparseVectors.concat([SparseVectors.from_dense(heavy, [f"tie{i}" for i in range(12)]), docs])
-    settled.clear()
-    got = triton_search(build_index(tied, 64), q, k, path="block", config=cfg)
+    trace = []
+    got = gpu_search(build_index(tied, 64), q, k, tight, trace=trace)
     assert_exact_topk(*got, float64_scores(q, tied), k)
-    assert n_sent("redo") == int((q.indptr.diff() > 0).sum()), "overflowed slots send queries to the exact pass"
-    settled.clear()
-    got = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=8))  # 7 queries < 8
+    assert sent(trace, "redo") == int((q.indptr.diff() > 0).sum()), "overflowed slots send queries to the exact pass"
+    trace = []
+    got = gpu_search(index, q, k, tight.replace(coarse_min_batch=8), trace=trace)  # 7 queries < 8
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert n_sent("redo") == 0 and n_sent("rescue") == 0, "no coarse pass, so nothing to redo"
+    assert sent(trace, "redo") == 0 and sent(trace, "rescue") == 0, "no coarse pass, so nothing to redo"
 
 
-def test_coarse_floor_from_a_sampled_key_is_checked(gen, monkeypatch):
-    """From SAMPLED_RANK_MIN_K on, the coarse pass 2's floor comes from a pass-1 key above the k-th
+def test_coarse_floor_from_a_sampled_key_is_checked(gen):
+    """From ``sampled_rank_min_k`` on, the coarse pass 2's floor comes from a pass-1 key above the k-th
     (``coarse.sampled_rank``), which is not a proven bound: the block path checks it against the k-th coarse key.
     With the sample's best key (rank 1) and one doc far above all others in the sampled first span, every
     non-empty query lets fewer than k docs through, fails the check and is settled by the exact pass 2; with a
     rank between, the bits are the exact pass's whichever way the check goes."""
-    import lsr.search.block_path as bp
     from lsr.search.kernels import coarse
-    assert coarse.sampled_rank(10, 1 / 16) == 10 and coarse.sampled_rank(1000, 1 / 16) < 1000 // 8
-    assert coarse.sampled_rank(coarse.SAMPLED_RANK_MIN_K, 1.0) == coarse.SAMPLED_RANK_MIN_K
+    min_k = SearchConfig.sampled_rank_min_k
+    assert coarse.sampled_rank(10, 1 / 16, min_k) == 10 and coarse.sampled_rank(1000, 1 / 16, min_k) < 1000 // 8
+    assert coarse.sampled_rank(min_k, 1.0, min_k) == min_k
     docs = rand_vectors(600, 30, 0.2, gen)
     heavy = torch.full((1, 30), float(docs.values.max()) * 4, device=DEV)
     docs = SparseVectors.concat([SparseVectors.from_dense(heavy, ["heavy"]), docs])
     q = rand_vectors(7, 30, 0.3, gen, empty_rows=1)
     index = build_index(docs, 64)
     k = 6
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-    want = triton_search(index, q, k, path="block", config=cfg)
+    want = gpu_search(index, q, k, EXACT)
     assert_exact_topk(*want, float64_scores(q, docs), k)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    redone = []
-    real = bp._settle
-    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
-    monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
-    got = triton_search(index, q, k, path="block", config=cfg)
+    trace = []
+    got = gpu_search(index, q, k, COARSE.replace(floor_rank=1), trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     non_empty = torch.nonzero(q.indptr.diff() > 0).flatten().tolist()
-    assert redone[0] is not None and set(non_empty) <= set(redone[0].tolist()), "every such query was redone"
-    monkeypatch.setattr(bp, "_floor_rank", lambda plan: plan.k // 2)
-    got = triton_search(index, q, k, path="block", config=cfg)
+    assert set(non_empty) <= set(redone(trace)), "every such query was redone"
+    got = gpu_search(index, q, k, COARSE.replace(floor_rank=k // 2))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_sampled_floor_end_to_end_at_large_k(gen, monkeypatch):
-    """k = 256 with the real rank (pass 1 samples half of 64 spans: the floor's key is the sampled rank ~175, not
+def test_sampled_floor_end_to_end_at_large_k(gen):
+    """k = 256 with the real rank (pass 1 samples half of 64 spans: the floor's key is the sampled rank, not
     the 256th): the top k equals the float64 reference, whether or not a query needed the exact pass 2."""
-    import lsr.search.block_path as bp
-    from lsr.search.kernels import coarse
+    from lsr.search.plan import plan_batch
     docs = random_dense_rows(65536, 40, 0.05, gen, device=DEV)
     q = random_dense_rows(6, 40, 0.15, gen, empty_rows=1, device=DEV)
     index = InvertedIndex.build(docs, device=DEV, block_size=1024, postings="float32")
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 1024))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 2048)
-    ranks = []
-    real = bp._floor_rank
-    monkeypatch.setattr(bp, "_floor_rank", lambda plan: (lambda r: ranks.append((plan.k, r)) or r)(real(plan)))
-    k = coarse.SAMPLED_RANK_MIN_K
-    got = triton_search(index, q, k, path="block",
-                        config=BlockConfig(span=1024, coarse_sample_every=4, coarse_min_batch=1, graphs=False))
-    assert ranks and all(r < kk for kk, r in ranks), "the sampled rank, below k, set the floor"
+    k = SearchConfig.sampled_rank_min_k
+    cfg = SearchConfig(route="block", kernel="torch", span=1024, coarse_span=2048, coarse_sample_every=4,
+                       coarse_min_batch=1, graphs=False)
+    plan = plan_batch(index, q, k, cfg)
+    assert plan.block.coarse.sampled and plan.block.coarse.floor_rank < k, "the sampled rank, below k, sets the floor"
+    assert "sampled, checked" in plan.describe()
+    got = gpu_search(index, q, k, cfg)
     assert_exact_topk(*got, float64_scores(q, docs), k)
 
 
@@ -235,7 +229,10 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     """The harder failure of a sampled floor: k docs still pass it, but one of the top k does not. Docs A (index
     2) and B (index 3) tie exactly at the 3rd score; B's coarse sum is one above A's (A's two terms each lose a
     fraction to the floor), and the floor sits at B's coarse sum: docs 0, 1 and B pass, A (the 3rd by doc index)
-    does not. The k-th coarse key's bound catches it (floor > lo_k), so the query takes the exact pass 2."""
+    does not. The k-th coarse key's bound catches it (floor > lo_k), so the query takes the exact pass 2.
+
+    The floor is planted with a patch of ``_coarse_bounds``: no data makes pass 1 return a theta between two coarse
+    sums one unit apart, and this is the only way to check the bound that catches it."""
     import lsr.search.block_path as bp
     u = 2.0 ** (COARSE_SHIFT - 59)   # a coarse unit in score units: the query's scale is 2^59 (bound 2)
     d = torch.zeros(70, 2)
@@ -247,24 +244,18 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     q = SparseVectors.from_dense(torch.ones(1, 2, device=DEV))
     index = build_index(docs, 64)
     k = 3
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-    want = triton_search(index, q, k, path="block", config=replace(cfg, coarse_min_batch=10 ** 9))
+    want = gpu_search(index, q, k, EXACT)
     assert want[1].tolist() == [[0, 1, 2]]
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    monkeypatch.setattr(bp, "_floor_rank", lambda plan: 1)
     s = round(0.75 / u)                                       # A's coarse sum; B's is s + 1
     theta = torch.tensor([(s + 2) * u + u / 8], dtype=torch.float32, device=DEV)
     monkeypatch.setattr(bp, "_coarse_bounds",
                         lambda plan, maxima, args: (theta, coarse_floor(theta, args.scale, args.indptr)))
     scale, _ = query_scales(*csr_of(q), index.max_scores)
     assert coarse_floor(theta, scale, q.indptr).tolist() == [s + 1], "the floor lets B through, not A"
-    redone = []
-    real = bp._settle
-    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
-    got = triton_search(index, q, k, path="block", config=cfg)
+    trace = []
+    got = gpu_search(index, q, k, COARSE.replace(floor_rank=1), trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert redone[0] is not None and redone[0].tolist() == [0], "the check sent the query to the exact pass 2"
+    assert redone(trace) == [0], "the check sent the query to the exact pass 2"
 
 
 def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVectors, SparseVectors]:
@@ -281,12 +272,11 @@ def _extreme_weights(gen: torch.Generator, n_docs: int = 300) -> tuple[SparseVec
     return SparseVectors.from_dense(dense), SparseVectors.from_dense(qd)
 
 
-def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatch):
+def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen):
     """A query whose coarse factor is not a normal float32 is flagged by the coarse pass (its items report
     an overflow) and settled by the exact pass: the search gives the exact pass's bits. (Weights 18
     orders of magnitude apart also leave the fixed point's resolution, U_q * 2**-61, above the small
     scores: this compares with the exact pass, not with float64.)"""
-    import lsr.search.block_path as bp
     docs, q = _extreme_weights(gen)
     index = build_index(docs, 64)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
@@ -299,16 +289,11 @@ def test_coarse_factor_outside_float32_sends_query_to_exact_pass(gen, monkeypatc
     _, counts = block.torch_block_candidates(index.doc_ids, index.scores, off, *csr_of(q), scale, inv, 64, items,
                                              4 * n_spans * cap, cap=cap, coarse_lo=floor)
     assert bool((counts.view(4, n_spans)[0] == cap + 1).all()) and bool((counts.view(4, n_spans)[1:] <= 64).all())
-    cfg = BlockConfig(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-    want = triton_search(index, q, 5, path="block", config=cfg)
-    monkeypatch.setattr(bp, "select_span_scorer", lambda c, index: (block.torch_block_candidates, 64))
-    monkeypatch.setattr(bp, "coarse_span", lambda c, index, scorer: 128)
-    redone = []
-    real = bp._settle
-    monkeypatch.setattr(bp, "_settle", lambda *a: (lambda out: redone.append(out.redo) or out)(real(*a)))
-    got = triton_search(index, q, 5, path="block", config=cfg)
+    want = gpu_search(index, q, 5, EXACT)
+    trace = []
+    got = gpu_search(index, q, 5, COARSE, trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert redone[0] is not None and 0 in redone[0].tolist(), "the flagged query went to the exact pass"
+    assert 0 in redone(trace), "the flagged query went to the exact pass"
 
 
 def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
@@ -316,7 +301,11 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     spans whose read-out fits (64 rows of 128 docs a warp at most, one row a warp at least; a CPU check of the
     choices the GPU tests rely on)."""
     from lsr.search.kernels import block_cuda
-    from lsr.search.span_scorer import coarse_span
+    from lsr.search.plan import coarse_choice
+
+    def coarse_span(cfg: SearchConfig, index: InvertedIndex) -> int | None:
+        return coarse_choice(cfg, index, "cuda", cfg.coarse_min_batch)[0]
+
     for warps in (1, 2, 4, 8, 16, 32):
         for coarse in (False, True):
             n = block_cuda._min_ctas(warps, coarse)
@@ -324,13 +313,12 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     assert (block_cuda._min_ctas(16, True), block_cuda._min_ctas(16, False)) == (3, 2)
     docs = random_dense_rows(40_000, 8, 0.3, seeded_generator())
     index = InvertedIndex.build(docs, block_size=1 << 16, postings="float32")
-    cuda = functools.partial(block_cuda.cuda_block_candidates)
-    assert coarse_span(BlockConfig(cuda_warps=4), index, cuda) == 32768
-    assert coarse_span(BlockConfig(cuda_warps=2), index, cuda) is None     # 32768 docs need 128 rows a warp
-    assert coarse_span(BlockConfig(cuda_warps=2, coarse_span=8192), index, cuda) == 8192
+    assert coarse_span(SearchConfig(cuda_warps=4), index) == 32768
+    assert coarse_span(SearchConfig(cuda_warps=2), index) is None     # 32768 docs need 128 rows a warp
+    assert coarse_span(SearchConfig(cuda_warps=2, coarse_span=8192), index) == 8192
     # pass 1 runs in coarse mode on the plan's span (the CUDA span): 16 warps read rows of 128 docs, 2048 at least
-    assert coarse_span(BlockConfig(span=1024, cuda_warps=16), index, cuda) is None
-    assert coarse_span(BlockConfig(span=2048, cuda_warps=16), index, cuda) == 32768
+    assert coarse_span(SearchConfig(span=1024, cuda_warps=16), index) is None
+    assert coarse_span(SearchConfig(span=2048, cuda_warps=16), index) == 32768
 
 
 
@@ -338,11 +326,11 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
 @pytest.mark.gpu
 def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
     from lsr.search.kernels import block_cuda
-    from lsr.search.span_scorer import coarse_span, select_span_scorer
+    from lsr.search.plan import plan_batch
     docs, q = (v.to("cuda") for v in _extreme_weights(torch.Generator(device="cpu").manual_seed(3), 40000))
     index = InvertedIndex.build(docs, device="cuda", block_size=1024)
-    cfg = BlockConfig(coarse_min_batch=1)
-    assert coarse_span(cfg, index, select_span_scorer(cfg, index)[0]) is not None, "the search runs the coarse pass"
+    cfg = SearchConfig(coarse_min_batch=1)
+    assert plan_batch(index, q, 5, cfg).block.coarse is not None, "the search runs the coarse pass"
     span = 2048   # the coarse read-outs take rows of 128 docs a warp: 16 warps need 2048 docs
     off = span_offsets(index, span)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
@@ -359,6 +347,6 @@ def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
                                             coarse_rows=True)[0]
     assert torch.equal(rows, block.torch_block_candidates(*args, items, rows.numel(), coarse_rows=True)[0])
     assert bool((rows.view(4, -1)[0] == -1).all()) and bool((rows.view(4, -1)[1:] >= 0).any())
-    want = triton_search(index, q, 5, config=replace(cfg, coarse=False))
-    got = triton_search(index, q, 5, config=cfg)
+    want = gpu_search(index, q, 5, cfg.replace(coarse=False))
+    got = gpu_search(index, q, 5, cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -1,5 +1,6 @@
-"""Search kernels (scatter, csr, topk, block) and triton_search: each kernel against its torch twin
-(bit-identical: all accumulate in the same fixed point) and against a float64 brute force.
+"""Search kernels (scatter, csr, topk, block) and gpu_search: each kernel against its torch twin
+(bit-identical: all accumulate in the same fixed point) and against a float64 brute force. Routes and kernels
+are forced through ``SearchConfig``.
 
 Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with tiny shapes; the ``gpu`` tests
 repeat the end-to-end checks at a larger size on CUDA.
@@ -13,10 +14,12 @@ import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels import block, csr, scatter, topk
 from lsr.search.kernels.coarse import coarse_floor
 from lsr.search.kernels.fixed import FIXED_BITS, query_scales
-from lsr.search.triton_backend import BlockConfig, span_offsets, triton_search
+from lsr.search.spans import span_offsets
 from lsr.sparse import SparseVectors
 from lsr.testing import assert_exact_topk, float64_scores, poisoned_allocations, random_dense_rows, seeded_generator
 
@@ -115,7 +118,7 @@ def test_csr_matches_twin_scatter_and_float64(gen, B):
 # --------------------------------------------------------------------------------------- top-k
 def test_terms_bucket_is_the_next_power_of_two_from_64():
     """The query-length bucket (one compile and one CUDA graph each) by integer bit arithmetic."""
-    from lsr.search.kernels.block import terms_bucket
+    from lsr.search.block_plan import terms_bucket
     want = [next(p for p in (2 ** i for i in range(6, 13)) if p >= n) for n in range(0, 3000)]   # smallest >= n
     assert [terms_bucket(n) for n in range(0, 3000)] == want
     assert terms_bucket(64) == 64 and terms_bucket(65) == 128 and terms_bucket(128) == 128 and terms_bucket(129) == 256
@@ -124,8 +127,8 @@ def test_terms_bucket_is_the_next_power_of_two_from_64():
 def test_terms_bound_holds_every_term_of_a_skewed_batch():
     """The block path's query-length bound: the longest query for the Triton kernel; for the CUDA kernel the mean,
     whose bucket times B still holds every term of the batch (a CUDA graph's term buffer), with no host sync."""
-    from lsr.search.kernels.block import terms_bucket
-    from lsr.search.triton_backend import terms_bound
+    from lsr.search.block_plan import terms_bucket
+    from lsr.search.plan import terms_bound
     dense = torch.zeros(5, 400)
     dense[0, :300] = 1.0                                   # one long query, four of 3 terms
     dense[1:, :3] = 1.0
@@ -245,9 +248,10 @@ def test_span_offsets_cover_each_span(gen):
         assert torch.equal(off[:, 0], index.offsets) and torch.equal(off[:, -1], index.block_offsets[:, -1])
 
 
-# --------------------------------------------------------------------------------------- triton_search
-SEARCH_CONFIGS = [BlockConfig(span=32, group=2, rows=4), BlockConfig(span=64, rows=2, readout=32),
-                  BlockConfig(span=32, group=4, rows=8, chunk=64, sample_every=2)]
+# --------------------------------------------------------------------------------------- gpu_search
+BLOCK = SearchConfig(route="block")
+SEARCH_CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64, rows=2, readout=32),
+                  BLOCK.replace(span=32, group=4, rows=8, chunk=64, sample_every=2)]
 
 
 @pytest.mark.parametrize("quantized", [False, True])
@@ -257,14 +261,18 @@ def test_search_all_paths_exact_and_identical(gen, quantized):
     index = build_index(docs, 32)
     ref = float64_scores(q, docs)
     k = 25
-    results = []
-    for path, cfg in [("scatter", None), ("csr", None)] + [("block", c) for c in SEARCH_CONFIGS]:
-        s, d = triton_search(index, q, k, path=path, config=cfg)
+    # the doc-parallel CSR kernel over every doc, then the dense selection: an independent check of the routes
+    scale, inv = query_scales(*csr_of(q), index.max_scores)
+    by_docs = csr.triton_csr_scores(docs.indptr, docs.indices, docs.values,
+                                    csr.dense_queries(*csr_of(q), docs.vocab_size), scale, inv)
+    results = [topk.triton_topk(by_docs, k)]
+    for cfg in [SearchConfig(route="dense-scatter")] + SEARCH_CONFIGS:
+        s, d = gpu_search(index, q, k, cfg)
         assert_exact_topk(s, d, ref, k)
         results.append((s, d))
     for s, d in results[1:]:
         assert torch.equal(s, results[0][0]) and torch.equal(d, results[0][1]), "bit-identical paths"
-    again = triton_search(index, q, k, path="block", config=SEARCH_CONFIGS[0])
+    again = gpu_search(index, q, k, SEARCH_CONFIGS[0])
     assert torch.equal(again[0], results[2][0]) and torch.equal(again[1], results[2][1])
 
 
@@ -273,29 +281,30 @@ def test_search_k_beyond_matches_and_single_query(gen):
     q = rand_vectors(1, 30, 0.1, gen)
     index = build_index(docs, 32)
     k = 120  # more than docs, far more than matching docs
-    for path in ("block", "scatter", "auto"):
-        s, d = triton_search(index, q, k, path=path, config=BlockConfig(span=32))
+    for route in ("block", "dense-scatter", "auto"):
+        s, d = gpu_search(index, q, k, SearchConfig(route=route, span=32))
         assert_exact_topk(s, d, float64_scores(q, docs), k)
     empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
-    s, d = triton_search(index, empty, 5, path="block", config=BlockConfig(span=32))
+    s, d = gpu_search(index, empty, 5, BLOCK.replace(span=32))
     assert bool((d == -1).all()) and bool((s == 0).all())
 
 
-def test_search_overflow_is_rescored(gen, monkeypatch):
-    import lsr.search.block_path as bp
+def test_search_overflow_is_rescored(gen):
     docs = rand_vectors(256, 12, 0.5, gen, quantized=True)  # few distinct scores: huge tie groups
     q = rand_vectors(3, 12, 0.5, gen, quantized=True)
     index = build_index(docs, 64)
-    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 2)      # every busy span overflows its 2 slots
-    s, d = triton_search(index, q, 40, path="block", config=BlockConfig(span=64, sample_every=4))
+    trace = []
+    cfg = BLOCK.replace(span=64, sample_every=4, slots_per_span=2)   # every busy span overflows its 2 slots
+    s, d = gpu_search(index, q, 40, cfg, trace=trace)
     assert_exact_topk(s, d, float64_scores(q, docs), 40)
+    assert trace[0].overflow > 0, "the overflow fallback ran"
 
 
 def test_search_query_terms_outside_index_vocab(gen):
     docs = rand_vectors(60, 20, 0.3, gen)
     index = build_index(docs, 32)
     q = SparseVectors([0, 2, 3], [3, 25, 29], [1.0, 2.0, 0.5], vocab_size=30, device=DEV)
-    s, d = triton_search(index, q, 5, path="block", config=BlockConfig(span=32))
+    s, d = gpu_search(index, q, 5, BLOCK.replace(span=32))
     ref = torch.cat([float64_scores(SparseVectors([0, 1], [3], [1.0], vocab_size=20, device=DEV), docs),
                      torch.zeros(1, 60, dtype=torch.float64, device=DEV)])
     assert_exact_topk(s, d, ref, 5)
@@ -304,47 +313,53 @@ def test_search_query_terms_outside_index_vocab(gen):
 def test_search_rejects_bad_arguments(gen):
     index = build_index(rand_vectors(20, 10, 0.3, gen), 32)
     q = rand_vectors(2, 10, 0.3, gen)
-    with pytest.raises(ValueError):
-        triton_search(index, q, 0)
-    with pytest.raises(ValueError):
-        triton_search(index, q, 3, path="nope")
+    with pytest.raises(ValueError, match="k must be"):
+        gpu_search(index, q, 0)
+    with pytest.raises(ValueError, match="SearchConfig.route must be one of"):
+        gpu_search(index, q, 3, SearchConfig(route="nope"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
-    from lsr.search.block_path import select_span_scorer
     from lsr.search.kernels import block_cuda
+    from lsr.search.plan import block_plan
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
-    score, span = select_span_scorer(BlockConfig(), index)
-    assert score.func is block.triton_block_candidates and span == 256   # the collection, rounded up
     q = rand_vectors(3, 28, 0.3, gen)
+    plan = block_plan(index, q, 5, SearchConfig())
+    assert plan.kernel == "triton" and plan.scorer.func is block.triton_block_candidates
+    assert plan.cfg.span == 256   # the collection, rounded up
     with pytest.raises(RuntimeError, match="kernel='cuda'"):
-        triton_search(index, q, 5, path="block", config=BlockConfig(kernel="cuda"))
-    with pytest.raises(ValueError, match="kernel must be"):
-        triton_search(index, q, 5, path="block", config=BlockConfig(kernel="nope"))
+        gpu_search(index, q, 5, BLOCK.replace(kernel="cuda"))
+    with pytest.raises(ValueError, match="SearchConfig.kernel must be one of"):
+        SearchConfig(kernel="nope")
 
 
 # --------------------------------------------------------------------------------------- GPU only
+# the tuning these cases were written with (the small-batch defaults, whatever the batch size)
+SMALL = SearchConfig(route="block", rows=8, num_warps=4, per_sm=8, coarse_sample_every=32)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [BlockConfig(), BlockConfig(group=2, rows=32), BlockConfig(kernel="triton"),
-                                 BlockConfig(span=4096, chunk=64, kernel="triton"), BlockConfig(cuda_span=1024, cuda_warps=4),
-                                 BlockConfig(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 BlockConfig(cuda_span=16384), BlockConfig(coarse=False),
-                                 BlockConfig(coarse_span=8192)])
+@pytest.mark.parametrize("cfg", [SMALL, SMALL.replace(group=2, rows=32), SMALL.replace(kernel="triton"),
+                                 SMALL.replace(span=4096, chunk=64, kernel="triton"),
+                                 SMALL.replace(cuda_span=1024, cuda_warps=4),
+                                 SMALL.replace(rows=32, num_warps=8, per_sm=2, kernel="triton"),
+                                 SMALL.replace(cuda_span=16384), SMALL.replace(coarse=False),
+                                 SMALL.replace(coarse_span=8192)])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.benchmarks.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")
     q = synth_queries(37, device="cuda")
     index = build_index(docs, 2048)
     k = 100
-    s, d = triton_search(index, q, k, path="block", config=cfg)
+    s, d = gpu_search(index, q, k, cfg)
     ref = float64_scores(q, docs)
     assert_exact_topk(s, d, ref, k)
-    s2, d2 = triton_search(index, q, k, path="scatter")
+    s2, d2 = gpu_search(index, q, k, SearchConfig(route="dense-scatter"))
     assert torch.equal(s, s2) and torch.equal(d, d2)
-    s3, d3 = triton_search(index, q, k, path="block", config=cfg)
+    s3, d3 = gpu_search(index, q, k, cfg)
     assert torch.equal(s, s3) and torch.equal(d, d3)
 
 
@@ -357,13 +372,13 @@ def test_gpu_block_search_synthetic(cfg):
     (4096, 2048, 8, 32, "compact"), (1 << 16, 16384, 4, 256, "float32"),   # 64 read-out rows a warp
     # coarse modes only (2 bytes of tile a doc): 64 rows of 128 docs a warp, and the block path's default span
     (1 << 16, 32768, 4, 256, "float32"), (1 << 16, 32768, 16, 128, "compact")])
-def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, terms, postings):
+def test_gpu_cuda_block_kernel_matches_twin(gen, bs, span, warps, terms, postings):
     """The CUDA kernel's modes against the twin, bit for bit: the exact ones where the span fits the limb tiles,
     the coarse ones where the span holds a 128-doc read-out row for every warp."""
     from lsr.search.kernels import block_cuda
     assert block_cuda.available()
     exact_modes, coarse_modes = span <= block_cuda.MAX_SPAN, 128 * warps <= span <= block_cuda.max_coarse_span(warps)
-    monkeypatch.setattr(block_cuda, "TERMS", terms)   # small run tables: queries take several fills
+    cuda = functools.partial(block_cuda.cuda_block_candidates, warps=warps, terms=terms)   # small run tables: queries
     g = torch.Generator(device="cpu").manual_seed(7)
     docs = rand_vectors(9000, 300, 0.05, g, quantized=True).to("cuda")   # dense enough for long runs; bf16-exact
     q = rand_vectors(9, 300, 0.3, g, quantized=True, empty_rows=1).to("cuda")  # ~90 terms: 3 warps' worth
@@ -378,26 +393,24 @@ def test_gpu_cuda_block_kernel_matches_twin(gen, monkeypatch, bs, span, warps, t
     want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width)
     theta = topk.kth_threshold(want.view(9, -1), 40)
     if exact_modes:
-        got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps)
+        got, _ = cuda(*args, items, 9 * spans.numel() * width)
         assert torch.equal(got, want)
         for cap in (8, span):     # 8 overflows in places (the count says so); span never does
             items = block.span_items(9, spans, 1, cap)
-            got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap,
-                                                   warps=warps)
+            got = cuda(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
             want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, theta=theta, cap=cap)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
             assert bool((got[1] > 0).any())
     if not coarse_modes:
         return
     items = block.span_items(9, spans, 1, width)
-    got, _ = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * width, warps=warps, coarse_rows=True)
+    got, _ = cuda(*args, items, 9 * spans.numel() * width, coarse_rows=True)
     want, _ = block.torch_block_candidates(*args, items, 9 * spans.numel() * width, coarse_rows=True)
     assert torch.equal(got, want)
     floor = coarse_floor(theta, scale, q.indptr)
     for cap in (8, span):
         items = block.span_items(9, spans, 1, cap)
-        got = block_cuda.cuda_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor,
-                                               warps=warps)
+        got = cuda(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
         want = block.torch_block_candidates(*args, items, 9 * spans.numel() * cap, cap=cap, coarse_lo=floor)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -419,239 +432,17 @@ def test_gpu_cuda_rescore_matches_twin(gen, V, density, B, C):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_rescore_splits_batches_and_takes_the_largest_vocabulary(gen, monkeypatch):
-    """Query rows beyond a launch's grid run as further launches (MAX_GRID_Y cut to 3: seven queries, three
+def test_gpu_cuda_rescore_splits_batches_and_takes_the_largest_vocabulary(gen):
+    """Query rows beyond a launch's grid run as further launches (max_grid_y cut to 3: seven queries, three
     launches), and a vocabulary of MAX_VOCAB terms (the bitmap just under 48 KB of shared memory) launches."""
     from lsr.search.kernels import rescore_cuda
-    monkeypatch.setattr(rescore_cuda, "MAX_GRID_Y", 3)
     V = rescore_cuda.MAX_VOCAB
     docs = rand_vectors(100, V, 0.002, gen)
     q = rand_vectors(7, V, 0.004, gen, empty_rows=1)
     scale, inv = query_scales(*csr_of(q), torch.ones(V, device="cuda") * 40)
     qd = csr.dense_queries(*csr_of(q), V)
     cand = torch.randint(-1, 100, (7, 90), device="cuda")
-    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand, q.indptr, q.indices)
+    a = rescore_cuda.cuda_rescore(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand, q.indptr, q.indices,
+                                  max_grid_y=3)
     b = csr.torch_csr_scores(docs.indptr, docs.indices, docs.values, qd, scale, inv, cand)
     assert torch.equal(a, b) and bool((a > 0).any())
-
-
-@pytest.mark.gpu
-def test_gpu_block_graphs_match_eager(monkeypatch):
-    """Batches up to GRAPH_MAX_B replay a captured CUDA graph: same bits as the eager path, with the
-    graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""
-    import lsr.search.block_path as bp
-    import lsr.search.graphs as sg
-    from lsr.benchmarks.synth import synth_docs, synth_queries
-    docs = synth_docs(40_000, device="cuda")
-    index = build_index(docs, 2048)
-    queries = synth_queries(24, device="cuda")
-    eager = BlockConfig(graphs=False)
-    for B, k in ((1, 10), (1, 10), (5, 100), (3, 1000)):
-        for start in (0, 7):
-            q = queries[start:start + B]
-            got = triton_search(index, q, k, path="block")
-            want = triton_search(index, q, k, path="block", config=eager)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-            assert_exact_topk(*got, float64_scores(q, docs), k)
-    # one long query among short ones: the graph's term buffer is sized by the mean length (terms_bound)
-    long_row = torch.zeros(4, docs.vocab_size, device="cuda")
-    long_row[0, torch.randperm(docs.vocab_size, device="cuda")[:400]] = 0.5
-    long_row[1:, :3] = 1.0
-    skewed = SparseVectors.from_dense(long_row)
-    got = triton_search(index, skewed, 50, path="block")
-    want = triton_search(index, skewed, 50, path="block", config=eager)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert_exact_topk(*got, float64_scores(skewed, docs), 50)
-    # a batch split into one-query chunks: the long query's chunk holds more terms than its share of the mean
-    # bound, so it runs eagerly instead of overrunning a graph's term buffer
-    monkeypatch.setattr(bp, "CAND_BUDGET", 1)
-    got = triton_search(index, skewed, 50, path="block")
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    monkeypatch.undo()
-    held = sg._GRAPHS[index].graphs
-    assert held and all(g is not None for g in held.values()), "captured, not eager"
-    alone = [triton_search(index, queries[i:i + 1], 50, path="block") for i in range(4)]
-    batch = triton_search(index, queries[:4], 50, path="block")
-    assert torch.equal(torch.cat([a[0] for a in alone]), batch[0]) and torch.equal(torch.cat([a[1] for a in alone]), batch[1])
-    monkeypatch.setattr(bp, "_slots_per_span", lambda k, n: 8)    # most spans overflow: the host-side fix runs
-    q = queries[:2]
-    got = triton_search(index, q, 200, path="block")
-    want = triton_search(index, q, 200, path="block", config=eager)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert_exact_topk(*got, float64_scores(q, docs), 200)
-
-
-@pytest.mark.gpu
-def test_gpu_block_graphs_share_one_pool(monkeypatch):
-    """With SHARED_POOL the graphs of an index share one memory pool and one lock: graphs of five batch
-    sizes replayed in a shuffled order give the eager path's bits, and hold less memory than private pools."""
-    import random
-
-    import lsr.search.graphs as sg
-    from lsr.benchmarks.synth import synth_docs, synth_queries
-    docs = synth_docs(40_000, device="cuda")
-    queries = synth_queries(24, device="cuda")
-    eager = BlockConfig(graphs=False)
-    sizes = (1, 2, 3, 5, 8)
-    held = {}
-
-    def graph_pool_bytes() -> int:   # segments of private (graph) pools; the default pool is (0, 0)
-        segments = torch.cuda.memory_snapshot()
-        assert all("segment_pool_id" in seg for seg in segments)
-        return sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) != (0, 0))
-
-    for shared in (False, True):
-        monkeypatch.setattr(sg, "SHARED_POOL", shared)
-        index = build_index(docs, 2048)
-        for B in sizes:   # kernels compiled and tuned before any capture
-            triton_search(index, queries[:B], 100, path="block", config=eager)
-        before = graph_pool_bytes()
-        for B in sizes:
-            triton_search(index, queries[:B], 100, path="block")
-        held[shared] = graph_pool_bytes() - before
-        graphs = sg._GRAPHS[index]
-        assert all(g is not None for g in graphs.graphs.values()) and len(graphs.graphs) == len(sizes)
-        assert (graphs.pool is not None) == shared
-        assert all((g.lock is graphs.lock) == shared for g in graphs.graphs.values())
-        order = [B for B in sizes for _ in range(3)]
-        random.Random(7).shuffle(order)
-        for i, B in enumerate(order):
-            q = queries[i % 8:i % 8 + B]
-            got = triton_search(index, q, 100, path="block")
-            want = triton_search(index, q, 100, path="block", config=eager)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        del index, graphs
-    assert held[True] < held[False], f"one pool should hold less than five: {held}"
-
-
-def test_trim_graphs_keeps_count_and_bytes_within_bounds(monkeypatch):
-    """The graph cache drops its least recently used entries beyond GRAPH_CACHE graphs or GRAPH_BYTES of kept
-    memory; failed captures (None) count no bytes, and the newest graph stays even when it alone is over."""
-    from collections import OrderedDict
-    from types import SimpleNamespace
-
-    import lsr.search.graphs as sg
-    monkeypatch.setattr(sg, "GRAPH_CACHE", 3)
-    monkeypatch.setattr(sg, "GRAPH_BYTES", 100)
-    graphs = OrderedDict()
-    for key, size in (("a", 10), ("b", None), ("c", 30), ("d", 20)):
-        graphs[key] = None if size is None else SimpleNamespace(bytes=size)
-        sg.trim_graphs(graphs)
-    assert list(graphs) == ["b", "c", "d"]        # four entries: the oldest dropped
-    graphs["e"] = SimpleNamespace(bytes=60)       # 110 bytes: over the budget
-    sg.trim_graphs(graphs)
-    assert list(graphs) == ["d", "e"]             # b (count) then c (bytes) dropped
-    graphs["f"] = SimpleNamespace(bytes=500)      # alone over the budget: kept, everything older dropped
-    sg.trim_graphs(graphs)
-    assert list(graphs) == ["f"]
-
-
-@pytest.mark.gpu
-def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget(monkeypatch):
-    """Batches above 64 queries (up to GRAPH_MAX_B) replay graphs too, captured at their shape's second search
-    (the first runs eagerly), with the eager path's bits; the graphs of an index keep at most GRAPH_BYTES (the
-    least recently used dropped, the newest kept)."""
-    import lsr.search.graphs as sg
-    from lsr.benchmarks.synth import synth_docs, synth_queries
-    docs = synth_docs(60_000, device="cuda")
-    index = build_index(docs, 2048)
-    queries = synth_queries(400, device="cuda")
-    eager = BlockConfig(graphs=False)
-
-    def search_and_compare(q: SparseVectors, k: int) -> None:
-        got = triton_search(index, q, k, path="block")
-        want = triton_search(index, q, k, path="block", config=eager)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert_exact_topk(got[0][:4], got[1][:4], float64_scores(q[:4], docs), k)
-
-    before = sg.captures()
-    for B, k in ((100, 10), (300, 1000)):
-        q = queries[B // 3:B // 3 + B]
-        search_and_compare(q, k)
-        assert sg.captures() == before, "a large batch's first search runs eagerly"
-        search_and_compare(q, k)   # the same shape (batch size, query-length bucket, k): captured now
-        before += 1
-        assert sg.captures() == before
-    held = sg._GRAPHS[index].graphs
-    assert len(held) == 2 and all(g is not None and g.bytes > 0 for g in held.values())
-    search_and_compare(queries[33:133], 10)              # replayed: no capture
-    assert sg.captures() == before
-    monkeypatch.setattr(sg, "GRAPH_BYTES", 1)      # every older graph is over the budget now
-    for _ in range(2):
-        search_and_compare(queries[:200], 100)
-    assert len(held) == 1 and sg.captures() == before + 1
-
-
-def test_graph_cache_bookkeeping_holds_under_threads(monkeypatch):
-    """Several threads looking graphs up, capturing and trimming one index's cache at once (captures faked: the
-    bookkeeping is what is tested): no lookup fails, every answer is a graph of the key's batch size or None, and the
-    cache ends within its bounds."""
-    import random
-    import sys
-    import threading
-    from types import SimpleNamespace
-
-    import lsr.search.graphs as sg
-
-    class Index:   # what the cache needs of an index: weak-referenceable, a device
-        device = "cpu"
-
-    index = Index()
-    monkeypatch.setattr(sg._IndexGraphs, "capture", lambda self, body, B, n, device: SimpleNamespace(bytes=B))
-    monkeypatch.setattr(sg, "GRAPH_CACHE", 4)
-    monkeypatch.setattr(sg, "GRAPH_BYTES", 300)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)   # switch threads as often as possible
-    errors = []
-
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        try:
-            for _ in range(3000):
-                B = rng.choice([1, 8, 100, 200])
-                graph = sg.cached_chunk_graph(index, None, B, 0, (B, rng.randrange(5)))
-                assert graph is None or graph.bytes == B
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    try:
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
-    assert not errors, errors[:3]
-    kept = sg._GRAPHS[index].graphs
-    assert 1 <= len(kept) <= 4
-    assert len(kept) == 1 or sum(g.bytes for g in kept.values()) <= 300
-
-
-def test_a_large_batch_shape_is_captured_once(monkeypatch):
-    """A batch above CAPTURE_AT_ONCE_B queries runs eagerly at its shape's first search, is captured at its second, and
-    once its graph is dropped (here by the memory budget) runs eagerly from then on instead of being captured again
-    each time it comes back; a small batch is captured at its first search (captures faked)."""
-    from types import SimpleNamespace
-
-    import lsr.search.graphs as sg
-
-    class Index:
-        device = "cpu"
-
-    index, made = Index(), []
-
-    def capture(self, body, B, n, device):
-        made.append(B)
-        return SimpleNamespace(bytes=B)
-
-    monkeypatch.setattr(sg._IndexGraphs, "capture", capture)
-    monkeypatch.setattr(sg, "GRAPH_BYTES", 250)          # room for one large graph
-    look = lambda B: sg.cached_chunk_graph(index, None, B, 0, ("shape", B))  # noqa: E731
-    assert look(200) is None and made == []               # first search: eager
-    assert look(200).bytes == 200 and made == [200]       # second: captured
-    assert look(200).bytes == 200 and made == [200]       # replayed
-    assert look(150) is None and look(150).bytes == 150   # another shape, captured: 350 bytes, 200 dropped
-    assert list(sg._GRAPHS[index].graphs) == [("shape", 150)]
-    assert look(200) is None and look(200) is None and made == [200, 150]   # dropped: eager, no capture
-    assert look(8).bytes == 8 and made == [200, 150, 8]   # small: captured at once

@@ -1,4 +1,4 @@
-"""Bucket selection (lsr.search.kernels.select) and the one-launch query scales: each kernel against its
+"""Bucket selection (lsr.search.kernels.bucket_select) and the one-launch query scales: each kernel against its
 torch twin and against torch.topk / the exact k-th score, then through the block path's repair of a row
 whose selection overflowed. Interpreter mode on the CPU (tests/conftest.py); ``gpu`` tests at real sizes."""
 
@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
-from lsr.search.kernels import select, topk
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
+from lsr.search.kernels import bucket_select, topk
 from lsr.search.kernels.fixed import query_scales, triton_query_scales
-from lsr.search.triton_backend import BlockConfig, triton_search
+from lsr.search.select import row_topk
 from lsr.testing import assert_exact_topk, float64_scores, random_dense_rows, seeded_generator
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,24 +42,22 @@ CASES = [(1, 5000, 1000, 0.7, False), (3, 3000, 10, 0.5, True), (2, 700, 1000, 0
 
 @pytest.mark.parametrize("rank_max_k", [0, 1 << 30])   # the gathered slots through torch.topk / the rank kernel
 @pytest.mark.parametrize("B,C,k,empty,ties", CASES)
-def test_bucket_topk_is_torch_topk(gen, monkeypatch, B, C, k, empty, ties, rank_max_k):
+def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties, rank_max_k):
     """The k largest keys, sorted, -1 padded; no row of these flags an overflow."""
-    monkeypatch.setattr(select, "RANK_MAX_K", rank_max_k)
-    monkeypatch.setattr(select, "RANK_MAX_B", 0 if rank_max_k == 0 else 1 << 30)
     keys = random_keys(gen, B, C, empty, ties)
-    top, overflow = select.bucket_topk(keys, k)
+    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
     assert not bool(overflow.any())
-    assert torch.equal(top, topk.topk_keys(keys, k))
+    assert torch.equal(top, row_topk(keys, k))
 
 
 @pytest.mark.parametrize("B,C,k,empty,ties", CASES)
 def test_bucket_levels_match_twin_and_bound_the_kth_score(gen, B, C, k, empty, ties):
     keys = random_keys(gen, B, C, empty, ties)
     if C < k:
-        assert torch.equal(select.bucket_theta(keys, k), torch.zeros(B, device=DEV))
+        assert torch.equal(bucket_select.bucket_theta(keys, k), torch.zeros(B, device=DEV))
         return
-    got = select._levels(keys, k)
-    want = select.torch_bucket_levels(keys, k)
+    got = bucket_select._levels(keys, k)
+    want = bucket_select.torch_bucket_levels(keys, k)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), "kernels == twin"
     theta, kth = got[2], topk.kth_threshold(keys, k)
     assert bool((theta <= kth).all()), "a lower bound"
@@ -70,20 +70,22 @@ def test_bucket_topk_flags_rows_whose_ties_overflow(gen):
     keys = random_keys(gen, 2, 6000, 0.1, False)
     tied = topk.pack_keys(torch.full((1, 6000), 7.0), torch.arange(6000).unsqueeze(0)).to(DEV)
     keys[1] = tied[0]
-    top, overflow = select.bucket_topk(keys, 10)
+    top, overflow = bucket_select.bucket_topk(keys, 10)
     assert overflow.tolist() == [False, True]
-    assert torch.equal(top[0], topk.topk_keys(keys[:1], 10)[0])
+    assert torch.equal(top[0], row_topk(keys[:1], 10)[0])
 
 
-def test_block_search_reselects_overflowed_rows(gen, monkeypatch):
+def test_block_search_reselects_overflowed_rows(gen):
     """Rows flagged by the bucket selection are selected again with torch.topk: the search stays exact."""
-    monkeypatch.setattr(select, "select_rows", lambda k: k + 1)   # almost every row overflows its slots
     docs = rand_vectors(300, 20, 0.3, gen, quantized=True)        # few distinct scores: ties at the k-th
     q = rand_vectors(4, 20, 0.4, gen, quantized=True, empty_rows=1)
     index = InvertedIndex.build(docs, device=DEV, block_size=32)
-    for cfg in (BlockConfig(span=32, coarse=False), BlockConfig(span=32)):
-        s, d = triton_search(index, q, 30, path="block", config=cfg)
+    cfg = SearchConfig(route="block", span=32, select_slots=16)   # fewer slots than k: rows of more keys overflow
+    for cfg in (cfg.replace(coarse=False), cfg):
+        trace = []
+        s, d = gpu_search(index, q, 30, cfg, trace=trace)
         assert_exact_topk(s, d, float64_scores(q, docs), 30)
+        assert trace[0].reselect > 0, "the reselect fallback ran"
 
 
 def query_csr(gen: torch.Generator, lens: list[int], vocab: int, tail: int):
@@ -109,14 +111,12 @@ def test_triton_query_scales_is_query_scales(gen, lens):
 @pytest.mark.parametrize("rank_max_k", [0, 1 << 30])
 @pytest.mark.parametrize("B,C,k", [(1, 68800, 1000), (1, 17408, 10), (64, 68864, 1125), (500, 17408, 1000),
                                    (500, 17408, 1500)])
-def test_gpu_bucket_selection_at_search_shapes(gen, monkeypatch, B, C, k, rank_max_k):
-    monkeypatch.setattr(select, "RANK_MAX_K", rank_max_k)
-    monkeypatch.setattr(select, "RANK_MAX_B", 0 if rank_max_k == 0 else 1 << 30)
+def test_gpu_bucket_selection_at_search_shapes(gen, B, C, k, rank_max_k):
     keys = random_keys(gen, B, C, 0.75, False)
-    top, overflow = select.bucket_topk(keys, k)
-    assert not bool(overflow.any()) and torch.equal(top, topk.topk_keys(keys, k))
-    got = select._levels(keys, k)
-    assert all(torch.equal(a, b) for a, b in zip(got, select.torch_bucket_levels(keys, k)))
+    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
+    assert not bool(overflow.any()) and torch.equal(top, row_topk(keys, k))
+    got = bucket_select._levels(keys, k)
+    assert all(torch.equal(a, b) for a, b in zip(got, bucket_select.torch_bucket_levels(keys, k)))
     assert bool((got[2] <= topk.kth_threshold(keys, k)).all())
 
 
@@ -128,13 +128,13 @@ def test_gpu_cuda_histogram_is_the_triton_one(gen, B, C, empty, ties):
     whose keys crowd into a few bins (ties) and rows that span several CTAs; a row whose pick is -1 counts nothing."""
     from lsr.search.kernels import select_cuda
     keys = random_keys(gen, B, C, empty, ties)
-    pick = torch.where(keys.amax(1) >= 0, keys.amax(1) >> select.SHIFT1, -1)
+    pick = torch.where(keys.amax(1) >= 0, keys.amax(1) >> bucket_select.SHIFT1, -1)
     pick[0] = -1
     for level2 in (False, True):
-        got = torch.zeros((B, select.BINS), dtype=torch.int32, device=DEV)
+        got = torch.zeros((B, bucket_select.BINS), dtype=torch.int32, device=DEV)
         want = torch.zeros_like(got)
         select_cuda.cuda_bucket_hist(keys, got, pick, level2)
-        select._hist_kernel[(B, -(-C // select._BLOCK))](keys, C, want, pick, LEVEL2=level2, BLOCK=select._BLOCK)
+        bucket_select._hist_kernel[(B, -(-C // bucket_select._BLOCK))](keys, C, want, pick, LEVEL2=level2, BLOCK=bucket_select._BLOCK)
         assert torch.equal(got, want) and bool((got.sum(1)[1:] > 0).any() or C == 1)
         if level2:
             assert int(got[0].sum()) == 0
@@ -158,10 +158,10 @@ def test_gpu_graphs_keep_their_work_items():
     docs = synth_docs(40_000, device="cuda")
     index = InvertedIndex.build(docs, device="cuda", block_size=2048)
     q = synth_queries(3, device="cuda")
-    want = triton_search(index, q[:1], 100, path="block", config=BlockConfig(graphs=False))
-    triton_search(index, q[:1], 100, path="block")         # captures the graph
+    want = gpu_search(index, q[:1], 100, SearchConfig(route="block", graphs=False))
+    gpu_search(index, q[:1], 100, SearchConfig(route="block"))         # captures the graph
     work_items.SMALL.cache_clear()                     # the items' blocks go back to the allocator ...
     clobber = [torch.full((n,), 7, dtype=torch.int64, device="cuda") for n in (8, 16, 32, 64) for _ in range(500)]
-    got = triton_search(index, q[:1], 100, path="block")
+    got = gpu_search(index, q[:1], 100, SearchConfig(route="block"))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     del clobber

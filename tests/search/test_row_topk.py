@@ -1,10 +1,11 @@
 """The row top-k kernel (lsr.search.kernels.row_topk_cuda): its twin on any device, the kernel against the twin on a
-GPU, and the callers that take it (topk_keys, bucket_topk)."""
+GPU, and the callers that take it (row_topk, bucket_topk)."""
 
 import pytest
 import torch
 
-from lsr.search.kernels import row_topk_cuda, select, topk
+from lsr.search.kernels import bucket_select, row_topk_cuda
+from lsr.search.select import row_topk
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -41,16 +42,14 @@ def test_cpu_keys_take_the_twin():
     keys = unique_keys(3, 50, 0.2, torch.Generator().manual_seed(1))
     assert not row_topk_cuda.usable(keys)
     assert torch.equal(row_topk_cuda.row_topk(keys, 20), reference(keys, 20))
-    assert torch.equal(topk.topk_keys(keys, 60), reference(keys, 60))
+    assert torch.equal(row_topk(keys, 60), reference(keys, 60))
 
 
-def test_bucket_topk_without_the_rank_kernel_reads_only_the_gathered_slots(monkeypatch, poison):
-    """bucket_topk's sorting branch (k > RANK_MAX_K and B > RANK_MAX_B) leaves the slots past each row's count
+def test_bucket_topk_without_the_rank_kernel_reads_only_the_gathered_slots(poison):
+    """bucket_topk's sorting branch (k > rank_max_k and B > rank_max_b) leaves the slots past each row's count
     unwritten (torch.empty, poisoned here): the selection must read only the counted prefix."""
-    monkeypatch.setattr(select, "RANK_MAX_K", 4)
-    monkeypatch.setattr(select, "RANK_MAX_B", 2)
     keys = unique_keys(5, 3000, 0.6, torch.Generator().manual_seed(2), DEV)
-    got, reselect = select.bucket_topk(keys, 40)
+    got, reselect = bucket_select.bucket_topk(keys, 40, rank_max_k=4, rank_max_b=2)
     assert not bool(reselect.any())
     assert torch.equal(got.cpu(), reference(keys.cpu(), 40))
 
@@ -75,4 +74,4 @@ def test_gpu_kernel_matches_twin(B, C, k):
 def test_gpu_long_rows_stay_on_torch_topk():
     keys = unique_keys(2, row_topk_cuda.MAX_ROW + 1, 0.1, torch.Generator().manual_seed(3), "cuda")
     assert not row_topk_cuda.usable(keys)
-    assert torch.equal(topk.topk_keys(keys, 100), reference(keys.cpu(), 100).cuda())
+    assert torch.equal(row_topk(keys, 100), reference(keys.cpu(), 100).cuda())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -188,24 +187,23 @@ def test_backend_dispatch(monkeypatch):
     docs, queries = make_case(40, 5, 20, 14, quantized=True)
     index = InvertedIndex.build(docs, block_size=8)
     assert Searcher(index, backend="auto").backend == "torch"  # CPU: the torch twin
-    monkeypatch.setitem(sys.modules, "lsr.search.triton_backend", None)  # import fails
-    with pytest.raises(RuntimeError, match="triton"):
-        Searcher(index, backend="triton")
-    calls = []
-    fake = types.ModuleType("lsr.search.triton_backend")
-
-    def triton_search(idx, q, k):
-        calls.append(len(q))
-        return Searcher(idx, backend="torch").search(q, k)
-
-    fake.triton_search = triton_search
-    monkeypatch.setitem(sys.modules, "lsr.search.triton_backend", fake)
-    searcher = Searcher(index, backend="triton")
-    assert searcher.backend == "triton"
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "triton", None)  # triton does not import
+        with pytest.raises(RuntimeError, match="backend='gpu' needs triton"):
+            Searcher(index, backend="gpu")
+        assert Searcher(index, backend="auto").backend == "torch"
+    searcher = Searcher(index, backend="gpu")   # the kernels, under TRITON_INTERPRET=1 (tests/conftest.py)
+    assert searcher.backend == "gpu" and searcher.config.backend == "gpu"
+    assert "query batches  3 of <= 2" in str(searcher.explain(queries, k=4, query_batch=2))
     got = searcher.search(queries, k=4, query_batch=2)
-    assert calls == [2, 2, 1]
     ref = Searcher(index, backend="torch").search(queries, k=4)
-    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])   # quantized: float32 sums are exact
+
+
+def test_searcher_takes_only_an_inverted_index():
+    """A ShardedIndex (or a folder) is opened with lsr.search.open_searcher, which picks the searcher."""
+    with pytest.raises(TypeError, match="open_searcher"):
+        Searcher("some/folder")
 
 
 @pytest.mark.gpu

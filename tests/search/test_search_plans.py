@@ -1,7 +1,6 @@
-"""The block path's plan cache (lsr.search.block_path._make_plan): a search reuses the plan of an earlier one with
-the same index, batch size, k, config and query-length bucket, keeps at most PLAN_CACHE per index, and holds
-the index only weakly (tests/conftest.py turns the cache off for the other tests); and the work-items cache
-(lsr.search.work_items) keeps to its count and byte bounds."""
+"""The plan cache (lsr.search.plan): a search reuses the plan of an earlier one with the same index, batch size, k,
+config and query-length bucket, keeps at most ``SearchConfig.plan_cache`` per index, and holds the index only
+weakly; and the work-items cache (lsr.search.work_items) keeps to its count and byte bounds."""
 
 from __future__ import annotations
 
@@ -10,31 +9,40 @@ import weakref
 
 import torch
 
-import lsr.search.block_path as bp
 from lsr.index.inverted import InvertedIndex
-from lsr.search.triton_backend import BlockConfig, triton_search
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
+from lsr.search.plan import block_plan, cached_plan_keys
+from lsr.sparse import SparseVectors
 from lsr.testing import random_dense_rows, seeded_generator
 from tests.conftest import DEV
 
 
-def test_plans_are_reused_bounded_and_hold_the_index_weakly(monkeypatch):
-    monkeypatch.setattr(bp, "PLAN_CACHE", 3)
+def queries_of(lengths: list[int], vocab: int) -> SparseVectors:
+    """Queries with the given term counts (the block route on the Triton kernel plans for the longest)."""
+    dense = torch.zeros(len(lengths), vocab)
+    for row, n in enumerate(lengths):
+        dense[row, :n] = 1.0
+    return SparseVectors.from_dense(dense.to(DEV))
+
+
+def test_plans_are_reused_bounded_and_hold_the_index_weakly():
     gen = seeded_generator()
     docs = random_dense_rows(200, 50, 0.2, gen, device=DEV)
     q = random_dense_rows(4, 50, 0.3, gen, device=DEV)
     index = InvertedIndex.build(docs, device=DEV, block_size=64)
-    cfg = BlockConfig(span=64)
-    a = bp._make_plan(index, 4, 10, cfg, 16)
-    b = bp._make_plan(index, 4, 10, cfg, 40)   # another length, the same bucket (64 terms)
+    cfg = SearchConfig(route="block", span=64, plan_cache=3)
+    a = block_plan(index, queries_of([16, 3, 3, 3], 50), 10, cfg)
+    b = block_plan(index, queries_of([40, 3, 3, 3], 50), 10, cfg)   # another length, the same bucket (64 terms)
     assert a.scorer is b.scorer and a.index is index, "the cached parts (a new scorer partial otherwise)"
-    assert bp._make_plan(index, 4, 11, cfg, 16).k == 11, "another k: another plan"
+    assert block_plan(index, queries_of([16, 3, 3, 3], 50), 11, cfg).k == 11, "another k: another plan"
     for B in (1, 2, 3):
-        bp._make_plan(index, B, 10, cfg, 16)
-    assert len(bp._PLANS[index]) == 3
-    assert (4, 10, cfg, 64) not in bp._PLANS[index], "the least recently used plans went first"
-    cached = [triton_search(index, q, 5, path="block", config=cfg) for _ in range(2)]
-    monkeypatch.setattr(bp, "PLAN_CACHE", 0)
-    fresh = triton_search(index, q, 5, path="block", config=cfg)
+        block_plan(index, queries_of([16] * B, 50), 10, cfg)
+    assert [key[:2] for key in cached_plan_keys(index)] == [(1, 10), (2, 10), (3, 10)], \
+        "at most plan_cache plans, the least recently used went first"
+    cached = [gpu_search(index, q, 5, cfg) for _ in range(2)]
+    fresh = gpu_search(index, q, 5, cfg.replace(plan_cache=0))
+    assert cached_plan_keys(index) == [], "plan_cache=0 keeps none"
     assert all(torch.equal(x, y) and torch.equal(x, z) for x, y, z in zip(fresh, *cached))
     ref = weakref.ref(index)
     del index, a, b
@@ -45,13 +53,17 @@ def test_plans_are_reused_bounded_and_hold_the_index_weakly(monkeypatch):
 def test_work_items_cache_is_bounded_by_count_and_bytes():
     from lsr.search import work_items
 
-    cache = work_items.ItemsCache(2, max_bytes=16 * 40)
+    cache = work_items.ItemsCache()
     dev = torch.device(DEV)
-    a = cache(4, 10, 10, 1, 8, dev)                      # 40 items of 16 B: kept
-    assert cache(4, 10, 10, 1, 8, dev) is a
+
+    def get(B: int) -> tuple[torch.Tensor, ...]:
+        return cache.get((B, 10, 10, 1, 8, dev), 2, max_bytes=16 * 40)
+
+    a = get(4)                                            # 40 items of 16 B: kept
+    assert get(4) is a
     assert torch.equal(a[0], work_items.make_span_items(4, 10, 10, 1, 8, dev)[0])
-    big = cache(8, 10, 10, 1, 8, dev)                    # 80 items: over the byte bound, made but not kept
-    assert cache(8, 10, 10, 1, 8, dev) is not big and len(cache.entries) == 1
-    cache(2, 10, 10, 1, 8, dev)
-    cache(1, 10, 10, 1, 8, dev)
+    big = get(8)                                          # 80 items: over the byte bound, made but not kept
+    assert get(8) is not big and len(cache.entries) == 1
+    get(2)
+    get(1)
     assert list(cache.entries) == [(2, 10, 10, 1, 8, dev), (1, 10, 10, 1, 8, dev)], "the least recently used went"

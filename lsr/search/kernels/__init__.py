@@ -5,7 +5,8 @@
 * ``csr``: doc-parallel scoring over the doc-major CSR.
 * ``topk``: packed (score, doc) keys and the exact top-k selection.
 * ``block``: the span scorer of the block path (Triton) and its torch twin.
-* ``select``: bucket selection (histogram levels, gather, rank) of the block path's key rows.
+* ``bucket_select``: bucket selection (histogram levels, gather, rank) of the block path's key rows (the public
+  entry point of the selection family is ``lsr.search.select``).
 * ``block_cuda`` / ``rescore_cuda``: the CUDA versions of the span scorer and the exact rescoring, compiled
   from ``cuda/*.cu`` at first use by NVRTC; ``row_topk_cuda`` (the top k of short key rows, one CTA a row) and
   ``select_cuda`` (the selection's histograms) likewise.

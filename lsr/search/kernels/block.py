@@ -16,8 +16,7 @@ next step's chunks are located and loaded before the current one is accumulated 
 two-stage pipeline). Accumulation is exact and deterministic: int64 fixed point (lsr.search.kernels.fixed)
 with atomics -- chunks of different terms may hit one cell in a step, and integer adds commute.
 
-Measured on an H200 (docs/notes-search.md): the L2 atomic units cap this at ~40 G adds/s, the rate of
-the seed's HBM atomics, so at 8.8M docs it matches the seed's throughput (exact, deterministic, with
+The L2 atomic units cap this at about the rate of the seed's HBM atomics (docs/notes-search.md), so at 8.8M docs it matches the seed's throughput (exact, deterministic, with
 1/13 of its memory). A conflict-free variant without atomics (one query per tile row, plain
 load/add/store and a CTA barrier per step) was slower in every configuration tried: Triton cannot
 keep the scratch in shared memory, and each step waits for an L2 round trip.
@@ -37,6 +36,7 @@ import triton
 import triton.language as tl
 
 from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
+from lsr.search.block_plan import terms_bucket
 from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_outputs, coarse_unusual
 from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (
@@ -204,11 +204,6 @@ def default_programs(device: torch.device, per_sm: int = 8) -> int:
     return _sm_count(device) * per_sm if device.type == "cuda" else 2
 
 
-def terms_bucket(max_terms: int) -> int:
-    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
-    return max(64, 1 << max(0, max_terms - 1).bit_length())
-
-
 def check_block_args(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
                      q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor, scale: torch.Tensor,
                      inv_scale: torch.Tensor, items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
@@ -282,7 +277,7 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     table = torch.empty(n_prog * 5 * group * maxq, dtype=torch.int64, device=dev)
     # rows of 32 docs per read-out tile (bounds registers). On a GPU one row: tiles of several rows lost or misplaced
     # keys there (not under the interpreter) once a program read out more than one tile, or with 8 warps
-    # (docs/notes-search.md, session 22); the read-out loop is a dynamic one, so one-row tiles cost no unrolling
+    # (docs/notes-search.md); the read-out loop is a dynamic one, so one-row tiles cost no unrolling
     rb = 1 if dev.type == "cuda" else min(span, max(ROW, readout)) // ROW
     _block_kernel[(n_prog,)](post_doc, post_w, span_off, span_off.stride(0),
                              q_indptr, q_terms, q_weights, scale, inv_scale,

@@ -3,7 +3,7 @@
 Same contract as ``lsr.search.kernels.block.triton_block_candidates`` (group = 1) and the same torch twin,
 ``torch_block_candidates``; the outputs are bit-identical. Why a CUDA kernel next to the Triton one:
 Triton cannot address shared memory, so its scratch tile lives in L2 and every add is an L2 atomic
-(~42 G adds/s on an H200: 2.2K QPS at 8.8M docs). Here a CTA accumulates one (query, span of SPAN
+(a rate that caps it near the seed's scatter: docs/benchmarks-search.md). Here a CTA accumulates one (query, span of SPAN
 docs) item in shared memory (docs/notes-search.md has the measurements behind each choice):
 
 * the item's run table (per query term: its postings for the span, query weight x scale, and a
@@ -15,7 +15,7 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
   before this step's adds (two steps in flight);
 * sums are lsr.search.kernels.fixed's int64 fixed point (exact, order-independent), kept as three 24-bit limbs
   in uint32 cells so that every add is a native 32-bit shared atomic (a 64-bit shared atomicAdd is a
-  compare-and-swap loop: 2x slower here); a cell takes at most one add per query term, so 256 terms
+  compare-and-swap loop, slower here); a cell takes at most one add per query term, so 256 terms
   between normalisations cannot overflow a limb;
 * coarse mode (the block path's passes for batches): a 16-bit half of a uint32 word per doc sums
   floor(c / 2^45) of each contribution c (< 2^16 in all: no carry into the other half), computed exactly in
@@ -27,11 +27,11 @@ docs) item in shared memory (docs/notes-search.md has the measurements behind ea
 * CTAs take items in order from a global counter (the next one is claimed while this one is scored).
   Items are span-major, so the CTAs work on one or two spans at a time and the span's postings are
   read from HBM once and from L2 by every query of the batch (a fixed item stride let slow CTAs drift
-  many spans apart: 50 GB of HBM reads per 500-query batch instead of 7.5 GB).
+  many spans apart and multiplied the HBM reads of a large batch).
 
 Compiled at first use with NVRTC (``torch.cuda._compile_kernel``, no nvcc or build step needed);
-``usable()`` says whether it serves a given index here, and lsr.search.triton_backend falls back to the Triton
-kernel when it does not. Not runnable under TRITON_INTERPRET: CPU CI tests the twin and the Triton
+``usable()`` says whether it serves a given index here, and lsr.search.plan takes the Triton kernel when it
+does not. Not runnable under TRITON_INTERPRET: CPU CI tests the twin and the Triton
 kernel, the ``gpu`` tests compare this one with the twin bit for bit.
 """
 
@@ -53,7 +53,7 @@ _SOURCE = cuda_source("block_scores.cu")
 
 WARPS = 16         # warps per CTA, sharing one tile
 TERMS = 128        # query terms per run table fill (longer queries take several; small: a short per-item set-up)
-SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per H200 SM
+SPAN = 8192        # docs per work item: the limb tiles take 96 KB, 2 CTAs per SM of 228 KB
 MAX_SPAN = 16384   # 192 KB of tiles
 MAX_COARSE_SPAN = 65536   # coarse mode: 2 bytes of tile a doc (128 KB)
 COARSE_ROW = 128   # docs per coarse read-out row (block_scores.cu RROW); a coarse span holds one per warp at least
@@ -75,7 +75,7 @@ def max_coarse_span(warps: int) -> int:
 def _min_ctas(warps: int, coarse: bool) -> int:
     """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 48 warps for
     the coarse passes (3 CTAs of 16 warps: its float32 adds fit 40 registers, and a third CTA hides the others'
-    stalls; measured in docs/notes-search.md, session 16), 2 CTAs for the three-limb passes (64 registers)."""
+    stalls; docs/notes-search.md), 2 CTAs for the three-limb passes (64 registers)."""
     return max(1, min(48 // warps if coarse else 2, 64 // warps, 32))   # 32: the most CTAs an SM holds
 
 
@@ -126,14 +126,15 @@ def usable(post_doc: torch.Tensor, post_w: torch.Tensor, span: int, warps: int =
 
 
 @functools.cache
-def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0, coarse: bool = False) -> int:
+def programs_per_sm(span: int, warps: int = WARPS, device_index: int = 0, coarse: bool = False,
+                    terms: int = TERMS) -> int:
     """CTAs that fit on one SM by shared memory and registers (the persistent grid is SMs x this)."""
     props = torch.cuda.get_device_properties(device_index)
     per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
     # compiled for _min_ctas CTAs per SM (registers capped to fit them), else <= 64 registers a thread
     by_regs = max(_min_ctas(warps, coarse), getattr(props, "regs_per_multiprocessor", 65536) // (64 * 32 * warps))
     # 1 KB per CTA is reserved by the driver
-    return max(1, min(by_regs, per_sm // (_smem(span, warps, TERMS, coarse) + 1024)))
+    return max(1, min(by_regs, per_sm // (_smem(span, warps, terms, coarse) + 1024)))
 
 
 def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off: torch.Tensor,
@@ -142,13 +143,15 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
                           items: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], out_size: int, *,
                           theta: torch.Tensor | None = None, cap: int = 32, group: int = 1,
                           warps: int = WARPS, coarse_lo: torch.Tensor | None = None, coarse_rows: bool = False,
-                          **_: object
+                          terms: int = TERMS, **_: object
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shared-memory block scorer over work items; emits candidate keys.
 
     Args: as ``lsr.search.kernels.block.triton_block_candidates`` (group must be 1; its Triton tuning
         arguments are accepted and ignored; compact postings are read 8 per 16-byte load), plus
         warps: warps per CTA.
+        terms: query terms per fill of the shared run table (a multiple of 32, <= 256; longer queries take
+            several fills).
         span: docs per span, a power of two in [64 * warps, 16384] (span * 12 bytes of limb tiles in
             shared memory per CTA); coarse modes: in [128 * warps, max_coarse_span(warps)] (span * 2 bytes).
         coarse_lo: int64 [B] or None: coarse mode (lsr.search.kernels.block.torch_block_candidates' contract):
@@ -189,10 +192,10 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
         raise ValueError("too many work items for one launch (split the queries)")
     width = span // ROW if rowmax else cap
     n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
-                * programs_per_sm(span, warps, dev.index or 0, coarse))
-    kern = _kernel(span, width, rowmax, warps, TERMS, coarse, _WEIGHT_CODES[post_w.dtype])
+                * programs_per_sm(span, warps, dev.index or 0, coarse, terms))
+    kern = _kernel(span, width, rowmax, warps, terms, coarse, _WEIGHT_CODES[post_w.dtype])
     with torch.cuda.device(dev):
-        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, TERMS, coarse),
+        kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, terms, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
                    inv_scale, theta if theta is not None else scale, coarse_lo if coarse_lo is not None else q_indptr,
                    item_q, item_span, item_out, n_items, out,

@@ -17,7 +17,7 @@ import torch
 from lsr.search.kernels.topk import DOC_MASK, torch_emit, torch_row_max
 from lsr.utils.ragged import segment_ids
 
-__all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_floor", "coarse_outputs", "coarse_theta",
+__all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "coarse_floor", "coarse_outputs", "coarse_theta",
            "coarse_unusual", "sampled_rank"]
 
 # < 2**(61 - 45) per doc: the CUDA kernel keeps two docs' sums in one uint32 word of shared memory (half the
@@ -25,12 +25,9 @@ __all__ = ["COARSE_KEY_SHIFT", "COARSE_SHIFT", "SAMPLED_RANK_MIN_K", "coarse_flo
 # exactly in float32 (block_scores.cu)
 COARSE_SHIFT = 45
 # coarse keys are sum << COARSE_KEY_SHIFT | (2**31 - 1 - doc): the 16-bit sums lie in the key bits the bucket
-# selection reads (lsr.search.kernels.select: 61..38) where 22-bit sums at bit 31 lay, so its buckets keep
+# selection reads (lsr.search.kernels.bucket_select: 61..38) where 22-bit sums at bit 31 lay, so its buckets keep
 # their relative width
 COARSE_KEY_SHIFT = 31 + COARSE_SHIFT - 39
-# from this k on, the coarse pass 2's floor comes from a sampled key above the k-th (``sampled_rank``): below it a
-# query lets few docs through either way, and its ties at the k-th would fail the check more often
-SAMPLED_RANK_MIN_K = 256
 
 
 def coarse_floor(theta: torch.Tensor, scale: torch.Tensor, q_indptr: torch.Tensor) -> torch.Tensor:
@@ -64,7 +61,7 @@ def coarse_outputs(sums: torch.Tensor, cols: torch.Tensor, unusual: torch.Tensor
 
 def coarse_theta(lo: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     """float32 [B]: a lower bound of the k-th score from pass 1 on coarse sums (``coarse_rows``): ``lo``
-    (int64 [B], ``lsr.search.kernels.select.bucket_edge``) is at or below the k-th best row key, so k docs
+    (int64 [B], ``lsr.search.kernels.bucket_select.bucket_edge``) is at or below the k-th best row key, so k docs
     have coarse sums >= lo >> COARSE_KEY_SHIFT, hence int64 sums >= that << COARSE_SHIFT, whose score rounded
     down is the bound (0.0 where lo is 0: fewer than k keys)."""
     t = ((lo >> COARSE_KEY_SHIFT) << COARSE_SHIFT).to(torch.float64) * inv_scale
@@ -81,14 +78,17 @@ def coarse_unusual(q_indptr: torch.Tensor, q_weights: torch.Tensor, scale: torch
     return torch.zeros(q_indptr.numel() - 1, dtype=torch.int64, device=a.device).index_add_(0, row, bad.long()) > 0
 
 
-def sampled_rank(k: int, share: float) -> int:
+def sampled_rank(k: int, share: float, min_k: int) -> int:
     """Rank of the pass-1 key (among row maxima of a sample holding a share ``share`` of the docs) that sets the
     coarse pass 2's floor. The k-th key is a proven lower bound of the k-th score but lets ~k / share docs
     through; a random sample holds ~m = k * share of the top k docs, so the key of rank m + 4 sqrt(m) + 1 lies
     above the k-th score only when the sample holds 4 standard deviations more of them, and lets
     ~(m + 4 sqrt(m)) / share docs through. It is not proven: the block path checks, from the k-th coarse key,
-    that no doc of the top k was left below the floor, and sends a query that fails to the exact pass 2."""
-    if k < SAMPLED_RANK_MIN_K:
+    that no doc of the top k was left below the floor, and sends a query that fails to the exact pass 2.
+
+    Below ``min_k`` (``SearchConfig.sampled_rank_min_k``) the k-th key sets the floor: such a query lets few docs
+    through either way, and its ties at the k-th would fail the check more often."""
+    if k < min_k:
         return k
     m = k * share
     return min(k, max(1, math.ceil(m + 4 * math.sqrt(m) + 1)))

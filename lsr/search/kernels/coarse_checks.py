@@ -3,13 +3,13 @@
 The block path's coarse route (``lsr.search.block_path._coarse_pass2``) turns a few numbers per query into
 bounds and verdicts: the theta and floor of pass 2, then, from the selected coarse keys, whether the list is
 complete and whether the query must take the exact pass. In torch these are ~60 element-wise kernels on [B]
-vectors, each a node of the batch's CUDA graph: ~1.6 µs of GPU time apiece and a share of the graph's launch,
-~0.2 ms of a 64-query search (docs/notes-search.md, session 22). Here they are three kernels:
+vectors, each a node of the batch's CUDA graph with its GPU time and a share of the graph's launch
+(docs/notes-search.md). Here they are three kernels:
 
 * ``coarse_bounds``: theta and floor of the coarse pass 2 from pass 1's bucket edge (``coarse_theta`` then
   ``coarse_floor`` of ``lsr.search.kernels.coarse``, which are the torch twin).
 * ``coarse_verdicts``: the queries for the exact pass 2 and those whose list must be rescored whole, and the
-  flags ``_settle`` reads (``torch_coarse_verdicts`` is the twin: the torch code this replaced).
+  flags ``lsr.search.fallbacks.settle`` reads (``torch_coarse_verdicts`` is the twin: the torch code this replaced).
 * ``candidate_docs``: the docs the exact rescoring reads, the list's docs or, for a flagged query, all of
   its candidates (``torch_candidate_docs``).
 
@@ -131,10 +131,10 @@ def coarse_verdicts(top: torch.Tensor, k: int, n_cand: int, counts: torch.Tensor
         counts: int32 [B, n_spans] docs that reached the floor per span (> cap: its slots overflowed).
         floor: int64 [B] the pass's floor; reselect: bool [B] rows whose bucket selection overflowed.
         sampled: the floor came from a pass-1 key above the k-th (then it is checked against the list).
-        rescue_flag: whether the flags report rescued queries (``_settle`` rescores them).
+        rescue_flag: whether the flags report rescued queries (the rescue fallback rescores them).
     Returns:
         (redo bool [B]: the exact pass 2; rescue bool [B]: rescore all candidates; flags int32 [4]: the
-        ``_settle`` flags (0, 0, any redo, any rescue if rescue_flag)).
+        ``fallbacks.settle`` flags (0, 0, any redo, any rescue if rescue_flag)).
     """
     B, W = top.shape
     dev = top.device

@@ -2,9 +2,9 @@
 
 Same contract and outputs as ``lsr.search.kernels.csr.triton_csr_scores`` with a candidate list (its torch twin
 is ``lsr.search.kernels.csr.torch_csr_scores``): the int64 fixed-point sum of lsr.search.kernels.fixed, so the
-scores are bit-identical to every other scorer. Why a second kernel: the block path rescored ~1,000
-candidates for each of 500 queries at 8.8M docs in 3.9 ms with the Triton kernel (a [4, 64] tile of
-cells gathers one posting per cell and step); a warp per cell reads the doc's terms and weights as
+scores are bit-identical to every other scorer. Why a second kernel: the block path rescores ~k candidates
+of every query, which the Triton kernel does slowly (a [4, 64] tile of cells gathers one posting per cell and
+step; docs/notes-search.md); a warp per cell reads the doc's terms and weights as
 coalesced runs, looks the query weights up in a dense [B, V] matrix (only for the doc terms a shared-memory
 bitmap of the query's terms holds: most of a doc's terms are not the query's) and sums with shuffles.
 
@@ -34,7 +34,8 @@ def _kernel(device_index: int):
 
 def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights: torch.Tensor,
                  qdense: torch.Tensor, scale: torch.Tensor, inv_scale: torch.Tensor,
-                 doc_idx: torch.Tensor, q_indptr: torch.Tensor, q_terms: torch.Tensor) -> torch.Tensor:
+                 doc_idx: torch.Tensor, q_indptr: torch.Tensor, q_terms: torch.Tensor, *,
+                 max_grid_y: int = MAX_GRID_Y) -> torch.Tensor:
     """Scores of candidate (query, doc) cells (``triton_csr_scores`` with ``doc_idx``, on CUDA).
 
     Args:
@@ -44,6 +45,7 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         doc_idx: int32/int64 [B, C] docs to score per query (-1 = none).
         q_indptr / q_terms: int64 [B+1] / int32 query CSR whose rows hold (at least) every term of ``qdense``'s
             rows with a non-zero weight: the kernel skips doc terms outside them.
+        max_grid_y: query rows per launch (the grid's y extent); more run as several launches.
     Returns:
         float32 [B, C]; 0 for -1 cells.
     """
@@ -72,8 +74,8 @@ def cuda_rescore(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights:
         cand = doc_idx.to(torch.int64).contiguous()
         q_indptr, q_terms = q_indptr.contiguous(), q_terms.contiguous()
         with torch.cuda.device(dev):
-            for b0 in range(0, B, MAX_GRID_Y):   # query rows b0.. in one launch; q_indptr's offsets stay absolute
-                b1 = min(B, b0 + MAX_GRID_Y)
+            for b0 in range(0, B, max_grid_y):   # query rows b0.. in one launch; q_indptr's offsets stay absolute
+                b1 = min(B, b0 + max_grid_y)
                 _kernel(dev.index or 0)(grid=((C + _CTA_CELLS - 1) // _CTA_CELLS, b1 - b0, 1), block=(32 * _WARPS, 1, 1),
                           shared_mem=4 * ((V + 31) // 32),
                           args=[doc_indptr, doc_terms, doc_weights, qdense[b0:b1], qdense.stride(0), scale[b0:b1],

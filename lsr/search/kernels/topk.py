@@ -15,8 +15,9 @@ chunk of a dense score matrix):
    in ascending doc order, with its count. A count above CAP flags an overflow, which the caller fixes
    by rescoring that (query, chunk) -- so the result is exact whatever the data.
 
-``merge_topk`` takes the k largest keys of the candidates. ``torch_topk`` / ``torch_select`` are the
-torch twins (the reference: keys of all N docs, one ``torch.topk``).
+The k largest keys of the candidates are ``row_topk``'s (``kernels.row_topk_cuda``). ``torch_topk`` /
+``torch_select`` are the torch twins (the reference: keys of all N docs, one ``torch.topk``). The public entry
+point of the selection family is ``lsr.search.select``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsr.search.kernels import row_topk_cuda
+from lsr.search.kernels.row_topk_cuda import row_topk
 from lsr.utils.kernels import check_tensor
 
 __all__ = [
@@ -35,11 +36,9 @@ __all__ = [
     "key_docs",
     "key_scores",
     "kth_threshold",
-    "merge_topk",
     "pack_key",
     "pack_keys",
     "row_max_keys",
-    "topk_keys",
     "torch_emit",
     "torch_row_max",
     "torch_select",
@@ -82,23 +81,12 @@ def key_docs(keys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tens
     return torch.where(valid, DOC_MASK - (keys & DOC_MASK), -1)
 
 
-def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest keys of every row of [B, C] (descending; -1 padding when C < k). Keys >= 0 or -1. Short rows on a
-    GPU take one sorting kernel instead of torch.topk's select + sort (``row_topk_cuda``; its twin is torch.topk)."""
-    return row_topk_cuda.row_topk(keys, k)
-
-
-def merge_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k of candidate keys [B, C] (any order, -1 = none) -> (scores [B, k], doc_idx [B, k])."""
-    return unpack_keys(topk_keys(keys, k))
-
-
 def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
     """float32 [B]: the score of the k-th largest key of every row (0.0 when a row has fewer than k)."""
     B, C = keys.shape
     if C < k:
         return torch.zeros(B, dtype=torch.float32, device=keys.device)
-    if B <= 64 and C <= 1 << 15:   # pass 1's row maxima at small batches: a radix select is faster (benchmarks.md)
+    if B <= 64 and C <= 1 << 15:   # pass 1's row maxima at small batches: a radix select is faster
         kth = torch.kthvalue(keys, C - k + 1, dim=1).values
     else:                          # the smallest of the k largest (keys are unique, so it is the k-th)
         kth = torch.topk(keys, k, dim=1, sorted=False).values.amin(1)
@@ -108,7 +96,7 @@ def kth_threshold(keys: torch.Tensor, k: int) -> torch.Tensor:
 def torch_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference exact top-k of a dense float32 [B, N] score matrix (ties: ascending doc)."""
     docs = torch.arange(scores.shape[1], device=scores.device)
-    return merge_topk(pack_keys(scores, docs.unsqueeze(0)), k)
+    return unpack_keys(row_topk(pack_keys(scores, docs.unsqueeze(0)), k))
 
 
 def torch_emit(keys: torch.Tensor, ok: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,14 +263,14 @@ def triton_topk(scores: torch.Tensor, k: int, chunk: int = 1024, cap: int = 64) 
 
     Row maxima give theta (the k-th best row maximum, a valid lower bound of the k-th score); every doc
     >= theta is emitted per chunk; rows where a chunk overflowed its ``cap`` slots are redone with
-    ``torch_topk``. Returns (scores float32 [B, k], doc_idx int64 [B, k]) like ``merge_topk``.
+    ``torch_topk``. Returns (scores float32 [B, k], doc_idx int64 [B, k]).
     """
     if k < 1:
         raise ValueError("k must be >= 1")
     maxima, _ = triton_select(scores, None, chunk)
     theta = kth_threshold(maxima, k)
     cand, counts = triton_select(scores, theta, chunk, cap)
-    top_s, top_d = merge_topk(cand.view(scores.shape[0], -1), k)
+    top_s, top_d = unpack_keys(row_topk(cand.view(scores.shape[0], -1), k))
     bad = torch.nonzero((counts > cap).any(1)).flatten()
     if bad.numel():
         fix_s, fix_d = torch_topk(scores[bad], k)

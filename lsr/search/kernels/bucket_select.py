@@ -1,10 +1,10 @@
 """Bucket selection over key rows: the k largest keys, and a lower bound of the k-th one, in a handful of
-small kernels.
+small kernels (the public entry point is ``lsr.search.select``).
 
 Why: the block path's small batches select from rows of 17K-69K keys (pass 1's row maxima, pass 2's
 candidate slots, most of them -1). ``torch.topk`` runs a multi-block radix select there (~25 launches,
-each a graph node) and ``torch.kthvalue`` a single-block one; session 13 measured ~190 of the 458 µs of a
-one-query search in them (docs/benchmarks.md). Here:
+each a graph node) and ``torch.kthvalue`` a single-block one, which took a large share of a one-query search
+(docs/benchmarks-search.md). Here:
 
 1. ``level 1``: a histogram of every valid key's bits 61..50 (the float score's exponent and top 4
    mantissa bits; keys are ``bits(score) << 31 | ~doc``, lsr.search.kernels.topk), then the bucket ``p1``
@@ -14,9 +14,9 @@ one-query search in them (docs/benchmarks.md). Here:
    all >= ``lo``, and ``lo`` read as a score is a lower bound of the k-th score (at most 2**-15 relative
    below it): what pass 1 needs (``bucket_theta``).
 3. ``gather`` (``bucket_topk``): every key >= ``lo`` goes to a row of ``kmax`` slots (in an order the
-   atomics choose), then, for up to RANK_MAX_B rows, ``rank``: each gathered key's rank is the number of
+   atomics choose), then, for up to ``rank_max_b`` rows, ``rank``: each gathered key's rank is the number of
    gathered keys above it (keys are unique), and the keys of rank < k are written in place: the answer,
-   sorted, whatever the slot order. More rows sort their gathered slots (``row_topk_cuda``: one CTA a row,
+   sorted, whatever the slot order (``SearchConfig.rank_max_b`` / ``rank_max_k``). More rows sort their gathered slots (``row_topk_cuda``: one CTA a row,
    or its twin, torch.topk). A row with more than ``kmax`` keys >= ``lo`` (thousands of docs tied within
    2**-16 of the k-th score) is flagged: the caller selects it again with ``torch.topk``.
 
@@ -34,20 +34,17 @@ import torch
 import triton
 import triton.language as tl
 
+from lsr.search.config import SearchConfig
 from lsr.search.kernels import row_topk_cuda, select_cuda
 from lsr.utils.kernels import check_tensor
 
-__all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_rows", "torch_bucket_levels"]
+__all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_slots", "torch_bucket_levels"]
 
 BINS = 4096                   # buckets per level (12 key bits)
 SHIFT1 = 50                   # level 1: key bits 61..50 (keys of positive float32 scores are < 2**62)
 SHIFT2 = 38                   # level 2: key bits 49..38
 _BLOCK = 2048                 # keys per program of the histogram and gather kernels
 _TILE = 128                   # keys per program of the ranking kernel
-RANK_MAX_B = 16               # bucket_topk ranks by counting (~n^2 compares of the n ~ k gathered keys) for up to
-                              # this many rows (one row: the rank kernel's 32 programs beat a single block); more rows
-RANK_MAX_K = 512              # sort their gathered slots (row_topk), except up to this k where the CUDA sort is not
-                              # available (docs/benchmarks.md, sessions 21 and 23)
 
 
 @triton.jit
@@ -157,20 +154,27 @@ def bucket_edge(keys: torch.Tensor, k: int) -> torch.Tensor:
     return _levels(keys.contiguous(), k)[0]
 
 
-def select_rows(k: int) -> int:
-    """Slots per row of ``bucket_topk``: room for the k largest keys and the ties around the k-th."""
-    return triton.next_power_of_2(2 * k + 1024)
+def select_slots(k: int, slots: int | None = None) -> int:
+    """Slots per row of ``bucket_topk``: ``slots`` where given, else room for the k largest keys and the ties
+    around the k-th."""
+    return slots if slots is not None else triton.next_power_of_2(2 * k + 1024)
 
 
-def bucket_topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def bucket_topk(keys: torch.Tensor, k: int, *, slots: int | None = None, rank_max_b: int = SearchConfig.rank_max_b,
+                rank_max_k: int = SearchConfig.rank_max_k) -> tuple[torch.Tensor, torch.Tensor]:
     """(the k largest keys of every row, descending, -1 padding: int64 [B, k]; bool [B] rows whose keys near
-    the k-th overflowed the slots, where the first result is wrong and ``torch.topk`` must redo it)."""
+    the k-th overflowed the slots, where the first result is wrong and ``torch.topk`` must redo it).
+
+    ``slots``: gather slots per row (``select_slots``); up to ``rank_max_b`` rows, or up to ``rank_max_k`` where the
+    CUDA row sort is not available, the gathered keys are ranked by counting (~n^2 compares of the n ~ k gathered
+    keys; one row: the rank kernel's 32 programs beat a single block), otherwise sorted (``row_topk``). The block
+    route passes its ``SearchConfig``'s values (the defaults are its defaults)."""
     keys = keys.contiguous()
     B, C = keys.shape
-    kmax = select_rows(k)
+    kmax = select_slots(k, slots)
     lo, total, _ = _levels(keys, k)
     sortable = kmax <= row_topk_cuda.MAX_ROW and row_topk_cuda.available(keys.device)
-    by_rank = B <= RANK_MAX_B or (k <= RANK_MAX_K and not sortable)
+    by_rank = B <= rank_max_b or (k <= rank_max_k and not sortable)
     buf = torch.empty((B, kmax), dtype=torch.int64, device=keys.device)   # both read only the gathered slots
     count = torch.zeros(B, dtype=torch.int32, device=keys.device)
     _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, kmax, BLOCK=_BLOCK)

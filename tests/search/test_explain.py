@@ -1,0 +1,163 @@
+"""The search plan (lsr.search.plan) as ``Searcher.explain`` and ``lsr search --explain`` print it: every choice with
+its reason, choices forced through ``SearchConfig``, one-line errors for invalid values, and the plan being what the
+search runs (under TRITON_INTERPRET=1 on the CPU, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from lsr.cli import main
+from lsr.index.inverted import InvertedIndex
+from lsr.search import SearchConfig, Searcher, open_searcher
+from lsr.search.gpu_search import gpu_search
+from lsr.search.plan import cached_plan_keys
+from lsr.sparse import SparseVectors
+from lsr.testing import random_dense_rows, seeded_generator
+from tests.conftest import DEV
+
+rand_vectors = functools.partial(random_dense_rows, device=DEV)
+
+
+@pytest.fixture
+def case() -> tuple[SparseVectors, SparseVectors, InvertedIndex]:
+    gen = seeded_generator()
+    docs = rand_vectors(120, 30, 0.2, gen, quantized=True)
+    queries = rand_vectors(70, 30, 0.3, gen, quantized=True, empty_rows=1)
+    return docs, queries, InvertedIndex.build(docs, device=DEV, block_size=64, postings="float32")
+
+
+def lines(plan) -> dict[str, str]:
+    """{step: "choice  (why)"} of a printed plan."""
+    rows = str(plan).splitlines()[1:]
+    return {row[:16].strip(): row[16:].strip() for row in rows}
+
+
+def test_explain_prints_every_step_with_its_reason(case):
+    docs, queries, index = case
+    plan = Searcher(index, backend="gpu").explain(queries[:5], k=10)
+    assert str(plan) == plan.describe() and str(plan).startswith("search plan: 5 queries, k=10")
+    got = lines(plan)
+    assert list(got) == ["backend", "query batches", "route", "span scorer", "pass 1", "pass 2", "selection",
+                         "fallbacks", "cuda graph", "query chunks"]
+    assert got["backend"] == "gpu  (forced by config)"
+    assert got["route"] == "block  (auto)"
+    if not torch.cuda.is_available():
+        assert got["span scorer"].startswith("triton, span 128 (1 spans)  (auto: the CUDA kernel cannot run (fewer")
+        assert got["pass 2"].endswith("(the Triton span scorer has no coarse mode)")
+        assert got["cuda graph"] == "no  (cpu device)"
+    assert plan.backend == "gpu" and plan.route == "block" and plan.block is not None
+    cpu = Searcher(index.to("cpu"))
+    assert lines(cpu.explain(queries, k=10))["backend"] == "torch  (auto: cpu device (the gpu backend runs on CUDA))"
+    assert lines(cpu.explain(queries, k=10))["route"].startswith("torch-reference")
+
+
+def test_auto_route_and_kernel_reasons(case):
+    docs, queries, index = case
+    searcher = Searcher(index, backend="gpu")
+    big = lines(searcher.explain(queries, k=10))   # 70 queries on 120 docs, the Triton span scorer
+    assert big["route"].startswith("dense-scatter  (auto: 120 docs <= scatter_max_docs and 70 queries >=")
+    small = SearchConfig(backend="gpu", cuda_span=64)
+    if not torch.cuda.is_available():
+        reason = lines(Searcher(index, config=small).explain(queries[:3], k=5))["span scorer"]
+        assert reason.endswith("(auto: the CUDA kernel cannot run (cpu device))")
+    grouped = lines(Searcher(index, config=small.replace(group=2)).explain(queries[:3], k=5))["span scorer"]
+    assert "group 2" in grouped
+    compact = InvertedIndex.build(docs, device=DEV, block_size=64, postings="compact")
+    got = lines(Searcher(compact, backend="gpu").explain(queries, k=10))["route"]
+    assert got == "block  (auto: compact postings (the scatter kernel reads float32 ones))"
+
+
+def test_forced_choices_are_honoured_and_run(case):
+    docs, queries, index = case
+    q = queries[:7]
+    forced = {"dense-scatter": SearchConfig(backend="gpu", route="dense-scatter"),
+              "block": SearchConfig(backend="gpu", route="block", span=64),
+              "twin": SearchConfig(backend="gpu", route="block", kernel="torch", span=64, coarse_span=128,
+                                   coarse_min_batch=1, graphs=False)}
+    plans = {name: Searcher(index, config=cfg).explain(q, k=8) for name, cfg in forced.items()}
+    assert lines(plans["dense-scatter"])["route"] == "dense-scatter  (forced by config)"
+    assert plans["dense-scatter"].block is None
+    assert lines(plans["block"])["route"] == "block  (forced by config)"
+    twin = lines(plans["twin"])
+    assert twin["span scorer"] == "torch, span 64 (2 spans)  (forced by config)"
+    assert twin["pass 2"].startswith("coarse 16-bit sums, span 128") and "coarse floor" in twin
+    assert lines(Searcher(index, config=forced["twin"].replace(coarse_min_batch=8)).explain(q, k=8))["pass 2"] \
+        .endswith("(7 queries < coarse_min_batch: the coarse selection would cost more than it saves)")
+    assert lines(Searcher(index, config=forced["block"].replace(graphs=False)).explain(q, k=8))["cuda graph"] \
+        == "no  (graphs=False)"
+    results = [Searcher(index, config=cfg).search(q, k=8) for cfg in forced.values()]
+    assert all(torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1]) for r in results[1:]), \
+        "every route gives the same bits"
+    assert lines(Searcher(index, config=SearchConfig(query_batch=3)).explain(q, k=8))["query batches"] \
+        .startswith("3 of <= 3")
+
+
+def test_explain_plans_what_the_search_reuses(case):
+    docs, queries, index = case
+    searcher = Searcher(index, config=SearchConfig(backend="gpu", route="block", span=64))
+    searcher.explain(queries[:4], k=6)
+    keys = cached_plan_keys(index)
+    searcher.search(queries[:4], k=6)
+    assert cached_plan_keys(index) == keys, "the search found the plan explain had made"
+
+
+def test_invalid_config_values_are_one_line_errors(case):
+    docs, queries, index = case
+    for bad, text in [({"route": "csr"}, "SearchConfig.route must be one of 'auto', 'block', 'dense-scatter'"),
+                      ({"backend": "triton"}, "SearchConfig.backend must be one of 'auto', 'torch', 'gpu'"),
+                      ({"kernel": "ptx"}, "SearchConfig.kernel must be one of"),
+                      ({"span": 0}, "SearchConfig.span must be a positive integer"),
+                      ({"graphs": "yes"}, "SearchConfig.graphs must be True or False"),
+                      ({"rescue_cells": -1}, "SearchConfig.rescue_cells must be a number >= 0")]:
+        with pytest.raises(ValueError, match=text) as err:
+            SearchConfig(**bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="backend") as err:
+        Searcher(index, backend="triton")
+    assert "\n" not in str(err.value)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="SearchConfig\\(kernel='cuda'\\) cannot run here: ") as err:
+            gpu_search(index, queries[:2], 5, SearchConfig(kernel="cuda", route="block"))
+        assert "\n" not in str(err.value)
+    compact = InvertedIndex.build(docs, device=DEV, block_size=64, postings="compact")
+    with pytest.raises(ValueError, match="route='dense-scatter'\\) reads float32 postings"):
+        gpu_search(compact, queries[:2], 5, SearchConfig(route="dense-scatter"))
+
+
+def test_open_searcher_picks_the_searcher_of_an_index_or_folder(case, tmp_path):
+    from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.parallel.sharded_search import ShardedSearcher
+    docs, queries, index = case
+    cpu_docs = docs.to("cpu")
+    index.save(tmp_path / "single")
+    ShardedIndex.build(cpu_docs, 2, tmp_path / "sharded", block_size=64)
+    want = Searcher(index.to("cpu"), backend="torch").search(queries.to("cpu"), k=9)
+    for source in (index, tmp_path / "single", str(tmp_path / "sharded"), ShardedIndex.load(tmp_path / "sharded")):
+        searcher = open_searcher(source, device="cpu", config=SearchConfig(backend="torch"))
+        sharded = "sharded" in str(source) or isinstance(source, ShardedIndex)
+        assert isinstance(searcher, ShardedSearcher if sharded else Searcher)
+        got = searcher.search(queries.to("cpu"), k=9)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(TypeError, match="open_searcher takes"):
+        open_searcher(42)
+
+
+def test_cli_search_explain_prints_the_plan_and_writes_nothing(case, tmp_path, capsys):
+    from lsr.storage.shards import write_vectors
+    docs, queries, index = case
+    index.to("cpu").save(tmp_path / "idx")
+    write_vectors(tmp_path / "q", queries.to("cpu"))
+    run = tmp_path / "run.trec"
+    argv = ["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--device", "cpu",
+            "--k", "10"]
+    assert main(argv + ["--explain", "--backend", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("search plan: 70 queries, k=10") and "route          dense-scatter" in out
+    assert main(argv + ["--explain", "--out", str(run)]) == 0
+    assert "backend        torch" in capsys.readouterr().out and not run.exists(), "--explain writes no run"
+    assert main(argv) == 2
+    assert "--out is required" in capsys.readouterr().err
+    assert main(argv + ["--out", str(run)]) == 0 and run.exists()

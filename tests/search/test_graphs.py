@@ -1,0 +1,226 @@
+"""CUDA graphs of the block route (lsr.search.graphs): replayed graphs give the eager path's bits (``gpu`` tests), and
+the per-index graph cache keeps to its count and byte bounds, captures a large batch's shape once, and holds under
+threads (captures faked by handing ``GraphCache`` a stand-in: the bookkeeping is what is tested)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lsr.index.inverted import InvertedIndex
+from lsr.search.config import SearchConfig
+from lsr.search.gpu_search import gpu_search
+from lsr.sparse import SparseVectors
+from lsr.testing import assert_exact_topk, float64_scores
+
+BLOCK = SearchConfig(route="block")
+EAGER = BLOCK.replace(graphs=False)
+
+
+def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
+    return InvertedIndex.build(docs, device="cuda", block_size=block_size, postings="float32")
+
+
+def fake_capture(made: list | None = None):
+    """A stand-in for ``ChunkGraph``: records the batch size and reports B bytes."""
+    def capture(body, B, n_terms, device, **_):
+        if made is not None:
+            made.append(B)
+        return SimpleNamespace(bytes=B)
+    return capture
+
+
+@pytest.mark.gpu
+def test_gpu_block_graphs_match_eager():
+    """Batches up to graph_max_batch replay a captured CUDA graph: same bits as the eager path, with the
+    graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""
+    import lsr.search.graphs as sg
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+    docs = synth_docs(40_000, device="cuda")
+    index = build_index(docs, 2048)
+    queries = synth_queries(24, device="cuda")
+    eager = EAGER
+    for B, k in ((1, 10), (1, 10), (5, 100), (3, 1000)):
+        for start in (0, 7):
+            q = queries[start:start + B]
+            got = gpu_search(index, q, k, BLOCK)
+            want = gpu_search(index, q, k, eager)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            assert_exact_topk(*got, float64_scores(q, docs), k)
+    # one long query among short ones: the graph's term buffer is sized by the mean length (terms_bound)
+    long_row = torch.zeros(4, docs.vocab_size, device="cuda")
+    long_row[0, torch.randperm(docs.vocab_size, device="cuda")[:400]] = 0.5
+    long_row[1:, :3] = 1.0
+    skewed = SparseVectors.from_dense(long_row)
+    got = gpu_search(index, skewed, 50, BLOCK)
+    want = gpu_search(index, skewed, 50, eager)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_exact_topk(*got, float64_scores(skewed, docs), 50)
+    # a batch split into one-query chunks: the long query's chunk holds more terms than its share of the mean
+    # bound, so it runs eagerly instead of overrunning a graph's term buffer
+    got = gpu_search(index, skewed, 50, BLOCK.replace(candidate_budget=1))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    held = sg.graph_cache(index).graphs
+    assert held and all(g is not None for g in held.values()), "captured, not eager"
+    alone = [gpu_search(index, queries[i:i + 1], 50, BLOCK) for i in range(4)]
+    batch = gpu_search(index, queries[:4], 50, BLOCK)
+    assert torch.equal(torch.cat([a[0] for a in alone]), batch[0]) and torch.equal(torch.cat([a[1] for a in alone]), batch[1])
+    q = queries[:2]   # 8 slots a span: most spans overflow, and the host-side fix runs
+    got = gpu_search(index, q, 200, BLOCK.replace(slots_per_span=8))
+    want = gpu_search(index, q, 200, EAGER.replace(slots_per_span=8))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_exact_topk(*got, float64_scores(q, docs), 200)
+
+
+@pytest.mark.gpu
+def test_gpu_block_graphs_share_one_pool():
+    """With graph_shared_pool the graphs of an index share one memory pool and one lock: graphs of five batch
+    sizes replayed in a shuffled order give the eager path's bits, and hold less memory than private pools."""
+    import random
+
+    import lsr.search.graphs as sg
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+    docs = synth_docs(40_000, device="cuda")
+    queries = synth_queries(24, device="cuda")
+    eager = EAGER
+    sizes = (1, 2, 3, 5, 8)
+    held = {}
+
+    def graph_pool_bytes() -> int:   # segments of private (graph) pools; the default pool is (0, 0)
+        segments = torch.cuda.memory_snapshot()
+        assert all("segment_pool_id" in seg for seg in segments)
+        return sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) != (0, 0))
+
+    for shared in (False, True):
+        graphed = BLOCK.replace(graph_shared_pool=shared)
+        index = build_index(docs, 2048)
+        for B in sizes:   # kernels compiled and tuned before any capture
+            gpu_search(index, queries[:B], 100, eager)
+        before = graph_pool_bytes()
+        for B in sizes:
+            gpu_search(index, queries[:B], 100, graphed)
+        held[shared] = graph_pool_bytes() - before
+        graphs = sg.graph_cache(index)
+        assert all(g is not None for g in graphs.graphs.values()) and len(graphs.graphs) == len(sizes)
+        assert (graphs.pool is not None) == shared
+        assert all((g.lock is graphs.lock) == shared for g in graphs.graphs.values())
+        order = [B for B in sizes for _ in range(3)]
+        random.Random(7).shuffle(order)
+        for i, B in enumerate(order):
+            q = queries[i % 8:i % 8 + B]
+            got = gpu_search(index, q, 100, graphed)
+            want = gpu_search(index, q, 100, eager)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        del index, graphs
+    assert held[True] < held[False], f"one pool should hold less than five: {held}"
+
+
+def test_trim_graphs_keeps_count_and_bytes_within_bounds():
+    """The graph cache drops its least recently used entries beyond graph_cache graphs or graph_bytes of kept
+    memory; failed captures (None) count no bytes, and the newest graph stays even when it alone is over."""
+    from collections import OrderedDict
+
+    import lsr.search.graphs as sg
+    graphs = OrderedDict()
+    for key, size in (("a", 10), ("b", None), ("c", 30), ("d", 20)):
+        graphs[key] = None if size is None else SimpleNamespace(bytes=size)
+        sg.trim_graphs(graphs, 3, 100)
+    assert list(graphs) == ["b", "c", "d"]        # four entries: the oldest dropped
+    graphs["e"] = SimpleNamespace(bytes=60)       # 110 bytes: over the budget
+    sg.trim_graphs(graphs, 3, 100)
+    assert list(graphs) == ["d", "e"]             # b (count) then c (bytes) dropped
+    graphs["f"] = SimpleNamespace(bytes=500)      # alone over the budget: kept, everything older dropped
+    sg.trim_graphs(graphs, 3, 100)
+    assert list(graphs) == ["f"]
+
+
+@pytest.mark.gpu
+def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget():
+    """Batches above 64 queries (up to graph_max_batch) replay graphs too, captured at their shape's second search
+    (the first runs eagerly), with the eager path's bits; the graphs of an index keep at most graph_bytes (the
+    least recently used dropped, the newest kept)."""
+    import lsr.search.graphs as sg
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+    docs = synth_docs(60_000, device="cuda")
+    index = build_index(docs, 2048)
+    queries = synth_queries(400, device="cuda")
+    def search_and_compare(q: SparseVectors, k: int, cfg: SearchConfig = BLOCK) -> None:
+        got = gpu_search(index, q, k, cfg)
+        want = gpu_search(index, q, k, EAGER)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert_exact_topk(got[0][:4], got[1][:4], float64_scores(q[:4], docs), k)
+
+    before = sg.captures()
+    for B, k in ((100, 10), (300, 1000)):
+        q = queries[B // 3:B // 3 + B]
+        search_and_compare(q, k)
+        assert sg.captures() == before, "a large batch's first search runs eagerly"
+        search_and_compare(q, k)   # the same shape (batch size, query-length bucket, k): captured now
+        before += 1
+        assert sg.captures() == before
+    held = sg.graph_cache(index).graphs
+    assert len(held) == 2 and all(g is not None and g.bytes > 0 for g in held.values())
+    search_and_compare(queries[33:133], 10)              # replayed: no capture
+    assert sg.captures() == before
+    for _ in range(2):   # graph_bytes=1: every older graph is over the budget now
+        search_and_compare(queries[:200], 100, BLOCK.replace(graph_bytes=1))
+    assert len(held) == 1 and sg.captures() == before + 1
+
+
+def test_graph_cache_bookkeeping_holds_under_threads():
+    """Several threads looking graphs up, capturing and trimming one index's cache at once (captures faked: the
+    bookkeeping is what is tested): no lookup fails, every answer is a graph of the key's batch size or None, and the
+    cache ends within its bounds."""
+    import random
+    import sys
+    import threading
+
+    import lsr.search.graphs as sg
+
+    cache, cfg = sg.GraphCache(fake_capture()), SearchConfig(graph_cache=4, graph_bytes=300)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible
+    errors = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(3000):
+                B = rng.choice([1, 8, 100, 200])
+                graph = cache.lookup(None, B, 0, (B, rng.randrange(5)), cfg, torch.device("cpu"))
+                assert graph is None or graph.bytes == B
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+    kept = cache.graphs
+    assert 1 <= len(kept) <= 4
+    assert len(kept) == 1 or sum(g.bytes for g in kept.values()) <= 300
+
+
+def test_a_large_batch_shape_is_captured_once():
+    """A batch above CAPTURE_AT_ONCE_B queries runs eagerly at its shape's first search, is captured at its second, and
+    once its graph is dropped (here by the memory budget) runs eagerly from then on instead of being captured again
+    each time it comes back; a small batch is captured at its first search (captures faked)."""
+    import lsr.search.graphs as sg
+
+    made = []
+    cache, cfg = sg.GraphCache(fake_capture(made)), SearchConfig(graph_bytes=250)   # room for one large graph
+    look = lambda B: cache.lookup(None, B, 0, ("shape", B), cfg, torch.device("cpu"))  # noqa: E731
+    assert look(200) is None and made == []               # first search: eager
+    assert look(200).bytes == 200 and made == [200]       # second: captured
+    assert look(200).bytes == 200 and made == [200]       # replayed
+    assert look(150) is None and look(150).bytes == 150   # another shape, captured: 350 bytes, 200 dropped
+    assert list(cache.graphs) == [("shape", 150)]
+    assert look(200) is None and look(200) is None and made == [200, 150]   # dropped: eager, no capture
+    assert look(8).bytes == 8 and made == [200, 150, 8]   # small: captured at once
