@@ -152,7 +152,7 @@ def main() -> None:
     # the padding-free backbone (on the CPU its torch twin; only the input side runs here)
     enc.batch_size, enc.max_tokens, enc.varlen = 1024, 131072, True
     pin = device == "cuda"
-    texts, _ = synth_texts(args.passages, enc._towers["doc"].tokenizer, np.random.default_rng(0))
+    texts, _ = synth_texts(args.passages, enc.tower("doc").tokenizer, np.random.default_rng(0))
     n = len(texts)
     spans = window_spans(n, WINDOW, FIRST_WINDOW)
     windows = [texts[s:s + z] for s, z in spans]
@@ -160,7 +160,7 @@ def main() -> None:
     pool = enc.tokenizer_pool("doc", args.workers)
     pool(texts[:4 * 1024])  # started, tokenizer loaded
     arrays = [pool(w) for w in windows]
-    tower = enc._towers["doc"]
+    tower = enc.tower("doc")
 
     def padded_batches(flat: np.ndarray, lengths: np.ndarray) -> object:
         return length_sorted_batches("doc", flat, lengths, enc.batch_size, enc.max_tokens, 1, tower.pad_id, pin=pin)
