@@ -32,7 +32,6 @@ import itertools
 import logging
 import os
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -126,7 +125,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
                   tokenize_workers: int | None = None, stats: dict[str, Any] | None = None,
-                  progress: bool | None = None, origin: dict[str, Any] | None = None, stream_offset: int = 0,
+                  origin: dict[str, Any] | None = None, stream_offset: int = 0,
                   ) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
@@ -156,17 +155,12 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
             model), wait_writer_s (blocked on the shard writer) and close_s (the last shard files and the
             manifest, after the last window); tokenize_workers and
             tokenized_by_workers (documents the worker processes tokenized, the rest: the batching thread).
-        progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
         stream_offset: position of ``docs``' first document in a longer stream that other processes
             encode in slices (``lsr.parallel.encode``); a multiple of ``shard_rows``. Windows are cut
             where the whole stream's would be, so the vectors equal a single-process run's.
     """
-    if progress is not None:
-        warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
-                      stacklevel=2)
-        show_progress_bar = progress
     sort_window = _check_windows(shard_rows, sort_window, stream_offset)
     metadata = dict(encoder.describe())
     if doc_top_k is not None:

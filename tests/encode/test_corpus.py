@@ -153,13 +153,6 @@ def test_refusals(tmp_path, roberta, encoder, docs):
         encode_corpus(encoder, [("a", "x"), "not a pair"], tmp_path / "bad", **SETTINGS)
 
 
-def test_progress_is_a_deprecated_name_of_show_progress_bar(encoder, docs, tmp_path):
-    settings = {k: v for k, v in SETTINGS.items() if k != "show_progress_bar"}
-    with pytest.warns(DeprecationWarning, match="show_progress_bar"):
-        manifest = encode_corpus(encoder, docs[:40], tmp_path / "vec", progress=False, **settings)
-    assert sum(s["rows"] for s in manifest["shards"]) == 40
-
-
 def test_doc_top_k_stats_and_bucketing(tmp_path, encoder, docs):
     stats: dict = {}
     manifest = encode_corpus(encoder, docs[:100], tmp_path / "vec", doc_top_k=8, stats=stats, **SETTINGS)
