@@ -42,7 +42,7 @@ from lsr.encode.splade.query_graphs import QueryGraphs
 from lsr.encode.splade.st_checkpoint import StaticTower, find_st_folder, load_st_towers, read_st_checkpoint
 from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize.batching import PreparedTexts, TokenBatch, length_sorted_batches
-from lsr.encode.tokenize.pool import TokenizerPool
+from lsr.encode.tokenize.pool import CHUNK, TokenizerPool
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
@@ -58,7 +58,8 @@ class SpladeEncoder:
     Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
     ``max_length_doc``, ``doc_top_k`` (documents keep their k largest weights; None keeps all),
     ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget),
-    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text),
+    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text), ``window``
+    (longer text lists are tokenized and encoded a window at a time, the next window's tokens on their way meanwhile),
     ``packed`` (inference on the Triton path uses the packed head, which computes real tokens only, for
     batch widths where that pays: ``lsr.encode.sparton.fwd_packed.packing_pays``), ``varlen`` (None: the padding-free
     backbone ``lsr.encode.backbone.varlen_body`` where it has flash attention, i.e. CUDA with fp16/bf16, for the
@@ -78,6 +79,8 @@ class SpladeEncoder:
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
+        self.window = WINDOW  # longer text lists are encoded a window at a time (``lsr.encode.stream``)
+        self.tokenize_chunk = CHUNK  # texts per task of the tokenizer worker processes
         self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
@@ -200,8 +203,8 @@ class SpladeEncoder:
 
     def tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
         """Worker processes that tokenize ``kind`` texts for ``prepare(..., pool=...)`` (close it after
-        use); None when the tokenizer is not a fast (Rust) one."""
-        pool = self._tokenizer(kind).pool(workers)
+        use), ``tokenize_chunk`` texts per task; None when the tokenizer is not a fast (Rust) one."""
+        pool = self._tokenizer(kind).pool(workers, chunk=self.tokenize_chunk)
         if pool is not None:
             pool.tag = kind
         return pool
@@ -343,9 +346,9 @@ class SpladeEncoder:
         if vectors is not None:  # a short query batch: one bucket, replayed as a CUDA graph where it can be
             return sparse_output(vectors, convert_to_sparse_tensor)
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            if len(texts) > WINDOW or windows_pool(self, kind, len(texts), None) is not None:
+            if len(texts) > self.window or windows_pool(self, kind, len(texts), None) is not None:
                 # tokenized in worker processes, the next window while the model encodes this one
-                vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
+                vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update, window=self.window)
             else:
                 vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)
             return sparse_output(vectors.to(self.device) if device_output else vectors, convert_to_sparse_tensor)
