@@ -133,8 +133,8 @@ def plan_head(facts: HeadFacts, *, backend: str = "auto", variant: str = "auto",
         return SpartonPlan("packed", f"inference at width {facts.seq}: real tokens fill at most {PACK_MAX_FILL:.0%} "
                            "of the padded kernel's token tiles", _backward("packed", facts))
     if not autotunes(facts.batch, facts.seq, facts.vocab, interpret=facts.interpret):
-        return SpartonPlan("padded", f"B·S·V below {AUTOTUNE_MIN_ELEMENTS}: one launch with a fixed config",
-                           _backward("padded", facts))
+        small = "Triton's interpreter" if facts.interpret else f"B·S·V below {AUTOTUNE_MIN_ELEMENTS}"
+        return SpartonPlan("padded", f"{small}: one launch with a fixed config", _backward("padded", facts))
     why_not = _why_not_resident(facts, min_waves, failed or {})
     if why_not is not None:
         return SpartonPlan("padded", f"autotuned tl kernel; resident kernel off: {why_not}", _backward("padded", facts))
