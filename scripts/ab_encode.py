@@ -45,14 +45,13 @@ def main() -> None:
                          "torch.profiler GPU kernel time); printed as a second JSON line")
     ap.add_argument("--skip-corpus", action="store_true", help="time encode_document only")
     ap.add_argument("--old-windows", action="store_true",
-                    help="no small first windows (windows cut as before session 12): the vectors of an older tree "
-                         "exactly, for a comparison of non-zeros")
+                    help="no small first windows (windows cut as before they grew from a small first one): the "
+                         "vectors of an older tree exactly, for a comparison of non-zeros")
     args = ap.parse_args()
-    if args.old_windows:
-        import lsr.encode.corpus as corpus_module
+    if args.old_windows:  # encode_document's windows (read at each call); encode_corpus gets first_window below
         import lsr.encode.stream as stream_module
 
-        stream_module.FIRST_WINDOW, corpus_module.FIRST_WINDOW = stream_module.WINDOW, 2**62
+        stream_module.FIRST_WINDOW = stream_module.WINDOW
     from transformers import AutoTokenizer
 
     texts, _ = synth_texts(args.passages, AutoTokenizer.from_pretrained(args.tokenizer), np.random.default_rng(0))
@@ -79,8 +78,9 @@ def time_corpus(enc: SpladeEncoder, texts: list[str], args: argparse.Namespace, 
         encode_corpus(enc, docs, Path(tmp) / "warm", show_progress_bar=False)
         stats: dict = {}
         t = time.perf_counter()
+        old = {"first_window": 2**62} if args.old_windows else {}
         encode_corpus(enc, ((str(i), s) for i, s in enumerate(texts)), Path(tmp) / "run", show_progress_bar=False,
-                      n_docs=args.passages, stats=stats)
+                      n_docs=args.passages, stats=stats, **old)
         row["corpus_pps"] = args.passages / (time.perf_counter() - t)
         row["corpus_stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     print(json.dumps(row), flush=True)

@@ -28,7 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.benchmarks.harness import PeakMemory, Results, environment, quantiles, time_for
-from lsr.encode.sparton.fwd_padded import sparton_head, torch_sparton_head, triton_sparton_fwd
+from lsr.encode.sparton import sparton_head, torch_sparton_head
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
 
 D = 768
 FWD_CASES = [(320, 512, 30522), (128, 2048, 30522), (32, 512, 250002)]
@@ -109,20 +110,6 @@ def fmt(row: dict) -> str:
     return f"{row['ms']:9.2f} ms  {row['peak_extra_mb']:9.0f} MB{tf}"
 
 
-def tl_forward(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with sparton.USE_RESIDENT off: the forward runs the tl kernel only (no-op where the resident-tile kernel
-    does not apply, e.g. off sm_90)."""
-    from lsr.encode.sparton import fwd_padded as sparton
-
-    def go():
-        old, sparton.USE_RESIDENT = sparton.USE_RESIDENT, False
-        try:
-            return fn()
-        finally:
-            sparton.USE_RESIDENT = old
-    return go
-
-
 def head_cases(mode: str, shape, args, rows, deadline) -> None:
     B, S, V = shape
     torch.manual_seed(0)
@@ -152,7 +139,8 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
     impls = {
         "sparton": wrap(lambda *a: sparton_head(*a, backend="triton")),
         # the same call with the tl forward kernel for every row: the in-run baseline of the resident-tile forward
-        "sparton_tl_forward": tl_forward(wrap(lambda *a: sparton_head(*a, backend="triton"))),
+        # (the same as "sparton" where the dispatch does not pick the resident kernel, e.g. off sm_90)
+        "sparton_tl_forward": wrap(lambda *a: sparton_head(*a, backend="triton", variant="padded")),
         # E·Hᵀ ([V, B·S]): the same flops as H·Eᵀ, but its rows stay 16-byte aligned; with V = 30522 the
         # [B·S, V] layout sends cuBLAS to a slow kernel (~250 TFLOP/s on H200), which is no floor
         "gemm_floor": fwd(lambda h, w, b, m: w @ h.view(-1, D).t()),
@@ -164,7 +152,7 @@ def head_cases(mode: str, shape, args, rows, deadline) -> None:
             _, y32, arg = triton_sparton_fwd(h, w, b, m, need_fp32=True)
         impls["sparton_deterministic"] = wrap(lambda *a: sparton_head(*a, backend="triton", deterministic=True))
         impls["sparton_fwd_only"] = fwd(lambda *a: sparton_head(*a, backend="triton"))
-        impls["sparton_fwd_only_tl"] = tl_forward(impls["sparton_fwd_only"])
+        impls["sparton_fwd_only_tl"] = fwd(lambda *a: sparton_head(*a, backend="triton", variant="padded"))
         impls["sparton_bwd_only"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg)
         impls["sparton_bwd_only_det"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, deterministic=True)
         impls["sparton_bwd_dh_part"] = lambda: triton_sparton_bwd(dy, h, w, y32, arg, need_dw=False, need_db=False)
@@ -211,10 +199,10 @@ def bert_case(args, rows, deadline, B: int = 320, S: int = 512) -> None:
 
 
 def tuned_configs() -> dict:
-    from lsr.encode.sparton import fwd_padded as sparton
+    from lsr.encode.sparton import DEFAULT_DISPATCH, fwd_padded
 
-    out = {}
-    for i, tuner in enumerate(getattr(sparton, "_FWD_TUNERS", [])):
+    out = {"sparton failures": dict(DEFAULT_DISPATCH.failed)}
+    for i, tuner in enumerate(fwd_padded.autotuners()):
         for k, v in getattr(tuner, "cache", {}).items():
             out[f"tuner{i} {k}"] = str(v)
         timings = getattr(tuner, "configs_timings", None) or {}

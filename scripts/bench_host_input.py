@@ -18,11 +18,11 @@ Stages:
   pool_beside_python  the same while another thread of this process runs Python nonstop (the worst case of a
                    launching thread): its wall_us shows how long the workers wait for this process's GIL
   batches          ``prepare`` on ready token arrays (what it does after tokenizing) for the padding-free
-                   backbone (what splade-tiny runs on CUDA in bf16): since session 13 packed token slices
-  batches_padded   ``length_sorted_batches`` building padded [B, L] ids and masks (every tree before session 13)
+                   backbone (what splade-tiny runs on CUDA in bf16): packed token slices
+  batches_padded   ``length_sorted_batches`` building padded [B, L] ids and masks (what older trees did)
   prepare          ``SpladeEncoder.prepare(window, pool=...)``: pool + batches
-  api_input        the windows of ``encode_document`` prepared as ``encode_windows`` does (``stream.Pipeline``; before
-                   session 13 one ``Prefetch`` thread), drained by a thread that does nothing else
+  api_input        the windows of ``encode_document`` prepared as ``encode_windows`` does (``stream.Pipeline``; older
+                   trees: one ``Prefetch`` thread), drained by a thread that does nothing else
   corpus_input     ``encode_corpus``'s input side: ``_windows`` + the same
 With --launcher, the api_input / corpus_input rows also say how many tiny torch ops per second a thread
 (standing in for the one launching the model) completes beside them, against alone (GIL pressure).
@@ -56,7 +56,7 @@ from lsr.encode.stream import FIRST_WINDOW, WINDOW, Prefetch, window_spans  # no
 from lsr.encode.tokenize.batching import length_sorted_batches  # noqa: E402
 
 try:
-    from lsr.encode.stream import Pipeline  # since session 13
+    from lsr.encode.stream import Pipeline  # (older trees have none)
 except ImportError:
     Pipeline = None
 
@@ -152,7 +152,7 @@ def main() -> None:
     # the padding-free backbone (on the CPU its torch twin; only the input side runs here)
     enc.batch_size, enc.max_tokens, enc.varlen = 1024, 131072, True
     pin = device == "cuda"
-    texts, _ = synth_texts(args.passages, enc._towers["doc"].tokenizer, np.random.default_rng(0))
+    texts, _ = synth_texts(args.passages, enc.tower("doc").tokenizer, np.random.default_rng(0))
     n = len(texts)
     spans = window_spans(n, WINDOW, FIRST_WINDOW)
     windows = [texts[s:s + z] for s, z in spans]
@@ -160,7 +160,7 @@ def main() -> None:
     pool = enc.tokenizer_pool("doc", args.workers)
     pool(texts[:4 * 1024])  # started, tokenizer loaded
     arrays = [pool(w) for w in windows]
-    tower = enc._towers["doc"]
+    tower = enc.tower("doc")
 
     def padded_batches(flat: np.ndarray, lengths: np.ndarray) -> object:
         return length_sorted_batches("doc", flat, lengths, enc.batch_size, enc.max_tokens, 1, tower.pad_id, pin=pin)
@@ -174,22 +174,22 @@ def main() -> None:
         return ((str(i), t) for i, t in enumerate(texts))
 
     def prepared(items: Iterator[list[str]]) -> Prefetch:
-        """What encode_windows / encode_corpus run: since session 13 a thread submitting windows to the pool
-        and another cutting them into batches, before it one thread doing both."""
+        """What encode_windows / encode_corpus run: a thread submitting windows to the pool and another cutting
+        them into batches (older trees: one thread doing both)."""
         if Pipeline is None:
             return Prefetch(items, prepare, 2)
         return Pipeline(items, lambda w: enc.tokenize_async(w, "doc", pool=pool),
                         lambda tokenized: enc.prepare_tokens(tokenized(False), "doc"), 2)
 
     def corpus_input() -> None:
-        drain(prepared(texts for _, texts in _windows(stream(), 0, args.shard_rows, sort_window)))
+        drain(prepared(texts for _, texts in _windows(stream(), 0, args.shard_rows, sort_window, FIRST_WINDOW)))
 
     def api_input() -> None:
         drain(prepared(iter(windows)))
 
     stages = {
         "generator": lambda: sum(1 for _ in stream()),
-        "read_windows": lambda: sum(len(w[0]) for w in _windows(stream(), 0, args.shard_rows, sort_window)),
+        "read_windows": lambda: sum(len(w[0]) for w in _windows(stream(), 0, args.shard_rows, sort_window, FIRST_WINDOW)),
         "pool": lambda: [pool(w) for w in windows],
         "pool_beside_python": beside_python(lambda: [pool(w) for w in windows]),
         "batches": lambda: [enc.prepare(w, "doc", pool=ready) for w in windows],

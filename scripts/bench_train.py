@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, time_calls
-from lsr.encode.sparton.fwd_padded import torch_sparton_head
+from lsr.encode.sparton import torch_sparton_head
 from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
 from lsr.train import losses
 

@@ -5,7 +5,7 @@ synthetic MS MARCO-like passages, real bert-base-uncased tokenizer). Parts:
 
   fixed     B=1024 random-id batches at S in 64/80/96/128 (warm-up first, median of repeats, CUDA synced):
             ms of the backbone + MLM transform (tower.body), the padded Sparton head (sparton_head) and the
-            packed one (packed_sparton_head, what encode_prepared uses), both also on a mask of random
+            packed one (sparton_head(variant="packed"), what encode_prepared uses), both also on a mask of random
             lengths 8..S (head_var, head_packed_var), the sparse extraction (_to_csr), the whole
             encode_prepared on one pinned batch, and the bare bf16 GEMM hidden @ Eᵀ (cuBLAS reference
             for the head's FLOPs); TFLOP/s = 2·B·S·D·V / time.
@@ -57,10 +57,10 @@ from bench_encode import MAX_LEN, build_model, common_args, measure, synth_texts
 
 from lsr.benchmarks.harness import environment, synchronize
 from lsr.encode.corpus import encode_corpus
-from lsr.encode.sparton.fwd_packed import packed_sparton_head
-from lsr.encode.sparton.fwd_padded import sparton_head
+from lsr.encode.sparton import sparton_head
 from lsr.encode.splade.encoder import PreparedTexts, SpladeEncoder, TokenBatch
 from lsr.encode.splade.extract import to_csr as _to_csr
+from lsr.encode.splade.forward import head_weights
 from lsr.encode.tokenize.pool import default_workers
 
 
@@ -75,7 +75,7 @@ def timed(fn, dev: torch.device) -> float:
 def uses_varlen(enc: SpladeEncoder, prepared: PreparedTexts) -> bool:
     """Does encode_prepared run these batches through the padding-free backbone?"""
     with torch.inference_mode():
-        return enc._uses_varlen(enc._towers[prepared.kind], prepared.batches[0])
+        return enc.runs_packed(prepared.kind) and prepared.batches[0].lengths is not None
 
 
 # ---------------------------------------------------------------------------------------------- parts
@@ -90,7 +90,7 @@ def fixed_part(enc: SpladeEncoder, dev: torch.device, batch: int, lengths: tuple
 
 @torch.inference_mode()
 def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats: int, gen: torch.Generator) -> dict:
-    tower = enc._towers["doc"]
+    tower = enc.tower("doc")
     V, D = tower.weight.shape
     ids = torch.randint(1000, 30000, (batch, S), generator=gen)
     ids[:, 0], ids[:, -1] = 101, 102
@@ -100,14 +100,14 @@ def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats
     ids_d, mask_d = ids.to(dev), mask.to(dev)
     prepared = PreparedTexts("doc", [TokenBatch(ids, mask, torch.arange(batch))], batch, batch * S, batch * S)
     hidden = tower.body(input_ids=ids_d, attention_mask=mask_d).logits
-    y = enc._head(tower, hidden, mask_d)
+    y = head_weights(tower, hidden, mask_d, backend=enc.backend, packed=enc.packed)
     w, b = tower.weight, tower.bias
     var = (torch.arange(S)[None, :] < torch.randint(min(8, S), S + 1, (batch, 1), generator=gen)).to(dev)  # unsorted lengths
     cases = {"body": lambda: tower.body(input_ids=ids_d, attention_mask=mask_d).logits,
              "head": lambda: sparton_head(hidden, w, b, mask_d),
-             "head_packed": lambda: packed_sparton_head(hidden, w, b, mask_d),
+             "head_packed": lambda: sparton_head(hidden, w, b, mask_d, variant="packed"),
              "head_var": lambda: sparton_head(hidden, w, b, var),
-             "head_packed_var": lambda: packed_sparton_head(hidden, w, b, var),
+             "head_packed_var": lambda: sparton_head(hidden, w, b, var, variant="packed"),
              "to_csr": lambda: _to_csr(y, None),
              "encode_prepared": lambda: enc.encode_prepared(prepared)}
     if batch * S * V * hidden.element_size() <= 40e9:  # the GEMM's [B·S, V] output
@@ -128,17 +128,18 @@ def fixed_row(enc: SpladeEncoder, dev: torch.device, batch: int, S: int, repeats
 @torch.inference_mode()
 def warm_head(enc: SpladeEncoder, dev: torch.device, batch: int, max_tokens: int | None) -> None:
     """Run the head once per sequence-length bucket (the Triton head autotunes per power of two of S)."""
-    tower = enc._towers["doc"]
+    tower = enc.tower("doc")
     for S in (8, 16, 32, 64, 128, 256):
         B = batch if max_tokens is None else max(1, min(batch, max_tokens // S))
         hidden = torch.randn(B, S, tower.weight.shape[1], device=dev, dtype=enc.dtype)
-        enc._head(tower, hidden, torch.ones(B, S, dtype=torch.int64, device=dev))
+        head_weights(tower, hidden, torch.ones(B, S, dtype=torch.int64, device=dev), backend=enc.backend,
+                     packed=enc.packed)
     synchronize()
 
 
 def varlen_part(enc: SpladeEncoder, dev: torch.device, windows: list[list[str]], prepared: list[PreparedTexts],
                 ids: list[list[str]], batch: int, max_tokens: int | None, workers: int) -> dict:
-    tower = enc._towers["doc"]
+    tower = enc.tower("doc")
     n = sum(p.n for p in prepared)
 
     def full() -> None:
@@ -312,8 +313,8 @@ def load_body(folder: str, body: str, dev: torch.device, dtype: torch.dtype, com
     varlen, attention = BODIES[body]
     enc = SpladeEncoder.from_pretrained(folder, device=dev, dtype=dtype, max_length_doc=MAX_LEN, varlen=varlen,
                                         compile=compile)
-    if attention is not None and enc._towers["doc"].varlen is not None:
-        enc._towers["doc"].varlen.attention = attention
+    if attention is not None and enc.tower("doc").varlen is not None:
+        enc.tower("doc").varlen.attention = attention
     return enc
 
 

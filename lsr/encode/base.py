@@ -7,13 +7,12 @@ sparse encoders (``encode_query`` / ``encode_document``).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from lsr.sparse import SparseVectors
 
-__all__ = ["Encoder", "PluralAliases", "sparse_output"]
+__all__ = ["Encoder", "sparse_output"]
 
 
 @runtime_checkable
@@ -42,21 +41,6 @@ class Encoder(Protocol):
         """JSON description (kind, model, max lengths, vocab hash...) stored with the vectors and checked
         at search time."""
         ...
-
-
-class PluralAliases:
-    """``encode_documents`` / ``encode_queries``: the names lsr used before it took sentence-transformers'
-    ``encode_document`` / ``encode_query``; kept for one release, with a DeprecationWarning."""
-
-    def encode_documents(self, *args: Any, **kwargs: Any) -> SparseVectors:
-        warnings.warn("encode_documents() is deprecated; use encode_document() (sentence-transformers' name)",
-                      DeprecationWarning, stacklevel=2)
-        return self.encode_document(*args, **kwargs)
-
-    def encode_queries(self, *args: Any, **kwargs: Any) -> SparseVectors:
-        warnings.warn("encode_queries() is deprecated; use encode_query() (sentence-transformers' name)",
-                      DeprecationWarning, stacklevel=2)
-        return self.encode_query(*args, **kwargs)
 
 
 def sparse_output(vectors: SparseVectors, convert_to_sparse_tensor: bool) -> Any:

@@ -19,8 +19,7 @@ Design (simplest one that is resumable and exact):
   thread takes each window's vectors once they are on the host (``encode_prepared_async``) and four threads
   write Parquet shards (at once, listed in the manifest in order; a row group per window, written as the
   window arrives), so the GPU does not wait on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
-  model slowed the launching thread by a third on an H200 host (13.3-13.7K vs 20.9-21.1K passages/s,
-  docs/benchmarks.md).
+  model slowed the launching thread by about a third (docs/benchmarks.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_document(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
@@ -32,7 +31,6 @@ import itertools
 import logging
 import os
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -47,29 +45,30 @@ from lsr.sparse import SparseVectors
 from lsr.storage.shard_writer import ShardWriter
 from lsr.storage.shards import MANIFEST, read_manifest
 
-__all__ = ["encode_corpus"]
+__all__ = ["encode_corpus", "window_end"]
 
 log = logging.getLogger(__name__)
 
 
-def _window_end(pos: int, shard_rows: int, sort_window: int) -> int:
+def window_end(pos: int, shard_rows: int, sort_window: int, first_window: int = FIRST_WINDOW) -> int:
     """End of the window that starts at stream position ``pos``: the next multiple of either size; inside
-    the stream's first window also at the ends of the in-memory path's growing windows (``window_spans``:
-    4,096, 12,288, 28,672...), so that the model starts early. Only positions matter, so a resume (always at
+    the stream's first window also at the ends of the in-memory path's growing windows (``window_spans`` from
+    ``first_window``: 4,096, 12,288, 28,672...), so that the model starts early. Only positions matter, so a resume (always at
     a shard boundary, past the first window) or a slice of a longer stream cuts the windows of an
     uninterrupted run."""
     end = min((pos // sort_window + 1) * sort_window, (pos // shard_rows + 1) * shard_rows)
     first = min(sort_window, shard_rows)
     if pos >= first:
         return end
-    return min(end, next(s + z for s, z in window_spans(first, sort_window, FIRST_WINDOW) if s + z > pos))
+    return min(end, next(s + z for s, z in window_spans(first, sort_window, first_window) if s + z > pos))
 
 
-def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int) -> Iterator[tuple[list[str], list[str]]]:
-    """(ids, texts) windows of the stream from position ``start`` (``_window_end``)."""
+def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int,
+             first_window: int) -> Iterator[tuple[list[str], list[str]]]:
+    """(ids, texts) windows of the stream from position ``start`` (``window_end``)."""
     pos = start
     while True:
-        end = _window_end(pos, shard_rows, sort_window)
+        end = window_end(pos, shard_rows, sort_window, first_window)
         ids, texts = [], []
         for item in itertools.islice(docs, end - pos):
             try:
@@ -126,8 +125,8 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
                   n_docs: int | None = None, show_progress_bar: bool = True, sort_window: int | None = None,
                   doc_top_k: int | None = None, max_tokens: int | None = None, prefetch: int = 2,
                   tokenize_workers: int | None = None, stats: dict[str, Any] | None = None,
-                  progress: bool | None = None, origin: dict[str, Any] | None = None, stream_offset: int = 0,
-                  ) -> dict[str, Any]:
+                  origin: dict[str, Any] | None = None, stream_offset: int = 0,
+                  first_window: int = FIRST_WINDOW) -> dict[str, Any]:
     """Encode a document stream into a vector directory (Parquet shards + manifest); returns the manifest.
 
     Args:
@@ -156,24 +155,21 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
             model), wait_writer_s (blocked on the shard writer) and close_s (the last shard files and the
             manifest, after the last window); tokenize_workers and
             tokenized_by_workers (documents the worker processes tokenized, the rest: the batching thread).
-        progress: deprecated name of ``show_progress_bar`` (kept for one release).
         origin: where the documents come from (``Dataset.docs_origin``): stored in the manifest; a
             folder made from other documents is refused instead of resumed or reused.
         stream_offset: position of ``docs``' first document in a longer stream that other processes
             encode in slices (``lsr.parallel.encode``); a multiple of ``shard_rows``. Windows are cut
             where the whole stream's would be, so the vectors equal a single-process run's.
+        first_window: the stream's first window, after which windows double up to ``sort_window`` (the model
+            starts after this many documents are tokenized).
     """
-    if progress is not None:
-        warnings.warn("encode_corpus(progress=...) is deprecated; use show_progress_bar=...", DeprecationWarning,
-                      stacklevel=2)
-        show_progress_bar = progress
     sort_window = _check_windows(shard_rows, sort_window, stream_offset)
     metadata = dict(encoder.describe())
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
-    # one thread writes ~8-12 µs per passage (docs/benchmarks.md): four keep up with ~300K passages/s, and a
-    # row group per window leaves only the last window to write after the last batch
+    # four writer threads keep up with the GPU (per-passage write cost: docs/benchmarks.md), and a row group
+    # per window leaves only the last window to write after the last batch
     writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin,
                          write_threads=4, row_group_rows=sort_window)
     if was_complete:  # the writer re-verified settings and checksums; nothing to do
@@ -190,7 +186,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
                desc="encode", dynamic_ncols=True)
     try:
-        manifest = run.run(_windows(stream, stream_offset + skip, shard_rows, sort_window), prefetch, bar)
+        manifest = run.run(_windows(stream, stream_offset + skip, shard_rows, sort_window, first_window), prefetch, bar)
     finally:
         bar.close()
     if stats is not None:

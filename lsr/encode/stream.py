@@ -93,12 +93,13 @@ FIRST_WINDOW = 4_096  # the first window of a long list (windows then double up 
 
 def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) -> Any:
     """The encoder's shared tokenizer pool (``tokenize_workers`` processes; None: ``default_workers()`` on
-    CUDA, none elsewhere) when ``n`` texts are worth it, else None (tokenize in-process)."""
+    CUDA, none elsewhere) when ``n`` texts are worth it (two of its tasks: ``encoder.tokenize_chunk`` texts
+    each), else None (tokenize in-process)."""
     from lsr.encode.tokenize.pool import CHUNK, default_workers
 
     if tokenize_workers is None:
         tokenize_workers = default_workers() if encoder.device.type == "cuda" else 0
-    if tokenize_workers <= 0 or n < 2 * CHUNK:
+    if tokenize_workers <= 0 or n < 2 * getattr(encoder, "tokenize_chunk", CHUNK):
         return None
     return encoder.shared_tokenizer_pool(kind, tokenize_workers)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lsr.encode.sparton.fwd_padded import sparton_head
+from lsr.encode.sparton import sparton_head
 from lsr.encode.splade.st_checkpoint import activate
 
 __all__ = ["TrainableEncoder", "adamw_kernel", "checkpoint_activations", "decoder_of"]

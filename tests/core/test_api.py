@@ -38,16 +38,13 @@ def test_subpackages_are_reachable_lazily_and_import_lsr_stays_light():
     assert out.returncode == 0, out.stderr
 
 
-def test_encoders_follow_the_protocol_and_keep_deprecated_aliases():
+def test_encoders_follow_the_protocol_without_plural_aliases():
     from lsr.encode.base import Encoder
     from lsr.encode.bm25.lexical import LexicalEncoder
 
     enc = LexicalEncoder().fit(["apple pie", "banana split"])
     assert isinstance(enc, Encoder)
-    new = enc.encode_query(["apple"], ids=["q1"])
-    with pytest.warns(DeprecationWarning, match="encode_query"):
-        old = enc.encode_queries(["apple"], ids=["q1"])
-    assert new.equal(old)
+    assert not hasattr(enc, "encode_queries") and not hasattr(enc, "encode_documents")  # never released
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         enc.encode_document(["apple pie"], ids=["d1"])

@@ -153,13 +153,6 @@ def test_refusals(tmp_path, roberta, encoder, docs):
         encode_corpus(encoder, [("a", "x"), "not a pair"], tmp_path / "bad", **SETTINGS)
 
 
-def test_progress_is_a_deprecated_name_of_show_progress_bar(encoder, docs, tmp_path):
-    settings = {k: v for k, v in SETTINGS.items() if k != "show_progress_bar"}
-    with pytest.warns(DeprecationWarning, match="show_progress_bar"):
-        manifest = encode_corpus(encoder, docs[:40], tmp_path / "vec", progress=False, **settings)
-    assert sum(s["rows"] for s in manifest["shards"]) == 40
-
-
 def test_doc_top_k_stats_and_bucketing(tmp_path, encoder, docs):
     stats: dict = {}
     manifest = encode_corpus(encoder, docs[:100], tmp_path / "vec", doc_top_k=8, stats=stats, **SETTINGS)
@@ -192,25 +185,25 @@ def test_tokenizer_workers_give_the_same_shards_across_a_resume(tmp_path, encode
     assert manifest["complete"] and shard_hashes(manifest) == shard_hashes(reference)
 
 
-def test_first_windows_ramp_up_and_resume_exactly(tmp_path, monkeypatch, encoder, docs):
-    from lsr.encode import corpus
+def test_first_windows_ramp_up_and_resume_exactly(tmp_path, encoder, docs):
+    from lsr.encode.corpus import window_end
 
-    monkeypatch.setattr(corpus, "FIRST_WINDOW", 4)
+    settings = {**SETTINGS, "first_window": 4}
     for shard, window in ((64, 32), (100, 48), (30, 64)):
         pos, ends = 0, []
         while pos < 400:
-            ends.append(pos := corpus._window_end(pos, shard, window))
+            ends.append(pos := window_end(pos, shard, window, 4))
         assert ends[:4] == [4, 12, 28, min(shard, window)]  # doubling, then the regular cuts
         for k in range(1, 400 // shard):  # a resume at a shard boundary cuts the same windows
             later, pos = [], k * shard
             while pos < 400:
-                later.append(pos := corpus._window_end(pos, shard, window))
+                later.append(pos := window_end(pos, shard, window, 4))
             assert later == [e for e in ends if e > k * shard]
-    reference = encode_corpus(encoder, docs, tmp_path / "ref", **SETTINGS)
+    reference = encode_corpus(encoder, docs, tmp_path / "ref", **settings)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        encode_corpus(encoder, failing_after(docs, 150), tmp_path / "vec", **SETTINGS)
+        encode_corpus(encoder, failing_after(docs, 150), tmp_path / "vec", **settings)
     assert read_manifest(tmp_path / "vec")["n_rows"] == 128
-    manifest = encode_corpus(encoder, docs, tmp_path / "vec", **SETTINGS)
+    manifest = encode_corpus(encoder, docs, tmp_path / "vec", **settings)
     assert shard_hashes(manifest) == shard_hashes(reference)
     got, want = read_vectors(tmp_path / "vec"), encoder.encode_document([t for _, t in docs])
     assert got.ids == [i for i, _ in docs]

@@ -102,7 +102,7 @@ def test_bucketed_path_matches_the_unbucketed_one(encoder):
     assert lengths.tolist() == got.lengths.tolist() and vectors.equal(got)
 
 
-def test_fallbacks(encoder, monkeypatch):
+def test_fallbacks(encoder):
     """Beyond the buckets (more texts than MAX_SLOTS, a smaller batch_size) the unbucketed path runs; more
     terms than the in-graph extraction holds are extracted after the run, with the same result."""
     many = (SCIFACT * 2)[:MAX_SLOTS + 1]
@@ -111,10 +111,8 @@ def test_fallbacks(encoder, monkeypatch):
     few = SCIFACT[:6]
     assert encoder.encode_query(few, batch_size=3).equal(encoder.encode_prepared(encoder.prepare(few, "query", 3)))
     ref = encoder.encode_query(few)
-    monkeypatch.setattr(qg, "ROW_CAP", 2)
-    encoder._query_runners.clear()  # a fresh runner (on a GPU: graphs captured with the small capacity)
-    assert encoder.encode_query(few).equal(ref)
-    encoder._query_runners.clear()
+    small = qg.QueryGraphs(encoder, graphs=encoder.query_graphs, row_cap=2)  # (on a GPU: graphs with that capacity)
+    assert small.encode(few).equal(ref)
 
 
 def test_graphs_are_dropped_when_the_weights_change():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lsr.encode.sparton import DEFAULT_DISPATCH, sparton_head, torch_sparton_head
 from lsr.encode.sparton import cpu as sparton_cpu
-from lsr.encode.sparton.cpu import _token_blocks, cpu_sparton_head
-from lsr.encode.sparton.fwd_padded import sparton_head, torch_sparton_head
+from lsr.encode.sparton.cpu import cpu_sparton_head, token_blocks
 
 
 def _inputs(B: int, S: int, D: int, V: int, seed: int, dtype: torch.dtype = torch.float32):
@@ -71,7 +71,7 @@ def test_cpu_head_int_mask_none_mask_and_empty():
 def test_token_blocks_cover_every_token_once(counts, tile):
     covered = [[0] * n for n in counts]
     end_prev = 0
-    for first, end, pieces in _token_blocks(counts, tile):
+    for first, end, pieces in token_blocks(counts, tile):
         assert first == end_prev and 0 < end - first <= tile
         end_prev = end
         for row, a, b in pieces:
@@ -86,19 +86,18 @@ def test_token_blocks_cover_every_token_once(counts, tile):
     assert all(c == 1 for row in covered for c in row)
 
 
-def test_sparton_head_auto_uses_the_cpu_head_for_inference_only(monkeypatch):
+def test_sparton_head_auto_uses_the_cpu_head_for_inference_only():
     hidden, weight, bias, mask = _inputs(3, 6, 8, 20, seed=11)
-    calls = []
-    real = sparton_cpu.cpu_sparton_head
-    monkeypatch.setattr(sparton_cpu, "cpu_sparton_head", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runs = DEFAULT_DISPATCH.runs
+    before = runs.copy()
     with torch.no_grad():
         y = sparton_head(hidden, weight, bias, mask)
-    assert calls == [1]
+    assert runs - before == {"cpu_tiled": 1}
     torch.testing.assert_close(y, torch_sparton_head(hidden, weight, bias, mask), rtol=1e-5, atol=1e-6)
     sparton_head(hidden, weight, bias, mask, backend="torch")
     w = weight.clone().requires_grad_()
     sparton_head(hidden, w, bias, mask).sum().backward()  # needs a gradient: the differentiable twin
-    assert calls == [1] and w.grad is not None and w.grad.abs().sum() > 0
+    assert runs - before == {"cpu_tiled": 1, "torch": 2} and w.grad is not None and w.grad.abs().sum() > 0
 
 
 def test_transposed_weight_is_reused_only_while_the_weight_is_unchanged():

@@ -18,15 +18,15 @@ import torch
 
 pytest.importorskip("triton")
 
-from lsr.encode.sparton.fwd_packed import (
-    packed_sparton_head,
+from lsr.encode.sparton import (
+    DEFAULT_DISPATCH,
     packed_tokens_sparton_head,
-    packing_pays,
+    sparton_head,
     torch_packed_tokens_head,
-    triton_packed_sparton_fwd,
-    triton_packed_tokens_fwd,
+    torch_sparton_head,
 )
-from lsr.encode.sparton.fwd_padded import sparton_head, torch_sparton_head, triton_sparton_fwd
+from lsr.encode.sparton.fwd_packed import packing_pays, triton_packed_sparton_fwd, triton_packed_tokens_fwd
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
 from lsr.testing import max_abs_errors as errors
 from lsr.testing import sparton_case
 from tests.conftest import DEV
@@ -135,14 +135,12 @@ def test_masks_bias_dtype_and_entry_point():
     hidden, weight, b, mask = make_case(B, S, V, D, torch.float32, True, "holes", seed=51)  # int64 mask, row 0 empty
     ref = torch_sparton_head(hidden.double(), weight.double(), b.half().double(), mask)
     with torch.no_grad():
-        y = packed_sparton_head(hidden, weight, b.half(), mask, backend="triton")  # a half bias is upcast
+        y = sparton_head(hidden, weight, b.half(), mask, variant="packed")  # a half bias is upcast
         assert (y.double() - ref).abs().max() <= 2e-5 * (1 + ref.abs().max())
-        full = packed_sparton_head(hidden, weight, b, None, backend="triton")  # None: every position counts
+        full = sparton_head(hidden, weight, b, None, variant="packed")  # None: every position counts
         torch.testing.assert_close(full, torch_sparton_head(hidden, weight, b, None), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(packed_sparton_head(hidden, weight, b, mask, backend="torch"),
-                                   torch_sparton_head(hidden, weight, b, mask))
         with torch.autocast(DEV, dtype=torch.bfloat16):
-            auto = packed_sparton_head(hidden, weight, b, mask, backend="triton")
+            auto = sparton_head(hidden, weight, b, mask, backend="triton", variant="packed")
             padded = sparton_head(hidden, weight, b, mask, backend="triton")
         assert auto.dtype == torch.bfloat16
         torch.testing.assert_close(auto.float(), padded.float(), rtol=2**-7, atol=1e-6)
@@ -153,8 +151,10 @@ def test_errors():
     mask = torch.ones(2, 5, dtype=torch.bool, device=DEV)
     with pytest.raises(RuntimeError, match="inference-only"):  # grad mode + a leaf that wants a gradient
         triton_packed_sparton_fwd(h.requires_grad_(), w, None, mask)
-    with pytest.raises(RuntimeError, match="inference-only"):
-        packed_sparton_head(h, w, None, mask, backend="torch")
+    with pytest.raises(ValueError, match="inference-only"):
+        sparton_head(h, w, None, mask, variant="packed")
+    with pytest.raises(ValueError, match="backend='torch'"):
+        sparton_head(h.detach(), w, None, mask, backend="torch", variant="packed")
     h = h.detach()
     with pytest.raises(TypeError, match="dtype"):
         triton_packed_sparton_fwd(h, w.double(), None, mask)
@@ -163,7 +163,7 @@ def test_errors():
     with pytest.raises(ValueError, match="bias"):
         triton_packed_sparton_fwd(h, w, torch.zeros(8, device=DEV), mask)
     with pytest.raises(ValueError, match="backend"):
-        packed_sparton_head(h, w, None, mask, backend="cuda")
+        sparton_head(h, w, None, mask, backend="cuda", variant="packed")
     assert triton_packed_sparton_fwd(h[:0], w, None, mask[:0]).shape == (0, 9)
 
 
@@ -207,28 +207,23 @@ def test_packing_pays_below_80_percent_of_the_padded_tiles():
     assert not packing_pays(0)
 
 
-def test_encoder_packed_matches_padded(tmp_path, data_dir, monkeypatch):
+def test_encoder_packed_matches_padded(tmp_path, data_dir):
     """SpladeEncoder(packed=True) routes inference through the packed head and gives the padded vectors."""
     pytest.importorskip("transformers")
-    from lsr.encode.splade import encoder as splade
+    from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.testing import SAMPLE_TEXTS as TEXTS
     from lsr.testing import save_tiny_mlm
 
     path = save_tiny_mlm("roberta", tmp_path / "roberta", data_dir)  # V=500, D=32: fast under the interpreter
-    calls = []
-
-    def spy(*a, **k):
-        calls.append(a[0].shape)
-        return packed_sparton_head(*a, **k)
-
-    monkeypatch.setattr(splade, "packed_sparton_head", spy)
     out = {}
     for packed in (False, True):  # one batch of 5 texts of 2..~40 tokens: several texts per tile
-        enc = splade.SpladeEncoder.from_pretrained(path, device=DEV, dtype=torch.float32, backend="triton",
-                                                   batch_size=8, packed=packed)
+        enc = SpladeEncoder.from_pretrained(path, device=DEV, dtype=torch.float32, backend="triton",
+                                            batch_size=8, packed=packed)
         assert enc.packed is packed
+        before = DEFAULT_DISPATCH.runs["packed"]
         out[packed] = enc.encode_document(TEXTS)
-        assert bool(calls) is packed  # the padded run never calls the packed head, the packed run does
+        # the padded run never plans the packed head, the packed run does
+        assert (DEFAULT_DISPATCH.runs["packed"] > before) is packed
     assert out[True].nnz > 0 and out[True].ids == out[False].ids
     torch.testing.assert_close(out[True].to_dense(), out[False].to_dense(), rtol=1e-6, atol=1e-6)
 

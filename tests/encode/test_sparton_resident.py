@@ -1,5 +1,6 @@
 """The resident-tile Sparton forward (Gluon, sm_90): its chunk table on any device; on an H100/H200 its outputs
-against the tl kernel (bit-identical) and the float64 torch twin, through ``triton_sparton_fwd``'s dispatch.
+against the tl kernel (bit-identical) and the float64 torch twin, through ``triton_sparton_fwd``'s row split; the
+dispatch's failure memory on any device.
 
 Gluon kernels have no CPU interpreter, so the kernel tests are GPU-only (marked ``gpu``)."""
 
@@ -10,9 +11,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from lsr.encode.sparton import fwd_padded as sparton
+from lsr.encode.sparton import HeadFacts, SpartonDispatch, explain_sparton_head, torch_sparton_head
 from lsr.encode.sparton import fwd_resident as sparton_resident
-from lsr.encode.sparton.fwd_padded import torch_sparton_head, triton_sparton_fwd
+from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
 from tests.conftest import HAS_CUDA
 
 
@@ -62,28 +63,28 @@ def test_ring_depth_divides_the_slices_and_fits_shared_memory(num_k, stages):
 
 
 def test_resident_kernel_does_not_claim_cpu_inputs():
-    h, w = torch.zeros(2, 8, 768, dtype=torch.bfloat16), torch.zeros(100, 768, dtype=torch.bfloat16)
-    assert not sparton_resident.resident_applies(h, w)
+    assert "sm_90" in sparton_resident.unsupported_reason(None, torch.bfloat16, 768, True)
+    assert "bf16" in sparton_resident.unsupported_reason((9, 0), torch.float32, 768, True)
 
 
-def test_a_failing_resident_kernel_warns_once_and_leaves_the_rows_to_the_tl_kernel(monkeypatch):
-    monkeypatch.setattr(sparton, "USE_RESIDENT", True)
-    monkeypatch.setattr(sparton_resident, "resident_applies", lambda h, w: True)
-    monkeypatch.setattr(sparton, "_fills_waves", lambda programs, device: True)
+def test_a_failing_resident_kernel_warns_once_and_leaves_the_rows_to_the_tl_kernel():
     tried = []
 
     def broken(*args):
         tried.append(1)
         raise RuntimeError("unsupported layout")  # what a Gluon API change looks like at compile time
 
-    monkeypatch.setattr(sparton_resident, "resident_fwd", broken)
+    dispatch = SpartonDispatch(resident_forward=broken)
     h, w = torch.zeros(2, 4, 64), torch.zeros(10, 64)
-    lengths, holes = torch.tensor([4, 2], dtype=torch.int32), torch.zeros(2, dtype=torch.int8)
-    y = torch.zeros(2, 10)
+    args = (h, w, None, torch.tensor([4, 2], dtype=torch.int32), torch.ones(2, dtype=torch.bool), torch.zeros(2, 10),
+            None, None)
     with pytest.warns(UserWarning, match="resident-tile forward failed .*unsupported layout"):
-        assert sparton._resident_fwd(h, w, None, lengths, holes, y, None, None) is False
-    assert sparton.USE_RESIDENT is False
-    assert sparton._resident_fwd(h, w, None, lengths, holes, y, None, None) is False and tried == [1]
+        assert dispatch.resident_rows(*args) is False
+    assert dispatch.resident_rows(*args) is False and tried == [1]  # remembered: not tried again
+    hopper = HeadFacts("cuda", torch.bfloat16, 64, 512, 768, 250002, capability=(9, 0), sm_count=132, interpret=False)
+    plan = dispatch.plan(hopper, backend="triton")
+    assert plan.variant == "padded" and "failed earlier" in plan.reason and "unsupported layout" in plan.reason
+    assert SpartonDispatch().plan(hopper, backend="triton").variant == "resident"
 
 
 def _on_hopper() -> bool:
@@ -111,24 +112,23 @@ def _mixed_case(dtype: torch.dtype, V: int = 16411, seed: int = 3, D: int = 768)
 
 
 @pytest.fixture
-def resident_calls(monkeypatch) -> list:
-    """One entry per call of the resident kernel's launcher while the test runs."""
-    calls = []
-    real = sparton_resident.resident_fwd
-    monkeypatch.setattr(sparton_resident, "resident_fwd", lambda *a: (calls.append(1), real(*a))[1])
-    return calls
+def resident_calls() -> list:
+    """One entry per call of the resident kernel's launcher through ``_forward`` while the test runs."""
+    return []
 
 
 def _forward(calls: list, h, w, bias, m, resident: bool, **kw):
-    """triton_sparton_fwd with the resident kernel on or off and the wave rule off (the cases' V is small); returns
-    the outputs and how often the resident kernel ran."""
-    old = sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES, len(calls)
-    sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = resident, 0
-    try:
-        out = triton_sparton_fwd(h, w, bias, m, **kw)
-    finally:
-        sparton.USE_RESIDENT, sparton.RESIDENT_MIN_WAVES = old[:2]
-    return out, len(calls) - old[2]
+    """triton_sparton_fwd with the resident kernel for the rows without holes (through a dispatch that counts its
+    calls) or the tl kernel for every row; returns the outputs and how often the resident kernel ran."""
+    def counted(*args):
+        calls.append(1)
+        sparton_resident.resident_fwd(*args)
+
+    dispatch = SpartonDispatch(resident_forward=counted)
+    before = len(calls)
+    out = triton_sparton_fwd(h, w, bias, m, rows_without_holes=dispatch.resident_rows if resident else None, **kw)
+    assert not dispatch.failed
+    return out, len(calls) - before
 
 
 @pytest.mark.gpu
@@ -161,10 +161,11 @@ def test_resident_forward_without_bias_and_odd_vocabulary(resident_calls):
 
 @pytest.mark.gpu
 @hopper
-def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel(resident_calls):
+def test_dispatch_keeps_few_vocabulary_tiles_on_the_tl_kernel():
     h, w, bias, m = _mixed_case(torch.bfloat16, V=16411)
-    triton_sparton_fwd(h, w, bias, m, need_fp32=True)  # 129 tiles: under RESIDENT_MIN_WAVES waves
-    assert resident_calls == []
+    plan = explain_sparton_head(h, w, bias)  # 129 tiles: under RESIDENT_MIN_WAVES waves
+    assert plan.variant == "padded" and "waves" in plan.reason
+    assert explain_sparton_head(h, w, bias, variant="resident").variant == "resident"
 
 
 @pytest.mark.gpu

@@ -179,6 +179,7 @@ def test_hub_id_loads_from_the_cache_offline(checkpoints, tmp_path, monkeypatch)
                        json.loads((checkpoints["sum_log1p"] / "modules.json").read_text()))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
+    # huggingface_hub reads HF_HUB_CACHE from the environment once, at import: its constant is the only handle
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     enc = SpladeEncoder.from_pretrained("org/tiny-splade", device="cpu")

@@ -70,10 +70,9 @@ def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
         assert a.input_ids.equal(b.input_ids) and a.attention_mask.equal(b.attention_mask) and a.rows.equal(b.rows)
 
 
-def test_worker_errors_are_raised_not_lost(data_dir, monkeypatch):
+def test_worker_errors_are_raised_not_lost(data_dir):
     from transformers import AutoTokenizer
 
-    import lsr.encode.tokenize.pool as tp
 
     tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 16)
     pool = tok.pool(1)
@@ -87,14 +86,13 @@ def test_worker_errors_are_raised_not_lost(data_dir, monkeypatch):
         assert pool(["still serving"])[1].tolist() == [4]
         texts = [f"text number {i}" for i in range(9)]
         want = token_arrays(tok._fast, texts)
-        with monkeypatch.context() as m:  # chunks of 2: the next chunk is in the worker's pipe when one fails
-            m.setattr(tp, "CHUNK", 2)
-            for bad, error in (("\ud800", RuntimeError), (None, TypeError)):
-                for at in (0, 3, 8):
-                    with pytest.raises(error):
-                        pool(texts[:at] + [bad] + texts[at:])
-                    for got, ref in zip(pool(texts), want):  # the answers still owed were read: in step
-                        np.testing.assert_array_equal(got, ref)
+        pool.chunk = 2  # chunks of 2: the next chunk is in the worker's pipe when one fails
+        for bad, error in (("\ud800", RuntimeError), (None, TypeError)):
+            for at in (0, 3, 8):
+                with pytest.raises(error):
+                    pool(texts[:at] + [bad] + texts[at:])
+                for got, ref in zip(pool(texts), want):  # the answers still owed were read: in step
+                    np.testing.assert_array_equal(got, ref)
         pool._all[0].proc.kill()
         pool._all[0].proc.wait()
         with pytest.raises(RuntimeError, match="died"):
@@ -113,18 +111,17 @@ AWKWARD = ["", "x\x00y", "na\u00efve caf\u00e9 \u00c9COLE", "emoji \U0001F600\U0
            "supercalifragilisticexpialidocious" * 20]
 
 
-def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir, monkeypatch):
+def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir):
     from transformers import AutoTokenizer
 
-    import lsr.encode.tokenize.pool as tp
 
     tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 64)
     texts = AWKWARD * 4
     want_flat, want_lengths = token_arrays(tok._fast, texts)  # the Rust ids
     assert want_lengths[AWKWARD.index("word " * 400)] == 64  # truncated
-    monkeypatch.setattr(tp, "CHUNK", 5)  # chunks of 5 texts: every edge case lands at a chunk edge somewhere
-    monkeypatch.setattr(tp, "_PIPE_BYTES", 4096)  # pipes shrunk: messages larger than the pipe go in parts
-    with tok.pool(2) as pool:
+    # chunks of 5 texts: every edge case lands at a chunk edge somewhere; pipes shrunk: messages larger than the
+    # pipe go in parts
+    with tok.pool(2, chunk=5, pipe_bytes=4096) as pool:
         for part in (texts, texts[:1], texts[:5], texts[:6], [AWKWARD[-1] * 300] * 12):  # (too big to go ahead)
             flat, lengths = pool(part)
             ref_flat, ref_lengths = (want_flat, want_lengths) if part is texts else token_arrays(tok._fast, part)
@@ -133,16 +130,13 @@ def test_awkward_texts_and_chunk_edges_match_in_process_ids(data_dir, monkeypatc
             assert flat.dtype == np.int32 and lengths.dtype == np.int64
 
 
-def test_pipes_of_unknown_size_send_nothing_ahead(data_dir, monkeypatch):
+def test_pipes_of_unknown_size_send_nothing_ahead(data_dir):
     from transformers import AutoTokenizer
 
-    import lsr.encode.tokenize.pool as tp
 
     tok = TextTokenizer(AutoTokenizer.from_pretrained(data_dir / "bert-base-uncased"), 64)
-    monkeypatch.setattr(tp, "_enlarge", lambda pipe: 0)  # (no F_SETPIPE_SZ / F_GETPIPE_SZ, e.g. macOS)
-    monkeypatch.setattr(tp, "CHUNK", 3)
     texts = AWKWARD * 2
-    with tok.pool(2) as pool:
+    with tok.pool(2, chunk=3, pipe_bytes=None) as pool:  # pipes left alone (no F_SETPIPE_SZ / F_GETPIPE_SZ: macOS)
         assert all(w.capacity == 0 for w in pool._all)
         for got, want in zip(pool(texts), token_arrays(tok._fast, texts)):
             np.testing.assert_array_equal(got, want)

@@ -109,17 +109,15 @@ def test_tokenizer_variants_match_rust(spec, variant):
         _assert_same(fast(texts), rust(texts))
 
 
-def test_forgets_learned_words_and_stays_exact(spec, monkeypatch):
+def test_forgets_learned_words_and_stays_exact(spec):
     words = [w for w in spec["model"]["vocab"] if w.isascii()][5000:6000]
     rust, fast = _both(spec, 256)
     texts = _random_texts(3, 200, words, odd=0.0)
-    monkeypatch.setattr(wordpiece, "MAX_CACHED_WORDS", len(fast._words) + 50)
-    resets = []
-    reset = fast._reset
-    monkeypatch.setattr(fast, "_reset", lambda: (resets.append(1), reset()))
+    assert fast.forgotten == 0 and fast.max_cached_words == wordpiece.MAX_CACHED_WORDS
+    fast.max_cached_words = fast.known_words + 50
     for i in range(0, 200, 20):  # crosses the limit at every call
         _assert_same(fast(texts[i:i + 20]), rust(texts[i:i + 20]))
-    assert len(resets) >= 5
+    assert fast.forgotten >= 5
 
 
 def test_other_tokenizers_are_not_covered(spec):

@@ -3,8 +3,8 @@
 Why: in the padding-free body a batch's texts lie back to back ([T, H, Dh] rows, text b at rows
 cu[b]:cu[b+1]). Flash attention's variable-length kernel gives every (text, head) pair its own program
 with a 128-row query tile: on MS MARCO passages (~75 tokens) half of each tile is empty and each program
-does one short load-compute-store, so the kernel ran at ~56 TFLOP/s and took ~13% of BERT-base's
-encoding time (docs/benchmarks.md, session 19). Here a program takes BLOCK_M consecutive packed rows
+does one short load-compute-store, far below the GPU's tensor-core rate, and a noticeable share of BERT-base's
+encoding time (measurements in the performance docs). Here a program takes BLOCK_M consecutive packed rows
 of one head, whatever texts they belong to, and streams the keys from the first of those texts' start
 to the last one's end; a key counts for a query when both lie in the same text (``segments``).
 
@@ -13,7 +13,7 @@ the scale), the probabilities rounded to the value dtype for the P·V product, f
 rounding of the output. Results equal ``torch_varlen_attention``'s up to summation order.
 
 Two tilings, chosen per batch from its longest text by ``packed_attention`` (where each was faster on an H200
-over MS MARCO-like length-sorted batches; docs/benchmarks.md, session 20): texts that fit a 64-row tile
+over MS MARCO-like length-sorted batches; measurements in the performance docs): texts that fit a 64-row tile
 share one (``grouped``, 64 // max_len whole texts per tile), as do texts longer than 1.5 tiles (each cut
 into 64-row slices against its own keys, like flash attention but with 64 rows); texts in between take
 the row tiling above, whose key span is then shorter than two slices' work.
@@ -173,5 +173,5 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments
     """Attention inside each packed text with the tiling that suits the batch's longest text (module doc):
     same contract as ``triton_packed_attention``; max_len >= the longest text."""
     grouped = max_len <= BLOCK_M or 2 * max_len > 3 * BLOCK_M
-    # software pipelining paid in the grouped tiling only (H200, docs/benchmarks.md, session 20)
+    # software pipelining paid in the grouped tiling only (measured on an H200; see the performance docs)
     return triton_packed_attention(q, k, v, segments, cu_seqlens, max_len, BLOCK_M, 64, 4, 2 if grouped else 1, grouped)

@@ -8,12 +8,12 @@ the flash kernel (it takes an additive [B, 1, L, L] mask through the memory-effi
 padded position costs a full pass through the 12 layers. Here the texts of a batch are packed back to
 back ([T] token ids, ``cu_seqlens`` [B+1] int32 start offsets) and attention stays inside each text; the
 linear layers then see T rows instead of B·L, and the Q, K, V projections run as one GEMM. On CUDA in
-fp16/bf16 the attention is lsr's own Triton kernel over packed row tiles (``kernels.packed_attention``:
-1.47x faster than flash attention's variable-length kernel over MS MARCO-like batches, docs/benchmarks.md,
-session 20); ``attention = "flash"`` takes ``aten._flash_attention_forward`` with cumulative lengths instead.
+fp16/bf16 the attention is lsr's own Triton kernel over packed row tiles (``packed_attention``: faster than
+flash attention's variable-length kernel over MS MARCO-like batches; measurements in the performance docs);
+``attention = "flash"`` takes ``aten._flash_attention_forward`` with cumulative lengths instead.
 
 Same weights and modules as the HF model (its LayerNorms, activation functions and Linears are called
-on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``kernels.add_layer_norm``);
+on [T, D] rows; on CUDA each residual add + LayerNorm runs as one kernel, ``add_layer_norm``);
 only the Q/K/V weights are concatenated, a copy that is rebuilt when the model's
 tensors change in place (their version counters are compared on every call). Results equal HF's
 forward at the real positions up to floating-point summation order (tested against it), except for the
@@ -27,8 +27,8 @@ GELU feed-forward layers on CUDA in fp16 / bf16 (``gelu_epilogue``, on by defaul
 and GELU as one cuBLASLt GEMM (``torch._addmm_activation``): the epilogue applies GELU in its tanh form (as
 torch defines this call) in fp32 to the accumulator and rounds once, where the separate call rounds the product
 to 16 bits, then applies the model's erf GELU and rounds again. It saves a pass over the [T, 4D] activations;
-against an fp32 erf-GELU reference it is closer in bf16 and within 1.14x the separate call's mean error in fp16
-(docs/benchmarks.md, session 19). Without cuBLASLt (``DISABLE_ADDMM_CUDA_LT=1``) torch computes the same call
+against an fp32 erf-GELU reference it is closer in bf16 and within 1.25x the separate call's mean error in fp16
+(tests/encode/test_varlen_body.py checks that bound). Without cuBLASLt (``DISABLE_ADDMM_CUDA_LT=1``) torch computes the same call
 as a 16-bit GEMM and a separate tanh GELU: no faster; set ``gelu_epilogue=False`` there.
 """
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lsr.encode.base import PluralAliases, sparse_output
+from lsr.encode.base import sparse_output
 from lsr.encode.bm25.analyzer import EnglishAnalyzer
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_write_text
@@ -115,7 +115,7 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-class LexicalEncoder(PluralAliases):
+class LexicalEncoder:
     """BM25 sparse encoder.
 
     Args:

@@ -1,7 +1,7 @@
 """Sparton on the CPU: the SPLADE max-pooled head  Y[b, v] = log1p(relu(max_s (H Eᵀ + bias)[b, s, v]))
 computed tile by tile, so the [B, S, V] logits never exist whole.
 
-The torch twin (``sparton.torch_sparton_head``) builds all logits, masks them, adds the bias, takes the
+The torch twin (``reference.torch_sparton_head``) builds all logits, masks them, adds the bias, takes the
 max and applies log1p∘relu element by element: on a CPU those passes over [tokens, V] floats, not the
 matmul, take most of the time. Here:
 
@@ -19,7 +19,7 @@ torch vectorises across the tile's columns (the max along a row of the transpose
 times slower). Eᵀ is made contiguous once per weight and kept while that weight lives, so each tile is
 a plain row-major GEMM operand (a transposed operand makes MKL repack it on every call).
 Equal to the twin within fp32 rounding (the matmul may sum in another order); not differentiable
-(inference only: ``sparton_head`` sends autograd to the twin).
+(inference only: ``dispatch.sparton_head`` sends autograd to the twin).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lsr.encode.sparton.fwd_padded import check_head_args
+from lsr.encode.sparton.reference import check_head_args
 
 __all__ = ["cpu_sparton_head"]
 
@@ -55,7 +55,7 @@ def _transposed(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return wt
 
 
-def _token_blocks(counts: list[int], token_tile: int) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
+def token_blocks(counts: list[int], token_tile: int) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
     """Cut the packed token stream into blocks of at most ``token_tile`` tokens (a longer text is split,
     shorter texts are never cut). Yields (first token, end token, pieces) where each piece is
     (row, start, end) with start/end relative to the block."""
@@ -96,7 +96,7 @@ def cpu_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     tokens = hidden[mask].to(cdt)  # [T, D] real tokens, row after row
     wt = _transposed(weight, cdt)  # [D, V]
     counts = mask.sum(1).tolist()
-    for first, end, pieces in _token_blocks(counts, token_tile):
+    for first, end, pieces in token_blocks(counts, token_tile):
         block = tokens[first:end]
         whole = [(row, a, b) for row, a, b in pieces if b - a == counts[row]]
         split = [(row, a, b) for row, a, b in pieces if b - a != counts[row]]

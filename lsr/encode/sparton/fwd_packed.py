@@ -1,16 +1,16 @@
 """Packed ("varlen") Sparton head for inference: Y[b, v] = log1p(relu(max_s (H Eᵀ + bias)[b, s, v])).
 
-Why: the padded forward (``sparton.triton_sparton_fwd``) runs one program per (batch row, vocab tile)
+Why: the padded forward (``fwd_padded.triton_sparton_fwd``) runs one program per (batch row, vocab tile)
 and pays a whole BLOCK_S (128) token tile per text even when the text is short. MS MARCO passages
 average ~77 wordpieces, so on length-bucketed batches with S <= 128 the head costs the same for any S
-in 64..128 (11.1 ms per 1024 texts on an H200). Packing the real tokens of all texts back to back into
-128-token tiles makes the GEMM work proportional to the real tokens (~40% less on MS MARCO lengths).
+in 64..128. Packing the real tokens of all texts back to back into 128-token tiles makes the GEMM work
+proportional to the real tokens (~40% less on MS MARCO lengths; measurements: docs/notes-sparton.md).
 
 Design:
   * packed token j is row ``tok_row[j] = b·S + s`` of hidden viewed as [B·S, D] (the unmasked positions
     in row-major order, so tokens are sorted by b) and belongs to text ``seg[j] = tok_row[j] // S``. On
-    Hopper the launcher gathers a packed copy [T, D] (~0.1 ms for 1024 passages) so that H tiles are
-    TMA loads like E's (gathered pointer loads were ~40% slower per tile on an H200); elsewhere the
+    Hopper the launcher gathers a packed copy [T, D] (cheap next to the head) so that H tiles are
+    TMA loads like E's (gathered pointer loads were slower per tile); elsewhere the
     kernel gathers its H tile through ``tok_row`` and no copy is made;
   * one program per (token tile of BLOCK_T packed tokens, vocab tile of BLOCK_V), in grouped order
     (GROUP_T token tiles sweep the vocabulary together, so each E tile is reused from L2);
@@ -26,11 +26,12 @@ max(relu(m₁ + b), relu(m₂ + b)) = relu(max(m₁, m₂) + b) exactly (roundin
 equals the padded head's up to the order of the GEMM's accumulation.
 
 Inference only (no argmax is kept, so there is no backward): the torch twin is
-``sparton.torch_sparton_head`` (same semantics: masked positions ignored, a fully masked row gives 0).
-Public API: ``packed_sparton_head`` (backend choice) and ``triton_packed_sparton_fwd`` (the launcher) on
-padded [B,S,D] states with a mask; ``packed_tokens_sparton_head`` / ``triton_packed_tokens_fwd`` on states
-that are already packed ([T,D] + the text of each token, as ``lsr.encode.backbone.varlen_body`` produces them; no
-host sync), whose torch twin is ``torch_packed_tokens_head``.
+``reference.torch_sparton_head`` (same semantics: masked positions ignored, a fully masked row gives 0).
+Launchers: ``triton_packed_sparton_fwd`` on padded [B,S,D] states with a mask; ``triton_packed_tokens_fwd`` on
+states that are already packed ([T,D] + the text of each token, as ``lsr.encode.backbone.varlen_body`` produces
+them; no host sync), whose torch twin is ``reference.torch_packed_tokens_head``. ``packing_pays`` is the
+dispatch's rule for packing a padded batch; the backend-choosing heads are ``dispatch.packed_sparton_head`` /
+``dispatch.packed_tokens_sparton_head``.
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ import warnings
 
 import torch
 
-from lsr.encode.sparton.fwd_padded import check_head_args, sparton_head
-from lsr.utils.kernels import INTERPRET, grouped_program_ids, tl, triton, use_triton
+from lsr.encode.sparton.reference import check_head_args, refuse_grad
+from lsr.utils.kernels import INTERPRET, grouped_program_ids, tl, triton
 
-__all__ = ["PACK_MAX_FILL", "packed_sparton_head", "packed_tokens_sparton_head", "packing_pays",
-           "torch_packed_tokens_head", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
+__all__ = ["PACK_MAX_FILL", "TILE_T", "packing_pays", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
 
 TILE_T = 128          # packed tokens per tile (the tuned configs' BLOCK_T)
 PACK_MAX_FILL = 0.8   # pack only when real tokens fill at most this share of the padded kernel's tiles
@@ -53,8 +53,8 @@ def packing_pays(width: int) -> bool:
     """Whether the packed head should beat the padded one on a batch padded to ``width`` positions.
 
     The padded kernel pays ceil(width / 128) token tiles per text, the packed one at most width / 128
-    (fewer with padding inside the batch), at ~1.2x the cost per tile (H200, bf16, 1024 full texts of
-    128 tokens: 13.6 vs 11.3 ms; of 64 tokens: 6.1 vs 11.0 ms), so it pays below ~80% fill."""
+    (fewer with padding inside the batch), at ~1.2x the cost per tile (measured on full texts of 64 and 128
+    tokens: docs/notes-sparton.md), so it pays below ~80% fill."""
     return 0 < width <= PACK_MAX_FILL * TILE_T * -(-width // TILE_T)
 
 
@@ -154,16 +154,10 @@ if triton is not None:
 _TMA_BROKEN: list[str] = []   # why the TMA configs failed to compile here, once they have
 
 
-def _refuse_grad(*tensors: torch.Tensor | None) -> None:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError("the packed Sparton head is inference-only (no backward): call it under "
-                           "torch.no_grad() / torch.inference_mode(), or use sparton.sparton_head for training")
-
-
 def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if triton is None:
         raise RuntimeError("the Triton backend needs the `triton` package")
-    _refuse_grad(hidden, weight, bias)
+    refuse_grad(hidden, weight, bias)
     if hidden.dtype not in (torch.bfloat16, torch.float16, torch.float32) or weight.dtype != hidden.dtype:
         raise TypeError(f"hidden/weight must share a bf16/fp16/fp32 dtype, got {hidden.dtype}/{weight.dtype}")
     if bias is not None and not bias.is_floating_point():
@@ -248,7 +242,7 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
             grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
             tma = (not _TMA_BROKEN and torch.cuda.get_device_capability(dev)[0] >= 9
                    and (D * src.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0)
-            if tma:  # a packed copy [T, D] (~0.1 ms) so that H tiles are TMA boxes, not gathers
+            if tma:  # a packed copy [T, D] (cheap next to the head) so that H tiles are TMA boxes, not gathers
                 from triton.tools.tensor_descriptor import TensorDescriptor
 
                 packed = src if tok_row is None else src.index_select(0, tok_row)
@@ -266,56 +260,3 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
     block = 1024
     _packed_finish_kernel[(triton.cdiv(B * V, block),)](bits, y, B * V, BLOCK=block)
     return y.to(src.dtype)
-
-
-def torch_packed_tokens_head(tokens: torch.Tensor, segments: torch.Tensor, n_texts: int, weight: torch.Tensor,
-                             bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Torch twin of ``triton_packed_tokens_fwd``: a segmented max of the fp32 logits (rows of at most
-    256 MiB at a time) -> [n_texts, V] in tokens' dtype; texts without tokens are 0."""
-    T = tokens.shape[0]
-    V = weight.shape[0]
-    cdt = torch.float64 if tokens.dtype == torch.float64 else torch.float32
-    w = weight.to(cdt)
-    best = torch.zeros(n_texts, V, dtype=cdt, device=tokens.device)  # relu'd values are >= 0
-    step = max(1, (1 << 26) // max(V, 1))
-    for i in range(0, T, step):
-        logits = tokens[i:i + step].to(cdt) @ w.t()
-        if bias is not None:
-            logits = logits + bias.to(cdt)
-        seg = segments[i:i + step].to(torch.int64)[:, None].expand(-1, V)
-        best.scatter_reduce_(0, seg, torch.relu(logits), "amax")
-    return torch.log1p(best).to(tokens.dtype)
-
-
-def packed_sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        mask: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
-    """Inference-only SPLADE head that packs the real tokens of all texts into shared tiles.
-
-    Same inputs, output and semantics as ``sparton.sparton_head`` (hidden [B,S,D], weight [V,D],
-    bias [V] | None, mask [B,S] -> [B,V] in hidden's dtype, under autocast the autocast dtype), but
-    not differentiable: raises if a gradient would be needed. ``backend``: "auto" (Triton on CUDA,
-    the torch twin elsewhere), "triton", "torch".
-    """
-    _refuse_grad(hidden, weight, bias)
-    if not use_triton(backend, hidden.device):
-        return sparton_head(hidden, weight, bias, mask, backend="torch")
-    dev = hidden.device.type
-    if torch.is_autocast_enabled(dev):  # the head is a matmul: run it in the autocast dtype
-        dt = torch.get_autocast_dtype(dev)
-        hidden, weight = hidden.to(dt), weight.to(dt)
-    return triton_packed_sparton_fwd(hidden, weight.to(hidden.dtype), bias, mask)
-
-
-def packed_tokens_sparton_head(tokens: torch.Tensor, segments: torch.Tensor, n_texts: int, weight: torch.Tensor,
-                               bias: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
-    """Inference-only SPLADE head on tokens packed back to back (e.g. by a padding-free backbone).
-
-    tokens [T,D], segments int [T] (text of each token, non-decreasing), n_texts B, weight [V,D], bias
-    [V] | None -> [B,V] in tokens' dtype: y[b] = log1p(relu(max over b's tokens of tokens·Eᵀ + bias)),
-    0 for a text without tokens. ``backend``: "auto" (Triton on CUDA, the torch twin elsewhere),
-    "triton", "torch".
-    """
-    _refuse_grad(tokens, weight, bias)
-    if not use_triton(backend, tokens.device):
-        return torch_packed_tokens_head(tokens, segments, n_texts, weight, bias)
-    return triton_packed_tokens_fwd(tokens, segments, n_texts, weight.to(tokens.dtype), bias)

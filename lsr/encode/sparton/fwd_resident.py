@@ -1,26 +1,30 @@
-"""Sparton forward for Hopper (sm_90) with the vocabulary tile resident on chip (Gluon).
+"""Sparton forward for Hopper (sm_90) with the vocabulary tile resident on chip (Gluon). **Experimental**: Gluon's
+API is experimental in triton, so the dispatch (``dispatch.SpartonDispatch``) falls back to the tl kernel, and remembers
+to, if this kernel fails to compile; ``variant="padded"`` keeps it off.
 
-Why: the tl kernel (sparton.py) streams both operands of every [BLOCK_V, BLOCK_S] tile through L2, ~85 FLOP per byte
-at its best tile, and at 64x512x250002 it sits on L2 bandwidth (docs/notes-sparton.md, sessions 25-26). Here one
-program owns a 128-row vocabulary tile and keeps its E rows on chip for the whole batch: 10 K slices in shared memory,
-2 in registers (wgmma's A operand may come from registers, which frees shared memory for a ring of hidden slices,
-4 deep at D = 768). Every hidden row streams past through TMA, so each streamed byte feeds 128 FLOP.
+Why: the tl kernel (``fwd_padded``) streams both operands of every [BLOCK_V, BLOCK_S] tile through L2, ~85 FLOP per
+byte at its best tile, and at 64x512x250002 it sits on L2 bandwidth (docs/notes-sparton.md). Here one program owns a
+128-row vocabulary tile and keeps its E rows on chip for the whole batch: 10 K slices in shared memory, 2 in registers
+(wgmma's A operand may come from registers, which frees shared memory for a ring of hidden slices, 4 deep at D = 768).
+Every hidden row streams past through TMA, so each streamed byte feeds 128 FLOP.
 
 The work is warp-specialized: a producer warp streams the hidden chunks' K slices through the ring, and two consumer
 warpgroups, each multiplying all 128 rows, take turns chunk by chunk. The chunk table interleaves two batch rows, one
 per consumer, so one consumer folds its chunk into the row's running max / argmax while the other's MMAs run (in a
-single warpgroup the fold left the tensor cores idle, ~10% of the time; ptxas would not overlap it with wgmma there,
-docs/notes-sparton.md, sessions 26-27). A consumer hands the turn over as soon as its chunk's last MMA is issued.
+single warpgroup the fold left the tensor cores idle; ptxas would not overlap it with wgmma there,
+docs/notes-sparton.md). A consumer hands the turn over as soon as its chunk's last MMA is issued.
 
 Per chunk the fold takes the max, then the first column equal to it (cheaper than a (value, index) reduction), and
 masks only a row's last, partial chunk. The result is bit-identical to the tl kernel: the same MMA shape along K in the
-same order, the same masked max and first-index argmax (tests/encode/test_sparton_resident.py).
+same order, the same masked max and first-index argmax, the same epilogue (``epilogue.store_head_row``;
+tests/encode/test_sparton_resident.py).
 
-Scope: bf16/fp16; D a multiple of 64 whose tile fits shared memory beside a ring of at least two slots whose depth
-divides D / 64 (``ring_stages``: 192-640, 768 and 896 of the widths up to 1024); only rows whose kept positions
-are 0..len-1: the launcher sends rows with holes to the tl kernel. The chunk table is built on the device (no host
-sync). Torch twin: ``sparton.torch_sparton_head``. Gluon has no CPU interpreter: the kernel's parity tests need a GPU;
-the chunk table's run on the CPU.
+Scope (``unsupported_reason`` says which part fails): an sm_90 GPU; bf16/fp16; 16-byte aligned operands; D a multiple
+of 64 whose tile fits shared memory beside a ring of at least two slots whose depth divides D / 64 (``ring_stages``:
+192-640, 768 and 896 of the widths up to 1024); only rows whose kept positions are 0..len-1: the padded launcher sends
+rows with holes to the tl kernel. The chunk table is built on the device (no host sync). Torch twin:
+``reference.torch_sparton_head``. Gluon has no CPU interpreter: the kernel's parity tests need a GPU; the chunk table's
+run on the CPU.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ try:  # Gluon ships with triton >= 3.5; its API is experimental, so any import p
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from lsr.encode.sparton.fwd_padded import store_head_row  # a tl function: Gluon kernels may call those
+    from lsr.encode.sparton.epilogue import store_head_row  # a tl function: Gluon kernels may call those
 except Exception:  # noqa: BLE001 - pragma: no cover (older triton, no triton)
     gluon = None
 
@@ -209,15 +213,20 @@ def ring_stages(num_k: int, element_size: int) -> int:
     return max(fits, default=0)
 
 
-def resident_applies(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this kernel can run these inputs: an sm_90 GPU, bf16/fp16, 16-byte aligned, D a multiple of BLOCK_K
-    with the on-chip E tile and a ring fitting shared memory."""
-    if gluon is None or hidden.device.type != "cuda" or torch.cuda.get_device_capability(hidden.device) != (9, 0):
-        return False
-    if hidden.dtype not in (torch.bfloat16, torch.float16) or hidden.data_ptr() % 16 or weight.data_ptr() % 16:
-        return False
-    D = hidden.shape[-1]
-    return D % BLOCK_K == 0 and D // BLOCK_K > REG_K and ring_stages(D // BLOCK_K, hidden.element_size()) > 0
+def unsupported_reason(capability: tuple[int, int] | None, dtype: torch.dtype, width: int, aligned: bool) -> str | None:
+    """Why this kernel cannot run inputs of ``dtype`` and hidden width ``width`` on a GPU of compute ``capability``
+    (None: not a CUDA device) with operands 16-byte aligned or not; None when it can."""
+    if gluon is None:
+        return "triton's Gluon is not available"
+    if capability != (9, 0):
+        return "needs an sm_90 GPU (H100/H200)" if capability is None else f"needs sm_90, the GPU is sm_{capability[0]}{capability[1]}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16/fp16, got {str(dtype).removeprefix('torch.')}"
+    if not aligned:
+        return "needs 16-byte aligned hidden states and weight"
+    if width % BLOCK_K or width // BLOCK_K <= REG_K or ring_stages(width // BLOCK_K, dtype.itemsize) == 0:
+        return f"hidden width {width} does not fit (a multiple of {BLOCK_K} whose tile and ring fit shared memory)"
+    return None
 
 
 def chunk_table(lengths: torch.Tensor, rows_ok: torch.Tensor, S: int, block_s: int = BLOCK_S
@@ -253,7 +262,7 @@ def chunk_table(lengths: torch.Tensor, rows_ok: torch.Tensor, S: int, block_s: i
 def resident_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lengths: torch.Tensor,
                  rows_ok: torch.Tensor, y: torch.Tensor, y32: torch.Tensor | None, arg: torch.Tensor | None) -> None:
     """Write y / y32 / arg [B, V] of the batch rows with ``rows_ok`` (kept positions exactly 0..len-1); the other rows
-    are left as they are. Inputs contiguous, ``resident_applies`` true."""
+    are left as they are. Inputs contiguous, ``unsupported_reason`` None for them."""
     B, S, D = hidden.shape
     V = weight.shape[0]
     gdt = gl.bfloat16 if hidden.dtype == torch.bfloat16 else gl.float16

@@ -133,9 +133,10 @@ class TextTokenizer:
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())), lengths
 
-    def pool(self, workers: int) -> TokenizerPool | None:
-        """Worker processes tokenizing like this object (None for a slow, Python-only tokenizer)."""
-        return None if self._fast is None else TokenizerPool(self._fast.to_str(), self.max_length, workers)
+    def pool(self, workers: int, **options: Any) -> TokenizerPool | None:
+        """Worker processes tokenizing like this object (None for a slow, Python-only tokenizer); ``options``:
+        ``TokenizerPool``'s ``chunk`` / ``pipe_bytes``."""
+        return None if self._fast is None else TokenizerPool(self._fast.to_str(), self.max_length, workers, **options)
 
 
 class MaskedLMTower:

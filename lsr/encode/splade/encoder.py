@@ -10,7 +10,7 @@ backbone's hidden states, T the checkpoint's own MLM transform (BERT ``cls.predi
 DistilBERT ``vocab_transform → act → vocab_layer_norm``, RoBERTa/XLM-R ``lm_head.dense → gelu →
 layer_norm``, ModernBERT ``head``) and (E, b) its decoder. T runs by calling the masked LM with its
 output embedding replaced by an identity, so any head that ends in its decoder Linear works without
-an architecture table; ``lsr.encode.sparton.fwd_padded.sparton_head`` then pools without building [B, S, V].
+an architecture table; ``lsr.encode.sparton.sparton_head`` then pools without building [B, S, V].
 
 Batch calls tokenize once (``lsr.encode.tokenize.wordpiece`` for BERT-like tokenizers, else the Rust one; truncation
 to the query / document max length; on CUDA, lists of 2K+ texts in worker processes), sort the texts by
@@ -33,44 +33,35 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from lsr.encode.backbone.varlen_body import pack_batch, pack_tokens
-from lsr.encode.base import PluralAliases, sparse_output
+from lsr.encode.base import sparse_output
 from lsr.encode.bm25.lexical import decode_rows, vocab_hash
-from lsr.encode.sparton.fwd_packed import packed_sparton_head, packed_tokens_sparton_head, packing_pays
-from lsr.encode.sparton.fwd_padded import sparton_head
 from lsr.encode.splade.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
 from lsr.encode.splade.extract import CountedRows, PendingVectors, rows_to_input_order
+from lsr.encode.splade.forward import encode_batch, uses_packed_body
 from lsr.encode.splade.query_graphs import QueryGraphs
-from lsr.encode.splade.st_checkpoint import (
-    StaticTower,
-    activate,
-    find_st_folder,
-    load_st_towers,
-    pool_logits,
-    read_st_checkpoint,
-)
+from lsr.encode.splade.st_checkpoint import StaticTower, find_st_folder, load_st_towers, read_st_checkpoint
 from lsr.encode.stream import WINDOW, encode_windows, windows_pool
 from lsr.encode.tokenize.batching import PreparedTexts, TokenBatch, length_sorted_batches
-from lsr.encode.tokenize.pool import TokenizerPool
+from lsr.encode.tokenize.pool import CHUNK, TokenizerPool
 from lsr.sparse import SparseVectors
 
 __all__ = ["PreparedTexts", "SpladeEncoder", "TokenBatch"]
 
-_TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
 _KEEP = object()  # "use the encoder's doc_top_k"
 # sentence-transformers' activation names -> the per-position function, as describe() records it
 _ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
 
 
-class SpladeEncoder(PluralAliases):
+class SpladeEncoder:
     """SPLADE document / query encoder (build it with ``from_pretrained``).
 
     Attributes: ``vocab`` (term id -> token), ``vocab_size``, ``device``, ``dtype``, ``max_length_query``,
     ``max_length_doc``, ``doc_top_k`` (documents keep their k largest weights; None keeps all),
     ``batch_size`` (texts per batch), ``max_tokens`` (padded tokens per batch; None: no budget),
-    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text),
+    ``pad_multiple`` (batch widths are rounded up to it; 1 = no padding beyond the longest text), ``window``
+    (longer text lists are tokenized and encoded a window at a time, the next window's tokens on their way meanwhile),
     ``packed`` (inference on the Triton path uses the packed head, which computes real tokens only, for
-    batch widths where that pays: ``sparton_packed.packing_pays``), ``varlen`` (None: the padding-free
+    batch widths where that pays: ``lsr.encode.sparton.fwd_packed.packing_pays``), ``varlen`` (None: the padding-free
     backbone ``lsr.encode.backbone.varlen_body`` where it has flash attention, i.e. CUDA with fp16/bf16, for the
     architectures it covers; True: wherever it covers the architecture; False: HF's padded forward).
     """
@@ -88,6 +79,8 @@ class SpladeEncoder(PluralAliases):
         self.max_length_query, self.max_length_doc, self.doc_top_k = max_length_query, max_length_doc, doc_top_k
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.pad_multiple = 1  # every extra position costs compute; sdpa and cuBLAS take any length
+        self.window = WINDOW  # longer text lists are encoded a window at a time (``lsr.encode.stream``)
+        self.tokenize_chunk = CHUNK  # texts per task of the tokenizer worker processes
         self.prompts = {"query": "", "doc": "", **(prompts or {})}  # prepended to texts (sentence-transformers prompts)
         self._tokenizers: dict[str, TextTokenizer] = {}
         self._lock = threading.Lock()
@@ -183,6 +176,16 @@ class SpladeEncoder(PluralAliases):
             "dtype": str(self.dtype).removeprefix("torch."), "pooling": doc.pooling,
             "activation": _ACTIVATIONS[doc.activation]}
 
+    def tower(self, kind: str) -> MaskedLMTower | StaticTower:
+        """The model that encodes ``kind`` texts: "doc" or "query" (the same object unless a query model is set)."""
+        if kind not in self._towers:
+            raise ValueError(f"kind must be 'query' or 'doc', got {kind!r}")
+        return self._towers[kind]
+
+    def runs_packed(self, kind: str) -> bool:
+        """Whether inference runs ``kind`` batches padding-free (``forward.uses_packed_body``)."""
+        return uses_packed_body(self.tower(kind), self.varlen, self.device, self.dtype)
+
     def __repr__(self) -> str:
         return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "
                 f"max_length_doc={self.max_length_doc}, max_length_query={self.max_length_query})")
@@ -200,8 +203,8 @@ class SpladeEncoder(PluralAliases):
 
     def tokenizer_pool(self, kind: str = "doc", workers: int = 8) -> TokenizerPool | None:
         """Worker processes that tokenize ``kind`` texts for ``prepare(..., pool=...)`` (close it after
-        use); None when the tokenizer is not a fast (Rust) one."""
-        pool = self._tokenizer(kind).pool(workers)
+        use), ``tokenize_chunk`` texts per task; None when the tokenizer is not a fast (Rust) one."""
+        pool = self._tokenizer(kind).pool(workers, chunk=self.tokenize_chunk)
         if pool is not None:
             pool.tag = kind
         return pool
@@ -262,7 +265,11 @@ class SpladeEncoder(PluralAliases):
         return length_sorted_batches(kind, *tokens, batch_size or self.batch_size,
                                      max_tokens if max_tokens is not None else self.max_tokens,
                                      max(1, self.pad_multiple), tower.pad_id, pin=self.device.type == "cuda",
-                                     padded=not self._runs_packed(tower))
+                                     padded=not self.runs_packed(kind))
+
+    def tokenize(self, texts: Sequence[str], kind: str = "doc") -> tuple[Any, Any]:
+        """Token ids of ``texts`` as ``kind`` texts (prompt prepended, truncated): (flat int32 ids, lengths int64)."""
+        return self._tokenizer(kind)(list(self._prompted(texts, kind, None)))
 
     def _prompted(self, texts: Sequence[str], kind: str, pool: TokenizerPool | None) -> Sequence[str]:
         if pool is not None and getattr(pool, "tag", None) != kind:
@@ -272,56 +279,11 @@ class SpladeEncoder(PluralAliases):
         return [prompt + t for t in texts] if prompt else texts
 
     # ------------------------------------------------------------------ encode (device)
-    def _head(self, tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """[B, L, D] transformed states -> [B, V] SPLADE weights (hidden's dtype)."""
-        if hidden.shape[-1] != tower.weight.shape[1]:
-            raise NotImplementedError(f"{tower.architecture}: the MLM head does not end in its decoder Linear "
-                                      f"(got states of width {hidden.shape[-1]}); this architecture is not supported")
-        triton = self.backend == "triton" or (self.backend == "auto" and hidden.device.type == "cuda")
-        if triton and self.packed and not torch.is_grad_enabled() and packing_pays(hidden.shape[1]):
-            # inference on short texts: several texts share one token tile
-            return packed_sparton_head(hidden, tower.weight, tower.bias, mask, backend=self.backend)
-        B, L, _ = hidden.shape
-        rows = B if triton else max(1, _TORCH_HEAD_BYTES // max(1, L * tower.weight.shape[0] * 4))
-        return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=self.backend)
-                          for i in range(0, B, rows)])
-
-    def _runs_packed(self, tower: MaskedLMTower | StaticTower) -> bool:
-        """Would inference run this tower's batches padding-free (so ``prepare`` need not pad them)?"""
-        if tower.varlen is None or tower.pooling != "max" or self.varlen is False:
-            return False  # (the padding-free path feeds the max-pooling packed head only)
-        return bool(self.varlen) or (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16))
-
-    def _uses_varlen(self, tower: MaskedLMTower, batch: TokenBatch) -> bool:
-        return batch.lengths is not None and not torch.is_grad_enabled() and self._runs_packed(tower)
-
-    def _encode_batch(self, tower: MaskedLMTower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
-        """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D]
-        packed or [B, L, D] padded, for profiling)."""
-        if tower.static:  # no model: the weights of the text's tokens
-            return tower.encode(batch.input_ids.to(self.device, non_blocking=True),
-                                batch.attention_mask.to(self.device, non_blocking=True))
-        if self._uses_varlen(tower, batch):
-            lengths = batch.lengths.to(self.device, non_blocking=True)
-            if batch.tokens is not None:  # the batch's ids back to back: no padded form on the host
-                packed = pack_tokens(batch.tokens.to(self.device, non_blocking=True), lengths, batch.n_tokens,
-                                     batch.width)
-            else:
-                packed = pack_batch(batch.input_ids.to(self.device, non_blocking=True), lengths, batch.n_tokens)
-            states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"],
-                                  packed["segments"])
-            if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
-                return states
-            return activate(packed_tokens_sparton_head(states, packed["segments"], len(batch.rows), tower.weight,
-                                                       tower.bias, backend=self.backend), tower.activation)
-        input_ids = batch.input_ids.to(self.device, non_blocking=True)
-        mask = batch.attention_mask.to(self.device, non_blocking=True)
-        hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
-        if not head:
-            return hidden
-        if tower.pooling == "sum":
-            return pool_logits(hidden, tower.weight, tower.bias, mask, tower.activation, _TORCH_HEAD_BYTES)
-        return activate(self._head(tower, hidden, mask), tower.activation)
+    def _encode_batch(self, tower: MaskedLMTower | StaticTower, batch: TokenBatch, head: bool = True) -> torch.Tensor:
+        """One prepared batch -> [B, V] SPLADE weights through ``forward.encode_batch`` with this encoder's options
+        (``head=False``: the transformed states, for profiling)."""
+        return encode_batch(tower, batch, device=self.device, backend=self.backend, packed_head=self.packed,
+                            packed_body=uses_packed_body(tower, self.varlen, self.device, self.dtype), head=head)
 
     def encode_prepared(self, prepared: PreparedTexts, ids: Sequence[str] | None = None, *, top_k: Any = _KEEP,
                         on_batch: Callable[[int], None] | None = None) -> SparseVectors:
@@ -384,9 +346,9 @@ class SpladeEncoder(PluralAliases):
         if vectors is not None:  # a short query batch: one bucket, replayed as a CUDA graph where it can be
             return sparse_output(vectors, convert_to_sparse_tensor)
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", disable=not show_progress_bar) as bar:
-            if len(texts) > WINDOW or windows_pool(self, kind, len(texts), None) is not None:
+            if len(texts) > self.window or windows_pool(self, kind, len(texts), None) is not None:
                 # tokenized in worker processes, the next window while the model encodes this one
-                vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update)
+                vectors = encode_windows(self, texts, ids, kind, batch_size, on_batch=bar.update, window=self.window)
             else:
                 vectors = self.encode_prepared(self.prepare(texts, kind, batch_size), ids, on_batch=bar.update)
             return sparse_output(vectors.to(self.device) if device_output else vectors, convert_to_sparse_tensor)

@@ -8,7 +8,7 @@ No host sync per batch: a batch's non-zeros are counted on the device and the co
 memory behind an event (``CountedRows``); the caller launches the next batch's model before it asks for this
 one's CSR parts, so the GPU has work queued while the host waits for the count. The window's result goes to
 pinned host buffers on a side stream (``PendingVectors``), overlapping the next window's model, and from there
-into pageable memory: a pageable device-to-host copy ran at ~1.2 GB/s on an H100 host (docs/benchmarks.md).
+into pageable memory (a pageable device-to-host copy is slow and blocks the stream; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["CountedRows", "PendingVectors", "VectorsBuilder", "rows_to_input_ord
 
 _STATIC_NONZERO: list[bool] = []  # [False] once torch.nonzero_static failed on CUDA (torch < 2.6)
 _COPY_STREAMS: dict[int, torch.cuda.Stream] = {}
-_ASYNC_MIN_NNZ = 1 << 18  # smaller results (~700 passages) are copied to the host at once
+ASYNC_MIN_NNZ = 1 << 18  # smaller results (~700 passages) are copied to the host at once
 
 
 def _prune(y: torch.Tensor, top_k: int | None) -> torch.Tensor:
@@ -84,12 +84,12 @@ def _nonzero(y: torch.Tensor, total: int) -> torch.Tensor:
 
 def rows_to_input_order(counts: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, order: torch.Tensor,
                         ids: Sequence[str], vocab_size: int, finite: torch.Tensor | None = None,
-                        nan_error: str = "NaN/Inf weights") -> PendingVectors:
+                        nan_error: str = "NaN/Inf weights", *, async_min_nnz: int | None = None) -> PendingVectors:
     """CSR rows in batch order (``counts`` int64 [n] terms per row, ``indices`` / ``values`` [nnz]; row j is
     text ``order[j]``, a permutation of 0..n-1 on the CPU) -> the vectors on their way to the host
     (``PendingVectors``: ``result()`` is the SparseVectors, row i = text i with id ``ids[i]``).
     ``finite``: a bool scalar on the device, checked when the result is read (no sync here): False raises
-    FloatingPointError(``nan_error``)."""
+    FloatingPointError(``nan_error``). ``async_min_nnz``: see ``PendingVectors``."""
     n = order.numel()
     position = torch.empty_like(order)
     position[order] = torch.arange(n)  # text i is row position[i]
@@ -100,7 +100,8 @@ def rows_to_input_order(counts: torch.Tensor, indices: torch.Tensor, values: tor
     _, src = ragged_positions(starts[position], lens, total=indices.numel())
     indptr = torch.zeros(n + 1, dtype=torch.int64, device=counts.device)
     torch.cumsum(lens, 0, out=indptr[1:])
-    return PendingVectors(indptr, indices[src], values[src], ids, vocab_size, finite, nan_error)
+    return PendingVectors(indptr, indices[src], values[src], ids, vocab_size, finite, nan_error,
+                          async_min_nnz=async_min_nnz)
 
 
 def _copy_stream(device: torch.device) -> torch.cuda.Stream:
@@ -114,15 +115,17 @@ class PendingVectors:
     """CSR arrays on their way from the device to the host: copied into pinned buffers on a side stream
     (the compute stream goes on with the next batches); ``wait()`` / ``result()`` block until they are
     there. On the CPU they are simply the arrays. The device arrays are kept until the copy is done, so
-    their memory is not reused under it."""
+    their memory is not reused under it. Device results with fewer than ``async_min_nnz`` terms are copied at
+    once instead (a plain copy is quicker for a few queries; None: ``ASYNC_MIN_NNZ``)."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, ids: Sequence[str],
-                 vocab_size: int, finite: torch.Tensor | None = None, nan_error: str = "NaN/Inf weights") -> None:
+                 vocab_size: int, finite: torch.Tensor | None = None, nan_error: str = "NaN/Inf weights", *,
+                 async_min_nnz: int | None = None) -> None:
         self.ids, self.vocab_size, self._nan_error = ids, vocab_size, nan_error
         arrays = (indptr, indices, values) + (() if finite is None else (finite.reshape(1),))
         self._device: tuple[torch.Tensor, ...] | None = arrays
         self._event = None
-        if indptr.is_cuda and indices.numel() < _ASYNC_MIN_NNZ:  # a few queries: a plain copy is quicker
+        if indptr.is_cuda and indices.numel() < (ASYNC_MIN_NNZ if async_min_nnz is None else async_min_nnz):
             self._host = tuple(t.cpu() for t in arrays)
         elif indptr.is_cuda:
             stream = _copy_stream(indptr.device)

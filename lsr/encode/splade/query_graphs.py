@@ -33,21 +33,19 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from lsr.encode.sparton.fwd_packed import packed_tokens_sparton_head
+from lsr.encode.sparton import packed_tokens_sparton_head
+from lsr.encode.splade.checkpoint import MaskedLMTower
 from lsr.encode.splade.extract import to_csr
-from lsr.encode.splade.st_checkpoint import activate
+from lsr.encode.splade.st_checkpoint import StaticTower, activate
 from lsr.sparse import SparseVectors
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.encode.splade.encoder import SpladeEncoder
-
-__all__ = ["GRAPH_CACHE", "MAX_SLOTS", "ROW_CAP", "TOKEN_BUCKETS", "QueryGraphs", "QueryPack", "pack_queries",
-           "slot_bucket", "token_bucket"]
+__all__ = ["GRAPH_CACHE", "MAX_SLOTS", "ROW_CAP", "TOKEN_BUCKETS", "QueryEncoder", "QueryGraphs", "QueryPack",
+           "pack_queries", "slot_bucket", "token_bucket"]
 
 MAX_SLOTS = 64       # texts per graph batch (the server's default max_batch); larger batches run eagerly
 ROW_CAP = 1024       # terms per text slot the in-graph extraction holds (more: nonzero after the replay)
@@ -129,15 +127,33 @@ def pack_queries(flat: np.ndarray, lengths: np.ndarray, pad_id: int, max_len: in
     return QueryPack(n, slots, tokens, S, host)
 
 
+class QueryEncoder(Protocol):
+    """What this module needs of its encoder (``SpladeEncoder`` has it; named here so that the encoder module,
+    which creates runners, is not imported back)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    max_length_query: int
+    vocab_size: int
+
+    def tower(self, kind: str) -> MaskedLMTower | StaticTower: ...
+
+    def runs_packed(self, kind: str) -> bool: ...
+
+    def tokenize(self, texts: Sequence[str], kind: str = "doc") -> tuple[Any, Any]: ...
+
+
 class _Body:
     """The device work of one bucket: packed inputs (one int64 buffer) -> (row summary int64 [2, slots]:
     terms per text and 1 where a weight is not finite; indptr [slots + 1]; term ids int32 and weights float32
     [slots·ROW_CAP] of the first slots' nonzeros, row-major (None without ``extract``); the weights [slots, V])."""
 
-    def __init__(self, encoder: SpladeEncoder, slots: int, tokens: int, n_seqs: int, extract: bool = True) -> None:
-        self.tower = encoder._towers["query"]
+    def __init__(self, encoder: QueryEncoder, slots: int, tokens: int, n_seqs: int, extract: bool = True,
+                 row_cap: int = ROW_CAP) -> None:
+        self.tower = encoder.tower("query")
         self.backend, self.max_len = encoder.backend, encoder.max_length_query
-        self.slots, self.tokens, self.n_seqs, self.extract = slots, tokens, n_seqs, extract
+        self.slots, self.tokens, self.n_seqs, self.extract, self.row_cap = slots, tokens, n_seqs, extract, row_cap
 
     def __call__(self, buf: torch.Tensor) -> tuple[torch.Tensor, ...]:
         t, tower = self.tokens, self.tower
@@ -151,7 +167,7 @@ class _Body:
         torch.cumsum(counts, 0, out=indptr[1:])
         if not self.extract:  # (capture fallback: the terms are extracted after the replay)
             return summary, indptr, None, None, y
-        nz = torch.nonzero_static(y, size=self.slots * ROW_CAP, fill_value=0)
+        nz = torch.nonzero_static(y, size=self.slots * self.row_cap, fill_value=0)
         return summary, indptr, nz[:, 1].to(torch.int32), y[nz[:, 0], nz[:, 1]].float(), y
 
 
@@ -193,10 +209,11 @@ class QueryGraphs:
         encoder: a SpladeEncoder whose query tower has the padding-free body and max pooling.
         graphs: capture and replay CUDA graphs (default and possible: on CUDA in fp16 / bf16); False runs the
             bucketed body eagerly.
+        row_cap: terms per text slot the in-graph extraction holds (a batch with more is extracted after the run).
     """
 
-    def __init__(self, encoder: SpladeEncoder, graphs: bool | None = None) -> None:
-        self.encoder = encoder
+    def __init__(self, encoder: QueryEncoder, graphs: bool | None = None, *, row_cap: int = ROW_CAP) -> None:
+        self.encoder, self.row_cap = encoder, row_cap
         self.device = encoder.device
         # graphs hold the flash-attention body (fp16 / bf16); in fp32 the attention twin runs, which the
         # capture's warm-up on an all-zero input drives out of bounds (a device-side assert, seen on an H100)
@@ -220,15 +237,15 @@ class QueryGraphs:
                 "failures": self.failures[:5]}
 
     @staticmethod
-    def applies(encoder: SpladeEncoder) -> bool:
+    def applies(encoder: QueryEncoder) -> bool:
         """Whether the encoder's query tower runs the padding-free body this path captures."""
-        return encoder._runs_packed(encoder._towers["query"])   # (a static tower has no body: varlen None)
+        return encoder.runs_packed("query")   # (a static tower has no body: varlen None)
 
     def pack(self, texts: Sequence[str]) -> QueryPack | None:
         """Tokenize ``texts`` as queries (with the encoder's prompt) and pack them for their bucket."""
         enc = self.encoder
-        flat, lengths = enc._tokenizer("query")(list(enc._prompted(texts, "query", None)))
-        return pack_queries(flat, lengths, enc._towers["query"].pad_id, enc.max_length_query)
+        flat, lengths = enc.tokenize(texts, "query")
+        return pack_queries(flat, lengths, enc.tower("query").pad_id, enc.max_length_query)
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
@@ -261,7 +278,7 @@ class QueryGraphs:
                 raise FloatingPointError(f"the model produced NaN/Inf SPLADE weights in {self.encoder.dtype}; "
                                          "try dtype=torch.float32")
             nnz = int(counts.sum())
-            if terms is not None and nnz <= packed.slots * ROW_CAP:
+            if terms is not None and nnz <= packed.slots * self.row_cap:
                 own = copy and device_output  # (without device_output, .to("cpu") below copies)
                 parts = [t.clone() if own else t for t in (indptr[:n + 1], terms[:nnz], values[:nnz])]
                 vectors = SparseVectors(*parts, ids, self.encoder.vocab_size, validate=False)
@@ -274,7 +291,7 @@ class QueryGraphs:
         """Drop the graphs after a change of the query tower's weights (an optimizer step, a reload: their
         addresses or version counters): a graph reads the tensors it was captured with, among them the
         padding-free body's Q/K/V copy, which that body rebuilds on such a change."""
-        tower = self.encoder._towers["query"]
+        tower = self.encoder.tower("query")
         params = [*tower.model.parameters(), tower.weight] + ([tower.bias] if tower.bias is not None else [])
         weights = tuple((p.data_ptr(), p._version) for p in params)
         if weights != self._captured_with:
@@ -289,7 +306,7 @@ class QueryGraphs:
         if graph is not None:
             return graph(packed.host)
         buf = torch.from_numpy(packed.host).to(self.device)
-        return _Body(self.encoder, *body_args)(buf)
+        return _Body(self.encoder, *body_args, row_cap=self.row_cap)(buf)
 
     def _graph(self, key: tuple[int, int], body_args: tuple[int, int, int]) -> _Graph | None:
         if key not in self._cache:
@@ -298,7 +315,7 @@ class QueryGraphs:
                 self._pool = torch.cuda.graph_pool_handle()
             for extract in (True, False):  # without the extraction where nonzero_static cannot be captured
                 try:
-                    self._cache[key] = _Graph(_Body(self.encoder, *body_args, extract=extract),
+                    self._cache[key] = _Graph(_Body(self.encoder, *body_args, extract=extract, row_cap=self.row_cap),
                                               3 * key[1] + body_args[2] + 1, self.device, self._pool)
                     break
                 except Exception as e:  # noqa: BLE001 - a capture problem must not fail the encoding

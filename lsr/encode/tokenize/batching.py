@@ -4,7 +4,7 @@ A window's token ids are gathered once into length order (longest first) as one 
 for CUDA, and each batch is a slice of it. The padding-free path (``lsr.encode.backbone.varlen_body``) takes those slices
 as they are; the padded [B, L] int64 form that HF's forward needs is built only for batches that go there (at
 ``prepare`` time when the encoder will run them padded, else on first access). Building and pinning padded
-batches on the host cost the process that launches the model ~3x more CPU per passage than the gather
+batches on the host cost the process that launches the model several times more CPU per passage than the gather
 (scripts/bench_host_input.py, docs/benchmarks.md).
 """
 
@@ -85,7 +85,7 @@ def _sorted_tokens(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray, ord
         # token j of the output comes from flat[j + (start of its text in flat - start of its text in out)]
         source = np.repeat((starts[order] - (ends - ordered)).astype(index), ordered)
         source += np.arange(total, dtype=index)
-        # (torch's gather: ~3x faster than np.take with out=, which buffers; and it releases the GIL)
+        # (torch's gather: faster than np.take with out=, which buffers; and it releases the GIL)
         torch.index_select(torch.from_numpy(np.ascontiguousarray(flat, np.int32)), 0, torch.from_numpy(source), out=out)
     return out
 

@@ -5,8 +5,8 @@
     pool.close()
 
 Why processes: the Rust tokenizer releases the GIL, but reading its output (``Encoding.ids``, one Python
-list per text) holds the GIL for ~10 µs per passage. On a thread beside the model that starves the
-launching thread: every torch op releases the GIL and then waits up to the switch interval (5 ms) to get
+list per text) holds the GIL for every passage. On a thread beside the model that starves the
+launching thread: every torch op releases the GIL and then waits up to the switch interval to get
 it back while the other thread loops in Python. Workers return NumPy arrays, which cross the process
 boundary as flat buffers. Each worker tokenizes on one core (the pool is the parallelism; the Rust
 thread pool would otherwise start one thread per core in every worker), with ``tokenize_function``: the
@@ -17,7 +17,7 @@ tokenizers, not multiprocessing children: those would re-import the caller's ``_
 loads a model) and need a ``__main__`` guard in every script. They talk over their stdin / stdout in raw
 buffers, no pickle: a chunk of texts goes as its code-point lengths and one UTF-8 blob, and its token arrays
 come back as a two-number header and the arrays' bytes, read straight into NumPy arrays (``readinto``, which
-releases the GIL); the pipes are enlarged to hold a whole chunk (``_PIPE_BYTES``), so a round trip is a few
+releases the GIL); the pipes are enlarged to hold a whole chunk (``PIPE_BYTES``), so a round trip is a few
 system calls. What this costs the encoding process per passage: ``scripts/bench_host_input.py``.
 """
 
@@ -52,16 +52,16 @@ from lsr.encode.tokenize.worker import (
     tokenize_function,
 )
 
-__all__ = ["TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
+__all__ = ["CHUNK", "PIPE_BYTES", "TokenizerPool", "default_workers", "load_tokenizer", "token_arrays", "tokenize_function"]
 
 Tokenize = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]  # texts -> (flat int32 ids, lengths int64)
 _WORKER_FILE = Path(tokenize_worker.__file__).resolve()
-CHUNK = 1024  # texts per task: balances 8-16 workers (and a helping caller) over a 32K window
+CHUNK = 1024  # texts per task (a pool's default ``chunk``): balances 8-16 workers (and a helping caller) over a 32K window
 
 
 def default_workers() -> int:
     """Worker processes worth starting on this machine: the cores left after the launching, batching and
-    writing threads (4), at most 8 (~40K MS MARCO passages/s); 0 below 6 cores."""
+    writing threads (4), at most 8 (enough to feed one GPU on MS MARCO passages); 0 below 6 cores."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -69,7 +69,7 @@ def default_workers() -> int:
     return 0 if cores < 6 else min(8, cores - 4)
 
 
-_PIPE_BYTES = 1 << 20  # a chunk of 1,024 MS MARCO passages is ~0.6 MB of text and ~0.3 MB of ids
+PIPE_BYTES = 1 << 20  # a chunk of 1,024 MS MARCO passages is ~0.6 MB of text and ~0.3 MB of ids
 
 
 def _worker_command() -> list[str]:
@@ -85,11 +85,11 @@ def _worker_command() -> list[str]:
 
 
 class _Worker:
-    def __init__(self, tokenizer_json: str, max_length: int) -> None:
+    def __init__(self, tokenizer_json: str, max_length: int, pipe_bytes: int | None) -> None:
         env = dict(os.environ, RAYON_NUM_THREADS="1")
         self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        _enlarge(self.proc.stdout)
-        self.capacity = _enlarge(self.proc.stdin)  # bytes a request may have to be sent ahead (0: none)
+        _enlarge(self.proc.stdout, pipe_bytes)
+        self.capacity = _enlarge(self.proc.stdin, pipe_bytes)  # bytes a request may have to be sent ahead (0: none)
         # the header (~1 MB of tokenizer JSON) fills the pipe until the worker has started and reads it:
         # send it from a thread, so that all workers start at once
         self._header_error: BaseException | None = None
@@ -172,25 +172,28 @@ class _WorkerError(RuntimeError):
     """A chunk the worker could not tokenize (the worker goes on serving)."""
 
 
-def _enlarge(pipe: BinaryIO) -> int:
-    """Let the pipe hold a whole chunk where the system allows it (Linux ``F_SETPIPE_SZ``; elsewhere, or over
-    the user's pipe quota, it keeps its size and messages just take more system calls); returns the bytes it
-    holds (0 where that is not known)."""
+def _enlarge(pipe: BinaryIO, pipe_bytes: int | None) -> int:
+    """Let the pipe hold ``pipe_bytes`` (a whole chunk) where the system allows it (Linux ``F_SETPIPE_SZ``;
+    elsewhere, or over the user's pipe quota, it keeps its size and messages just take more system calls);
+    returns the bytes it holds (0 where that is not known, and for ``pipe_bytes=None``: the pipe is left alone,
+    as where its size cannot be read, e.g. macOS)."""
+    if pipe_bytes is None:
+        return 0
     try:
         import fcntl
 
         with contextlib.suppress(OSError):
-            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, pipe_bytes)
         return fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ)
     except (ImportError, AttributeError, OSError):
         return 0
 
 
 class _Chunks:
-    """A text list cut into ``CHUNK``-text parts that several threads take one at a time."""
+    """A text list cut into ``chunk``-text parts that several threads take one at a time."""
 
-    def __init__(self, texts: list[str]) -> None:
-        self.parts = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
+    def __init__(self, texts: list[str], chunk: int) -> None:
+        self.parts = [texts[i:i + chunk] for i in range(0, len(texts), chunk)]
         self.results: list[Any] = [None] * len(self.parts)
         self._next, self._lock = 0, threading.Lock()
 
@@ -249,12 +252,18 @@ class TokenizerPool:
     """``workers`` processes, each holding the tokenizer serialised in ``tokenizer_json``
     (``tokenizers.Tokenizer.to_str()``) with truncation to ``max_length`` and no padding.
     Calling it with a text list returns what ``token_arrays`` returns for the same tokenizer;
-    calls from several threads are safe (a worker serves one chunk at a time)."""
+    calls from several threads are safe (a worker serves one chunk at a time).
 
-    def __init__(self, tokenizer_json: str, max_length: int, workers: int) -> None:
+    ``chunk``: texts per task (an attribute: later calls use its new value); ``pipe_bytes``: what the pipes to
+    the workers are enlarged to (None: left as they are, and nothing is sent ahead)."""
+
+    def __init__(self, tokenizer_json: str, max_length: int, workers: int, *, chunk: int = CHUNK,
+                 pipe_bytes: int | None = PIPE_BYTES) -> None:
         if workers <= 0:
             raise ValueError(f"workers must be positive, got {workers}")
-        self.workers, self.max_length = workers, max_length
+        if chunk <= 0:
+            raise ValueError(f"chunk must be positive, got {chunk}")
+        self.workers, self.max_length, self.chunk = workers, max_length, chunk
         self.tag: str | None = None  # what the owner tokenizes with it (SpladeEncoder: "doc" / "query")
         self.texts_by_workers = 0  # texts the worker processes tokenized so far (the rest: by ``local``)
         self._lock = threading.Lock()
@@ -262,7 +271,7 @@ class TokenizerPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         try:
             for _ in range(workers):  # started now; they load the tokenizer while the caller sets up
-                self._all.append(_Worker(tokenizer_json, max_length))
+                self._all.append(_Worker(tokenizer_json, max_length, pipe_bytes))
                 self._idle.put(self._all[-1])
         except BaseException:
             self.close()
@@ -286,7 +295,7 @@ class TokenizerPool:
 
     def __call__(self, texts: Sequence[str], local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:
         """texts [n] -> (flat int32 [sum lengths] token ids, lengths int64 [n]), in input order. Chunks of
-        ``CHUNK`` texts go to whichever worker is free; ``local`` (an in-process tokenizer giving the same
+        ``chunk`` texts go to whichever worker is free; ``local`` (an in-process tokenizer giving the same
         arrays): the calling thread tokenizes chunks too, e.g. while the workers start up."""
         return self.submit(texts)(local)
 
@@ -297,7 +306,7 @@ class TokenizerPool:
         texts = texts if isinstance(texts, list) else list(texts)
         if not self._all:
             raise RuntimeError("this TokenizerPool is closed")
-        chunks = _Chunks(texts)
+        chunks = _Chunks(texts, self.chunk)
         helpers = [self._threads.submit(self._drain_with_worker, chunks) for _ in range(min(self.workers, len(chunks.parts)))]
 
         def finish(local: Tokenize | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -4,9 +4,8 @@
     tokenize = fast_token_arrays(rust, 256, partial(token_arrays, rust))  # None unless BERT-like
     flat, lengths = tokenize(texts)     # == token_arrays(rust, texts)
 
-Why: the Rust tokenizer builds a full ``Encoding`` per text (token strings, offsets, masks) and costs
-~165 µs per MS MARCO passage on one core (docs/benchmarks.md, session 11), so 150K passages/s would need
-~25 cores. For ASCII text without control characters, BERT's normalizer and pre-tokenizer reduce to
+Why: the Rust tokenizer builds a full ``Encoding`` per text (token strings, offsets, masks), so feeding a GPU
+encoder at its rate would take tens of cores (measurements in the performance docs). For ASCII text without control characters, BERT's normalizer and pre-tokenizer reduce to
 "lowercase, split on whitespace, isolate ASCII punctuation", which ``str.lower`` / ``str.translate`` /
 ``str.split`` do on a whole batch at once in C; each distinct word is cut into word pieces once and
 remembered, and the ids are assembled with NumPy. Other texts are first rewritten character by character
@@ -77,6 +76,8 @@ class FastWordPiece:
         self.added = [a.lower() for a in added if a]  # texts that might hold an added token go to Rust
         self.fallback, self._chars = fallback, _CharRules(rust)
         self.n_vocab = max(vocab.values()) + 1
+        self.max_cached_words = MAX_CACHED_WORDS  # learned words kept beyond the vocabulary (then forgotten)
+        self.forgotten = -1  # times the learned words were forgotten (the first _reset is the start)
         self._lock = threading.Lock()
         self._reset()
 
@@ -84,6 +85,7 @@ class FastWordPiece:
         """Forget the learned words. Entry e covers table[start[e]:start[e] + length[e]]: entries below
         n_vocab are the single tokens themselves, n_vocab is the separator (no tokens)."""
         n = self.n_vocab
+        self.forgotten += 1
         self._table = np.arange(n, dtype=np.int32)
         self._start = np.concatenate([np.arange(n), [0]]).astype(np.int64)
         self._length = np.concatenate([np.ones(n), [0]]).astype(np.int64)
@@ -91,6 +93,11 @@ class FastWordPiece:
         self._words = _Words(self._entry)
         self._words.update((w, i) for w, i in self.vocab.items() if not w.startswith(self.prefix) and len(w) <= self.max_chars)
         self._words[_SEPARATOR] = n
+
+    @property
+    def known_words(self) -> int:
+        """Words it maps without cutting them into pieces again: vocabulary words and the learned ones."""
+        return len(self._words)
 
     # ------------------------------------------------------------------ words -> entries
     def _pieces(self, word: str) -> list[int]:
@@ -115,7 +122,7 @@ class FastWordPiece:
             entry = pieces[0]
         else:
             entry = self._add_entry(pieces)
-        self._words[word] = entry  # (__call__ forgets them all past MAX_CACHED_WORDS)
+        self._words[word] = entry  # (__call__ forgets them all past max_cached_words)
         return entry
 
     def _add_entry(self, pieces: list[int]) -> int:
@@ -161,7 +168,7 @@ class FastWordPiece:
             return self._call(texts)
 
     def _call(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if len(self._words) >= MAX_CACHED_WORDS:
+        if len(self._words) >= self.max_cached_words:
             self._reset()
         joined = _JOIN.join(texts)
         if self._plain(joined, len(texts) - 1):  # the common case: one pass over the whole batch

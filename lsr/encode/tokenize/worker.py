@@ -47,8 +47,8 @@ def token_arrays(tokenizer: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.n
 
 def tokenize_function(tokenizer_json: str, max_length: int) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
     """texts -> ``token_arrays`` of the tokenizer in ``tokenizer_json`` truncating to ``max_length``, by the
-    fastest exact route: the bulk WordPiece path (``lsr.encode.tokenize.wordpiece``, ~8x faster per core on MS MARCO
-    passages) where the tokenizer is BERT-like, handing Rust the texts it does not cover; else Rust."""
+    fastest exact route: the bulk WordPiece path (``lsr.encode.tokenize.wordpiece``, several times faster per core on
+    MS MARCO passages) where the tokenizer is BERT-like, handing Rust the texts it does not cover; else Rust."""
     from lsr.encode.tokenize.wordpiece import fast_token_arrays
 
     rust = load_tokenizer(tokenizer_json, max_length)

@@ -1,0 +1,83 @@
+"""One prepared batch through a SPLADE tower on the device: the route from token ids to [B, V] weights.
+
+Two routes, chosen per batch by ``uses_packed_body``:
+
+* padding-free: BERT / DistilBERT towers with max pooling run ``lsr.encode.backbone.varlen_body`` on the batch's
+  packed tokens (flash attention; on CUDA in fp16/bf16 by default), and the packed Sparton head pools those tokens
+  directly (``lsr.encode.sparton.packed_tokens_sparton_head``);
+* padded: the masked LM's own forward on [B, L] ids (its decoder replaced by an identity, so it returns the
+  transformed states), then ``lsr.encode.sparton.sparton_head`` (which may pack the real tokens for inference where
+  that pays) or, for sum pooling, ``st_checkpoint.pool_logits``.
+
+A static tower (the inference-free query route) has no model: it weights the text's own tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lsr.encode.backbone.varlen_body import pack_batch, pack_tokens
+from lsr.encode.sparton import packed_tokens_sparton_head, sparton_head
+from lsr.encode.splade.checkpoint import MaskedLMTower
+from lsr.encode.splade.st_checkpoint import StaticTower, activate, pool_logits
+from lsr.encode.tokenize.batching import TokenBatch
+
+__all__ = ["TORCH_HEAD_BYTES", "encode_batch", "head_weights", "uses_packed_body"]
+
+TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
+
+
+def uses_packed_body(tower: MaskedLMTower | StaticTower, varlen: bool | None, device: torch.device,
+                     dtype: torch.dtype) -> bool:
+    """Would inference run this tower's batches padding-free (so batches need not be padded)? ``varlen``: the
+    encoder's option (None: where flash attention runs, i.e. CUDA fp16/bf16; True: wherever the body covers the
+    architecture; False: never)."""
+    if tower.varlen is None or tower.pooling != "max" or varlen is False:
+        return False  # (the padding-free path feeds the max-pooling packed head only)
+    return bool(varlen) or (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16))
+
+
+def head_weights(tower: MaskedLMTower, hidden: torch.Tensor, mask: torch.Tensor, *, backend: str,
+                 packed: bool) -> torch.Tensor:
+    """[B, L, D] transformed states -> [B, V] SPLADE weights (hidden's dtype), before the tower's activation.
+    ``packed``: inference may let several short texts share a token tile (the dispatch decides where it pays)."""
+    if hidden.shape[-1] != tower.weight.shape[1]:
+        raise NotImplementedError(f"{tower.architecture}: the MLM head does not end in its decoder Linear "
+                                  f"(got states of width {hidden.shape[-1]}); this architecture is not supported")
+    triton = backend == "triton" or (backend == "auto" and hidden.device.type == "cuda")
+    packed = packed and triton and not torch.is_grad_enabled()
+    B, L, _ = hidden.shape
+    # the twin builds [rows, L, V] logits: bounded rows per call (the kernels never build them)
+    rows = B if triton else max(1, TORCH_HEAD_BYTES // max(1, L * tower.weight.shape[0] * 4))
+    return torch.cat([sparton_head(hidden[i:i + rows], tower.weight, tower.bias, mask[i:i + rows], backend=backend,
+                                   packed=packed) for i in range(0, B, rows)])
+
+
+def encode_batch(tower: MaskedLMTower | StaticTower, batch: TokenBatch, *, device: torch.device, backend: str,
+                 packed_body: bool, packed_head: bool, head: bool = True) -> torch.Tensor:
+    """One prepared batch -> [B, V] SPLADE weights (``head=False``: the transformed states, [T, D] packed or
+    [B, L, D] padded, for profiling). ``packed_body``: ``uses_packed_body`` for this tower; ``packed_head``: the
+    encoder's ``packed`` option (see ``head_weights``)."""
+    if tower.static:  # no model: the weights of the text's tokens
+        return tower.encode(batch.input_ids.to(device, non_blocking=True),
+                            batch.attention_mask.to(device, non_blocking=True))
+    if packed_body and batch.lengths is not None and not torch.is_grad_enabled():
+        lengths = batch.lengths.to(device, non_blocking=True)
+        if batch.tokens is not None:  # the batch's ids back to back: no padded form on the host
+            packed = pack_tokens(batch.tokens.to(device, non_blocking=True), lengths, batch.n_tokens, batch.width)
+        else:
+            packed = pack_batch(batch.input_ids.to(device, non_blocking=True), lengths, batch.n_tokens)
+        states = tower.varlen(packed["ids"], packed["positions"], packed["cu_seqlens"], packed["max_len"],
+                              packed["segments"])
+        if not head:  # (BERT / DistilBERT transforms keep the width the decoder takes: no check needed)
+            return states
+        return activate(packed_tokens_sparton_head(states, packed["segments"], len(batch.rows), tower.weight,
+                                                   tower.bias, backend=backend), tower.activation)
+    input_ids = batch.input_ids.to(device, non_blocking=True)
+    mask = batch.attention_mask.to(device, non_blocking=True)
+    hidden = tower.body(input_ids=input_ids, attention_mask=mask).logits  # decoder is an Identity
+    if not head:
+        return hidden
+    if tower.pooling == "sum":
+        return pool_logits(hidden, tower.weight, tower.bias, mask, tower.activation, TORCH_HEAD_BYTES)
+    return activate(head_weights(tower, hidden, mask, backend=backend, packed=packed_head), tower.activation)
