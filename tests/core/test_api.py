@@ -79,20 +79,6 @@ def test_bad_input_is_one_line_with_the_right_exit_code(args, code, text, capsys
     assert not out_dir.exists(), "a bad config must fail before any work"
 
 
-def test_full_disk_is_named(monkeypatch, capsys, tmp_path):
-    import errno
-
-    from lsr.evaluation import measures
-
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.json"))
-
-    monkeypatch.setattr(measures, "evaluate", full)
-    rc = main(["evaluate", "--run", "x", "--qrels", "y"])
-    err = capsys.readouterr().err
-    assert rc == 1 and "no space left on the device" in err and err.count("\n") == 1
-
-
 def test_atomic_writes_use_the_umask(tmp_path):
     from lsr.storage.files import atomic_write_text
 
