@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
-from lsr.parallel.sharded_search import ShardedSearcher, merge_topk
+from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
 from lsr.search.searcher import check_request
 from lsr.sparse import SparseVectors
@@ -138,7 +138,7 @@ class DistributedSearcher:
         for j in range(self.role.n_slices):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
             m = bounds[j + 1] - bounds[j]
             ranks = range(j * n_p, (j + 1) * n_p)
-            out.append(merge_topk([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
+            out.append(merge_hit_lists([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
         return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
 
     def search(self, queries: SparseVectors | None, k: int = 1000, query_batch: int | None = None,
