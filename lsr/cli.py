@@ -63,9 +63,10 @@ def _encoder_config(args: argparse.Namespace) -> EncoderConfig:
     id or local path."""
     from lsr.config import EncoderConfig
 
+    corpus = {k: getattr(args, k) for k in ("doc_top_k", "shard_rows", "tokenize_workers") if hasattr(args, k)}
     return EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
                          max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
-                         doc_top_k=getattr(args, "doc_top_k", None), compile=args.compile)
+                         compile=args.compile, **corpus)
 
 
 def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
@@ -97,14 +98,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # every rank of a torchrun job encodes its slice
-        import dataclasses
-
         from lsr.parallel.encode import encode_on_ranks
         from lsr.parallel.topology import launch_rank
 
-        cfg = dataclasses.replace(_encoder_config(args), shard_rows=args.shard_rows,
-                                  tokenize_workers=args.tokenize_workers)
-        manifest = encode_on_ranks(ds, out, cfg, device)
+        manifest = encode_on_ranks(ds, out, _encoder_config(args), device)
         if launch_rank() == 0:
             print(f"document vectors in {out} ({manifest['n_rows']} documents in {len(manifest['shards'])} shards)")
         return 0
