@@ -9,25 +9,12 @@ The names below are imported on first use (``from lsr.benchmarks import synth_do
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lsr.utils.lazy import lazy_exports
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.benchmarks.harness import PeakMemory, Results, environment, quantiles, time_calls
-    from lsr.benchmarks.loadgen import run_load
-    from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
-
 _EXPORTS = {
-    "PeakMemory": "lsr.benchmarks.harness",
-    "Results": "lsr.benchmarks.harness",
-    "SynthSpec": "lsr.benchmarks.synth",
-    "environment": "lsr.benchmarks.harness",
-    "quantiles": "lsr.benchmarks.harness",
-    "run_load": "lsr.benchmarks.loadgen",
-    "synth_docs": "lsr.benchmarks.synth",
-    "synth_queries": "lsr.benchmarks.synth",
-    "time_calls": "lsr.benchmarks.harness",
+    "lsr.benchmarks.harness": ("PeakMemory", "Results", "environment", "quantiles", "time_calls"),
+    "lsr.benchmarks.loadgen": ("run_load",),
+    "lsr.benchmarks.synth": ("SynthSpec", "synth_docs", "synth_queries"),
 }
 __all__ = ["PeakMemory", "Results", "SynthSpec", "environment", "quantiles", "run_load", "synth_docs",
            "synth_queries", "time_calls"]

@@ -17,31 +17,15 @@ below are imported on first use (``from lsr.parallel import ShardedIndex``): tor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lsr.utils.lazy import lazy_exports
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.parallel.encode import encode_corpus_distributed, encode_on_ranks
-    from lsr.parallel.pipeline import run_pipeline_distributed
-    from lsr.parallel.search import DistributedSearcher, search_sharded
-    from lsr.parallel.sharded_index import ShardedIndex, build_sharded_index
-    from lsr.parallel.sharded_search import ShardedSearcher
-    from lsr.parallel.topology import agree, init_distributed, is_distributed, process_group
-
 _EXPORTS = {
-    "DistributedSearcher": "lsr.parallel.search",
-    "ShardedIndex": "lsr.parallel.sharded_index",
-    "ShardedSearcher": "lsr.parallel.sharded_search",
-    "agree": "lsr.parallel.topology",
-    "build_sharded_index": "lsr.parallel.sharded_index",
-    "encode_corpus_distributed": "lsr.parallel.encode",
-    "encode_on_ranks": "lsr.parallel.encode",
-    "init_distributed": "lsr.parallel.topology",
-    "is_distributed": "lsr.parallel.topology",
-    "process_group": "lsr.parallel.topology",
-    "run_pipeline_distributed": "lsr.parallel.pipeline",
-    "search_sharded": "lsr.parallel.search",
+    "lsr.parallel.encode": ("encode_corpus_distributed", "encode_on_ranks"),
+    "lsr.parallel.pipeline": ("run_pipeline_distributed",),
+    "lsr.parallel.search": ("DistributedSearcher", "search_sharded"),
+    "lsr.parallel.sharded_index": ("ShardedIndex", "build_sharded_index"),
+    "lsr.parallel.sharded_search": ("ShardedSearcher",),
+    "lsr.parallel.topology": ("agree", "init_distributed", "is_distributed", "process_group"),
 }
 __all__ = ["DistributedSearcher", "ShardedIndex", "ShardedSearcher", "agree", "build_sharded_index",
            "encode_corpus_distributed", "encode_on_ranks", "init_distributed", "is_distributed", "process_group",

@@ -12,24 +12,13 @@ The names below are imported on first use (``from lsr.storage import read_vector
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lsr.utils.lazy import lazy_exports
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.storage.files import atomic_write_text
-    from lsr.storage.shard_writer import ShardWriter
-    from lsr.storage.shards import iter_shards, read_manifest, read_vector_rows, read_vectors, write_vectors
 
 __all__ = ["ShardWriter", "atomic_write_text", "iter_shards", "read_manifest", "read_vector_rows", "read_vectors",
            "write_vectors"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ShardWriter": "lsr.storage.shard_writer",
-    "atomic_write_text": "lsr.storage.files",
-    "iter_shards": "lsr.storage.shards",
-    "read_manifest": "lsr.storage.shards",
-    "read_vector_rows": "lsr.storage.shards",
-    "read_vectors": "lsr.storage.shards",
-    "write_vectors": "lsr.storage.shards",
+    "lsr.storage.files": ("atomic_write_text",),
+    "lsr.storage.shard_writer": ("ShardWriter",),
+    "lsr.storage.shards": ("iter_shards", "read_manifest", "read_vector_rows", "read_vectors", "write_vectors"),
 })

@@ -10,21 +10,12 @@ The names below are imported on first use: importing ``lsr.utils`` loads no torc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lsr.utils.lazy import lazy_exports
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.utils.devices import check_device, resolve_device, torch_device
-    from lsr.utils.ragged import ragged_positions, segment_ids
-
 _EXPORTS = {
-    "check_device": "lsr.utils.devices",
-    "lazy_exports": "lsr.utils.lazy",
-    "ragged_positions": "lsr.utils.ragged",
-    "resolve_device": "lsr.utils.devices",
-    "segment_ids": "lsr.utils.ragged",
-    "torch_device": "lsr.utils.devices",
+    "lsr.utils.devices": ("check_device", "resolve_device", "torch_device"),
+    "lsr.utils.lazy": ("lazy_exports",),
+    "lsr.utils.ragged": ("ragged_positions", "segment_ids"),
 }
 __all__ = ["check_device", "lazy_exports", "ragged_positions", "resolve_device", "segment_ids", "torch_device"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

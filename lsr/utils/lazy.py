@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a public name to the module defining it; the
-    value is cached in the package on first use. Submodules stay reachable as attributes as usual."""
+def lazy_exports(package: str, exports: Mapping[str, Iterable[str]],
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a module to the public names it defines;
+    a name is imported from its module on first use and then cached in the package. Submodules are reached
+    as usual (``from package import module`` imports it)."""
+    names = {name: module for module, defined in exports.items() for name in defined}
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)
