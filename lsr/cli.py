@@ -21,6 +21,7 @@ from lsr import __version__
 from lsr.cli_types import DEVICE_HELP, device, integer, positive_float
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lsr.config import EncoderConfig
     from lsr.encode.base import Encoder
 
 __all__ = ["UsageError", "main"]
@@ -57,19 +58,21 @@ def _print_metrics(metrics: dict[str, float], json_out: str | None) -> None:
         atomic_write_text(json_out, json.dumps(metrics, indent=1))
 
 
-def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
-    """BM25: ``--model`` is a fitted encoder folder; SPLADE: a Hugging Face id or local path."""
+def _encoder_config(args: argparse.Namespace) -> EncoderConfig:
+    """The encoder options as a config. BM25: ``--model`` is a fitted encoder folder; SPLADE: a Hugging Face
+    id or local path."""
     from lsr.config import EncoderConfig
-    from lsr.pipeline import build_encoder
 
-    if args.encoder == "bm25" and args.model:
-        from lsr.encode.bm25.lexical import LexicalEncoder
+    corpus = {k: getattr(args, k) for k in ("doc_top_k", "shard_rows", "tokenize_workers") if hasattr(args, k)}
+    return EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
+                         max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
+                         compile=args.compile, **corpus)
 
-        return LexicalEncoder.load(args.model)
-    cfg = EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
-                        max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
-                        doc_top_k=getattr(args, "doc_top_k", None), compile=args.compile)
-    return build_encoder(cfg, device)
+
+def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
+    from lsr.pipeline import open_encoder
+
+    return open_encoder(_encoder_config(args), device)
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
@@ -95,9 +98,13 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # every rank of a torchrun job encodes its slice
-        from lsr.parallel.encode import encode_command
+        from lsr.parallel.encode import encode_on_ranks
+        from lsr.parallel.topology import launch_rank
 
-        return encode_command(args, ds, device, _encoder_from_args)
+        manifest = encode_on_ranks(ds, out, _encoder_config(args), device)
+        if launch_rank() == 0:
+            print(f"document vectors in {out} ({manifest['n_rows']} documents in {len(manifest['shards'])} shards)")
+        return 0
     enc = _encoder_from_args(args, device)
     if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
         from lsr.storage.provenance import check_same_origin
@@ -136,15 +143,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     from lsr.pipeline import resolve_device
 
     device = resolve_device(args.device)
-    if args.partitions is not None:
-        from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
-        from lsr.parallel.topology import init_distributed, is_distributed
+    if args.partitions is not None:  # under torchrun every rank builds its partitions on its own device
+        from lsr.parallel.sharded_index import build_sharded_index
 
-        if is_distributed():  # under torchrun every rank builds its partitions on its own device
-            device = str(init_distributed(device))
-        ShardedIndex.build(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
-                           overwrite=args.overwrite, workers=args.workers, postings=args.postings)
-        n_p = len(read_sharded_manifest(args.out)["partitions"])  # written: at most one per document
+        n_p = build_sharded_index(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
+                                  overwrite=args.overwrite, workers=args.workers, postings=args.postings)
         print(f"indexed {args.vectors} into {n_p} partitions -> {args.out}")
         return 0
     # metadata from the manifest
@@ -189,7 +192,6 @@ def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, st
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from lsr.data import runs
     from lsr.index.inverted import InvertedIndex
     from lsr.parallel.sharded_index import is_sharded
     from lsr.pipeline import resolve_device
@@ -210,9 +212,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     if is_sharded(args.index):  # one process, or every rank of a torchrun job
         from lsr.parallel.search import search_sharded
         from lsr.parallel.sharded_index import read_sharded_manifest
+        from lsr.parallel.topology import launch_rank, rank_device
 
         args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
-        return search_sharded(args, device, _queries_from_args)
+        lead = launch_rank() == 0  # reads the queries and writes the run
+        queries, meta = _queries_from_args(args, rank_device(device)) if lead else (None, None)
+        hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
+                              stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta)
+        if hits is None:
+            return 0
+        return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
     from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # every rank would search all of it and write the same --out
@@ -224,7 +233,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     queries, query_meta = _queries_from_args(args, device)
     scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
-    runs.write_topk(args.out, queries.ids, index.docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
+    return _write_run(args, queries, index.docnos, scores, doc_idx)
+
+
+def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> int:
+    """``lsr search``'s run file and its one line of output."""
+    from lsr.data import runs
+
+    runs.write_topk(args.out, queries.ids, docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
                     replace=args.overwrite)
     print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
     return 0
@@ -272,8 +288,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     _check_json_out(args.json, [args.config, cfg.dataset, cfg.dataset.rsplit(":", 1)[0]])
+    from lsr.parallel.topology import launch_rank
+
     result = run_pipeline(cfg, overwrite=args.overwrite)  # under torchrun: every rank, rank 0's result
-    if int(os.environ.get("RANK", "0")) == 0:  # one rank of a torchrun job reports
+    if launch_rank() == 0:  # one rank of a torchrun job reports
         print(f"# {cfg.name}: {result['n_docs']} docs, {result['n_queries']} queries on {result['device']}; "
               f"run written to {result['files']['run_trec']}")
         _print_metrics(result["metrics"], args.json)

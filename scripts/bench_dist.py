@@ -7,7 +7,7 @@ One process (``python scripts/bench_dist.py --out OUT --docs 8.8m --partitions 2
 * ``sharded-streamed``: partitions in pinned host memory, copied to the device one after the other
   (the next copy overlapping the current search); one call searches ``--stream-queries`` queries, so
   the index crosses the bus once per call (``stream_gbps`` = index bytes / call time);
-* ``merge``: ``merge_topk`` of P [B, k] lists alone (the merge a distributed search adds per batch).
+* ``merge``: ``merge_hit_lists`` of P [B, k] lists alone (the merge a distributed search adds per batch).
 
 ``--memory-cap-gib G`` caps this process's device memory (``torch.cuda.set_per_process_memory_fraction``)
 after the single index has been measured and freed: with G below the index size, the streamed rows show
@@ -38,7 +38,7 @@ from lsr.benchmarks.harness import PeakMemory, Results, environment, format_tabl
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
 from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
-from lsr.parallel.sharded_search import ShardedSearcher, merge_topk
+from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.search.searcher import Searcher
 
 GIB = 1 << 30
@@ -106,7 +106,7 @@ def single_process(args, results: Results, dev: torch.device, docs, queries) -> 
         for B in batches:
             for k in ks:
                 lists = [_fake_list(B, k, p, dev) for p in range(P)]
-                ms = time_calls(lambda i, k=k, lists=lists: merge_topk(lists, k), args.repeats)
+                ms = time_calls(lambda i, k=k, lists=lists: merge_hit_lists(lists, k), args.repeats)
                 results.add({"method": "merge", "P": P, "B": B, "k": k} | quantiles(ms))
 
 

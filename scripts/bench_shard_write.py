@@ -3,8 +3,8 @@
 Encodes --encode passages (synthetic MS MARCO-length text, scripts/bench_encode.synth_texts) with a model on
 the CPU, repeats them (rows shuffled, fresh ids) up to --rows, and times on one thread:
 
-* ``dictionary_zstd``: ``pq.write_table(..., compression="zstd")`` (the layout before session 12);
-* ``delta_bss_zstd``: ``lsr.storage.shards.PARQUET_OPTIONS`` (delta term ids, byte-stream-split weights, zstd);
+* ``dictionary_zstd``: ``pq.write_table(..., compression="zstd")`` (lsr's earlier layout, the baseline);
+* ``delta_bss_zstd``: ``lsr.storage.shard_writer.PARQUET_OPTIONS`` (delta term ids, byte-stream-split weights, zstd);
 * ``shard_writer_tN``: ``ShardWriter`` end to end (sha256, fsync, manifest) with N threads, fed in windows
   of --window rows with a row group per window, as ``encode_corpus`` does, one window every
   window / --rate seconds (the model's pace); ``tail_s`` is the time ``close()`` takes after the last ``add``

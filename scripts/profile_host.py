@@ -8,7 +8,7 @@ numbers are CPU cost per passage per core; passages/s on N cores are projections
 Stages (µs per passage; best of --repeats over all passages, cut in windows of 32,768 as encode_document does):
   tokenize_rust_encode_batch       Rust ``encode_batch`` (offsets, token strings, masks), nothing read out
   tokenize_rust_encode_batch_fast  Rust ``encode_batch_fast`` (no offsets), nothing read out
-  tokenize_rust_ids                ``token_arrays`` on the Rust tokenizer: the ids read into NumPy (the path before session 11)
+  tokenize_rust_ids                ``token_arrays`` on the Rust tokenizer: the ids read into NumPy (the path before lsr's bulk WordPiece)
   tokenize_lsr                     what lsr tokenizes with now (``TextTokenizer``: bulk ASCII WordPiece, Rust for the rest)
   pool_main_cpu / pool_wall        a TokenizerPool of one worker process: this process's CPU time (sending the
                                    texts, receiving the arrays) and the wall time per passage (worker included)
@@ -74,8 +74,8 @@ def windows(texts: list[str]) -> list[list[str]]:
 
 
 class NullModel:
-    """Monkeypatches ``SpladeEncoder._encode_batch`` and the CSR extraction (``splade.CountedRows``; before
-    session 12 ``splade.to_csr``) so that a batch costs no model work: every row gets ``NNZ`` fixed terms,
+    """Monkeypatches ``SpladeEncoder._encode_batch`` and the CSR extraction (``splade.CountedRows``; in older
+    trees ``splade.to_csr``) so that a batch costs no model work: every row gets ``NNZ`` fixed terms,
     as ready CSR parts built once per batch size."""
 
     def __init__(self, vocab_size: int) -> None:
@@ -165,12 +165,12 @@ def host_stages(enc: splade.SpladeEncoder, parts: list[list[str]], n: int, repea
     with NullModel(enc.vocab_size):
         out["extract"] = best_us(lambda: [enc.encode_prepared(p, i) for p, i in zip(prepared, ids)], n, repeats)
         vectors = SparseVectors.concat([enc.encode_prepared(p, i) for p, i in zip(prepared, ids)])
-    if hasattr(splade, "rows_to_input_order"):  # since session 11
+    if hasattr(splade, "rows_to_input_order"):  # trees that reorder rows in one step
         order = [torch.cat([b.rows for b in p.batches]) for p in prepared]
         rows = [(torch.full((p.n,), NNZ), torch.zeros(p.n * NNZ, dtype=torch.int32), torch.rand(p.n * NNZ)) for p in prepared]
         def reorder() -> list:
             out = [splade.rows_to_input_order(*r, o, i, enc.vocab_size) for r, o, i in zip(rows, order, ids)]
-            return [getattr(v, "result", lambda v=v: v)() for v in out]  # (PendingVectors since session 12)
+            return [getattr(v, "result", lambda v=v: v)() for v in out]  # (PendingVectors in newer trees)
 
         out["extract_reorder"] = best_us(reorder, n, repeats)
 

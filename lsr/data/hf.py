@@ -28,7 +28,7 @@ Options (``?key=value&key=value``):
 ====================  =====================================================================================
 
 As for BEIR folders, the queries are those the qrels judge. Offline (``HF_HUB_OFFLINE=1`` or no network)
-a dataset that is not in the ``datasets`` cache raises :class:`lsr.data.sources.DatasetUnavailableError` with
+a dataset that is not in the ``datasets`` cache raises :class:`lsr.data.dataset.DatasetUnavailableError` with
 one line saying what to place where.
 """
 
@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from lsr.data.sources import Dataset, DatasetUnavailableError, qrels_from_rows, read_qrels, read_topics_tsv, unique_docs
+from lsr.data.dataset import Dataset, DatasetUnavailableError
+from lsr.data.readers import qrels_from_rows, read_qrels, read_topics_tsv, unique_docs
 from lsr.storage.files import check_id, count_lines
 
-__all__ = ["TABLE_SUFFIXES", "handles", "load_hf_dataset", "load_spec"]
+__all__ = ["TABLE_SUFFIXES", "Source", "SpecTables", "handles", "load_hf_dataset", "load_spec", "parse_spec"]
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 _OPTIONS = ("corpus", "queries", "qrels", "id", "title", "text", "query_id", "query_text", "streaming", "revision")
@@ -97,8 +98,19 @@ def _hub_source(value: str, repo: str, revision: str | None) -> Source:
     return Source(repo=repo, config=value or None, split=split or None, revision=revision)
 
 
-def load_spec(spec: str, split: str | None = None, *, download: bool = True) -> Dataset:
-    """The :class:`lsr.data.sources.Dataset` of an ``hf:`` id or a local table file spec (module docstring)."""
+@dataclass(frozen=True)
+class SpecTables:
+    """What a spec names: the tables to read and how (``parse_spec``); ``None`` for no queries / qrels."""
+
+    corpus: Source
+    queries: Source | None
+    qrels: Source | None
+    columns: dict[str, str]
+    streaming: bool
+
+
+def parse_spec(spec: str, split: str | None = None) -> SpecTables:
+    """The tables of an ``hf:`` id or a local table file spec (module docstring), nothing read yet."""
     head, _, query = spec.partition("?")
     opts = _parse_options(query, spec)
     columns = {k: opts[k] for k in ("id", "title", "text", "query_id", "query_text") if k in opts}
@@ -116,12 +128,16 @@ def load_spec(spec: str, split: str | None = None, *, download: bool = True) -> 
         corpus = Source(path=Path(head).expanduser())
         queries, qrels = (Source(path=Path(opts[k]).expanduser()) if opts.get(k) else None for k in ("queries", "qrels"))
         streaming = True
-    pick = {"queries": queries, "qrels": qrels}
-    for key in pick:
-        if opts.get(key, "").lower() == "none":
-            pick[key] = None
-    return load_hf_dataset(corpus, pick["queries"], pick["qrels"], columns=columns, streaming=streaming,
-                           name=spec, download=download)
+    none = {key for key in ("queries", "qrels") if opts.get(key, "").lower() == "none"}
+    return SpecTables(corpus, None if "queries" in none else queries, None if "qrels" in none else qrels, columns,
+                      streaming)
+
+
+def load_spec(spec: str, split: str | None = None, *, download: bool = True) -> Dataset:
+    """The :class:`lsr.data.dataset.Dataset` of an ``hf:`` id or a local table file spec (module docstring)."""
+    tables = parse_spec(spec, split)
+    return load_hf_dataset(tables.corpus, tables.queries, tables.qrels, columns=tables.columns,
+                           streaming=tables.streaming, name=spec, download=download)
 
 
 def load_hf_dataset(corpus: Source | None, queries: Source | None = None, qrels: Source | None = None, *,

@@ -1,4 +1,4 @@
-"""ir_datasets as a source of ``lsr.data.sources.Dataset``: queries, qrels and documents of an ir_datasets id, with
+"""ir_datasets as a source of ``lsr.data.dataset.Dataset``: queries, qrels and documents of an ir_datasets id, with
 downloads refused before any network access when asked (offline), and every failed download turned into
 a ``DatasetUnavailableError`` that names the files to place and where. ir_datasets is imported lazily.
 """
@@ -12,16 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lsr.data.sources import (
-    LOCAL_HINT,
-    OFFLINE_VARS,
-    Dataset,
-    DatasetUnavailableError,
-    DocsIter,
-    Qrels,
-    check_new,
-    qrels_from_rows,
-)
+from lsr.data.dataset import LOCAL_HINT, OFFLINE_VARS, Dataset, DatasetUnavailableError, DocsIter, Qrels
+from lsr.data.readers import check_new, qrels_from_rows
 from lsr.storage.files import check_id
 
 __all__ = ["ir_docs", "load_ir_dataset"]

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 Run = dict[str, dict[str, float]]
-_ROWS_PER_SLICE = 100_000  # run lines formatted per thread by write_topk
+ROWS_PER_THREAD = 100_000  # run lines formatted per thread by write_topk (by default)
 
 
 def from_topk(qids: Sequence[str], docnos: Sequence[str], scores: Any, doc_idx: Any) -> Run:
@@ -102,7 +102,8 @@ def write_trec(run: Mapping[str, Mapping[str, float]], path: PathLike, tag: str 
 
 
 def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], docnos: Any, scores: Any,
-               doc_idx: Any, fmt: str = "trec", tag: str = "lsr", replace: bool = True) -> int:
+               doc_idx: Any, fmt: str = "trec", tag: str = "lsr", replace: bool = True,
+               threads: int | None = None) -> int:
     """Write search output ([B, k] arrays in rank order) straight to TREC and/or MS MARCO runs.
 
     The vectorised twin of ``write_trec(from_topk(...))`` for large runs: columns are built once with
@@ -114,6 +115,8 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
         fmt: format of a single ``path``: "trec" or "msmarco".
         replace: replace existing files; False raises FileExistsError for an existing one, also one
             that another process creates meanwhile (the file is published by a no-replace link).
+        threads: formatting threads (at most one per query); default: one per ``ROWS_PER_THREAD`` run lines,
+            at most the CPU count and 16. The files are the same for any count.
     Returns:
         the number of lines written per file.
     """
@@ -130,7 +133,9 @@ def write_topk(path: PathLike | Mapping[str, PathLike], qids: Sequence[str], doc
     rows = _TopkRows(_checked_qids(qids, where), s, d, docnos, tag, where)
     # Slices of whole queries are formatted in parallel threads (Arrow's take / cast / CSV writer
     # release the GIL), then concatenated in order: the file is the same for any number of slices.
-    n_parts = max(1, min(len(qids), os.cpu_count() or 1, 16, -(-rows.n // _ROWS_PER_SLICE)))
+    if threads is None:
+        threads = min(os.cpu_count() or 1, 16, -(-rows.n // ROWS_PER_THREAD))
+    n_parts = max(1, min(len(qids), threads))
     bounds = np.linspace(0, len(qids), n_parts + 1).astype(np.int64)
     slices = [(int(bounds[i]), int(bounds[i + 1]), list(targets)) for i in range(n_parts)]
     if n_parts == 1:

@@ -26,18 +26,31 @@ so do ids that a run file cannot hold (empty, whitespace, control or invisible c
 :func:`lsr.storage.files.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
 """
 
+
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from lsr.storage.files import PathLike, check_id, count_lines, iter_lines, iter_tsv_pairs
+from lsr.data.dataset import LOCAL_HINT, OFFLINE_VARS, Dataset, DatasetUnavailableError, DocsIter, Qrels, offline
+from lsr.data.readers import (
+    check_new,
+    qrels_from_rows,
+    read_beir_qrels,
+    read_beir_queries,
+    read_jsonl,
+    read_qrels,
+    read_topics_tsv,
+    read_trec_qrels,
+    unique_docs,
+)
+from lsr.storage.files import check_id, count_lines, iter_tsv_pairs
 from lsr.storage.provenance import file_origin
 
+# the dataset record and the file readers are defined in lsr.data.dataset / lsr.data.readers (which the
+# other sources import too) and named here as well: this module is where users look for them
 __all__ = [
     "BUILTIN",
     "LOCAL_HINT",
@@ -56,134 +69,7 @@ __all__ = [
     "unique_docs",
 ]
 
-Qrels = dict[str, dict[str, int]]
-DocsIter = Iterator[tuple[str, str]]
-
 _MSMARCO_PASSAGE_DOCS = 8_841_823  # ir_datasets / MS MARCO v1 passage collection size
-OFFLINE_VARS = ("LSR_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-LOCAL_HINT = ("or use a local folder: load_dataset('path/to/folder[:split]') with the BEIR layout (corpus.jsonl, "
-               "queries.jsonl, qrels/<split>.tsv) or the TSV layout (collection.tsv, queries.tsv, qrels.tsv)")
-
-
-class DatasetUnavailableError(FileNotFoundError):
-    """The data a dataset needs is not on this machine (and could not or may not be downloaded)."""
-
-
-@dataclass
-class Dataset:
-    """Queries and qrels in memory; documents streamed by :meth:`docs_iter`."""
-
-    name: str
-    queries: dict[str, str]
-    qrels: Qrels
-    n_docs: int | None = None
-    docs_source: Callable[[], DocsIter] | None = field(default=None, repr=False, compare=False)
-    # where the documents come from (lsr.storage.provenance: file path, size and mtime, or an ir_datasets id),
-    # recorded with every artefact made from them so that none is reused for other documents
-    docs_origin: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def docs_iter(self) -> DocsIter:
-        """Iterate ``(doc_id, text)`` in collection order; raises if the documents are unavailable."""
-        if self.docs_source is None:
-            raise DatasetUnavailableError(f"dataset {self.name!r} has no documents")
-        return self.docs_source()
-
-    @property
-    def docs(self) -> DocsIter:
-        """Same as :meth:`docs_iter` (a fresh iterator each time)."""
-        return self.docs_iter()
-
-
-# ---------------------------------------------------------------------------------------- file readers
-def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
-    if key in seen:
-        raise ValueError(f"{where}: duplicate {what} {key!r}")
-
-
-def read_topics_tsv(path: PathLike) -> dict[str, str]:
-    """``qid<TAB>text`` lines -> {qid: text}."""
-    out: dict[str, str] = {}
-    for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
-        check_id(qid, "query id", f"{path}:{n}")
-        check_new(out, qid, "query id", f"{path}:{n}")
-        out[qid] = text
-    return out
-
-
-def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
-    for n, line in iter_lines(path):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: invalid JSON ({e})") from None
-            if not isinstance(obj, dict) or "_id" not in obj:
-                got = "no '_id'" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
-                raise ValueError(f"{path}:{n}: expected a JSON object with '_id' (BEIR layout), got {got}")
-            if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
-                raise ValueError(f"{path}:{n}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
-            yield n, obj
-
-
-def read_beir_queries(path: PathLike) -> dict[str, str]:
-    """BEIR ``queries.jsonl`` (``_id``, ``text``) -> {qid: text}."""
-    out: dict[str, str] = {}
-    for n, obj in _read_jsonl(path):
-        qid = str(obj["_id"])
-        check_id(qid, "query id", f"{path}:{n}")
-        check_new(out, qid, "query id", f"{path}:{n}")
-        out[qid] = str(obj.get("text", "")).strip()
-    return out
-
-
-def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
-    qrels: Qrels = {}
-    for n, qid, docno, grade in rows:
-        where = f"{path}:{n}" if n else str(path)
-        check_id(qid, "query id", where)
-        check_id(docno, f"doc id (judged for query {qid!r})", where)
-        try:
-            rel = int(grade)
-        except ValueError:
-            raise ValueError(f"{path}:{n}: relevance {grade!r} is not an integer") from None
-        docs = qrels.setdefault(qid, {})
-        check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
-        docs[docno] = rel
-    return qrels
-
-
-def _split_rows(path: PathLike, n_cols: int, header: bool) -> Iterator[tuple[int, list[str]]]:
-    """Whitespace-split rows of n_cols; with ``header``, a first line whose last column is not an integer
-    (``query-id corpus-id score``) is skipped, and a first line of data is kept."""
-    for n, line in iter_lines(path):
-        parts = line.split()
-        if not parts:
-            continue
-        if header:
-            header = False
-            if not parts[-1].lstrip("+-").isdigit():
-                continue
-        if len(parts) != n_cols:
-            raise ValueError(f"{path}:{n}: expected {n_cols} columns, got {len(parts)}: {line!r}")
-        yield n, parts
-
-
-def read_trec_qrels(path: PathLike) -> Qrels:
-    """TREC qrels (``qid iter docno grade``, whitespace separated; the iter column is ignored)."""
-    return qrels_from_rows(((n, p[0], p[2], p[3]) for n, p in _split_rows(path, 4, False)), path)
-
-
-def read_beir_qrels(path: PathLike) -> Qrels:
-    """BEIR qrels TSV (``query-id corpus-id score``; a header line first, as BEIR writes it, or none)."""
-    return qrels_from_rows(((n, p[0], p[1], p[2]) for n, p in _split_rows(path, 3, True)), path)
-
-
-def read_qrels(path: PathLike) -> Qrels:
-    """A TREC (4 columns) or BEIR (3 columns, an optional header) qrels file, told apart by the first line."""
-    for _, line in iter_lines(path):
-        if line.strip():
-            return read_beir_qrels(path) if len(line.split()) == 3 else read_trec_qrels(path)
-    return {}
 
 
 # ---------------------------------------------------------------------------------------- local folders
@@ -194,16 +80,10 @@ def _find(folder: Path, name: str) -> Path | None:
     return None
 
 
-def unique_docs(docs: DocsIter, source: PathLike) -> DocsIter:
-    seen: set[str] = set()  # ~100 bytes per id: fine for MS MARCO-sized corpora on a GPU host
-    for doc_id, text in docs:
-        check_new(seen, doc_id, "doc id", str(source))
-        seen.add(doc_id)
-        yield doc_id, text
 
 
 def _beir_corpus(path: Path) -> DocsIter:
-    for n, obj in _read_jsonl(path):
+    for n, obj in read_jsonl(path):
         title, text, doc_id = str(obj.get("title") or ""), str(obj.get("text") or ""), str(obj["_id"])
         check_id(doc_id, "doc id", f"{path}:{n}")
         yield doc_id, f"{title} {text}".strip()
@@ -332,10 +212,6 @@ def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
 
 
 # ---------------------------------------------------------------------------------------- entry point
-def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no") for v in OFFLINE_VARS)
-
-
 def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download: bool | None = None) -> Dataset:
     """Load a dataset from a local folder (``"dir"`` or ``"dir:split"``) or an ir_datasets id.
 
@@ -354,11 +230,11 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
     from lsr.data import hf as hf_datasets  # hf: ids and Parquet / JSONL files (imports `datasets` only when used)
 
     if hf_datasets.handles(spec):
-        return hf_datasets.load_spec(spec, split, download=(not _offline()) if download is None else download)
+        return hf_datasets.load_spec(spec, split, download=(not offline()) if download is None else download)
     if path.exists() or spec.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
     ds_id = f"{spec.rstrip('/')}/{split}" if split else spec
-    allow = (not _offline()) if download is None else download
+    allow = (not offline()) if download is None else download
     entry, root = BUILTIN.get(ds_id), data_root()
     if entry is not None and root is not None:
         ds = _load_builtin(ds_id, entry, root, allow)

@@ -1,9 +1,33 @@
 """Everything torch.distributed: the same jobs on several GPUs and hosts, launched with ``torchrun``.
 
-* ``topology``: process-group setup (gloo on CPUs, NCCL on GPUs), rank / world / device of this process.
-* ``sharded_index``: ``ShardedIndex``, a collection split into contiguous partitions in one folder.
+* ``topology``: process-group setup (gloo on CPUs, NCCL on GPUs; ``process_group`` joins and leaves it),
+  rank / world / device of this process, ``agree`` (a step that fails on one rank fails on all).
+* ``sharded_index``: ``ShardedIndex``, a collection split into contiguous partitions in one folder;
+  ``build_sharded_index`` builds it in one process or on every rank.
 * ``sharded_search``: ``ShardedSearcher``, the partitions searched in turn on one device with an exact merge.
-* ``search``: ``DistributedSearcher``, partitions or replicas spread over the ranks.
-* ``encode``: corpus encoding over the ranks, identical to one process's output.
-* ``pipeline``: ``lsr run`` on every rank of a torchrun job.
+* ``search``: ``DistributedSearcher``, partitions or replicas spread over the ranks; ``search_sharded``,
+  a sharded index folder searched in one process or on every rank.
+* ``encode``: corpus encoding over the ranks, identical to one process's (``encode_corpus_distributed``,
+  ``encode_on_ranks`` for ``lsr encode``).
+* ``pipeline``: ``lsr run`` on every rank of a torchrun job (the steps come from ``lsr.pipeline.steps``).
+
+Library functions take explicit arguments and return values; the CLI parses and prints. The names
+below are imported on first use (``from lsr.parallel import ShardedIndex``): torch loads only then.
 """
+
+from __future__ import annotations
+
+from lsr.utils.lazy import lazy_exports
+
+_EXPORTS = {
+    "lsr.parallel.encode": ("encode_corpus_distributed", "encode_on_ranks"),
+    "lsr.parallel.pipeline": ("run_pipeline_distributed",),
+    "lsr.parallel.search": ("DistributedSearcher", "search_sharded"),
+    "lsr.parallel.sharded_index": ("ShardedIndex", "build_sharded_index"),
+    "lsr.parallel.sharded_search": ("ShardedSearcher",),
+    "lsr.parallel.topology": ("agree", "init_distributed", "is_distributed", "process_group"),
+}
+__all__ = ["DistributedSearcher", "ShardedIndex", "ShardedSearcher", "agree", "build_sharded_index",
+           "encode_corpus_distributed", "encode_on_ranks", "init_distributed", "is_distributed", "process_group",
+           "run_pipeline_distributed", "search_sharded"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -20,12 +20,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lsr.config import EncoderConfig
+from lsr.data.dataset import Dataset
 from lsr.encode.base import Encoder
 from lsr.encode.corpus import encode_corpus
 from lsr.storage.files import atomic_write_text, fsync_dir
 from lsr.storage.shards import MANIFEST, read_manifest, sha256_file
 
-__all__ = ["encode_corpus_distributed", "merge_rank_folders", "rank_dir", "rank_slice"]
+__all__ = ["encode_corpus_distributed", "encode_dataset_distributed", "encode_on_ranks", "merge_rank_folders",
+           "rank_dir", "rank_slice"]
 
 
 def rank_slice(n_docs: int, shard_rows: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -109,48 +112,49 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
     return read_manifest(out)
 
 
-def encode_command(args: Any, dataset: Any, device: str, make_encoder: Any) -> int:
-    """``lsr encode`` (documents) on every rank of a torchrun job: rank 0 fits BM25 statistics when
-    they are needed and the others load them, then ``encode_corpus_distributed``."""
-    import torch.distributed as dist
+def encode_dataset_distributed(encoder: Encoder, dataset: Dataset, out_dir: str | os.PathLike,
+                               **kwargs: Any) -> dict[str, Any]:
+    """``encode_corpus_distributed`` over a dataset's documents (collective): counted first when the dataset
+    does not say how many (every rank must cut the same slices), progress shown on rank 0."""
+    from lsr.parallel.topology import rank_and_size
 
-    from lsr.parallel.topology import agree, built_on_rank0, init_distributed
+    n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
+    return encode_corpus_distributed(encoder, dataset.docs_iter(), out_dir, n_docs,
+                                     show_progress_bar=rank_and_size()[0] == 0, **kwargs)
 
-    dev = str(init_distributed(device))
-    rank = dist.get_rank()
-    out = Path(args.out)
-    try:
-        fit = args.encoder == "bm25" and not args.model
+
+def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: EncoderConfig, device: str) -> dict[str, Any]:
+    """``lsr encode`` (documents) on every rank of a torchrun job; returns the merged manifest on every rank.
+
+    Joins the process group (and leaves it when done, unless the caller had joined). The encoder is
+    ``open_encoder(encoder)`` on this rank's device; BM25 without a fitted ``model`` is fitted on rank 0 and
+    saved in ``out_dir/encoder``, where the other ranks load it. Vectors already in ``out_dir`` must come from
+    the same documents (checked before a new fit replaces the saved one). ``encoder``'s batch_size,
+    shard_rows, doc_top_k and tokenize_workers set the encoding.
+    """
+    from lsr.parallel.topology import agree, built_on_rank0, process_group
+    from lsr.pipeline.steps import corpus_settings, open_encoder
+
+    out = Path(out_dir)
+    fit = encoder.kind == "bm25" and not encoder.model
+    with process_group(device) as dev:
         with agree("check where the documents come from"):
-            if (out / MANIFEST).exists():  # before a new BM25 fit replaces the one these vectors were made with
+            if (out / MANIFEST).exists():
                 from lsr.storage.provenance import check_same_origin
 
                 check_same_origin(read_manifest(out).get("origin"), dataset.docs_origin, out)
-        def build() -> Any:
-            enc = make_encoder(args, dev)
+
+        def build() -> Encoder:
+            enc = open_encoder(encoder, str(dev))
             if fit:
                 enc.fit(text for _, text in dataset.docs_iter())
                 enc.save(out / "encoder")
             return enc
 
-        def load() -> Any:  # BM25 statistics rank 0 fitted and saved
+        def load() -> Encoder:  # BM25 statistics rank 0 fitted and saved
             from lsr.encode.bm25.lexical import LexicalEncoder
 
             return LexicalEncoder.load(out / "encoder")
 
         enc = built_on_rank0(build, load, "the encoder", rank0_only=fit)
-        n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
-        encode_corpus_distributed(enc, dataset.docs_iter(), out, n_docs, batch_size=args.batch_size,
-                                  shard_rows=args.shard_rows, resume=True, doc_top_k=args.doc_top_k,
-                                  tokenize_workers=args.tokenize_workers, show_progress_bar=rank == 0,
-                                  origin=dataset.docs_origin)
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"document vectors in {out} ({dist_note(out)})")
-    return 0
-
-
-def dist_note(out: Path) -> str:
-    m = read_manifest(out)
-    return f"{m['n_rows']} documents in {len(m['shards'])} shards"
+        return encode_dataset_distributed(enc, dataset, out, **corpus_settings(encoder, dataset.docs_origin))

@@ -26,11 +26,12 @@ from typing import Any
 import torch.distributed as dist
 
 from lsr.config import RunConfig
-from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, init_distributed
-from lsr.pipeline import (
+from lsr.parallel.encode import encode_dataset_distributed
+from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, process_group
+from lsr.pipeline.steps import (
     claim_output,
+    corpus_settings,
     doc_encoder,
-    encode_documents,
     encode_queries,
     job_origin,
     read_doc_vectors,
@@ -58,9 +59,8 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
     """``run_pipeline`` on every rank of the current torchrun job (collective); returns rank 0's result
     on every rank. Joins the process group torchrun describes (and leaves it when done) unless the
     caller already has."""
-    joined = not dist.is_initialized()
-    dev = str(init_distributed(resolve_device(cfg.device)))
-    try:
+    with process_group(resolve_device(cfg.device)) as device:
+        dev = str(device)
         rank, world = dist.get_rank(), dist.get_world_size()
         with agree("read the config and the dataset"):
             cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, world)))
@@ -74,9 +74,6 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
         vectors, encoder, doc_meta = _encode_corpus(cfg, dataset, dev, timings)
         result = _index_search_write(cfg, dataset, vectors, encoder, doc_meta, dev, timings)
         return json.loads(broadcast_text(json.dumps(result) if rank == 0 else None, RESULT_LIMIT))
-    finally:
-        if joined:
-            dist.destroy_process_group()
 
 
 def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, float]) -> tuple[Any, Any, Any]:
@@ -91,7 +88,8 @@ def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, fl
         encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
                                  lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
                                  rank0_only=cfg.encoder.kind == "bm25")  # the others load the statistics it saves
-        manifest = encode_documents(cfg, dataset, encoder, out / "doc_vectors", origin)
+        manifest = encode_dataset_distributed(encoder, dataset, out / "doc_vectors",
+                                              **corpus_settings(cfg.encoder, origin))
     return out / "doc_vectors", encoder, manifest.get("metadata")
 
 

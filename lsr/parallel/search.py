@@ -6,8 +6,8 @@ Launch with ``torchrun --nproc-per-node W ...``. How the W ranks share a P-parti
 * P < W with W a multiple of P (replica groups): R = W / P copies of the index; rank r holds partition
   r mod P and searches query slice r // P of R. P = 1 is pure replication: every rank holds the whole
   index and searches 1/W of each batch, so throughput scales with W while the index fits one device
-  (splitting the documents instead leaves each rank the per-batch costs that do not shrink with N:
-  docs/benchmarks.md, session 12).
+  (splitting the documents instead leaves each rank the per-batch costs that do not shrink with N; the
+  measurements are in the scaling performance docs).
 
 For every query batch:
 
@@ -25,20 +25,20 @@ merged result equals single-process search bit for bit. Every rank gets the merg
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
-from lsr.parallel.sharded_search import ShardedSearcher, merge_topk
-from lsr.parallel.topology import agree, comm_device, init_distributed, is_distributed
+from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
+from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
 from lsr.search.searcher import check_request
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 
-__all__ = ["DistributedSearcher", "RankRole", "rank_partitions", "rank_role", "search_sharded"]
+__all__ = ["DistributedSearcher", "RankRole", "ShardedHits", "rank_partitions", "rank_role", "search_sharded"]
 
 DEFAULT_QUERY_BATCH = 1024
 
@@ -138,7 +138,7 @@ class DistributedSearcher:
         for j in range(self.role.n_slices):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
             m = bounds[j + 1] - bounds[j]
             ranks = range(j * n_p, (j + 1) * n_p)
-            out.append(merge_topk([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
+            out.append(merge_hit_lists([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
         return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
 
     def search(self, queries: SparseVectors | None, k: int = 1000, query_batch: int | None = None,
@@ -169,30 +169,30 @@ class DistributedSearcher:
         return torch.cat(out_s), torch.cat(out_i)
 
 
-def search_sharded(args: Any, device: str, load_queries: Callable[[Any, str], tuple[SparseVectors, Any]]) -> int:
-    """``lsr search`` over a sharded index: in one process (``ShardedSearcher``), or under torchrun
-    (``DistributedSearcher``: each rank loads its partitions, rank 0 reads the queries and writes the run)."""
-    from lsr.data import runs
+class ShardedHits(NamedTuple):
+    """``search_sharded``'s result: the top-k (scores, global doc indices) and the index's doc ids."""
 
-    stream = {"auto": None, "yes": True, "no": False}[getattr(args, "stream", "auto")]
+    scores: torch.Tensor
+    doc_idx: torch.Tensor
+    docnos: list[str]
+
+
+def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: int, device: str, *,
+                   backend: str = "auto", stream: bool | None = None,
+                   query_metadata: Mapping[str, Any] | None = None) -> ShardedHits | None:
+    """Exact top-k of ``queries`` over a sharded index folder: in one process (``ShardedSearcher``), or on
+    every rank of a torchrun job (``DistributedSearcher``; collective: it joins the process group and leaves
+    it when done unless the caller had joined; each rank loads its partitions, rank 0 passes the queries,
+    encoded on ``rank_device(device)``, and the others None). Returns the hits where the queries were given,
+    None on the other ranks. ``stream``: as ``ShardedSearcher``."""
     if not is_distributed():
-        index = ShardedIndex.load(args.index)
-        searcher = ShardedSearcher(index, device, args.backend, stream=stream)
-        queries, meta = load_queries(args, device)
-        scores, doc_idx = searcher.search(queries, k=args.k, query_metadata=meta)
-        docnos: Any = index.docnos
-    else:
-        dev = init_distributed(device)
-        try:
-            searcher = DistributedSearcher(args.index, dev, args.backend, stream=stream)
-            queries, meta = load_queries(args, str(dev)) if searcher.rank == 0 else (None, None)
-            scores, doc_idx = searcher.search(queries, k=args.k, query_metadata=meta)
-            docnos = searcher.index.docnos if searcher.rank == 0 else None
-        finally:
-            dist.destroy_process_group()
-        if searcher.rank != 0:
-            return 0
-    runs.write_topk(args.out, queries.ids, docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
-                    replace=args.overwrite)
-    print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
-    return 0
+        if queries is None:
+            raise ValueError("search_sharded needs the queries outside a torchrun job")
+        sharded = ShardedIndex.load(index)
+        searcher = ShardedSearcher(sharded, device, backend, stream=stream)
+        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_metadata)
+        return ShardedHits(scores, doc_idx, sharded.docnos)
+    with process_group(device) as dev:
+        dist_searcher = DistributedSearcher(index, dev, backend, stream=stream)
+        scores, doc_idx = dist_searcher.search(queries, k=k, query_metadata=query_metadata)
+        return ShardedHits(scores, doc_idx, dist_searcher.index.docnos) if dist_searcher.rank == 0 else None

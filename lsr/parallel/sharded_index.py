@@ -46,7 +46,8 @@ from lsr.storage.files import atomic_directory, fsynced_write
 from lsr.storage.provenance import check_replaceable
 from lsr.storage.shards import read_manifest, read_vector_rows, refuse_unlisted, sha256_file
 
-__all__ = ["FORMAT", "ShardedIndex", "is_sharded", "partition_bounds", "partition_count", "read_sharded_manifest"]
+__all__ = ["FORMAT", "ShardedIndex", "build_sharded_index", "is_sharded", "partition_bounds", "partition_count",
+           "read_sharded_manifest"]
 
 FORMAT = "lsr-sharded-index"
 VERSION = 1
@@ -83,6 +84,21 @@ def is_sharded(path: str | os.PathLike) -> bool:
 
 def _bad(mf: Path, problem: str) -> ValueError:
     return ValueError(f"{mf}: {problem}; the sharded index is corrupt (rebuild it with lsr index --partitions)")
+
+
+def build_sharded_index(vectors: SparseVectors | str | os.PathLike, n_partitions: int, out: str | os.PathLike, *,
+                        device: str = "cpu", **build_kwargs: Any) -> int:
+    """``ShardedIndex.build`` in this process or, under torchrun, on every rank (collective: each rank builds
+    its partitions on its own device; the process group is joined and left unless the caller had joined).
+    ``build_kwargs`` go to ``ShardedIndex.build``. Returns the number of partitions written."""
+    from lsr.parallel.topology import is_distributed, process_group
+
+    if is_distributed():
+        with process_group(device) as dev:
+            ShardedIndex.build(vectors, n_partitions, out, device=str(dev), **build_kwargs)
+    else:
+        ShardedIndex.build(vectors, n_partitions, out, device=device, **build_kwargs)
+    return len(read_sharded_manifest(out)["partitions"])  # at most one per document
 
 
 def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from lsr.search.searcher import Searcher, check_request, exact_topk
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 
-__all__ = ["ShardedSearcher", "merge_topk", "shift_ids"]
+__all__ = ["ShardedSearcher", "merge_hit_lists", "shift_ids"]
 
 
 def shift_ids(doc_idx: torch.Tensor, offset: int) -> torch.Tensor:
@@ -39,8 +39,9 @@ def shift_ids(doc_idx: torch.Tensor, offset: int) -> torch.Tensor:
     return torch.where(doc_idx >= 0, doc_idx + offset, doc_idx)
 
 
-def merge_topk(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact merge of [B, k_i] (scores, global doc idx) lists: top-k by (score desc, doc idx asc)."""
+def merge_hit_lists(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact merge of [B, k_i] (scores, global doc idx) lists of partitions or ranks: top-k by (score desc,
+    doc idx asc), ``exact_topk``'s order."""
     if len(parts) == 1 and parts[0][0].shape[1] == k:
         return parts[0]
     return exact_topk(torch.cat([s for s, _ in parts], 1), k, torch.cat([i for _, i in parts], 1))
@@ -122,7 +123,7 @@ class ShardedSearcher:
         for offset, part in self._device_parts():
             s, i = self._searcher(part).search(queries, k, query_batch, show_progress_bar=show_progress_bar)
             top = (s, shift_ids(i, offset))
-            best = top if best is None else merge_topk([best, top], k)
+            best = top if best is None else merge_hit_lists([best, top], k)
             del part
         assert best is not None
         return best

@@ -16,12 +16,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "broadcast_text", "built_on_rank0", "collective_backend", "comm_device", "init_distributed", "is_distributed", "rank_and_size"]
+__all__ = ["agree", "broadcast_text", "built_on_rank0", "collective_backend", "comm_device", "init_distributed",
+           "is_distributed", "launch_rank", "process_group", "rank_and_size", "rank_device"]
 
 
 def is_distributed() -> bool:
     """Whether this process belongs to a torchrun job of more than one rank."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def launch_rank() -> int:
+    """This process's rank as torchrun set it (0 outside a torchrun job); readable before joining the process
+    group and after leaving it, e.g. to let one rank report."""
+    return int(os.environ.get("RANK", "0"))
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -42,11 +49,24 @@ def collective_backend(device: str) -> str:
     return "nccl" if local_ranks <= torch.cuda.device_count() else "gloo"
 
 
+def _local_gpu() -> torch.device:
+    """This rank's GPU: ``LOCAL_RANK`` modulo the visible GPUs."""
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+def rank_device(device: str) -> str:
+    """The device this process works on, known before it joins the process group: under torchrun a CUDA
+    ``device`` means this rank's GPU (the one ``init_distributed`` returns); otherwise ``device`` itself."""
+    if is_distributed() and str(device).startswith("cuda"):
+        return str(_local_gpu())
+    return str(device)
+
+
 def init_distributed(device: str) -> torch.device:
     """Join the process group torchrun describes and return this rank's device."""
     cuda = str(device).startswith("cuda")
     if cuda:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dev = _local_gpu()
         torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
@@ -55,6 +75,19 @@ def init_distributed(device: str) -> torch.device:
         kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=timedelta(minutes=30), **kw)
     return dev
+
+
+@contextmanager
+def process_group(device: str) -> Iterator[torch.device]:
+    """This rank's device inside the process group torchrun describes: joined on entry unless the caller
+    already has, and left on exit only if it was joined here."""
+    joined = not dist.is_initialized()
+    dev = init_distributed(device)
+    try:
+        yield dev
+    finally:
+        if joined:
+            dist.destroy_process_group()
 
 
 def comm_device() -> torch.device:

@@ -1,4 +1,4 @@
-"""Writing vector directories shard by shard: ``ShardWriter`` (the format and the readers: ``lsr.storage.shards``).
+"""Writing vector directories shard by shard: ``ShardWriter`` (the format: ``lsr.storage.vector_format``).
 
 Every file is written to a temporary name and renamed into place, and the manifest is rewritten after each
 shard, so a killed writer leaves a directory whose manifest lists only complete shards:
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_write_bytes, atomic_write_text
 from lsr.storage.provenance import check_same_origin
-from lsr.storage.shards import (
+from lsr.storage.vector_format import (
     FORMAT,
     MANIFEST,
     SHARD_NAME,
@@ -38,9 +38,9 @@ from lsr.storage.shards import (
 __all__ = ["PARQUET_OPTIONS", "ShardWriter"]
 
 # Parquet layout of a shard: term ids rise within a row (small deltas: delta-packed, which zstd does not
-# shrink further) and bf16-born weights share their high bytes (byte-stream split + zstd); this beats
-# dictionaries + zstd: ~2x faster to write, ~16% smaller, faster to read (docs/benchmarks.md). Any Parquet
-# reader reads them as before.
+# shrink further) and bf16-born weights share their high bytes (byte-stream split + zstd); this writes faster,
+# is smaller and reads faster than dictionaries + zstd (scripts/bench_shard_write.py measures both; the numbers
+# are on the storage performance page). Any Parquet reader reads them as before.
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": {"id": "zstd", "indices.list.element": "none", "values.list.element": "zstd"},
     "use_dictionary": False, "write_statistics": ["id"],

@@ -1,154 +1,43 @@
-"""Parquet shards of sparse vectors, with a manifest (contract: docs/architecture.md).
+"""Reading vector directories (Parquet shards + manifest; the format: ``lsr.storage.vector_format``).
 
-A vector directory holds ``part-00000.parquet`` ... (columns ``id`` string, ``indices`` list<int32>,
-``values`` list<float32>) and ``manifest.json``::
-
-    {"format": "lsr-vectors", "version": 1, "vocab_size": V, "n_rows": n, "nnz": m,
-     "metadata": {...encoder / model / max_length ...},
-     "shards": [{"file": "part-00000.parquet", "rows": r, "nnz": z, "sha256": "..."}, ...]}
-
-A complete directory holds no ``part-NNNNN.parquet`` its manifest does not list (the readers refuse one).
-
-The writer, ``ShardWriter``, lives in ``lsr.storage.shard_writer`` (``from lsr.storage.shards import ShardWriter`` still works):
-files are written to temporary names and renamed into place, and the manifest is rewritten after each shard,
-so a killed writer leaves a directory whose manifest lists only complete shards.
+``read_vectors`` loads a whole directory, ``iter_shards`` one shard at a time, ``read_vector_rows`` a row
+range (only the shards that hold it); every shard's checksum, row and nnz counts are checked against the
+manifest. ``write_vectors`` writes a directory in one call through ``ShardWriter``
+(``lsr.storage.shard_writer``): files are written to temporary names and renamed into place, and the
+manifest is rewritten after each shard, so a killed writer leaves a directory whose manifest lists only
+complete shards.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from lsr.sparse import SparseVectors
+from lsr.storage.shard_writer import ShardWriter
+from lsr.storage.vector_format import (
+    FORMAT,
+    MANIFEST,
+    SHARD_NAME,
+    VERSION,
+    read_manifest,
+    refuse_unlisted,
+    sha256_file,
+    table_to_vectors,
+    unlisted_entries,
+    vectors_to_table,
+)
 
-__all__ = ["write_vectors", "read_vectors", "read_manifest", "iter_shards", "read_vector_rows",
-           "refuse_unlisted", "sha256_file", "unlisted_entries"]
-
-FORMAT = "lsr-vectors"
-VERSION = 1
-MANIFEST = "manifest.json"
-# the names ShardWriter gives shards (part-00000.parquet, ...; more digits past 99999); its temporary
-# files (.part-00000.parquet.<pid>-<random>.tmp) do not match
-SHARD_NAME = re.compile(r"part-\d{5,}\.parquet")
-
-
-def __getattr__(name: str) -> Any:
-    """``ShardWriter`` and ``PARQUET_OPTIONS`` from ``lsr.storage.shard_writer`` (which imports this module)."""
-    if name in ("ShardWriter", "PARQUET_OPTIONS"):
-        from lsr.storage import shard_writer
-
-        return getattr(shard_writer, name)
-    raise AttributeError(f"module 'lsr.storage.shards' has no attribute {name!r}")
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def vectors_to_table(vectors: SparseVectors) -> pa.Table:
-    """SparseVectors -> Arrow table (id, indices list<int32>, values list<float32>)."""
-    ip = vectors.indptr.cpu().numpy()
-    offsets = pa.array(ip.astype(np.int32) if ip[-1] < 2**31 else ip,
-                       type=pa.int32() if ip[-1] < 2**31 else pa.int64())
-    list_type = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
-    indices = list_type.from_arrays(offsets, pa.array(vectors.indices.cpu().numpy(), type=pa.int32()))
-    values = list_type.from_arrays(offsets, pa.array(vectors.values.cpu().numpy(), type=pa.float32()))
-    return pa.table({"id": pa.array(vectors.ids, type=pa.string()), "indices": indices, "values": values})
-
-
-def table_to_vectors(table: pa.Table, vocab_size: int | None, device: str | torch.device = "cpu",
-                     validate: bool = True) -> SparseVectors:
-    """Arrow table with id/indices/values columns -> SparseVectors."""
-    for col in ("id", "indices", "values"):
-        if col not in table.column_names:
-            raise ValueError(f"vector table lacks the column {col!r} (has {table.column_names})")
-    ind = table.column("indices").combine_chunks()
-    val = table.column("values").combine_chunks()
-    if len(ind) and (ind.null_count or val.null_count):
-        raise ValueError("vector table has null rows")
-    ind_off = np.asarray(ind.offsets, dtype=np.int64)
-    val_off = np.asarray(val.offsets, dtype=np.int64)
-    if not np.array_equal(ind_off - ind_off[0], val_off - val_off[0]):
-        raise ValueError("indices and values have different lengths in some row")
-    indptr = (ind_off - ind_off[0]).copy()
-    flat_i = np.array(ind.flatten(), dtype=np.int32)
-    flat_v = np.array(val.flatten(), dtype=np.float32)
-    ids = table.column("id").to_pylist()
-    return SparseVectors(torch.from_numpy(indptr), torch.from_numpy(flat_i), torch.from_numpy(flat_v), ids,
-                         vocab_size, device=device, validate=validate)
-
-
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    p = Path(path)
-    mf = p / MANIFEST if p.is_dir() else p
-    if not mf.exists():
-        raise FileNotFoundError(f"no {MANIFEST} in {p}: not an lsr vector directory (lsr encode writes one)")
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{mf} is not valid JSON ({e}); the directory is corrupt") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{mf}: format {found!r} is not {FORMAT!r}")
-    if not isinstance(manifest.get("version", 0), int) or manifest.get("version", 0) > VERSION:
-        raise ValueError(f"{mf}: format version {manifest['version']!r} is not supported by this lsr (reads up to {VERSION})")
-    _check_manifest(manifest, mf)
-    return manifest
-
-
-def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:
-    """Entries and totals: every shard a plain file name inside the folder, rows and nnz adding up."""
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
-        raise ValueError(f"{mf}: 'shards' must be a list of shard entries; the directory is corrupt")
-    for key in ("vocab_size", "n_rows", "nnz"):
-        if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
-            raise ValueError(f"{mf}: {key!r} must be a non-negative integer, got {manifest.get(key)!r}")
-    for s in shards:
-        name = s.get("file")
-        if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
-            raise ValueError(f"{mf}: shard entry {name!r} is not a file name inside the vector folder")
-        if not all(isinstance(s.get(k), int) and s[k] >= 0 for k in ("rows", "nnz")) or not isinstance(
-                s.get("sha256"), str):
-            raise ValueError(f"{mf}: shard {name} needs non-negative integer 'rows' and 'nnz' and a 'sha256'")
-    rows, nnz = sum(s["rows"] for s in shards), sum(s["nnz"] for s in shards)
-    if (rows, nnz) != (manifest["n_rows"], manifest["nnz"]):
-        raise ValueError(f"{mf}: n_rows / nnz say {manifest['n_rows']} / {manifest['nnz']} but the shards hold "
-                         f"{rows} / {nnz}; the directory is corrupt")
-
-
-def unlisted_entries(folder: str | os.PathLike, pattern: re.Pattern[str], listed: Iterable[str]) -> list[str]:
-    """Entries of ``folder`` named as ``pattern`` (a writer's shard or partition names) that ``listed``
-    lacks, sorted: one directory listing, nothing read."""
-    names = set(listed)
-    with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if pattern.fullmatch(e.name) and e.name not in names)
-
-
-def refuse_unlisted(folder: str | os.PathLike, pattern: re.Pattern[str], listed: Iterable[str], what: str,
-                    remedy: str) -> None:
-    """A one-line ValueError when ``folder`` holds a ``what`` (named as ``pattern``) its manifest does not list:
-    a manifest edited (or restored from an older copy) to drop one, with totals that still add up, would
-    otherwise load less without a word. ``remedy``: the fix besides restoring the manifest."""
-    stray = unlisted_entries(folder, pattern, listed)
-    if stray:
-        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
-        raise ValueError(f"{folder} holds the {what} {stray[0]}{more}, which its {MANIFEST} does not list: the "
-                         f"manifest was edited or replaced; restore the manifest that lists it, or {remedy}")
+# the format's names are defined in lsr.storage.vector_format (which the writer imports too) and named here
+# as well: this module is where readers of vector directories look for them
+__all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "iter_shards", "read_manifest", "read_vector_rows",
+           "read_vectors", "refuse_unlisted", "sha256_file", "table_to_vectors", "unlisted_entries",
+           "vectors_to_table", "write_vectors"]
 
 
 def _check_no_stray_shards(p: Path, manifest: dict[str, Any]) -> None:
@@ -163,8 +52,6 @@ def _check_no_stray_shards(p: Path, manifest: dict[str, Any]) -> None:
 def write_vectors(path: str | os.PathLike, vectors: SparseVectors, metadata: Mapping[str, Any] | None = None,
                   shard_rows: int = 100_000) -> dict[str, Any]:
     """Write all of ``vectors`` to a new vector directory; returns the manifest."""
-    from lsr.storage.shard_writer import ShardWriter
-
     w = ShardWriter(path, vectors.vocab_size, metadata, shard_rows)
     w.add(vectors)
     return w.close()

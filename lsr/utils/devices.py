@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - torch is imported only where a torch.device is made
     import torch
 
-__all__ = ["DEVICE_HELP", "check_device", "is_device_name", "torch_device"]
+__all__ = ["DEVICE_HELP", "check_device", "is_device_name", "resolve_device", "torch_device"]
 
 DEVICE_HELP = "auto | cpu | cuda | cuda:N"
 _DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -30,7 +30,7 @@ def check_device(name: Any) -> str:
 
 def torch_device(device: str | int | torch.device) -> torch.device:
     """``device`` as a torch.device: a torch.device, "cpu", "cuda", "cuda:N" or a GPU number N (as torch reads
-    one); else a one-line ValueError (searchers take no "auto": ``lsr.pipeline.resolve_device`` picks one)."""
+    one); else a one-line ValueError (searchers take no "auto": ``resolve_device`` picks one)."""
     import torch
 
     if isinstance(device, torch.device):
@@ -41,3 +41,16 @@ def torch_device(device: str | int | torch.device) -> torch.device:
         raise ValueError(f"a searcher cannot run on device {device!r}; use \"cpu\", \"cuda\", \"cuda:N\", a GPU "
                          "number or a torch.device")
     return torch.device(device)
+
+
+def resolve_device(device: str | None) -> str:
+    """"auto"/None -> "cuda" when a GPU is visible, else "cpu"; a one-line ValueError for a malformed name."""
+    import torch
+
+    if device is not None:
+        check_device(str(device))  # str: a torch.device passes as its name
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} was asked for but no CUDA GPU is visible")
+    return str(device)

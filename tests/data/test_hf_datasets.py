@@ -78,22 +78,20 @@ def test_bad_specs_say_what_to_fix(beir, tmp_path):
         load_dataset("hf:scifact")
 
 
-def test_hf_spec_options_pick_configs_and_splits(monkeypatch):
-    from lsr.data import hf as hf_datasets
+def test_hf_spec_options_pick_configs_and_splits():
+    from lsr.data.hf import parse_spec
 
-    calls = []
-    monkeypatch.setattr(hf_datasets, "load_hf_dataset", lambda *a, **kw: calls.append((a, kw)))
-    load_dataset("hf:mteb/scifact")
-    (corpus, queries, qrels), kw = calls[-1]
+    got = parse_spec("hf:mteb/scifact")
+    corpus, queries, qrels = got.corpus, got.queries, got.qrels
     assert (corpus.repo, corpus.config, corpus.split) == ("mteb/scifact", "corpus", "corpus")
     assert (queries.repo, queries.config, queries.split) == ("mteb/scifact", "queries", "queries")
-    assert (qrels.repo, qrels.config, qrels.split) == ("mteb/scifact", "default", "test") and not kw["streaming"]
-    load_dataset("hf:BeIR/scifact?qrels=BeIR/scifact-qrels&streaming=1&text=body&revision=v1", "train")
-    (corpus, queries, qrels), kw = calls[-1]
-    assert (qrels.repo, qrels.config, qrels.split, qrels.revision) == ("BeIR/scifact-qrels", None, "train", "v1")
-    assert kw["streaming"] and kw["columns"] == {"text": "body"}
-    load_dataset("hf:org/name?queries=none&qrels=none")
-    assert calls[-1][0][1:] == (None, None)
+    assert (qrels.repo, qrels.config, qrels.split) == ("mteb/scifact", "default", "test") and not got.streaming
+    got = parse_spec("hf:BeIR/scifact?qrels=BeIR/scifact-qrels&streaming=1&text=body&revision=v1", "train")
+    assert (got.qrels.repo, got.qrels.config, got.qrels.split, got.qrels.revision) == ("BeIR/scifact-qrels", None,
+                                                                                     "train", "v1")
+    assert got.streaming and got.columns == {"text": "body"}
+    got = parse_spec("hf:org/name?queries=none&qrels=none")
+    assert (got.queries, got.qrels) == (None, None)
 
 
 @pytest.mark.parametrize("how", ["download=False", "HF_HUB_OFFLINE", "LSR_OFFLINE"])

@@ -65,13 +65,12 @@ def _worker(rank: int, world: int, port: int, tmp: str, splade: str | None, data
     # every rank builds its partitions of the vectors, rank 0 publishes the folder
     assert main(["index", "--vectors", str(t / "enc-bm25"), "--out", str(t / "idx-dist"), "--partitions", "3",
                  "--device", "cpu", "--block-size", "16"]) == 0
-    # the CLI search last: it leaves the process group when done
     assert main(["search", "--index", str(t / "p_world"), "--queries", str(t / "q"), "--k", "25", "--out",
                  str(t / "cli.trec"), "--device", "cpu", "--backend", "torch"]) == 0
     # every output this test checks is written; the rank ends without the interpreter's teardown, where a rank
-    # of the world-2 case (transformers loaded) aborted in 2 of 6 clean-clone CI runs of session 21 ("terminate
-    # called without an active exception", after its process group was destroyed; not reproduced in isolation).
-    # The teardown is not what this test checks; the abort is an open item (docs/benchmarks.md, session 21)
+    # of the world-2 case (transformers loaded) has aborted in clean-clone CI runs ("terminate called without an
+    # active exception", after its process group was destroyed; not reproduced in isolation). The teardown is
+    # not what this test checks; the abort is an open item of the scaling docs
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

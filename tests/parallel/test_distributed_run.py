@@ -138,3 +138,30 @@ def test_lsr_run_on_two_ranks_sharing_one_gpu(tmp_path, data_dir):
     for single in ("one", "plain"):
         assert (tmp_path / "dist" / "run.trec").read_bytes() == (tmp_path / single / "run.trec").read_bytes(), single
     assert _files(tmp_path / "dist" / "doc_vectors") == _files(tmp_path / "one" / "doc_vectors")
+
+
+def test_lsr_encode_index_search_on_two_ranks_equal_one_process(tmp_path, data_dir):
+    """The three commands under torchrun: ``lsr encode`` (BM25 fitted on rank 0, loaded by the other),
+    ``lsr index --partitions`` and ``lsr search`` (rank 0 encodes the queries and writes the run) give the
+    single-process vectors, index and run, file for file; rank 0 alone reports encode and search."""
+    write_scifact_slice(tmp_path / "scifact", data_dir)
+    ds, cpu = str(tmp_path / "scifact"), ["--device", "cpu"]
+
+    def commands(tag: str) -> list[list[str]]:
+        vec, idx = tmp_path / f"{tag}-vec", tmp_path / f"{tag}-idx"
+        return [["encode", "--dataset", ds, "--out", str(vec), "--shard-rows", "12", *cpu],
+                ["index", "--vectors", str(vec), "--out", str(idx), "--partitions", "2", "--block-size", "16", *cpu],
+                ["search", "--index", str(idx), "--queries", ds, "--model", str(vec / "encoder"), "--k", "20",
+                 "--backend", "torch", "--out", str(tmp_path / f"{tag}.trec"), *cpu]]
+
+    _spawn([(argv, str(tmp_path / f"log-{n}")) for n, argv in enumerate(commands("dist"))])
+    for single in commands("one"):
+        assert main(single) == 0
+    encode, index, search = (_logs(tmp_path / f"log-{n}") for n in range(3))
+    assert [g["rc"] for g in encode + index + search] == [0] * 6, (encode, index, search)
+    assert encode[0]["stdout"] == f"document vectors in {tmp_path / 'dist-vec'} (47 documents in 4 shards)\n"
+    assert encode[1]["stdout"] == search[1]["stdout"] == ""
+    assert search[0]["stdout"].startswith("searched 6 queries (k=20) -> ")
+    for name in ("vec", "idx"):
+        assert _files(tmp_path / f"dist-{name}") == _files(tmp_path / f"one-{name}"), name
+    assert (tmp_path / "dist.trec").read_bytes() == (tmp_path / "one.trec").read_bytes()

@@ -1,7 +1,8 @@
-"""The end-to-end job behind ``lsr run``: encode -> index -> search -> evaluate.
+"""The steps of ``lsr run`` that the one-process job (``lsr.pipeline.run``) and the torchrun job
+(``lsr.parallel.pipeline``) share: devices and encoders, the output folder's claim, pre-encoded vectors,
+the queries, and the run files and metrics.
 
-Every step writes its result under ``config.output`` (vectors, index, runs, metrics.json), and the
-encoding step resumes from complete shards, so an interrupted job picks up where it stopped.
+Nothing here joins or talks to a process group: the torchrun job decides which rank runs which step.
 """
 
 from __future__ import annotations
@@ -16,30 +17,18 @@ from typing import Any
 
 from lsr.config import EncoderConfig, RunConfig
 from lsr.storage.files import atomic_write_text
-from lsr.utils.devices import check_device
+from lsr.utils.devices import resolve_device
 
-__all__ = ["build_encoder", "claim_output", "doc_encoder", "encode_documents", "encode_queries", "job_origin",
-           "load_query_vectors", "read_doc_vectors", "resolve_device", "run_pipeline", "timed_step",
+__all__ = ["build_encoder", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
+           "load_query_vectors", "open_encoder", "read_doc_vectors", "resolve_device", "timed_step",
            "write_results"]
 
 log = logging.getLogger("lsr")
 
 
-def resolve_device(device: str | None) -> str:
-    """"auto"/None -> "cuda" when a GPU is visible, else "cpu"; a one-line ValueError for a malformed name."""
-    import torch
-
-    if device is not None:
-        check_device(str(device))  # str: a torch.device passes as its name
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device={device!r} was asked for but no CUDA GPU is visible")
-    return str(device)
-
-
 @contextmanager
 def timed_step(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Log the step's start and end and record its seconds in ``timings[name]`` (the job's result)."""
     log.info("%s ...", name)
     t0 = time.perf_counter()
     yield
@@ -65,6 +54,23 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
     raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
 
 
+def open_encoder(cfg: EncoderConfig, device: str) -> Any:
+    """The encoder ``lsr encode`` / ``lsr search`` use: for BM25 a ``model`` is the folder of a fitted encoder
+    (loaded); anything else as ``build_encoder`` (BM25 unfitted)."""
+    if cfg.kind == "bm25" and cfg.model:
+        from lsr.encode.bm25.lexical import LexicalEncoder
+
+        return LexicalEncoder.load(cfg.model)
+    return build_encoder(cfg, device)
+
+
+def corpus_settings(cfg: EncoderConfig, origin: dict[str, Any]) -> dict[str, Any]:
+    """The ``encode_corpus`` settings of a job's documents (one process or every rank): resumed, and recorded
+    with ``origin`` so that the vectors are never reused for other documents."""
+    return {"batch_size": cfg.batch_size, "shard_rows": cfg.shard_rows, "resume": True, "doc_top_k": cfg.doc_top_k,
+            "tokenize_workers": cfg.tokenize_workers, "origin": origin}
+
+
 def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any:
     """Pre-encoded queries: an lsr vector directory or an Anserini ``qid\\ttok tok ...`` file."""
     from lsr.storage.shards import read_vectors
@@ -78,23 +84,6 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
         raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / search.vocab: "
                          "vocab.txt or a tokenizer folder); for text topics (qid<TAB>text) give the encoder (--model)")
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
-
-
-def encode_documents(cfg: RunConfig, dataset: Any, encoder: Any, out: Path, origin: dict[str, Any]) -> dict[str, Any]:
-    """Write document vectors to ``out`` and return the manifest; collective in a torchrun job (every rank
-    encodes its slice, the folder equals one process's). A complete directory is reused only when it was
-    written with the same encoder settings (encode_corpus / ShardWriter check them)."""
-    from lsr.encode.corpus import encode_corpus
-    from lsr.parallel.encode import encode_corpus_distributed
-    from lsr.parallel.topology import rank_and_size
-
-    kw = {"batch_size": cfg.encoder.batch_size, "shard_rows": cfg.encoder.shard_rows, "resume": True,
-          "doc_top_k": cfg.encoder.doc_top_k, "tokenize_workers": cfg.encoder.tokenize_workers, "origin": origin}
-    rank, world = rank_and_size()
-    if world == 1:
-        return encode_corpus(encoder, dataset.docs_iter(), out, n_docs=dataset.n_docs, **kw)
-    n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
-    return encode_corpus_distributed(encoder, dataset.docs_iter(), out, n_docs, show_progress_bar=rank == 0, **kw)
 
 
 def doc_encoder(cfg: RunConfig, dataset: Any, out: Path, origin: dict[str, Any], device: str, fit: bool = True) -> Any:
@@ -131,73 +120,6 @@ def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[
         raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
     qids = list(dataset.queries)
     return encoder.encode_query([dataset.queries[q] for q in qids], ids=qids), encoder.describe()
-
-
-def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
-    """Run the whole job; returns {"metrics", "timings", "files", "config"} and writes metrics.json.
-
-    ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
-    documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
-    not write or one made for other documents (lsr's own artefacts in it are recomputed). Under torchrun
-    every rank runs it (``lsr.parallel.pipeline``) and every rank returns rank 0's result.
-    """
-    from lsr.parallel.topology import is_distributed
-
-    if is_distributed():
-        from lsr.parallel.pipeline import run_pipeline_distributed
-
-        return run_pipeline_distributed(cfg, overwrite)
-    import torch
-
-    from lsr.data.sources import load_dataset
-    from lsr.search.factory import open_searcher
-    from lsr.search.searcher import run_depth
-    from lsr.storage.shards import read_vectors
-
-    device = resolve_device(cfg.device)
-    out = Path(cfg.output)
-    timings: dict[str, float] = {}
-    dataset = load_dataset(cfg.dataset, cfg.split)
-    origin = claim_output(cfg, dataset, out, overwrite)
-    encoder = None
-    with timed_step("encode documents", timings):
-        doc_meta = None
-        if cfg.search.doc_vectors:
-            docs = read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
-        else:
-            encoder = doc_encoder(cfg, dataset, out, origin, device)
-            doc_meta = encode_documents(cfg, dataset, encoder, out / "doc_vectors", origin).get("metadata")
-            docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
-    with timed_step("build index", timings):
-        index = _build_index(cfg, docs, out / "index", device, doc_meta)
-        del docs
-    with timed_step("encode queries", timings):
-        queries, query_meta = encode_queries(cfg, dataset, encoder)
-    with timed_step("search", timings):
-        searcher = open_searcher(index, device=device, backend=cfg.search.backend)
-        scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs), query_batch=cfg.search.query_batch,
-                                          query_metadata=query_meta)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device)
-
-
-def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:
-    """The job's index saved in ``out``: one InvertedIndex, or a sharded one for ``index.partitions`` > 1."""
-    from lsr.index.inverted import InvertedIndex
-
-    if cfg.index.partitions == 1:
-        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta,
-                                    postings=cfg.index.postings)
-        index.save(out, overwrite=True)
-        return index
-    from lsr.parallel.sharded_index import ShardedIndex
-
-    # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
-    # and the searcher moves them to the device, or streams them there when they do not fit
-    ShardedIndex.build(docs, cfg.index.partitions, out, device=device, block_size=cfg.index.block_size,
-                       metadata=doc_meta, overwrite=True, postings=cfg.index.postings)
-    return ShardedIndex.load(out, verify=False)
 
 
 def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str], topk: tuple[Any, Any],
@@ -293,6 +215,7 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any])
 
 
 def read_doc_vectors(path: str, vocab: str | None) -> Any:
+    """Pre-encoded documents: an lsr vector directory, or pyserini JSON vectors with their ``vocab``."""
     from lsr.storage.shards import read_vectors
 
     p = Path(path)

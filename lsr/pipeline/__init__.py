@@ -1,0 +1,32 @@
+"""The end-to-end job behind ``lsr run``: encode -> index -> search -> evaluate, from one ``RunConfig``.
+
+* ``run``: ``run_pipeline(cfg)``, the job in one process; under torchrun it hands the job to
+  ``lsr.parallel.pipeline`` (every rank runs it, every rank returns rank 0's result).
+* ``steps``: the steps both jobs share: devices and encoders, the output folder's claim, pre-encoded
+  vectors, the queries, the run files and metrics.
+
+``lsr.parallel.pipeline`` imports ``steps`` and ``run`` imports ``lsr.parallel.pipeline`` (only under
+torchrun), so neither job module imports the other.
+"""
+
+from __future__ import annotations
+
+from lsr.pipeline.run import run_pipeline
+from lsr.pipeline.steps import (
+    build_encoder,
+    claim_output,
+    corpus_settings,
+    doc_encoder,
+    encode_queries,
+    job_origin,
+    load_query_vectors,
+    open_encoder,
+    read_doc_vectors,
+    resolve_device,
+    timed_step,
+    write_results,
+)
+
+__all__ = ["build_encoder", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
+           "load_query_vectors", "open_encoder", "read_doc_vectors", "resolve_device", "run_pipeline", "timed_step",
+           "write_results"]

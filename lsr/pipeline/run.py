@@ -1,0 +1,95 @@
+"""``run_pipeline``: the whole ``lsr run`` job (encode -> index -> search -> evaluate) in one process, or handed
+to ``lsr.parallel.pipeline`` under torchrun.
+
+Every step writes its result under ``config.output`` (vectors, index, runs, metrics.json), and the
+encoding step resumes from complete shards, so an interrupted job picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lsr.config import RunConfig
+from lsr.pipeline.steps import (
+    claim_output,
+    corpus_settings,
+    doc_encoder,
+    encode_queries,
+    read_doc_vectors,
+    resolve_device,
+    timed_step,
+    write_results,
+)
+
+__all__ = ["run_pipeline"]
+
+
+def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
+    """Run the whole job; returns {"metrics", "timings", "files", "config"} and writes metrics.json.
+
+    ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
+    documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
+    not write or one made for other documents (lsr's own artefacts in it are recomputed). Under torchrun
+    every rank runs it (``lsr.parallel.pipeline``) and every rank returns rank 0's result.
+    """
+    from lsr.parallel.topology import is_distributed
+
+    if is_distributed():
+        from lsr.parallel.pipeline import run_pipeline_distributed
+
+        return run_pipeline_distributed(cfg, overwrite)
+    import torch
+
+    from lsr.data.sources import load_dataset
+    from lsr.encode.corpus import encode_corpus
+    from lsr.search.factory import open_searcher
+    from lsr.search.searcher import run_depth
+    from lsr.storage.shards import read_vectors
+
+    device = resolve_device(cfg.device)
+    out = Path(cfg.output)
+    timings: dict[str, float] = {}
+    dataset = load_dataset(cfg.dataset, cfg.split)
+    origin = claim_output(cfg, dataset, out, overwrite)
+    encoder = None
+    with timed_step("encode documents", timings):
+        doc_meta = None
+        if cfg.search.doc_vectors:
+            docs = read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
+        else:
+            encoder = doc_encoder(cfg, dataset, out, origin, device)
+            # a complete folder is reused only when written with the same encoder settings (encode_corpus checks)
+            doc_meta = encode_corpus(encoder, dataset.docs_iter(), out / "doc_vectors", n_docs=dataset.n_docs,
+                                     **corpus_settings(cfg.encoder, origin)).get("metadata")
+            docs = read_vectors(out / "doc_vectors", verify=False)  # encode_corpus has just verified the shards
+    with timed_step("build index", timings):
+        index = _build_index(cfg, docs, out / "index", device, doc_meta)
+        del docs
+    with timed_step("encode queries", timings):
+        queries, query_meta = encode_queries(cfg, dataset, encoder)
+    with timed_step("search", timings):
+        searcher = open_searcher(index, device=device, backend=cfg.search.backend)
+        scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs),
+                                          query_batch=cfg.search.query_batch, query_metadata=query_meta)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device)
+
+
+def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:
+    """The job's index saved in ``out``: one InvertedIndex, or a sharded one for ``index.partitions`` > 1."""
+    from lsr.index.inverted import InvertedIndex
+
+    if cfg.index.partitions == 1:
+        index = InvertedIndex.build(docs, device=device, block_size=cfg.index.block_size, metadata=doc_meta,
+                                    postings=cfg.index.postings)
+        index.save(out, overwrite=True)
+        return index
+    from lsr.parallel.sharded_index import ShardedIndex
+
+    # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
+    # and the searcher moves them to the device, or streams them there when they do not fit
+    ShardedIndex.build(docs, cfg.index.partitions, out, device=device, block_size=cfg.index.block_size,
+                       metadata=doc_meta, overwrite=True, postings=cfg.index.postings)
+    return ShardedIndex.load(out, verify=False)
