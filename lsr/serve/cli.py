@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from lsr.cli_types import integer
+from lsr.config import SEARCH_BACKENDS
 
 __all__ = ["cmd_serve", "register"]
 
@@ -25,7 +26,8 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--k", type=integer(1), default=1000, help="hits per query when a request does not give k")
     p.add_argument("--max-k", type=integer(1), default=None, help="the largest k a request may ask for (default: "
                    "max(--k, 1000))")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"), help="search backend")
+    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
+                   help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "
                    "overlapping the device work (off by default: slower on an H100, docs/benchmarks.md session 12)")

@@ -115,7 +115,7 @@ def test_pre_encoded_queries_are_checked_against_the_index_encoder(tiny, capsys)
     """A query vector folder carries the encoder that wrote it; a folder from another encoder is refused, as
     queries encoded on the fly are."""
     q = tiny["root"] / "qvec"
-    assert main(["encode", "--dataset", str(tiny["beir"]), "--out", str(q), "--queries", "--model",
+    assert main(["encode", "--dataset", str(tiny["beir"]), "--out", str(q), "--what", "queries", "--model",
                  str(tiny["vec"] / "encoder"), "--device", "cpu"]) == 0
     run = tiny["root"] / "pre.trec"
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(q), "--out", str(run), "--device", "cpu"]) == 0
@@ -216,7 +216,7 @@ def test_run_with_no_queries_is_an_error(tiny, tmp_path, capsys):
     beir = tmp_path / "beir"
     shutil.copytree(tiny["beir"], beir)
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")   # no judged query
-    assert main(["run", "configs/scifact-bm25.yaml", "--set", f"dataset={beir}", "--set", f"output={tmp_path / 'o'}",
+    assert main(["run", "configs/scifact-bm25.yaml", "--set", f"data.dataset={beir}", "--set", f"output={tmp_path / 'o'}",
                  "--set", "device=cpu"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("encode")]
     assert len(err) == 1 and "no queries to search" in err[0], err
