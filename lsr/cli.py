@@ -351,8 +351,9 @@ def _add_evaluate_command(sub: argparse._SubParsersAction) -> None:
 
 def _add_run_command(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "run", "encode -> index -> search -> evaluate from a YAML config", cmd_run)
-    p.add_argument("config", help="YAML config (see configs/)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+    p.add_argument("config", help="YAML config (see configs/; every key: lsr/config.py)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. search.k=100 (repeatable)")
     p.add_argument("--json", help="also write {metric: value} here")
     p.add_argument("--check", action="store_true", help="exit 1 if metrics miss the config's expected values")
     p.add_argument("--overwrite", action="store_true",

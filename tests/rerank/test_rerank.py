@@ -146,7 +146,7 @@ def test_lsr_run_bm25_then_rerank(models, tmp_path):
     out = tmp_path / "run"
     args = ["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"output={out}", "--set", "device=cpu",
             "--set", f"rerank.model={models['pylate']}", "--set", "rerank.k=3", "--set", "search.k=10",
-            "--set", "metrics=[nDCG@10]"]
+            "--set", "evaluation.metrics=[nDCG@10]"]
     assert main(args) == 0
     result = json.loads((out / "metrics.json").read_text())
     assert set(result["metrics"]) == set(result["metrics_first_stage"]) == {"nDCG@10"}
