@@ -1,5 +1,12 @@
 """argparse value types of lsr's commands: a bad value exits 2 with argparse's one-line message
-("argument --k: must be >= 1, got 0") before any work starts."""
+("argument --k: must be >= 1, got 0") before any work starts.
+
+A flag names one thing in every command that has it: ``--dataset`` a dataset to read, ``--queries`` the
+queries to search (vectors, topics or a dataset; ``lsr encode --what queries`` encodes a dataset's
+queries), ``--index`` an index folder to read, ``--out`` what the command writes, ``--model``,
+``--device``, ``--k`` (results per query), ``--batch-size`` (texts per encoder batch), ``--metrics``,
+``--json`` ({metric: value} written there), ``--overwrite``, ``--backend`` (the search backend, as the
+config's ``search.backend``); ``--set section.key=value`` overrides a config key (``lsr.config``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,16 @@
-"""Job configuration: frozen dataclasses loaded from YAML, with ``--set key=value`` overrides.
+"""Job configuration: one schema of frozen dataclasses, read from YAML with ``--set key=value`` overrides.
 
-A config describes one reproducible run of the pipeline (encode -> index -> search -> evaluate);
-``configs/*.yaml`` are examples, each with the metrics it is expected to reach.
+A config is a few top-level keys (``name``, ``output``, ``device``) and sections. ``RunConfig`` (``lsr
+run``: encode -> index -> search -> evaluate) and ``TrainConfig`` (``lsr train``, ``lsr.train.config``)
+share the sections they have in common: ``encoder`` (``EncoderConfig``), ``data`` (``DataConfig``) and
+``evaluation`` (``EvaluationConfig``). In YAML a section is a nested mapping; on the command line a key
+is addressed by its dotted path (``--set encoder.batch_size=1024``, ``--set evaluation.metrics=[RR@10]``);
+values are parsed as YAML.
+
+Every key is documented, with its default, in the docstring under its field. The loader checks every
+schema alike: unknown keys, types, allowed values (``choice``) and minimums (``at_least``); a schema's
+``validate`` adds the rules that relate keys. Each error is one line naming the dotted key and what it
+accepts. ``configs/*.yaml`` are examples, each with the metrics it is expected to reach.
 """
 
 from __future__ import annotations
@@ -13,89 +22,161 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
-from lsr.utils.devices import is_device_name
+from lsr.utils.devices import DEVICE_HELP, is_device_name
 
-__all__ = ["EncoderConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
-           "load_config", "validate_config"]
+__all__ = ["HEAD_IMPLS", "MAXSIM_IMPLS", "SEARCH_BACKENDS", "ConfigSchema", "DataConfig", "EncoderConfig",
+           "EvaluationConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
+           "at_least", "choice", "config_from_dict", "load_config", "read_yaml_config"]
+
+SEARCH_BACKENDS = ("auto", "torch", "gpu")   # the Searcher's: torch ops, or the GPU kernels (auto: gpu on CUDA)
+HEAD_IMPLS = ("auto", "triton", "torch")     # the Sparton head's implementation (auto: Triton on CUDA)
+MAXSIM_IMPLS = ("auto", "triton", "torch")   # the MaxSim kernel's implementation (auto: Triton on CUDA)
+DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
+
+S = TypeVar("S", bound="ConfigSchema")
+
+
+def choice(default: str | None, options: Sequence[str]) -> Any:
+    """A field whose value must be one of ``options`` (None passes where the type allows it)."""
+    return field(default=default, metadata={"choices": tuple(options)})
+
+
+def at_least(default: float | None, minimum: float) -> Any:
+    """A field whose value must be >= ``minimum`` (None passes where the type allows it)."""
+    return field(default=default, metadata={"minimum": minimum})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where queries, documents and judgements come from (``lsr.data.sources.load_dataset``)."""
+
+    dataset: str | None = None
+    """ir_datasets id, local folder (BEIR / TSV layout), ``hf:ORG/NAME`` or a Parquet/JSONL spec; required by
+    ``lsr run`` and by ``lsr train`` unless ``triples`` is given."""
+    split: str | None = None
+    """Split of a local BEIR folder (``qrels/<split>.tsv``): test, dev, train ...; None: the dataset's own."""
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """Which encoder makes the vectors. ``kind``: "bm25" (lexical, no weights) or "splade"."""
+    """Which encoder makes the vectors, and how."""
 
-    kind: str = "bm25"
-    model: str | None = None            # HF id or local path (splade)
-    query_model: str | None = None      # optional separate query encoder (splade)
-    max_length_query: int | None = None  # None: the checkpoint's own (sentence-transformers), else 64
-    max_length_doc: int | None = None    # None: the checkpoint's own (sentence-transformers), else 256
-    batch_size: int | None = None       # None: the encoder's own default (token-budgeted batches)
-    dtype: str | None = None            # "bfloat16" | "float16" | "float32"; default: bf16 on CUDA, fp32 on CPU
-    doc_top_k: int | None = None        # keep the k largest weights per document vector
-    k1: float = 0.9                     # bm25
-    b: float = 0.4                      # bm25
-    shard_rows: int = 100_000
-    tokenize_workers: int | None = None  # tokenizer processes (splade); None: min(8, cores - 4) on CUDA, 0 = in-process
-    compile: bool = False               # torch.compile the backbone (splade): pays off for millions of passages
+    kind: str = choice("bm25", ("bm25", "splade"))
+    """"bm25" (lexical, no weights) or "splade" (a masked-LM checkpoint with the Sparton head)."""
+    model: str | None = None
+    """SPLADE: Hugging Face id or local path (required for splade)."""
+    query_model: str | None = None
+    """SPLADE: a separate query encoder checkpoint (same vocabulary); None: ``model`` encodes queries too."""
+    max_length_query: int | None = at_least(None, 1)
+    """Query tokens kept; None: the checkpoint's own (sentence-transformers), else 64."""
+    max_length_doc: int | None = at_least(None, 1)
+    """Document tokens kept; None: the checkpoint's own (sentence-transformers), else 256."""
+    batch_size: int | None = at_least(None, 1)
+    """Texts per batch; None: the encoder's own default (token-budgeted batches)."""
+    dtype: str | None = choice(None, DTYPES)
+    """bfloat16 | float16 | float32; None: bf16 on CUDA, fp32 on the CPU. Training: the autocast precision
+    (bfloat16 or float32; the master weights stay float32)."""
+    head: str = choice("auto", HEAD_IMPLS)
+    """SPLADE: the Sparton head's implementation: auto (Triton on CUDA, the torch twin elsewhere), triton, torch."""
+    doc_top_k: int | None = at_least(None, 1)
+    """Keep the k largest weights of each document vector; None: all."""
+    k1: float = at_least(0.9, 0)
+    """BM25 term-frequency saturation."""
+    b: float = at_least(0.4, 0)
+    """BM25 length normalisation, in [0, 1]."""
+    shard_rows: int = at_least(100_000, 1)
+    """Documents per Parquet shard (the resume granularity)."""
+    tokenize_workers: int | None = at_least(None, 0)
+    """SPLADE: tokenizer processes; None: min(8, cores - 4) on CUDA, 0 = in-process."""
+    compile: bool = False
+    """SPLADE: torch.compile the backbone (pays off for millions of passages; the first batches compile)."""
 
 
 @dataclass(frozen=True)
 class IndexConfig:
+    """How the inverted index is built (``lsr.index``)."""
+
     block_size: int = 65536
-    partitions: int = 1                 # > 1: a sharded index (docs/scaling.md), searched partition by partition
-    postings: str = "auto"              # "compact" (4 bytes a posting, weights exact in bf16/fp16) where it fits, else
-                                        # "float32"; or either one forced; same results
+    """Documents per posting block (a power of two)."""
+    partitions: int = at_least(1, 1)
+    """> 1: a sharded index (docs/scaling.md), searched partition by partition."""
+    postings: str = "auto"
+    """compact (4 bytes a posting, weights exact in bf16/fp16) where it fits, else float32 (auto); or either
+    one forced; same results."""
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    k: int = 1000
-    query_batch: int | None = None
-    backend: str = "auto"
-    query_vectors: str | None = None    # pre-encoded queries: Anserini TSV(.gz) or an lsr vector directory
-    query_scale: float | None = None    # Anserini quantisation scale for query_vectors (None: lsr.interop default)
-    doc_vectors: str | None = None      # pre-encoded documents: lsr vector directory or pyserini JSONL file(s)
-    vocab: str | None = None            # vocab.txt / tokenizer dir for pre-encoded token vectors
+    """How queries are searched (``lsr.search.Searcher``), and pre-encoded inputs."""
+
+    k: int = at_least(1000, 1)
+    """Results per query (at most the index's documents)."""
+    query_batch: int | None = at_least(None, 1)
+    """Queries per search call; None: the Searcher's own."""
+    backend: str = choice("auto", SEARCH_BACKENDS)
+    """auto (gpu on CUDA, else torch), torch (torch ops) or gpu (lsr's GPU kernels; on a CPU under TRITON_INTERPRET=1)."""
+    query_vectors: str | None = None
+    """Pre-encoded queries: Anserini TSV(.gz) or an lsr vector directory."""
+    query_scale: float | None = None
+    """Anserini quantisation scale of ``query_vectors``; None: lsr.interop's default."""
+    doc_vectors: str | None = None
+    """Pre-encoded documents: an lsr vector directory or pyserini JSONL file(s)."""
+    vocab: str | None = None
+    """vocab.txt / tokenizer folder of pre-encoded token vectors."""
 
 
 @dataclass(frozen=True)
 class RerankConfig:
     """Optional second stage (lsr.rerank): rescore each query's top-k with a late-interaction model."""
 
-    model: str | None = None            # local PyLate / colbert-ir checkpoint; None: no rerank stage
-    k: int = 100
-    batch_size: int = 32                # documents per encoder batch
-    query_batch: int = 64               # queries per MaxSim call
-    cache: str | None = None            # document embedding cache; None: <output>/doc-embeddings
-    dtype: str | None = None            # encoder dtype; default: bf16 on CUDA, fp32 on CPU
-    backend: str = "auto"               # MaxSim: auto | triton | torch
+    model: str | None = None
+    """Local PyLate / colbert-ir checkpoint; None: no rerank stage."""
+    k: int = at_least(100, 1)
+    """Documents per query reranked (the rest is dropped)."""
+    batch_size: int = at_least(32, 1)
+    """Documents per encoder batch."""
+    query_batch: int = at_least(64, 1)
+    """Queries per MaxSim call."""
+    cache: str | None = None
+    """Document embedding cache folder; None: ``<output>/doc-embeddings``."""
+    dtype: str | None = choice(None, DTYPES)
+    """Encoder dtype; None: bf16 on CUDA, fp32 on the CPU."""
+    maxsim: str = choice("auto", MAXSIM_IMPLS)
+    """The MaxSim kernel's implementation: auto (Triton on CUDA), triton, torch."""
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One end-to-end job."""
+class EvaluationConfig:
+    """What is measured (ir-measures strings) and the results a config documents."""
 
-    name: str = "lsr-run"
-    dataset: str = "data/scifact"       # ir_datasets id or local folder (BEIR / TSV layout)
-    split: str | None = None
-    output: str = "runs/lsr-run"
-    device: str = "auto"
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    index: IndexConfig = field(default_factory=IndexConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    rerank: RerankConfig = field(default_factory=RerankConfig)
     metrics: tuple[str, ...] = ("RR@10", "nDCG@10", "R@1000")
-    expected: Mapping[str, float] = field(default_factory=dict)   # documented reference results
-    tolerance: float = 0.005
+    """ir-measures metric strings (``lsr train``'s default: nDCG@10, R@100)."""
+    expected: Mapping[str, float] = field(default_factory=dict)
+    """Documented reference results {metric: value}; ``lsr run --check`` compares against them."""
+    tolerance: float = at_least(0.005, 0)
+    """Largest difference from ``expected`` that ``--check`` accepts."""
+
+    def missed(self, metrics: Mapping[str, float]) -> dict[str, tuple[float | None, float]]:
+        """{metric: (measured or None, expected)} of the expected metrics ``metrics`` misses by more than
+        ``tolerance`` (or lacks)."""
+        return {m: (metrics.get(m), v) for m, v in self.expected.items()
+                if metrics.get(m) is None or abs(metrics[m] - v) > self.tolerance}
+
+
+class ConfigSchema:
+    """What every config (run, train) can do: ``validate``, ``to_dict`` and ``save``."""
+
+    def validate(self: S) -> S:
+        """Check the rules that relate keys (one-line ValueError naming them); returns the config."""
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["metrics"] = list(self.metrics)
-        d["expected"] = dict(self.expected)
-        return d
+        """Plain YAML-ready data: sections as dicts, tuples as lists."""
+        return _plain(self)
 
     def save(self, path: str | Path) -> None:
         from lsr.storage.files import atomic_write_text
@@ -103,11 +184,73 @@ class RunConfig:
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
-_SECTIONS = {"encoder": EncoderConfig, "index": IndexConfig, "search": SearchConfig, "rerank": RerankConfig}
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+@dataclass(frozen=True)
+class RunConfig(ConfigSchema):
+    """One end-to-end job (``lsr run``)."""
+
+    name: str = "lsr-run"
+    """Job name (the TREC run tag)."""
+    output: str = "runs/lsr-run"
+    """Output folder: vectors, index, runs, metrics.json."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    data: DataConfig = field(default_factory=DataConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+    def validate(self) -> RunConfig:
+        from lsr.index.build import check_block_size
+        from lsr.index.compact import CHOICES
+
+        enc = self.encoder
+        if not self.data.dataset:
+            raise ValueError("config.data.dataset is required (an ir_datasets id or a local folder)")
+        if enc.kind == "splade" and not enc.model and not self.search.doc_vectors:
+            raise ValueError("config.encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
+        if enc.b > 1:
+            raise ValueError(f"config.encoder.b must lie in [0, 1], got {enc.b}")
+        try:
+            check_block_size(self.index.block_size)
+        except ValueError as e:
+            raise ValueError(f"config.index.{e}") from None
+        if self.index.postings not in CHOICES:
+            raise ValueError(f"config.index.postings must be one of {', '.join(CHOICES)}, got {self.index.postings!r}")
+        check_evaluation(self.evaluation)
+        return self
+
+
+def check_common(cfg: Any) -> None:
+    """The checks of the top-level keys every schema has (device)."""
+    if not is_device_name(cfg.device):
+        raise ValueError(f"config.device must be {DEVICE_HELP}, got {cfg.device!r}")
+
+
+def check_evaluation(evaluation: EvaluationConfig, where: str = "config.evaluation") -> None:
+    """Every metric (and every expected one) is an ir-measures string lsr evaluates."""
+    from lsr.evaluation.measures import parse_metrics
+
+    try:
+        parse_metrics(evaluation.metrics)
+        if evaluation.expected:
+            parse_metrics(tuple(evaluation.expected))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
-    """``value`` if it has the type ``hint`` (int accepted for float), else ValueError naming ``where``."""
+    """``value`` if it has the type ``hint`` (int accepted for float, a string for a list of strings), else a
+    ValueError naming ``where``."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     for option in options:
         if option is type(None) and value is None:
@@ -121,86 +264,65 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
             return value
         if base in (str, bool) and isinstance(value, base):
             return value
+        if base is tuple and isinstance(value, str):
+            return (value,)
         if base is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(value)
         if base is Mapping and isinstance(value, Mapping) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
             return {str(k): float(v) for k, v in value.items()}
-    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of metric to finite number"}
+    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of names to finite numbers"}
     want = " or ".join(names.get(typing.get_origin(o) or o, getattr(o, "__name__", str(o))) for o in options)
     raise ValueError(f"{where} must be {want}, got {value!r}")
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
+def _check_value(value: Any, f: dataclasses.Field, where: str) -> None:
+    options, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
+    if options is not None and value is not None and value not in options:
+        raise ValueError(f"{where} must be one of {', '.join(options)}, got {value!r}")
+    if minimum is not None and value is not None and value < minimum:
+        raise ValueError(f"{where} must be >= {minimum:g}, got {value}")
+
+
+def _unknown(base: Any, unknown: list[str], where: str) -> ValueError:
+    """The error for unknown keys: the known ones, and the section a misplaced key belongs to."""
+    fields = dataclasses.fields(base)
+    hints = [f"{f.name}.{key}" for key in unknown for f in fields if dataclasses.is_dataclass(getattr(base, f.name))
+             and key in {s.name for s in dataclasses.fields(getattr(base, f.name))}]
+    hint = f"; did you mean {', '.join(hints)}?" if hints else ""
+    return ValueError(f"unknown key(s) in {where}: {unknown} (known: {sorted(f.name for f in fields)}){hint}")
+
+
+def _build(base: Any, data: Any, where: str) -> Any:
+    """``base`` (a config or section instance) with the keys of ``data`` replaced, each checked."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{where} must be a mapping of keys to values, got {data!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"unknown key(s) in {where}: {sorted(unknown)} (known: {sorted(names)})")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
+        raise _unknown(base, unknown, where)
+    hints = typing.get_type_hints(type(base))
+    changes = {}
     for key, value in data.items():
-        if key in _SECTIONS and cls is RunConfig:
-            value = _build(_SECTIONS[key], value or {}, f"{where}.{key}")
-        else:
-            if key == "metrics" and isinstance(value, str):
-                value = [value]
-            value = _check_type(value, hints[key], f"{where}.{key}")
-        kwargs[key] = value
-    return cls(**kwargs)
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current):   # a section: its schema's defaults, then the given keys
+            changes[key] = _build(current, {} if value is None else value, f"{where}.{key}")
+            continue
+        value = _check_type(value, hints[key], f"{where}.{key}")
+        _check_value(value, fields[key], f"{where}.{key}")
+        changes[key] = value
+    return dataclasses.replace(base, **changes)
 
 
-def _positive(where: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{where} must be >= 1, got {value}")
-
-
-def validate_config(cfg: RunConfig) -> RunConfig:
-    """Check a whole config before any work (so a bad metric cannot fail after encoding); returns it."""
-    from lsr.evaluation.measures import parse_metrics
-    from lsr.index.build import check_block_size
-    from lsr.index.compact import CHOICES
-
-    enc, search = cfg.encoder, cfg.search
-    if enc.kind not in ("bm25", "splade"):
-        raise ValueError(f"config.encoder.kind must be 'bm25' or 'splade', got {enc.kind!r}")
-    if enc.kind == "splade" and not enc.model and not search.doc_vectors:
-        raise ValueError("config.encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
-    if enc.dtype not in (None, "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"):
-        raise ValueError(f"config.encoder.dtype must be bfloat16, float16 or float32, got {enc.dtype!r}")
-    for name in ("max_length_query", "max_length_doc", "batch_size", "doc_top_k", "shard_rows"):
-        _positive(f"config.encoder.{name}", getattr(enc, name))
-    if enc.k1 < 0 or not 0 <= enc.b <= 1:
-        raise ValueError(f"config.encoder: bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={enc.k1}, b={enc.b}")
-    _positive("config.search.k", search.k)
-    _positive("config.search.query_batch", search.query_batch)
-    if search.backend not in ("auto", "torch", "gpu"):
-        raise ValueError(f"config.search.backend must be auto, torch or gpu, got {search.backend!r}")
-    for name in ("k", "batch_size", "query_batch"):
-        _positive(f"config.rerank.{name}", getattr(cfg.rerank, name))
-    if cfg.rerank.backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"config.rerank.backend must be auto, torch or triton, got {cfg.rerank.backend!r}")
-    check_block_size(cfg.index.block_size)
-    if cfg.index.postings not in CHOICES:
-        raise ValueError(f"config.index.postings must be auto, float32 or compact, got {cfg.index.postings!r}")
-    _positive("config.index.partitions", cfg.index.partitions)
-    if not is_device_name(cfg.device):
-        raise ValueError(f"config.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.tolerance < 0:
-        raise ValueError(f"config.tolerance must be >= 0, got {cfg.tolerance}")
-    parse_metrics(cfg.metrics)
-    if cfg.expected:
-        parse_metrics(tuple(cfg.expected))
-    return cfg
-
-
-def from_dict(data: Mapping[str, Any]) -> RunConfig:
-    return _build(RunConfig, data, "config")
+def config_from_dict(data: Mapping[str, Any], schema: type[S] = RunConfig) -> S:  # type: ignore[assignment]
+    """A validated config of ``schema`` from a nested mapping (the YAML layout)."""
+    cfg = _build(schema(), data, "config")
+    check_common(cfg)
+    return cfg.validate()
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML) to a nested dict, in place."""
+    """Apply ``section.key=value`` strings (values parsed as YAML) to a nested dict, in place."""
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got {item!r}")
@@ -209,6 +331,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
+            if node is None:   # an empty section in the YAML (``encoder:``)
+                node = data[p] = {}
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {p!r} is not a section")
         try:
@@ -234,6 +358,8 @@ def read_yaml_config(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML config (or start from defaults) and apply ``--set`` overrides."""
-    return validate_config(from_dict(apply_overrides(read_yaml_config(path), overrides)))
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                schema: type[S] = RunConfig) -> S:  # type: ignore[assignment]
+    """Read a YAML config of ``schema`` (RunConfig, or lsr.train's TrainConfig), or start from its defaults,
+    apply ``--set section.key=value`` overrides and validate it."""
+    return config_from_dict(apply_overrides(read_yaml_config(path), overrides), schema)

@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -81,17 +82,17 @@ def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return losses.info_nce(q, d) + 5e-4 * losses.flops(q) + 1e-3 * losses.flops(d)
 
 
-def lsr_step(folder: Path, device: str, backend: str, checkpointing: bool, compile: bool = False
+def lsr_step(folder: Path, device: str, head_impl: str, checkpointing: bool, compile: bool = False
              ) -> Callable[[dict, dict], None]:
     from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False, compile=compile)
-    head = None
-    if backend == "torch":  # what an HF head does under autocast: bf16 [B, S, V] logits, masked max
+    head: Any = "auto"
+    if head_impl == "torch":  # what an HF head does under autocast: bf16 [B, S, V] logits, masked max
         def head(h, w, b, m, *_):
             return torch_sparton_head(h, w, b, m, upcast=False)
-    model = TrainableEncoder(enc, backend="auto", bf16=True, head=head, gradient_checkpointing=checkpointing).train()
+    model = TrainableEncoder(enc, head=head, bf16=True, gradient_checkpointing=checkpointing).train()
     opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5, **adamw_kernel(device))
 
     def step(q: dict, d: dict) -> None:

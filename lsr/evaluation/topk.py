@@ -1,7 +1,7 @@
 """Vectorised IR metrics computed straight from search results ([B, k] doc indices).
 
-``ir_measures`` needs a qid -> docno -> score dict: for 6,980 queries x 1,000 hits, building it and
-evaluating takes ~7 s on a CPU, longer than the search itself. Here the common measures (RR, nDCG, R,
+``ir_measures`` needs a qid -> docno -> score dict: for thousands of queries x 1,000 hits, building it and
+evaluating takes longer than the search itself. Here the common measures (RR, nDCG, R,
 P, AP with ``@cutoff`` and ``rel=``) are computed with numpy on the [B, k] arrays, with trec_eval's
 definitions (what ir_measures reports). Other measures fall back to ir_measures.
 tests/evaluation/test_topk_metrics.py checks equality with ir_measures.

@@ -92,8 +92,8 @@ def n_blocks_for(n_docs: int, block_size: int) -> int:
 def default_memory_budget(device: torch.device) -> int:
     """Temporary-memory budget for a build on ``device``: min(1 GiB, free / 2) on CUDA, 2 GiB on CPU.
 
-    Bigger chunks do not pay: on an H200, 8.8M docs x 127 terms (1.1B postings) built in 0.28 s with a
-    1 GiB budget (59 chunks), 0.38 s with 8 GiB and 0.44 s in one chunk (40 GiB of temporaries).
+    Bigger chunks do not pay: a 1.1B-posting build was fastest with the 1 GiB budget, slower with 8 GiB and
+    slowest in one chunk (the measurements: docs/benchmarks.md).
     """
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -234,7 +234,7 @@ def _scatter_postings(vectors: SparseVectors, chunks: list[tuple[int, int, int, 
         sort_key, key_shift = _sort_key(vectors.indices[p0:p1], vectors.vocab_size)
         sorted_terms, order = torch.sort(sort_key, stable=True)
         del sort_key
-        # index_select: several times faster than advanced indexing for these big random gathers on CPU
+        # index_select, not advanced indexing: the faster gather for these big random permutations on the CPU
         docs = _chunk_docs(vectors, r0, r1, p0, p1).index_select(0, order)
         vals = vectors.values[p0:p1].index_select(0, order)
         del order

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 ANSERINI_QUERY_SCALE = 1000.0
-_CHUNK_ROWS = 65536
+CHUNK_ROWS = 65536   # rows collected before they become one CSR part
 VocabLike = Mapping[str, int] | Sequence[str] | PathLike | Any
 
 
@@ -88,16 +88,16 @@ def _id_to_token(vocab: VocabLike, vocab_size: int) -> list[str]:
 class _Builder:
     """Collects rows of token -> weight, mapping tokens through the vocabulary.
 
-    Rows are turned into CSR every ``_CHUNK_ROWS`` rows (compact ``array`` buffers in between), so a
+    Rows are turned into CSR every ``chunk_rows`` rows (compact ``array`` buffers in between), so a
     corpus-sized file (MS MARCO: 8.8M docs x ~130 terms) never sits in Python lists.
     """
 
-    def __init__(self, vocab: VocabLike, unknown: str, scale: float | None) -> None:
+    def __init__(self, vocab: VocabLike, unknown: str, scale: float | None, chunk_rows: int = CHUNK_ROWS) -> None:
         if unknown not in ("error", "drop"):
             raise ValueError("unknown must be 'error' or 'drop'")
         if scale is not None and not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale}")
-        self.vocab, self.unknown, self.scale = load_vocab(vocab), unknown, scale
+        self.vocab, self.unknown, self.scale, self.chunk_rows = load_vocab(vocab), unknown, scale, chunk_rows
         self.vocab_size = max(self.vocab.values(), default=-1) + 1
         self.parts: list[SparseVectors] = []
         self._reset()
@@ -124,7 +124,7 @@ class _Builder:
         self.rows.extend([len(self.ids)] * len(cols))
         self.cols.extend(cols)
         self.ids.append(row_id)
-        if len(self.ids) >= _CHUNK_ROWS:
+        if len(self.ids) >= self.chunk_rows:
             self._flush()
 
     def _flush(self) -> None:
@@ -173,13 +173,14 @@ def _count_tokens(text: str) -> dict[str, int]:
 
 
 def read_anserini_queries(path: PathLike, vocab: VocabLike, scale: float | None = ANSERINI_QUERY_SCALE,
-                          *, unknown: str = "error") -> SparseVectors:
+                          *, unknown: str = "error", chunk_rows: int = CHUNK_ROWS) -> SparseVectors:
     """Read ``qid<TAB>tok tok ...`` pre-encoded queries (``.gz`` ok): weight = count / scale.
 
     ``scale=None`` keeps the raw counts. A token outside ``vocab`` raises naming it and its qid,
-    unless ``unknown="drop"``. Row order and ids follow the file.
+    unless ``unknown="drop"``. Row order and ids follow the file. ``chunk_rows``: rows read before they
+    are packed into one CSR part (bounds the Python-side buffers; the result is the same).
     """
-    builder = _Builder(vocab, unknown, scale)
+    builder = _Builder(vocab, unknown, scale, chunk_rows)
     for n, qid, tokens in iter_tsv_pairs(path, "qid<TAB>tokens"):
         builder.add(qid, _count_tokens(tokens), f"{path}:{n}")
     return builder.build()
@@ -198,13 +199,15 @@ def _vector_files(path_or_paths: PathLike | Iterable[PathLike]) -> list[Path]:
 
 
 def read_anserini_documents(path_or_paths: PathLike | Iterable[PathLike], vocab: VocabLike,
-                            scale: float | None = None, *, unknown: str = "error") -> SparseVectors:
+                            scale: float | None = None, *, unknown: str = "error", chunk_rows: int = CHUNK_ROWS,
+                            ) -> SparseVectors:
     """Read Anserini/Pyserini JSON vector files (JSONL; ``.gz`` ok; a folder = all its files).
 
     Each line: ``{"id": ..., "contents" or "content": ..., "vector": {token: weight}}``; weights
     are divided by ``scale`` when given (e.g. 100 for integer-quantized vectors). Text is ignored.
+    ``chunk_rows``: as ``read_anserini_queries``.
     """
-    builder = _Builder(vocab, unknown, scale)
+    builder = _Builder(vocab, unknown, scale, chunk_rows)
     for file in _vector_files(path_or_paths):
         for n, line in iter_lines(file):
             if not line.strip():

@@ -66,7 +66,7 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
             cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, world)))
             from lsr.data.sources import load_dataset
 
-            dataset = load_dataset(cfg.dataset, cfg.split)
+            dataset = load_dataset(cfg.data.dataset, cfg.data.split)
         with agree("claim the output folder"):
             if rank == 0:  # rank 0 decides, the others follow
                 claim_output(cfg, dataset, Path(cfg.output), overwrite)

@@ -50,7 +50,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
     timings: dict[str, float] = {}
-    dataset = load_dataset(cfg.dataset, cfg.split)
+    dataset = load_dataset(cfg.data.dataset, cfg.data.split)
     origin = claim_output(cfg, dataset, out, overwrite)
     encoder = None
     with timed_step("encode documents", timings):

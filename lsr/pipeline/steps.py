@@ -50,7 +50,7 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
         return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
                                              max_length_query=cfg.max_length_query,
                                              max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k,
-                                             compile=cfg.compile)
+                                             backend=cfg.head, compile=cfg.compile)
     raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
 
 
@@ -105,7 +105,7 @@ def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dic
     error: the job's metrics would be zeros."""
     queries, meta = _job_queries(cfg, dataset, encoder)
     if len(queries) == 0:
-        raise ValueError(f"{cfg.dataset}: no queries to search (split {cfg.split or 'default'}); check the dataset, "
+        raise ValueError(f"{cfg.data.dataset}: no queries to search (split {cfg.data.split or 'default'}); check the dataset, "
                          "its split and its qrels")
     return queries, meta
 
@@ -138,7 +138,7 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
         runs.write_topk({"trec": out / "run.trec", "msmarco": out / "run.msmarco.tsv"}, queries.ids, docno_array,
                         scores, doc_idx, tag=cfg.name)
     with timed_step("evaluate", timings):
-        metrics = evaluate_topk(queries.ids, doc_idx, docno_array, dataset.qrels, cfg.metrics, scores=scores)
+        metrics = evaluate_topk(queries.ids, doc_idx, docno_array, dataset.qrels, cfg.evaluation.metrics, scores=scores)
     files = {"run_trec": str(out / "run.trec"), "run_msmarco": str(out / "run.msmarco.tsv"), "index": str(out / "index")}
     result_extra: dict[str, Any] = {}
     if cfg.rerank.model:  # second stage: its metrics become the job's, the first stage's are kept beside
@@ -148,9 +148,9 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
             first = runs.from_topk(queries.ids, docnos, scores, doc_idx)
             files["run_rerank"] = str(out / "rerank.trec")
             result_extra = {"metrics_first_stage": metrics}
-            metrics = rerank_stage(cfg.rerank, first, dataset, device, out, cfg.metrics)
-    result = {"name": cfg.name, "dataset": cfg.dataset, "device": device, "metrics": metrics,
-              "expected": dict(cfg.expected), "timings_s": timings, "n_docs": len(docnos),
+            metrics = rerank_stage(cfg.rerank, first, dataset, device, out, cfg.evaluation.metrics)
+    result = {"name": cfg.name, "dataset": cfg.data.dataset, "device": device, "metrics": metrics,
+              "expected": dict(cfg.evaluation.expected), "timings_s": timings, "n_docs": len(docnos),
               "n_queries": len(queries), "files": files, **result_extra}
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
@@ -174,7 +174,7 @@ def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> di
 
     from lsr.storage.provenance import check_not_inside, check_same_origin
 
-    check_not_inside(out, [cfg.dataset, cfg.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
+    check_not_inside(out, [cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
                            cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
     origin = job_origin(cfg, dataset)
     marker = out / _MARKER

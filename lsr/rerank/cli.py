@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from lsr.cli_types import DEVICE_HELP, device, integer
+from lsr.config import MAXSIM_IMPLS
 
 __all__ = ["cmd_rerank", "default_cache_dir", "register"]
 
@@ -30,7 +31,8 @@ def register(sub: argparse._SubParsersAction, command) -> None:
     p.add_argument("--batch-size", type=integer(1), default=32, help="documents per encoder batch")
     p.add_argument("--query-batch", type=integer(1), default=64, help="queries scored per MaxSim call")
     p.add_argument("--dtype", default=None, help="encoder dtype (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--backend", choices=("auto", "triton", "torch"), default="auto", help="MaxSim implementation")
+    p.add_argument("--maxsim", choices=MAXSIM_IMPLS, default="auto",
+                   help="the MaxSim kernel's implementation (auto: Triton on CUDA)")
     p.add_argument("--tag", default="lsr-rerank", help="run tag (TREC column 6)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--device", type=device, default="auto", help=DEVICE_HELP)
@@ -54,14 +56,14 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     n_queries = rerank_to_file(args.run, args.model, args.dataset, args.out, k=args.k, split=args.split,
                                cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
                                device=args.device, dtype=args.dtype, batch_size=args.batch_size,
-                               query_batch=args.query_batch, backend=args.backend, tag=args.tag)
+                               query_batch=args.query_batch, maxsim=args.maxsim, tag=args.tag)
     print(f"reranked the top-{args.k} of {n_queries} queries -> {args.out}")
     return 0
 
 
 def rerank_to_file(run_path: str, model: str, dataset: str, out: str, *, k: int = 100, split: str | None = None,
                    cache_dir: str | Path | None = None, device: str = "auto", dtype: str | None = None,
-                   batch_size: int = 32, query_batch: int = 64, backend: str = "auto", tag: str = "lsr-rerank") -> int:
+                   batch_size: int = 32, query_batch: int = 64, maxsim: str = "auto", tag: str = "lsr-rerank") -> int:
     """Read a run, rerank it (see ``lsr.rerank.rerank.rerank_run``), write a TREC run; returns the query count."""
     from lsr.data import runs
     from lsr.data.sources import load_dataset
@@ -75,6 +77,6 @@ def rerank_to_file(run_path: str, model: str, dataset: str, out: str, *, k: int 
     encoder = ColbertEncoder(model, device=resolve_device(device), dtype=dtype)
     cache = DocEmbeddingCache(cache_dir, encoder.fingerprint)
     reranked = rerank_run(first, ds.queries, ds.docs_iter, encoder, cache, k=k, query_batch=query_batch,
-                          doc_batch=batch_size, backend=backend)
+                          doc_batch=batch_size, maxsim=maxsim)
     runs.write_trec(reranked, out, tag=tag)
     return len(reranked)

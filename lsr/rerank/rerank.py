@@ -67,9 +67,10 @@ def _padded(embs: Sequence[torch.Tensor], dim: int, dtype: torch.dtype, device: 
 
 def rerank_run(run: Mapping[str, Mapping[str, float]], queries: Mapping[str, str],
                docs_iter: Callable[[], Iterable[tuple[str, str]]], encoder: Any, cache: DocEmbeddingCache,
-               k: int = 100, query_batch: int = 64, doc_batch: int = 32, backend: str = "auto") -> dict[str, dict[str, float]]:
-    """The reranked run: for each query of ``run``, its top-k documents ordered by MaxSim score."""
-    from lsr.rerank.kernels.maxsim import maxsim
+               k: int = 100, query_batch: int = 64, doc_batch: int = 32, maxsim: str = "auto") -> dict[str, dict[str, float]]:
+    """The reranked run: for each query of ``run``, its top-k documents ordered by MaxSim score. ``maxsim``:
+    the MaxSim kernel's implementation ("auto": Triton on CUDA, "triton", "torch")."""
+    from lsr.rerank.kernels import maxsim as kernels
 
     absent = [q for q in run if q not in queries]
     if absent:
@@ -92,7 +93,7 @@ def rerank_run(run: Mapping[str, Mapping[str, float]], queries: Mapping[str, str
             cand[i, : len(cands[x])] = torch.tensor([slot[d] for d in cands[x]], dtype=torch.int64)
         d, d_len = _padded(cache.get(docs), encoder.dim, dtype, device)
         with torch.no_grad():
-            scores = maxsim(q.to(dtype), d, q_mask, d_len, cand.to(device), backend=backend).cpu()
+            scores = kernels.maxsim(q.to(dtype), d, q_mask, d_len, cand.to(device), backend=maxsim).cpu()
         for i, x in enumerate(batch):
             n = len(cands[x])
             order = sorted(range(n), key=lambda j: (-float(scores[i, j]), j))  # ties keep the first stage's order
@@ -111,6 +112,6 @@ def rerank_stage(cfg: Any, first: Mapping[str, Mapping[str, float]], dataset: An
     encoder = ColbertEncoder(cfg.model, device=device, dtype=cfg.dtype)
     cache = DocEmbeddingCache(cfg.cache or out / "doc-embeddings", encoder.fingerprint)
     reranked = rerank_run(first, dataset.queries, dataset.docs_iter, encoder, cache, k=cfg.k,
-                          query_batch=cfg.query_batch, doc_batch=cfg.batch_size, backend=cfg.backend)
+                          query_batch=cfg.query_batch, doc_batch=cfg.batch_size, maxsim=cfg.maxsim)
     runs.write_trec(reranked, out / "rerank.trec", tag="lsr-rerank")
     return evaluate(reranked, dataset.qrels, metrics=tuple(metrics))

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from lsr.serve.batcher import ClientGone, DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
 
-__all__ = ["create_app"]
+__all__ = ["BodyLimits", "create_app"]
 
 log = logging.getLogger(__name__)
 SERVE_EXTRA_HINT = "pip install lsr-gpu[serve]"
@@ -54,10 +55,19 @@ def _thread_init(device: str) -> Any:
     return init
 
 
+@dataclass(frozen=True)
+class BodyLimits:
+    """What a request body may be: at most ``max_bytes`` (4,096 queries of a few hundred terms each fit in a few
+    MB), arriving within ``timeout_s`` (a client that stops sending mid-body is answered 408, not waited for)."""
+
+    max_bytes: int = 64 << 20
+    timeout_s: float = 30.0
+
+
 def create_app(index: str | Path | Any, model: str | Path | None = None, *, device: str = "auto", max_batch: int = 64,
                max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
                pad_batches: bool | None = None, warmup: bool = True, pipeline: bool = False,
-               freeze_gc: bool = True) -> Any:
+               freeze_gc: bool = True, body_limits: BodyLimits | None = None) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
     Args:
@@ -69,13 +79,15 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         max_wait_ms: how long a batch waits for more requests after its first one arrived.
         k: hits per query when a request does not say; max_k: the largest k a request may ask for
             (default: max(k, 1000)).
-        backend: Searcher backend; pad_batches: see ``SearchEngine``; warmup: compile and capture before serving.
+        backend: the search backend ("auto", "torch", "gpu"); pad_batches: see ``SearchEngine``; warmup: compile
+            and capture before serving.
         pipeline: tokenize the next batch and build this batch's answers on a second thread while the device
-            works (``lsr.serve.batcher``); False (default): every step of a batch in the device thread, which
-            served more queries within a 20 ms p99 on an H100 (the two threads contend for the GIL).
+            works (``lsr.serve.batcher``); False (default): every step of a batch in the device thread (the two
+            threads contend for the GIL; docs/benchmarks.md compares them).
         freeze_gc: at startup, after warm-up, freeze the objects alive (``lsr.serve.gcwatch``: a full garbage
             collection during serving then skips them; undone at shutdown). ``/stats`` reports the collector's
             pauses either way.
+        body_limits: the largest request body and how long it may take to arrive (``BodyLimits()``).
     """
     try:
         from fastapi import FastAPI, Request
@@ -117,47 +129,46 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
 
-    _add_routes(app, engine, batcher, {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline,
+    _add_routes(app, engine, batcher, body_limits or BodyLimits(), {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline,
                                        "freeze_gc": freeze_gc})
     return app
 
 
-MAX_BODY_BYTES = 64 << 20       # 4,096 queries of a few hundred terms each fit in a few MB
-BODY_TIMEOUT_S = 30.0           # a client that stops sending mid-body is answered 408, not waited for forever
-DECODE_INLINE_BYTES = 256 << 10  # bodies up to this size are decoded on the event loop (tens of microseconds)
+DECODE_INLINE_BYTES = 256 << 10  # bodies up to this size are decoded on the event loop (they decode quickly)
 
 
-async def _read_body(request: Any) -> Any:
-    """The request body as bytes, or the error response: 413 above MAX_BODY_BYTES (from Content-Length or while
-    reading), 408 when it does not arrive within BODY_TIMEOUT_S, and a one-line log (no traceback) when the
-    client hung up."""
+async def _read_body(request: Any, limits: BodyLimits) -> Any:
+    """The request body as bytes, or the error response: 413 above ``limits.max_bytes`` (from Content-Length
+    or while reading), 408 when it does not arrive within ``limits.timeout_s``, and a one-line log (no
+    traceback) when the client hung up."""
     from starlette.requests import ClientDisconnect
 
+    max_bytes = limits.max_bytes
     size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) > MAX_BODY_BYTES:
-        return _error(413, f"the body has {int(size)} bytes; send at most {MAX_BODY_BYTES}")
+    if size.isdigit() and int(size) > max_bytes:
+        return _error(413, f"the body has {int(size)} bytes; send at most {max_bytes}")
     chunks: list[bytes] = []
 
     async def read() -> bool:
         total = 0
         async for chunk in request.stream():
             total += len(chunk)
-            if total > MAX_BODY_BYTES:
+            if total > max_bytes:
                 return False
             chunks.append(chunk)
         return True
 
     try:
-        # asyncio.timeout (3.11+) runs read() in this task; wait_for would start a task per request (~15 us)
+        # asyncio.timeout (3.11+) runs read() in this task; wait_for would start a task per request
         if hasattr(asyncio, "timeout"):
-            async with asyncio.timeout(BODY_TIMEOUT_S):
+            async with asyncio.timeout(limits.timeout_s):
                 complete = await read()
         else:
-            complete = await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+            complete = await asyncio.wait_for(read(), limits.timeout_s)
         if not complete:
-            return _error(413, f"the body exceeds {MAX_BODY_BYTES} bytes")
+            return _error(413, f"the body exceeds {max_bytes} bytes")
     except (asyncio.TimeoutError, TimeoutError):
-        return _error(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s")
+        return _error(408, f"the body did not arrive within {limits.timeout_s:g} s")
     except ClientDisconnect:
         log.info("client disconnected before its request body was complete")
         return _error(400, "the client disconnected")
@@ -170,7 +181,7 @@ def _hung_up(receive: Callable[[], Any]) -> Callable[[], bool]:
     Neither uvicorn nor Starlette cancels a handler whose client left: the ASGI ``receive`` answers
     ``http.disconnect`` instead. The check runs ``receive`` one step without awaiting it: a server that knows of
     the disconnect answers at once; otherwise ``receive`` would wait, and is closed unfinished. No task or
-    timer per request (a watcher task would cost ~15 us of event-loop time for every request)."""
+    timer per request (a watcher task would cost event-loop time for every request)."""
 
     def gone() -> bool:
         step = receive()
@@ -245,14 +256,15 @@ def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipe
     return batcher
 
 
-def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config: dict[str, Any]) -> None:
+def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, limits: BodyLimits,
+                config: dict[str, Any]) -> None:
     """POST /search, GET /health and GET /stats."""
     from fastapi import Request
     from fastapi.responses import Response
     from starlette.routing import Route
 
     async def search(request: Request) -> Response:
-        body = await _read_body(request)
+        body = await _read_body(request, limits)
         if isinstance(body, Response):
             return body
         try:   # a large body is decoded off the event loop (it would hold /health and every other request)
@@ -271,7 +283,7 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, config:
         return Response(body, media_type="application/json")
 
     # a plain Starlette route: FastAPI's parameter and dependency handling doubles the framework's time per
-    # request (~60 vs ~30 us of CPU measured in-process), and every request pays it on the event loop
+    # request (measured in-process: docs/benchmarks.md), and every request pays it on the event loop
     app.router.routes.append(Route("/search", search, methods=["POST"]))
 
     @app.get("/health")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from lsr.cli_types import integer
+from lsr.config import SEARCH_BACKENDS
 
 __all__ = ["cmd_serve", "register"]
 
@@ -25,16 +26,17 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--k", type=integer(1), default=1000, help="hits per query when a request does not give k")
     p.add_argument("--max-k", type=integer(1), default=None, help="the largest k a request may ask for (default: "
                    "max(--k, 1000))")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "gpu"), help="search backend")
+    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
+                   help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "
-                   "overlapping the device work (off by default: slower on an H100, docs/benchmarks.md session 12)")
+                   "overlapping the device work (off by default: the threads contend for the GIL; docs/benchmarks.md)")
     p.add_argument("--no-freeze-gc", action="store_true", help="leave the objects alive after warm-up to the garbage "
                    "collector (by default they are frozen: a full collection during serving skips them)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.add_argument("--switch-interval-ms", type=float, default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
-                        "GIL, and Python's 5 ms lets one wait that long for it (bench_serve: more QPS at 0.5)")
+                        "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
     _device_arg(p)
     p.set_defaults(func=cmd_serve)
 

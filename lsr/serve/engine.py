@@ -109,7 +109,7 @@ class SearchEngine:
         device: "auto" | "cpu" | "cuda" | "cuda:N".
         k: hits per query when a request does not say; max_k: the largest k a request may ask for
             (default: max(k, 1000)).
-        backend: the Searcher backend ("auto", "torch", "gpu").
+        backend: the search backend ("auto", "torch", "gpu"), passed to the Searcher.
         pad_batches: search batches padded to a power of two (copies of the last query, whose hits are
             dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
             captured again for every size; default: on CUDA.

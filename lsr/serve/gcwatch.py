@@ -2,9 +2,8 @@
 
 A full (generation 2) collection walks every tracked object of the process: with torch, transformers and an
 index loaded, hundreds of thousands of them, long enough to stall every request in flight (docs/benchmarks.md,
-session 14). ``gc.freeze()`` after warm-up moves those
-objects to a permanent generation that collections skip, so a full collection during serving walks only
-what was created since. ``GcWatch`` records every collection's pause by generation for ``/stats``.
+serving). ``gc.freeze()`` after warm-up moves those objects to a permanent generation that collections skip,
+so a full collection during serving walks only what was created since. ``GcWatch`` records every collection's pause by generation for ``/stats``.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ def frozen(enabled: bool = True) -> Iterator[bool]:
     this process (a server and its load generator in one process) leaves the outer freeze as it is.
 
     Objects frozen by others do not stop the freeze: Python 3.12 starts with a few hundred objects in the
-    permanent generation (``gc.get_freeze_count()`` is 375 on the GPU host's 3.12.3), which the first
-    version of this check took for another user, so the server never froze (docs/benchmarks.md, session 15).
+    permanent generation, which a check of ``gc.get_freeze_count() == 0`` would take for another user, so the
+    server would never freeze.
     """
     with _FREEZE_LOCK:
         mine = enabled and not _FREEZING[0]

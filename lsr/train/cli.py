@@ -1,9 +1,11 @@
-"""``lsr train CONFIG.yaml [--set key=value ...]``: train a SPLADE model (see lsr.train.config)."""
+"""``lsr train CONFIG.yaml [--set section.key=value ...]``: train a SPLADE model (keys: lsr.train.config)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+
+from lsr.cli_types import DEVICE_HELP, device
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -15,6 +17,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"device={args.device}")
     if args.resume:
         overrides.append(f"resume={args.resume}")
+    if args.overwrite:
+        overrides.append("overwrite=true")
     try:
         cfg = load_train_config(args.config, overrides)
     except (ValueError, TypeError, FileNotFoundError) as e:
@@ -29,7 +33,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction, command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command(sub, "train", "train a SPLADE model from a YAML config (Sparton head, lsr-mined hard negatives)")
     p.add_argument("config", help="YAML training config (see configs/train-*.yaml)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (overrides the config)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. optim.max_steps=100 (repeatable)")
+    p.add_argument("--device", type=device, default=None, help=f"{DEVICE_HELP} (overrides the config's device)")
     p.add_argument("--resume", default=None, help="'auto' (newest checkpoint under the output) or a checkpoint folder")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in the config's output folder")
     p.set_defaults(func=cmd_train)

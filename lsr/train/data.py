@@ -9,7 +9,7 @@ Sources:
 
 Hard negatives are mined with lsr's own exact index (``mine_negatives``): BM25 or the model being
 trained encodes the corpus, ``InvertedIndex`` + ``Searcher`` retrieve each training query's top
-documents, and the non-positives among them (after skipping the top ``mine_skip``) are the
+documents, and the non-positives among them (after skipping the top ``negatives.skip``) are the
 candidates an epoch samples from. Teacher scores (``qid<TAB>docid<TAB>score``) feed MarginMSE / KL; with
 them and no mining, a query's candidates are its teacher-scored non-positives.
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lsr.config import DataConfig
 from lsr.storage.files import iter_lines
 from lsr.train.config import TrainConfig
 
@@ -72,18 +73,19 @@ def read_teacher_scores(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _from_dataset(cfg: TrainConfig) -> TrainData:
+def _from_dataset(source: DataConfig) -> TrainData:
     from lsr.data.sources import load_dataset
 
-    ds = load_dataset(cfg.dataset, cfg.split)
+    ds = load_dataset(source.dataset, source.split)
     if not ds.qrels:
-        raise ValueError(f"dataset {cfg.dataset} (split {cfg.split}) has no qrels: training needs judged positives")
+        raise ValueError(f"dataset {source.dataset} (split {source.split}) has no qrels: training needs judged "
+                         "positives")
     docs = dict(ds.docs_iter())
     positives = {q: {d for d, g in judged.items() if g > 0 and d in docs} for q, judged in ds.qrels.items()}
     positives = {q: p for q, p in positives.items() if p and q in ds.queries}
     pairs = sorted((q, d) for q, ps in positives.items() for d in ps)
     if not pairs:
-        raise ValueError(f"dataset {cfg.dataset}: no judged positive is in the corpus")
+        raise ValueError(f"dataset {source.dataset}: no judged positive is in the corpus")
     return TrainData({q: ds.queries[q] for q in positives}, docs, pairs, positives)
 
 
@@ -120,16 +122,17 @@ def _from_triples(path: str) -> TrainData:
 
 def load_train_data(cfg: TrainConfig) -> TrainData:
     """The configured dataset or triples file, with teacher scores attached (mining happens later)."""
-    data = _from_triples(cfg.triples) if cfg.triples else _from_dataset(cfg)
-    if cfg.teacher_scores:
-        data.teacher = read_teacher_scores(cfg.teacher_scores)
+    data = _from_triples(cfg.triples) if cfg.triples else _from_dataset(cfg.data)
+    teacher_scores = cfg.loss.teacher_scores
+    if teacher_scores:
+        data.teacher = read_teacher_scores(teacher_scores)
         before = len(data.pairs)
         data.pairs = [(q, d) for q, d in data.pairs if d in data.teacher.get(q, {})]
         if not data.pairs:
-            raise ValueError(f"{cfg.teacher_scores} scores none of the training positives (ids must match the dataset)")
+            raise ValueError(f"{teacher_scores} scores none of the training positives (ids must match the dataset)")
         if len(data.pairs) < before:
             log.warning("%d of %d positives have no teacher score and are skipped", before - len(data.pairs), before)
-        if cfg.negatives == "none":
+        if cfg.negatives.mine == "none":
             data.candidates = {q: [d for d in scored if d not in data.positives.get(q, ()) and d in data.docs]
                                for q, scored in data.teacher.items()}
     return data
@@ -178,7 +181,7 @@ def _sample_negatives(data: TrainData, qid: str, positive: str, n: int, rng: np.
 
 def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Example]]:
     """The epoch's batches: pairs shuffled, sorted by document length within windows of
-    ``bucket_batches`` batches (similar lengths pad little), cut into batches whose order is shuffled.
+    ``optim.bucket_batches`` batches (similar lengths pad little), cut into batches whose order is shuffled.
     A function of (seed, epoch) only."""
     rng = np.random.default_rng((cfg.seed, epoch))
     all_docs = list(data.docs)
@@ -186,10 +189,11 @@ def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Ex
     examples = []
     for i in order:
         q, d = data.pairs[int(i)]
-        examples.append(Example(q, d, _sample_negatives(data, q, d, cfg.n_negatives, rng, all_docs)))
-    window = cfg.batch_size * cfg.bucket_batches
+        examples.append(Example(q, d, _sample_negatives(data, q, d, cfg.negatives.count, rng, all_docs)))
+    batch_size = cfg.optim.batch_size
+    window = batch_size * cfg.optim.bucket_batches
     batches = []
     for w0 in range(0, len(examples), window):
         chunk = sorted(examples[w0:w0 + window], key=lambda e: len(data.docs[e.positive]))
-        batches += [chunk[b0:b0 + cfg.batch_size] for b0 in range(0, len(chunk), cfg.batch_size)]
+        batches += [chunk[b0:b0 + batch_size] for b0 in range(0, len(chunk), batch_size)]
     return [batches[int(i)] for i in rng.permutation(len(batches))]

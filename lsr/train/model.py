@@ -34,16 +34,19 @@ def decoder_of(tower: Any) -> nn.Linear:
 
 class TrainableEncoder:
     """Wraps a ``SpladeEncoder`` for training: ``named_parameters()``, ``train()`` / ``eval()``, ``encode(kind,
-    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``. ``head`` replaces
-    the Sparton head (benchmarks compare a plain torch head)."""
+    texts)`` -> float32 [n, V] with autograd, and ``backward(loss_fn, queries, docs)``. ``head``: the Sparton
+    head's implementation ("auto", "triton", "torch"), or a function that replaces the head (benchmarks
+    compare a plain torch head) called as ``head(hidden, weight, bias, mask, "auto", deterministic)``."""
 
-    def __init__(self, encoder: Any, *, backend: str = "auto", deterministic: bool = False, bf16: bool = True,
-                 gradient_checkpointing: bool = False, head: Callable[..., torch.Tensor] | None = None) -> None:
+    def __init__(self, encoder: Any, *, head: str | Callable[..., torch.Tensor] = "auto", deterministic: bool = False,
+                 bf16: bool = True, gradient_checkpointing: bool = False) -> None:
         self.encoder = encoder
-        self.head = head or sparton_head  # (hidden, weight, bias, mask, backend, deterministic) -> [B, V]
+        # (hidden, weight, bias, mask, implementation, deterministic) -> [B, V]
+        self.head = sparton_head if isinstance(head, str) else head
+        self.head_impl = head if isinstance(head, str) else "auto"
         self.towers = {"query": encoder._towers["query"], "doc": encoder._towers["doc"]}
         self.decoders = {kind: decoder_of(t) for kind, t in self.towers.items()}
-        self.backend, self.deterministic = backend, deterministic
+        self.deterministic = deterministic
         self.device = encoder.device
         self.amp = bf16 and self.device.type == "cuda"
         self.tokens = 0  # real tokens encoded with a gradient so far (throughput)
@@ -99,7 +102,7 @@ class TrainableEncoder:
         mask = attention_mask.to(self.device, non_blocking=True)
         with self.autocast():
             hidden = tower.body(input_ids=ids, attention_mask=mask).logits
-            y = self.head(hidden, decoder.weight, decoder.bias, mask.bool(), self.backend, self.deterministic)
+            y = self.head(hidden, decoder.weight, decoder.bias, mask.bool(), self.head_impl, self.deterministic)
         return activate(y.float(), tower.activation)
 
     def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],

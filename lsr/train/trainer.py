@@ -11,6 +11,7 @@ steps a resumable checkpoint is written (``lsr.train.state``); the final model g
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lsr.config import apply_overrides
 from lsr.storage.files import atomic_write_text
 from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
@@ -59,23 +61,23 @@ class Trainer:
 
         self.cfg, self.out = cfg, Path(cfg.output)
         self.device = torch.device(resolve_device(cfg.device))
-        if cfg.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
+        if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         _seed_everything(cfg.seed)
         self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints") if cfg.resume else None
-        self.model = TrainableEncoder(self._load_encoder(self.resume_from), backend=cfg.head_backend,
-                                      deterministic=cfg.deterministic, bf16=cfg.bf16,
-                                      gradient_checkpointing=cfg.gradient_checkpointing)
+        self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
+                                      deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
+                                      gradient_checkpointing=cfg.optim.gradient_checkpointing)
         named = self.model.named_parameters()
         self.param_names = [n for n, _ in named]
         no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
         decay = [p for n, p in named if p.ndim >= 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
-                                           **adamw_kernel(self.device, cfg.deterministic))
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
+                                           **adamw_kernel(self.device, cfg.optim.deterministic))
         self.data: TrainData = load_train_data(cfg)
         self.batches_per_epoch = len(epoch_batches(self.data, cfg, 0))
-        self.total_steps = cfg.max_steps or cfg.epochs * self.batches_per_epoch
+        self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.batches_per_epoch
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self._eval_data: dict[str, Any] | None = None
 
@@ -84,27 +86,28 @@ class Trainer:
         from lsr.encode.splade.encoder import SpladeEncoder
 
         cfg = self.cfg
-        source = str(checkpoint) if checkpoint is not None else cfg.model
+        enc_cfg, deterministic = cfg.encoder, cfg.optim.deterministic
+        source = str(checkpoint) if checkpoint is not None else enc_cfg.model
         # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
-        kw = {"device": self.device, "dtype": torch.float32, "max_length_query": cfg.max_length_query,
-              "max_length_doc": cfg.max_length_doc, "backend": cfg.head_backend, "varlen": False,
-              "attn_implementation": "eager" if cfg.deterministic else "sdpa", "compile": cfg.compile}
+        kw = {"device": self.device, "dtype": torch.float32, "max_length_query": enc_cfg.max_length_query,
+              "max_length_doc": enc_cfg.max_length_doc, "backend": enc_cfg.head, "varlen": False,
+              "attn_implementation": "eager" if deterministic else "sdpa", "compile": enc_cfg.compile}
         enc = SpladeEncoder.from_pretrained(source, **kw)
-        if cfg.separate_towers and enc._towers["query"] is enc._towers["doc"]:
+        if cfg.optim.separate_towers and enc._towers["query"] is enc._towers["doc"]:
             enc = SpladeEncoder.from_pretrained(source, query_model=source, **kw)
         return enc
 
     def _negatives_for_epoch(self, epoch: int) -> None:
         """Mine (or reload the mined) hard-negative candidates this epoch uses."""
-        cfg = self.cfg
-        if cfg.negatives == "none" or cfg.triples:
+        cfg, neg = self.cfg, self.cfg.negatives
+        if neg.mine == "none" or cfg.triples:
             return
-        mined_epoch = epoch if cfg.negatives == "model" and cfg.mine_refresh else 0
+        mined_epoch = epoch if neg.mine == "model" and neg.refresh else 0
         path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
         if path.is_file():
             self.data.candidates = json.loads(path.read_text())
             return
-        if cfg.negatives == "bm25":
+        if neg.mine == "bm25":
             from lsr.encode.bm25.lexical import LexicalEncoder
 
             encoder = LexicalEncoder().fit(self.data.docs.values())
@@ -112,7 +115,7 @@ class Trainer:
             encoder = self.model.encoder
         self.model.eval()
         with self.model.autocast():
-            self.data.candidates = mine_negatives(self.data, encoder, depth=cfg.mine_depth, skip=cfg.mine_skip,
+            self.data.candidates = mine_negatives(self.data, encoder, depth=neg.depth, skip=neg.skip,
                                                   device=str(self.device))
         self.model.train()
         if self.data.teacher is not None:  # distillation needs a teacher score for every negative
@@ -123,7 +126,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _loss_fn(self, batch: list[Example]):
-        cfg, data = self.cfg, self.data
+        loss_cfg, data = self.cfg.loss, self.data
         doc_ids = [e.positive for e in batch] + [n for e in batch for n in e.negatives]
         columns: dict[str, list[int]] = {}
         for j, doc in enumerate(doc_ids):
@@ -137,20 +140,20 @@ class Trainer:
         if data.teacher is not None:
             teacher = torch.tensor([[data.teacher[e.qid].get(d, float("nan")) for d in (e.positive, *e.negatives)]
                                     for e in batch], device=self.device)
-        w_q = losses.flops_weight(cfg.flops_query, self.step, cfg.flops_warmup_steps)
-        w_d = losses.flops_weight(cfg.flops_doc, self.step, cfg.flops_warmup_steps)
+        w_q = losses.flops_weight(loss_cfg.flops_query, self.step, loss_cfg.flops_warmup_steps)
+        w_d = losses.flops_weight(loss_cfg.flops_doc, self.step, loss_cfg.flops_warmup_steps)
 
         def loss_fn(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            if cfg.loss == "infonce":
-                rank = losses.info_nce(q, d, cfg.temperature, cfg.in_batch_negatives, exclude)
-            elif cfg.loss == "margin_mse":
+            if loss_cfg.kind == "infonce":
+                rank = losses.info_nce(q, d, loss_cfg.temperature, loss_cfg.in_batch_negatives, exclude)
+            elif loss_cfg.kind == "margin_mse":
                 rank = losses.margin_mse(q, d, teacher)
             else:
-                rank = losses.kl_distillation(q, d, teacher, cfg.temperature)
+                rank = losses.kl_distillation(q, d, teacher, loss_cfg.temperature)
             f_q, f_d = losses.flops(q), losses.flops(d)
             total = rank + w_q * f_q + w_d * f_d
-            if cfg.l1_query or cfg.l1_doc:
-                total = total + cfg.l1_query * losses.l1(q) + cfg.l1_doc * losses.l1(d)
+            if loss_cfg.l1_query or loss_cfg.l1_doc:
+                total = total + loss_cfg.l1_query * losses.l1(q) + loss_cfg.l1_doc * losses.l1(d)
             return total, {"rank_loss": rank.item(), "flops_q": f_q.item(), "flops_d": f_d.item(),
                            "flops_weight_q": w_q, "flops_weight_d": w_d}
         return loss_fn
@@ -158,20 +161,20 @@ class Trainer:
     def train_step(self, batch: list[Example]) -> dict[str, Any]:
         """Forward, backward and optimizer step on one batch; returns its log fields."""
         t0, tokens0 = time.perf_counter(), self.model.tokens
-        cfg, data = self.cfg, self.data
+        optim, data = self.cfg.optim, self.data
         queries = [data.queries[e.qid] for e in batch]
         docs = [data.docs[d] for d in [e.positive for e in batch] + [n for e in batch for n in e.negatives]]
-        lr = cfg.lr * lr_factor(self.step, cfg.warmup_steps, self.total_steps)
+        lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logs, q, d = self.model.backward(self._loss_fn(batch), queries, docs, cfg.grad_cache_chunk)
+        loss, logs, q, d = self.model.backward(self._loss_fn(batch), queries, docs, optim.grad_cache_chunk)
         if not math.isfinite(float(loss)):
-            raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower lr or use bf16=false")
+            raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower optim.lr or set encoder.dtype: float32")
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = None
-        if cfg.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=not cfg.deterministic))
+        if optim.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic))
         self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -186,11 +189,12 @@ class Trainer:
         from lsr.data.sources import load_dataset
 
         cfg = self.cfg
-        ds = load_dataset(cfg.eval_dataset, cfg.eval_split)
+        max_others = cfg.schedule.eval_max_docs
+        ds = load_dataset(cfg.eval_data.dataset, cfg.eval_data.split)
         judged = {d for j in ds.qrels.values() for d in j}
         docs, others = {}, 0
         for docid, text in ds.docs_iter():
-            if docid in judged or cfg.eval_max_docs is None or others < cfg.eval_max_docs:
+            if docid in judged or max_others is None or others < max_others:
                 others += docid not in judged
                 docs[docid] = text
         qids = [q for q in ds.queries if q in ds.qrels]
@@ -215,7 +219,7 @@ class Trainer:
             k = min(1000, len(docs))
             scores, idx = Searcher(index, device=self.device).search(queries.to(self.device), k=k,
                                                                      query_metadata=enc.describe())
-            metrics = evaluate_topk(ev["qids"], idx.cpu(), index.docnos, ev["qrels"], self.cfg.eval_metrics,
+            metrics = evaluate_topk(ev["qids"], idx.cpu(), index.docnos, ev["qrels"], self.cfg.evaluation.metrics,
                                     scores=scores.cpu())
         finally:
             self.model.train()
@@ -227,7 +231,7 @@ class Trainer:
         self.model.encoder.save_pretrained(folder, overwrite=True)
         save_trainer_state(folder, self.optimizer, self.param_names, self.device,
                            {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch})
-        prune_checkpoints(self.out / "checkpoints", self.cfg.keep_checkpoints)
+        prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
         return folder
 
     def _restore(self, folder: Path) -> None:
@@ -254,7 +258,7 @@ class Trainer:
     def run(self) -> Path:
         """Train to the last step; returns the final model folder (OUTPUT/model)."""
         before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-        if self.cfg.deterministic:
+        if self.cfg.optim.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         try:
             return self._run()
@@ -280,8 +284,9 @@ class Trainer:
             self._restore(self.resume_from)
         self.model.train()
         metrics: dict[str, float] = {}
-        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not cfg.progress) as bar:
-            if cfg.eval_dataset and self.step == 0 and cfg.eval_every:
+        sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None
+        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not sched.progress) as bar:
+            if evaluates and self.step == 0 and sched.eval_every:
                 metrics = self._evaluate_and_log(bar)
             while self.step < self.total_steps:
                 self._negatives_for_epoch(self.epoch)
@@ -291,15 +296,15 @@ class Trainer:
                     self.batch_in_epoch += 1
                     bar.update(1)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", nnz_q=f"{row['nnz_q']:.0f}", nnz_d=f"{row['nnz_d']:.0f}")
-                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    if self.step % sched.log_every == 0 or self.step == self.total_steps:
                         self._append("log.jsonl", row)
-                    if cfg.eval_dataset and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    if evaluates and sched.eval_every and self.step % sched.eval_every == 0:
                         metrics = self._evaluate_and_log(bar)
-                    if cfg.save_every and self.step % cfg.save_every == 0:
+                    if sched.save_every and self.step % sched.save_every == 0:
                         self.save_checkpoint()
                 if self.batch_in_epoch >= len(batches):
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            if cfg.eval_dataset and not (cfg.eval_every and self.step % cfg.eval_every == 0):
+            if evaluates and not (sched.eval_every and self.step % sched.eval_every == 0):
                 metrics = self._evaluate_and_log(bar)
         path = self.model.encoder.save_pretrained(final, overwrite=True)
         if metrics:
@@ -309,20 +314,14 @@ class Trainer:
 
 def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
           ) -> Path:
-    """Train a SPLADE model from a TrainConfig, a mapping or a YAML file (+ ``key=value`` overrides);
+    """Train a SPLADE model from a TrainConfig, a nested mapping or a YAML file (+ ``section.key=value``
+    overrides);
     returns the folder of the final model (loadable by ``SpladeEncoder.from_pretrained`` and by
     sentence-transformers' ``SparseEncoder``)."""
     if isinstance(config, TrainConfig):
-        cfg = config if not overrides else train_config_from_dict(
-            _overridden(config.to_dict(), overrides))
+        cfg = config if not overrides else train_config_from_dict(apply_overrides(config.to_dict(), overrides))
     elif isinstance(config, Mapping):
-        cfg = train_config_from_dict(_overridden(dict(config), overrides))
+        cfg = train_config_from_dict(apply_overrides(copy.deepcopy(dict(config)), overrides))
     else:
         cfg = load_train_config(config, overrides)
     return Trainer(cfg).run()
-
-
-def _overridden(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    from lsr.config import apply_overrides
-
-    return apply_overrides(data, overrides)

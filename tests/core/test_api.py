@@ -75,8 +75,8 @@ def test_stage_packages_export_their_names_on_first_use():
     (["run", "configs/quickstart.yaml", "--set", "k=["], 2, "not valid YAML"),
     (["run", "configs/quickstart.yaml", "--set", "encoder=5"], 2, "config.encoder must be a mapping"),
     (["run", "configs/quickstart.yaml", "--set", "encoder.k1=abc"], 2, "config.encoder.k1 must be float"),
-    (["run", "configs/quickstart.yaml", "--set", "metrics=5"], 2, "config.metrics must be a list of strings"),
-    (["run", "configs/quickstart.yaml", "--set", "metrics=[FOO@3]"], 2, "unknown metric"),
+    (["run", "configs/quickstart.yaml", "--set", "evaluation.metrics=5"], 2, "config.evaluation.metrics must be a list of strings"),
+    (["run", "configs/quickstart.yaml", "--set", "evaluation.metrics=[FOO@3]"], 2, "unknown metric"),
     (["run", "no-such-config.yaml"], 2, "not found"),
     (["evaluate", "--run", "tests", "--qrels", "data/scifact"], 1, "is a directory"),
 ])

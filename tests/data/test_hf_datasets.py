@@ -62,7 +62,7 @@ def test_lsr_run_on_a_parquet_corpus_equals_the_folder(beir, tmp_path):
     metrics = []
     for name, dataset in (("a", spec), ("b", str(beir))):
         out = tmp_path / name
-        assert main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"dataset={dataset}", "--set", f"output={out}", "--set", "device=cpu",
+        assert main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"data.dataset={dataset}", "--set", f"output={out}", "--set", "device=cpu",
                      "--json", str(out / "m.json")]) == 0
         metrics.append(json.loads((out / "m.json").read_text()))
     assert metrics[0] == metrics[1] and metrics[0]["nDCG@10"] > 0

@@ -88,7 +88,7 @@ def test_pipeline_metrics_equal_evaluate_on_its_run_file_with_ties(tmp_path):
     # two identical documents tie; trec_eval ranks the larger docno (z9) first, so a1 sits at rank 2
     import json
 
-    from lsr.config import from_dict
+    from lsr.config import config_from_dict
     from lsr.pipeline import run_pipeline
 
     folder = tmp_path / "beir"
@@ -99,8 +99,8 @@ def test_pipeline_metrics_equal_evaluate_on_its_run_file_with_ties(tmp_path):
     (folder / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "apple"}) + "\n")
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta1\t1\n")
     metrics = ["RR@10", "RR", "nDCG@10", "P@1", "AP"]
-    cfg = from_dict({"dataset": str(folder), "output": str(tmp_path / "out"), "device": "cpu",
-                     "metrics": metrics})
+    cfg = config_from_dict({"data": {"dataset": str(folder)}, "output": str(tmp_path / "out"), "device": "cpu",
+                            "evaluation": {"metrics": metrics}})
     result = run_pipeline(cfg)
     on_file = evaluate(result["files"]["run_trec"], folder / "qrels" / "test.tsv", metrics)
     assert result["metrics"] == pytest.approx(on_file, abs=1e-12)

@@ -118,7 +118,7 @@ def test_cli_round_trip_searches_like_the_quantised_index(tmp_path, capsys):
 
     write_scifact_slice(tmp_path / "scifact", DATA, n_queries=10, n_other=60)
     run = tmp_path / "run"
-    assert main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"dataset={tmp_path / 'scifact'}",
+    assert main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"data.dataset={tmp_path / 'scifact'}",
                  "--set", f"output={run}", "--set", "device=cpu"]) == 0
     out = tmp_path / "bm25.ciff"
     assert main(["export-ciff", str(run / "index"), "--out", str(out), "--vocab", str(run / "encoder")]) == 0

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from lsr.data.sources import read_topics_tsv
-from lsr.interop import anserini
 from lsr.interop.anserini import (
     load_vocab,
     read_anserini_documents,
@@ -142,13 +141,12 @@ def test_anserini_queries_round_trip(tmp_path, data_dir, vocab_list):
     assert read_anserini_queries(tmp_path / "q.tsv.gz", vocab_list).equal(queries)
 
 
-def test_chunked_reading_gives_the_same_vectors(monkeypatch, data_dir, vocab_list):
+def test_chunked_reading_gives_the_same_vectors(data_dir, vocab_list):
     path = data_dir / ENCODED / "topics.dl19-passage.splade-pp-ed.tsv.gz"
     whole = read_anserini_queries(path, vocab_list)
-    monkeypatch.setattr(anserini, "_CHUNK_ROWS", 5)  # 43 queries -> 9 chunks
-    assert read_anserini_queries(path, vocab_list).equal(whole)
+    assert read_anserini_queries(path, vocab_list, chunk_rows=5).equal(whole)  # 43 queries -> 9 chunks
     with pytest.raises(ValueError, match="duplicate id '0'"):  # the same docs in two chunks
-        read_anserini_documents([data_dir / TOY / "documents.jsonl"] * 2, vocab_list)
+        read_anserini_documents([data_dir / TOY / "documents.jsonl"] * 2, vocab_list, chunk_rows=3)
 
 
 def test_float_queries_quantize(tmp_path, vocab_list):

@@ -63,7 +63,7 @@ def test_bm25_experiment_equals_lsr_run(tmp_path):
 def test_splade_experiment_equals_lsr_run_on_a_slice(tmp_path):
     model = DATA / "models" / "splade-tiny"
     write_scifact_slice(tmp_path / "scifact", DATA, n_queries=8, n_other=30)
-    expected = _lsr_run("quickstart.yaml", tmp_path, f"dataset={tmp_path / 'scifact'}", f"encoder.model={model}")
+    expected = _lsr_run("quickstart.yaml", tmp_path, f"data.dataset={tmp_path / 'scifact'}", f"encoder.model={model}")
     docs, topics, qrels = _frames(tmp_path / "scifact")
     index = lsr_pt.LsrIndex(tmp_path / "pt-index")
     index.indexer(str(model), device="cpu").index(iter(docs.to_dict("records")))

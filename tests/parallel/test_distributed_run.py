@@ -64,8 +64,8 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
     write_scifact_slice(tmp_path / "scifact", data_dir)
-    (tmp_path / "job.yaml").write_text(f"name: dist\ndataset: {tmp_path / 'scifact'}\nencoder:\n  kind: bm25\n"
-                                       "metrics: [nDCG@10, R@20]\n")
+    (tmp_path / "job.yaml").write_text(f"name: dist\ndata:\n  dataset: {tmp_path / 'scifact'}\nencoder:\n  kind: bm25\n"
+                                       "evaluation:\n  metrics: [nDCG@10, R@20]\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("not lsr's")
     pytest.importorskip("transformers")
@@ -128,7 +128,7 @@ def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
 def test_lsr_run_on_two_ranks_sharing_one_gpu(tmp_path, data_dir):
     """The shipped SPLADE model, Triton search paths: 2 ranks on one GPU (gloo) == one process."""
     write_scifact_slice(tmp_path / "scifact", data_dir, n_other=400)
-    (tmp_path / "job.yaml").write_text(f"name: gpu\ndataset: {tmp_path / 'scifact'}\nencoder:\n  kind: splade\n"
+    (tmp_path / "job.yaml").write_text(f"name: gpu\ndata:\n  dataset: {tmp_path / 'scifact'}\nencoder:\n  kind: splade\n"
                                        f"  model: {data_dir / 'models' / 'splade-tiny'}\n")
     on_gpu = ("--set", "device=cuda", "--set", "search.backend=auto", "--set", "search.k=100")
     _spawn([(_job(tmp_path, "dist", *on_gpu), str(tmp_path / "log"))])

@@ -44,6 +44,17 @@ def _err(capsys) -> str:
     (["encode", "--dataset", "d", "--out", "o", "--max-length-query", "-5"], "must be >= 1"),
     (["index", "--vectors", "v", "--out", "o", "--block-size", "0"], "must be >= 1"),
     (["export-ciff", "src", "--out", "o.ciff", "--scale", "inf"], "finite number > 0"),
+    # one meaning per flag: --queries names the queries to search; lsr encode says what it encodes with --what
+    (["encode", "--dataset", "d", "--out", "o", "--queries"], "unrecognized arguments: --queries"),
+    (["encode", "--dataset", "d", "--out", "o", "--what", "topics"], "argument --what: invalid choice: 'topics'"),
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--backend", "triton"],
+     "argument --backend: invalid choice: 'triton' (choose from 'auto', 'torch', 'gpu')"),
+    (["serve", "--index", "i", "--backend", "cuda"], "argument --backend: invalid choice: 'cuda'"),
+    (["rerank", "--run", "r", "--model", "m", "--dataset", "d", "--out", "o", "--backend", "torch"],
+     "unrecognized arguments: --backend"),
+    (["rerank", "--run", "r", "--model", "m", "--dataset", "d", "--out", "o", "--maxsim", "gpu"],
+     "argument --maxsim: invalid choice: 'gpu'"),
+    (["train", "c.yaml", "--device", "gpu"], "unknown device"),
 ])
 def test_bad_option_values_exit_2(argv, text, capsys):
     assert main(argv) == 2
@@ -115,7 +126,7 @@ def test_pre_encoded_queries_are_checked_against_the_index_encoder(tiny, capsys)
     """A query vector folder carries the encoder that wrote it; a folder from another encoder is refused, as
     queries encoded on the fly are."""
     q = tiny["root"] / "qvec"
-    assert main(["encode", "--dataset", str(tiny["beir"]), "--out", str(q), "--queries", "--model",
+    assert main(["encode", "--dataset", str(tiny["beir"]), "--out", str(q), "--what", "queries", "--model",
                  str(tiny["vec"] / "encoder"), "--device", "cpu"]) == 0
     run = tiny["root"] / "pre.trec"
     assert main(["search", "--index", str(tiny["idx"]), "--queries", str(q), "--out", str(run), "--device", "cpu"]) == 0
@@ -204,7 +215,7 @@ def test_api_guards_of_the_audit(tmp_path):
     scores, idx = Searcher(InvertedIndex.build(docs), backend="torch").search(docs, k=np.int64(2))
     assert idx.shape == (2, 2)   # a numpy integer k is an integer
     base = "configs/scifact-bm25.yaml"
-    for override, text in (("tolerance=.nan", "finite"), ("expected={nDCG@10: .nan}", "finite"),
+    for override, text in (("evaluation.tolerance=.nan", "finite"), ("evaluation.expected={nDCG@10: .nan}", "finite"),
                            ("device=cuda:abc", "config.device")):
         with pytest.raises(ValueError, match=text):
             load_config(base, [override])
@@ -216,7 +227,7 @@ def test_run_with_no_queries_is_an_error(tiny, tmp_path, capsys):
     beir = tmp_path / "beir"
     shutil.copytree(tiny["beir"], beir)
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")   # no judged query
-    assert main(["run", "configs/scifact-bm25.yaml", "--set", f"dataset={beir}", "--set", f"output={tmp_path / 'o'}",
+    assert main(["run", "configs/scifact-bm25.yaml", "--set", f"data.dataset={beir}", "--set", f"output={tmp_path / 'o'}",
                  "--set", "device=cpu"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("encode")]
     assert len(err) == 1 and "no queries to search" in err[0], err

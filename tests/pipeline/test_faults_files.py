@@ -46,8 +46,8 @@ def job(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in DOCS:
         _beir(tmp_path / name, DOCS[name], RELEVANT[name])
-    (tmp_path / "cfg.yaml").write_text("name: t\ndataset: A\noutput: out/x\ndevice: cpu\nsearch:\n  k: 10\n"
-                                       "metrics: [RR@10]\n")
+    (tmp_path / "cfg.yaml").write_text("name: t\ndata:\n  dataset: A\noutput: out/x\ndevice: cpu\nsearch:\n  k: 10\n"
+                                       "evaluation:\n  metrics: [RR@10]\n")
     return tmp_path
 
 
@@ -73,13 +73,13 @@ def test_run_refuses_an_output_folder_made_from_other_documents(job, capsys):
     assert main(["run", "cfg.yaml"]) == 0
     assert "RR@10\t1.0000" in capsys.readouterr().out
     before = _tree(job / "out" / "x")
-    _fails(capsys, ["run", "cfg.yaml", "--set", "dataset=B"], 1, "out/x was made from", "B/corpus.jsonl",
+    _fails(capsys, ["run", "cfg.yaml", "--set", "data.dataset=B"], 1, "out/x was made from", "B/corpus.jsonl",
            "--overwrite")
     assert _tree(job / "out" / "x") == before  # nothing replaced, config.yaml still says dataset A
-    assert main(["run", "cfg.yaml", "--set", "dataset=B", "--overwrite"]) == 0  # recomputed: the fresh result
+    assert main(["run", "cfg.yaml", "--set", "data.dataset=B", "--overwrite"]) == 0  # recomputed: the fresh result
     assert "RR@10\t1.0000" in capsys.readouterr().out
     assert read_manifest(job / "out" / "x" / "doc_vectors")["origin"]["file"].endswith("B/corpus.jsonl")
-    assert main(["run", "cfg.yaml", "--set", "dataset=B"]) == 0  # same documents again: artefacts reused
+    assert main(["run", "cfg.yaml", "--set", "data.dataset=B"]) == 0  # same documents again: artefacts reused
 
 
 def test_vectors_of_other_encoder_settings_are_refused_naming_the_setting(job, capsys):
@@ -111,7 +111,7 @@ def test_a_bm25_fit_of_other_documents_is_refitted(job):
     run_pipeline(load_config("cfg.yaml"))
     shutil.rmtree(job / "out" / "x" / "doc_vectors")
     os.remove(job / "out" / "x" / ".lsr-run.json")  # no folder-level record: the fit's own record decides
-    result = run_pipeline(load_config("cfg.yaml", ["dataset=B"]), overwrite=True)
+    result = run_pipeline(load_config("cfg.yaml", ["data.dataset=B"]), overwrite=True)
     assert result["metrics"] == {"RR@10": 1.0}
     fit = json.loads((job / "out" / "x" / "encoder" / "lexical.json").read_text())
     assert fit["n_docs"] == 3 and "pear" in fit["vocab"]
@@ -344,7 +344,8 @@ def test_config_errors_are_usage_errors(job, capsys):
     _fails(capsys, ["run", "cfg.yaml", "--set", "k=["], 2, "--set k=[", "not valid YAML")
     _fails(capsys, ["run", "cfg.yaml", "--set", "encoder=5"], 2, "config.encoder must be a mapping")
     _fails(capsys, ["run", "cfg.yaml", "--set", "encoder.k1=abc"], 2, "config.encoder.k1 must be float")
-    _fails(capsys, ["run", "cfg.yaml", "--set", "metrics=5"], 2, "config.metrics")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "evaluation.metrics=5"], 2, "config.evaluation.metrics")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "metrics=5"], 2, "unknown key", "did you mean evaluation.metrics?")
     assert not (job / "out").exists()  # validated before any work
 
 

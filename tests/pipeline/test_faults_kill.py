@@ -63,8 +63,8 @@ def job(tmp_path_factory):
                                                 for i, w in enumerate(["apple", "banana"])))
     (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td5\t1\nq1\td1\t1\n")
     cfg = root / "cfg.yaml"
-    cfg.write_text(f"name: k\ndataset: {data}\ndevice: cpu\nencoder:\n  shard_rows: 2\nsearch:\n  k: 5\n"
-                   "metrics: [RR@10, nDCG@10]\n")
+    cfg.write_text(f"name: k\ndata:\n  dataset: {data}\ndevice: cpu\nencoder:\n  shard_rows: 2\nsearch:\n  k: 5\n"
+                   "evaluation:\n  metrics: [RR@10, nDCG@10]\n")
     reference = root / "reference"
     assert main(["run", str(cfg), "--set", f"output={reference}"]) == 0
     return cfg, reference

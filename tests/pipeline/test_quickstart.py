@@ -28,13 +28,14 @@ def test_quickstart_config_is_the_splade_job_on_the_shipped_model():
     cfg = load_config(REPO / "configs" / "quickstart.yaml")
     assert cfg.encoder.kind == "splade" and (REPO / cfg.encoder.model).resolve() == MODEL.resolve()
     assert (cfg.encoder.max_length_doc, cfg.encoder.max_length_query) == (256, 64)
-    assert (REPO / cfg.dataset).resolve() == (DATA / "scifact").resolve() and cfg.split == "test"
+    assert (REPO / cfg.data.dataset).resolve() == (DATA / "scifact").resolve() and cfg.data.split == "test"
     assert cfg.device == "auto" and cfg.search.k == 1000
-    assert set(cfg.expected) == {"RR@10", "nDCG@10", "R@1000"} <= set(cfg.metrics)
-    assert cfg.expected["nDCG@10"] == pytest.approx(0.6436) and cfg.tolerance == pytest.approx(0.002)
+    ev = cfg.evaluation
+    assert set(ev.expected) == {"RR@10", "nDCG@10", "R@1000"} <= set(ev.metrics)
+    assert ev.expected["nDCG@10"] == pytest.approx(0.6436) and ev.tolerance == pytest.approx(0.002)
     bm25 = load_config(REPO / "configs" / "scifact-bm25.yaml")
     assert bm25.encoder.kind == "bm25" and bm25.output == "runs/scifact-bm25"
-    assert bm25.expected["nDCG@10"] == pytest.approx(0.6789)
+    assert bm25.evaluation.expected["nDCG@10"] == pytest.approx(0.6789)
 
 
 def test_shipped_model_matches_its_source_md():
@@ -58,7 +59,7 @@ def test_shipped_model_is_a_trained_splade_model():
 def test_quickstart_pipeline_on_a_scifact_slice(tmp_path):
     n_docs, n_queries = write_scifact_slice(tmp_path / "scifact", DATA)
     out = tmp_path / "run"
-    assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"dataset={tmp_path / 'scifact'}",
+    assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"data.dataset={tmp_path / 'scifact'}",
                  "--set", f"encoder.model={MODEL}", "--set", f"output={out}", "--set", "device=cpu",
                  "--json", str(out / "m.json")]) == 0
     result = json.loads((out / "metrics.json").read_text())

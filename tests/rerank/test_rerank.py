@@ -90,14 +90,14 @@ def _first_stage_run(tmp_path, n_queries=4, per_query=6):
     return ds, run, path
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_lsr_rerank_scores_are_maxsim_of_the_cached_embeddings(models, encoder, tmp_path, monkeypatch, backend):
+@pytest.mark.parametrize("maxsim", ["torch", "triton"])
+def test_lsr_rerank_scores_are_maxsim_of_the_cached_embeddings(models, encoder, tmp_path, maxsim):
     ds, run, path = _first_stage_run(tmp_path)
     out, cache = tmp_path / "rerank.trec", tmp_path / "cache"
-    device = DEV if backend == "triton" else "cpu"  # Triton: CUDA, or the interpreter on a CPU-only machine
+    device = DEV if maxsim == "triton" else "cpu"  # Triton: CUDA, or the interpreter on a CPU-only machine
     args = ["rerank", "--run", str(path), "--model", str(models["pylate"]), "--dataset", str(DATA / "scifact"),
             "--split", "test", "--out", str(out), "--k", "4", "--cache", str(cache), "--device", device,
-            "--backend", backend, "--dtype", "float32"]
+            "--maxsim", maxsim, "--dtype", "float32"]
     assert main(args) == 0
     got = runs.read_trec(out)
     assert list(got) == list(run)
@@ -115,11 +115,12 @@ def test_lsr_rerank_scores_are_maxsim_of_the_cached_embeddings(models, encoder, 
         tol = 1e-5 if device == "cpu" else 1e-3  # CUDA: another device's fp32 encoder and fp16 rounding
         assert all(abs(ranked[x] - expect[x]) <= tol for x in top4)
         assert list(ranked.values()) == sorted(ranked.values(), reverse=True)
-    # a second run reads every document from the cache (the encoder would fail) and writes the same run
-    monkeypatch.setattr(ColbertEncoder, "encode_documents", lambda *a: pytest.fail("cache miss"))
+    # a second run reads every document from the cache (a miss would add a cache part) and writes the same run
+    cached = {p: p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
     first = out.read_bytes()
     assert main(args) == 2  # --out exists: refused
     assert main(args + ["--overwrite"]) == 0 and out.read_bytes() == first
+    assert {p: p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()} == cached
 
 
 def test_lsr_rerank_errors(models, tmp_path, capsys):
@@ -145,7 +146,7 @@ def test_lsr_run_bm25_then_rerank(models, tmp_path):
     out = tmp_path / "run"
     args = ["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"output={out}", "--set", "device=cpu",
             "--set", f"rerank.model={models['pylate']}", "--set", "rerank.k=3", "--set", "search.k=10",
-            "--set", "metrics=[nDCG@10]"]
+            "--set", "evaluation.metrics=[nDCG@10]"]
     assert main(args) == 0
     result = json.loads((out / "metrics.json").read_text())
     assert set(result["metrics"]) == set(result["metrics_first_stage"]) == {"nDCG@10"}

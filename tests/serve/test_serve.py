@@ -133,20 +133,19 @@ def test_term_id_vectors_and_padding_to_powers_of_two(bm25):
     assert [r.status_code for r in odd] == [422] * 4   # int() would read each of them as a term id
 
 
-def test_body_limits_stalls_disconnects_and_depth(bm25, monkeypatch):
+def test_body_limits_stalls_disconnects_and_depth(bm25):
     """413 above the body limit, 408 for a body that stops arriving, one log line for a client that hung up,
     and a k far above the collection answered with at most its documents (no [queries x k] allocation)."""
     from starlette.requests import ClientDisconnect
 
     import lsr.serve.app as serve_app
 
-    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=4, max_wait_ms=1, k=10, max_k=10 ** 9,
-                     warmup=False)
-    monkeypatch.setattr(serve_app, "MAX_BODY_BYTES", 64)
-    big = asyncio.run(_post_all(app, [{"query": "x" * 100}]))[0]
+    kw = {"device": "cpu", "max_batch": 4, "max_wait_ms": 1, "k": 10, "max_k": 10 ** 9, "warmup": False}
+    small = create_app(bm25["index"], bm25["model"], body_limits=serve_app.BodyLimits(max_bytes=64), **kw)
+    big = asyncio.run(_post_all(small, [{"query": "x" * 100}]))[0]
     assert big.status_code == 413 and "64" in big.json()["error"]
-    monkeypatch.setattr(serve_app, "MAX_BODY_BYTES", 1 << 20)
-    monkeypatch.setattr(serve_app, "BODY_TIMEOUT_S", 0.05)
+    app = create_app(bm25["index"], bm25["model"], **kw)
+    limits = serve_app.BodyLimits(max_bytes=1 << 20, timeout_s=0.05)
 
     class Stalled:
         headers: dict = {}
@@ -160,8 +159,8 @@ def test_body_limits_stalls_disconnects_and_depth(bm25, monkeypatch):
             raise ClientDisconnect()
             yield b""
 
-    assert asyncio.run(serve_app._read_body(Stalled())).status_code == 408
-    assert asyncio.run(serve_app._read_body(Gone())).status_code == 400
+    assert asyncio.run(serve_app._read_body(Stalled(), limits)).status_code == 408
+    assert asyncio.run(serve_app._read_body(Gone(), limits)).status_code == 400
     deep = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 10 ** 8}]))[0]
     n_docs = app.state.engine.index.n_docs
     assert deep.status_code == 200 and 0 < len(deep.json()["results"][0]["docnos"]) <= n_docs

@@ -51,12 +51,20 @@ def beir(tmp_path_factory, data_dir):
     return root
 
 
-def config(tiny_model, beir, out, **kw):
-    base = {"model": str(tiny_model), "output": str(out), "dataset": str(beir), "split": "train",
-            "max_length_query": 16, "max_length_doc": 32, "batch_size": 4, "lr": 3e-3, "device": "cpu",
-            "head_backend": "torch", "progress": False, "log_every": 1, "flops_query": 1e-4, "flops_doc": 1e-4,
-            "n_negatives": 0, "seed": 3}
-    return train_config_from_dict(base | kw)
+def config(tiny_model, beir, out, changes=None):
+    """A small CPU training config; ``changes``: {dotted key: value}, as ``--set`` gives them."""
+    base = {"output": str(out), "device": "cpu", "seed": 3,
+            "encoder": {"model": str(tiny_model), "max_length_query": 16, "max_length_doc": 32, "head": "torch"},
+            "data": {"dataset": str(beir), "split": "train"}, "negatives": {"count": 0},
+            "loss": {"flops_query": 1e-4, "flops_doc": 1e-4}, "optim": {"batch_size": 4, "lr": 3e-3},
+            "schedule": {"progress": False, "log_every": 1}}
+    for key, value in (changes or {}).items():
+        *sections, name = key.split(".")
+        node = base
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    return train_config_from_dict(base)
 
 
 def weights(folder):
@@ -69,8 +77,9 @@ def test_trains_reloads_and_matches_sentence_transformers(tiny_model, beir, tmp_
     from lsr.encode.splade.encoder import SpladeEncoder
 
     out = tmp_path / "run"
-    cfg = config(tiny_model, beir, out, max_steps=16, lr=1e-2, negatives="bm25", n_negatives=1,
-                 eval_dataset=str(beir), eval_split="dev", eval_metrics=["nDCG@10"])
+    cfg = config(tiny_model, beir, out, {"optim.max_steps": 16, "optim.lr": 1e-2, "negatives.mine": "bm25",
+                                         "negatives.count": 1, "eval_data.dataset": str(beir),
+                                         "eval_data.split": "dev", "evaluation.metrics": ["nDCG@10"]})
     path = train(cfg)
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 17))
@@ -89,19 +98,21 @@ def test_trains_reloads_and_matches_sentence_transformers(tiny_model, beir, tmp_
 
 
 def test_deterministic_runs_are_bit_identical(tiny_model, beir, tmp_path):
-    paths = [train(config(tiny_model, beir, tmp_path / f"r{i}", max_steps=3, deterministic=True)) for i in range(2)]
+    kw = {"optim.max_steps": 3, "optim.deterministic": True}
+    paths = [train(config(tiny_model, beir, tmp_path / f"r{i}", kw)) for i in range(2)]
     a, b = (weights(p) for p in paths)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(FileExistsError, match="earlier run"):  # never trains over a finished run unasked
-        train(config(tiny_model, beir, tmp_path / "r0", max_steps=3))
+        train(config(tiny_model, beir, tmp_path / "r0", {"optim.max_steps": 3}))
 
 
 def test_resume_equals_uninterrupted(tiny_model, beir, tmp_path):
-    kw = {"max_steps": 5, "save_every": 2, "keep_checkpoints": None, "deterministic": True}
-    full = train(config(tiny_model, beir, tmp_path / "full", **kw))
+    kw = {"optim.max_steps": 5, "schedule.save_every": 2, "schedule.keep_checkpoints": None,
+          "optim.deterministic": True}
+    full = train(config(tiny_model, beir, tmp_path / "full", kw))
     ckpt = tmp_path / "full" / "checkpoints" / "step-00000002"
     assert (ckpt / "trainer_state" / "optimizer.safetensors").is_file()
-    resumed = train(config(tiny_model, beir, tmp_path / "resumed", resume=str(ckpt), **kw))
+    resumed = train(config(tiny_model, beir, tmp_path / "resumed", {"resume": str(ckpt), **kw}))
     a, b = weights(full), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     log = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
@@ -109,7 +120,7 @@ def test_resume_equals_uninterrupted(tiny_model, beir, tmp_path):
 
 
 def test_grad_cache_equals_full_batch_gradient(tiny_model, beir, tmp_path):
-    trainer = Trainer(config(tiny_model, beir, tmp_path / "gc", max_steps=1, batch_size=5))
+    trainer = Trainer(config(tiny_model, beir, tmp_path / "gc", {"optim.max_steps": 1, "optim.batch_size": 5}))
     from lsr.train.data import epoch_batches
 
     batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
@@ -137,16 +148,17 @@ def test_triples_teacher_scores_and_model_mined_negatives(tiny_model, beir, tmp_
     lines = [f"{ds.queries[q]}\t{docs[d]}\t{docs[ids[(ids.index(d) + 1) % len(ids)]]}"
              for q, judged in ds.qrels.items() for d in judged]
     (tmp_path / "triples.tsv").write_text("\n".join(lines) + "\n")
-    cfg = config(tiny_model, beir, tmp_path / "tri", dataset=None, triples=str(tmp_path / "triples.tsv"),
-                 n_negatives=1, max_steps=2, gradient_checkpointing=True)
+    cfg = config(tiny_model, beir, tmp_path / "tri", {"data.dataset": None, "triples": str(tmp_path / "triples.tsv"),
+                 "negatives.count": 1, "optim.max_steps": 2, "optim.gradient_checkpointing": True})
     train(cfg)
     assert len((tmp_path / "tri" / "log.jsonl").read_text().splitlines()) == 2
     teacher = [f"{q}\t{d}\t{10.0 if d in ds.qrels[q] else (i % 7) / 7}" for q in ds.qrels for i, d in enumerate(ids)]
     (tmp_path / "teacher.tsv").write_text("\n".join(teacher) + "\n")
     for loss, negatives, n, separate in (("kl", "none", 3, True), ("margin_mse", "model", 1, False)):
         out = tmp_path / loss
-        cfg = config(tiny_model, beir, out, loss=loss, teacher_scores=str(tmp_path / "teacher.tsv"),
-                     negatives=negatives, n_negatives=n, mine_depth=6, max_steps=2, separate_towers=separate)
+        cfg = config(tiny_model, beir, out, {"loss.kind": loss, "loss.teacher_scores": str(tmp_path / "teacher.tsv"),
+                     "negatives.mine": negatives, "negatives.count": n, "negatives.depth": 6, "optim.max_steps": 2,
+                     "optim.separate_towers": separate})
         trainer = Trainer(cfg)
         trainer.run()
         rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
@@ -189,21 +201,35 @@ def test_losses_against_hand_computation():
 def test_cli_trains_and_resumes(tiny_model, beir, tmp_path, capsys):
     path = tmp_path / "c.yaml"
     out = tmp_path / "o"
-    path.write_text(f"model: {tiny_model}\noutput: {out}\ndataset: {beir}\nn_negatives: 0\nbatch_size: 4\n"
-                    "max_length_doc: 32\nmax_length_query: 16\nprogress: false\nsave_every: 1\nhead_backend: torch\n")
-    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=1"]) == 0
+    path.write_text(f"output: {out}\nencoder:\n  model: {tiny_model}\n  max_length_doc: 32\n  max_length_query: 16\n"
+                    f"  head: torch\ndata:\n  dataset: {beir}\nnegatives:\n  count: 0\noptim:\n  batch_size: 4\n"
+                    "schedule:\n  progress: false\n  save_every: 1\n")
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "optim.max_steps=1"]) == 0
     assert f"trained model written to {out / 'model'}" in capsys.readouterr().out
-    assert cli_main(["train", str(path), "--device", "cpu", "--set", "max_steps=2", "--resume", "auto"]) == 0
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "optim.max_steps=2", "--resume", "auto"]) == 0
     assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "optim.max_steps=1"]) == 1  # a finished run
+    assert "holds an earlier run" in capsys.readouterr().err
+    assert cli_main(["train", str(path), "--device", "cpu", "--set", "optim.max_steps=1", "--overwrite"]) == 0
+    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1]
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("lr=-1", "config.lr"), ("loss=hinge", "config.loss must be one of"), ("bogus=1", "unknown key"),
-    ("batch_size=two", "config.batch_size must be int"), ("loss=kl", "teacher_scores"),
+    ("optim.lr=-1", "config.optim.lr must be > 0, got -1"),
+    ("loss.kind=hinge", "config.loss.kind must be one of infonce, margin_mse, kl, got 'hinge'"),
+    ("bogus=1", "unknown key(s) in config: ['bogus']"),
+    ("max_steps=3", "did you mean optim.max_steps?"),
+    ("optim.bogus=1", "unknown key(s) in config.optim: ['bogus']"),
+    ("optim.batch_size=two", "config.optim.batch_size must be int, got 'two'"),
+    ("optim.batch_size=0", "config.optim.batch_size must be >= 1, got 0"),
+    ("encoder.head=cuda", "config.encoder.head must be one of auto, triton, torch"),
+    ("encoder.dtype=float16", "training autocasts in bfloat16 or runs in float32"),
+    ("loss.kind=kl", "set config.loss.teacher_scores"),
+    ("optim=5", "config.optim must be a mapping"),
 ])
 def test_config_errors_are_one_line_usage_errors(tiny_model, beir, tmp_path, capsys, override, needle):
     path = tmp_path / "c.yaml"
-    path.write_text(f"model: {tiny_model}\noutput: {tmp_path / 'o'}\ndataset: {beir}\n")
+    path.write_text(f"output: {tmp_path / 'o'}\nencoder:\n  model: {tiny_model}\ndata:\n  dataset: {beir}\n")
     assert cli_main(["train", str(path), "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
@@ -216,8 +242,8 @@ def test_shipped_train_configs_load():
     paths = sorted((REPO / "configs").glob("train-*.yaml"))
     assert paths
     for p in paths:
-        cfg = load_train_config(p, ["max_steps=2"])
-        assert cfg.max_steps == 2 and cfg.dataset and cfg.model
+        cfg = load_train_config(p, ["optim.max_steps=2"])
+        assert cfg.optim.max_steps == 2 and cfg.data.dataset and cfg.encoder.model
 
 
 def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
@@ -230,11 +256,11 @@ def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    kw = {"max_steps": 1, "batch_size": 3, "max_length_doc": 16, "max_length_query": 8, "bf16": False,
-          "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    kw = {"optim.max_steps": 1, "optim.batch_size": 3, "encoder.max_length_doc": 16, "encoder.max_length_query": 8,
+          "encoder.dtype": "float32", "device": "cuda" if torch.cuda.is_available() else "cpu"}
     out = []
-    for backend in ("triton", "torch"):
-        trainer = Trainer(config(tiny_model, beir, tmp_path / backend, head_backend=backend, **kw))
+    for head in ("triton", "torch"):
+        trainer = Trainer(config(tiny_model, beir, tmp_path / head, {"encoder.head": head, **kw}))
         trainer.model.eval()  # no dropout
         batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
         loss, *_ = trainer.model.backward(trainer._loss_fn(batch), [trainer.data.queries[e.qid] for e in batch],
@@ -247,6 +273,6 @@ def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
 
 @pytest.mark.gpu
 def test_triton_deterministic_head_gives_identical_weights(tiny_model, beir, tmp_path):
-    kw = {"max_steps": 3, "deterministic": True, "head_backend": "triton", "device": "cuda"}
-    a, b = (weights(train(config(tiny_model, beir, tmp_path / f"g{i}", **kw))) for i in range(2))
+    kw = {"optim.max_steps": 3, "optim.deterministic": True, "encoder.head": "triton", "device": "cuda"}
+    a, b = (weights(train(config(tiny_model, beir, tmp_path / f"g{i}", kw))) for i in range(2))
     assert all(torch.equal(a[k], b[k]) for k in a)
