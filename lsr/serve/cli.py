@@ -30,7 +30,7 @@ def register(sub: Any, command: Any) -> None:
                    help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "
-                   "overlapping the device work (off by default: the threads contend for the GIL; docs/benchmarks.md)")
+                   "overlapping the device work (off by default: the threads contend for the GIL; docs/performance/serve.md)")
     p.add_argument("--no-freeze-gc", action="store_true", help="leave the objects alive after warm-up to the garbage "
                    "collector (by default they are frozen: a full collection during serving skips them)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
