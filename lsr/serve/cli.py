@@ -12,7 +12,7 @@ __all__ = ["cmd_serve", "register"]
 
 
 def register(sub: Any, command: Any) -> None:
-    from lsr.cli import _device_arg
+    from lsr.cli import add_device_arg
 
     p = command(sub, "serve", "serve an index over HTTP/JSON with dynamic batching (POST /search, GET /health, /stats)")
     p.add_argument("--index", required=True, help="index directory written by lsr index")
@@ -37,7 +37,7 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--switch-interval-ms", type=float, default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
                         "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
-    _device_arg(p)
+    add_device_arg(p)
     p.set_defaults(func=cmd_serve)
 
 
