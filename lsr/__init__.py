@@ -25,6 +25,8 @@ _LAZY = {
     "SparseVectors": "lsr.sparse",
     "InvertedIndex": "lsr.index.inverted",
     "Searcher": "lsr.search.searcher",
+    "SearchConfig": "lsr.search.config",
+    "open_searcher": "lsr.search.factory",
     "SpladeEncoder": "lsr.encode.splade.encoder",
     "LexicalEncoder": "lsr.encode.bm25.lexical",
     "evaluate": "lsr.evaluation.measures",
@@ -43,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.evaluation.measures import evaluate
     from lsr.index.inverted import InvertedIndex
+    from lsr.search.config import SearchConfig
+    from lsr.search.factory import open_searcher
     from lsr.search.searcher import Searcher
     from lsr.sparse import SparseVectors
 

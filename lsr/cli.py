@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
-from lsr.cli_types import DEVICE_HELP, device, integer, positive_float
-from lsr.config import SEARCH_BACKENDS
+from lsr.cli_types import DEVICE_HELP, device, integer
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.config import EncoderConfig
     from lsr.encode.base import Encoder
 
-__all__ = ["UsageError", "main"]
+__all__ = ["UsageError", "add_command", "add_device_arg", "add_encoder_args", "encoder_from_args", "main"]
 
 
 class UsageError(ValueError):
@@ -71,7 +70,7 @@ def _encoder_config(args: argparse.Namespace) -> EncoderConfig:
                          compile=args.compile, **corpus)
 
 
-def _encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
+def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
     from lsr.pipeline import open_encoder
 
     return open_encoder(_encoder_config(args), device)
@@ -91,7 +90,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         if args.encoder == "bm25" and not args.model:
             raise UsageError("--what queries with --encoder bm25 needs --model FOLDER of the fitted encoder "
                              "(written by lsr encode as OUT/encoder)")
-        enc = _encoder_from_args(args, device)
+        enc = encoder_from_args(args, device)
         qids = list(ds.queries)
         vecs = enc.encode_query([ds.queries[q] for q in qids], ids=qids)
         write_vectors(out, vecs, enc.describe())
@@ -107,7 +106,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         if launch_rank() == 0:
             print(f"document vectors in {out} ({manifest['n_rows']} documents in {len(manifest['shards'])} shards)")
         return 0
-    enc = _encoder_from_args(args, device)
+    enc = encoder_from_args(args, device)
     if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
         from lsr.storage.provenance import check_same_origin
         from lsr.storage.shards import read_manifest
@@ -159,116 +158,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queries_from_args(args: argparse.Namespace, device: str):
-    """(query vectors, encoder description or None) of ``lsr search --queries``: a vector folder, a TSV file
-    (Anserini token queries with ``--vocab``; text topics ``qid<TAB>text`` to encode with ``--model``), or a
-    dataset whose queries to encode."""
-    from lsr.pipeline import load_query_vectors
-
-    qpath = Path(args.queries)
-    if qpath.is_file() and args.model and not args.vocab:   # text topics for the given encoder
-        from lsr.data.sources import read_topics_tsv
-
-        topics = read_topics_tsv(qpath)
-        return _encode_queries(args, device, topics)
-    if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
-        if args.model:
-            held = "Anserini token queries (--vocab)" if qpath.is_file() else "a query vector folder"
-            raise UsageError(f"--queries {qpath} holds {held}, already encoded; --model encodes text queries: "
-                             "drop one of them")
-        meta = None
-        if qpath.is_dir():   # the encoder lsr encode --what queries recorded: checked against the index's, as below
-            from lsr.storage.shards import read_manifest
-
-            meta = read_manifest(qpath).get("metadata")
-        return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
-    from lsr.data.sources import load_dataset
-
-    return _encode_queries(args, device, load_dataset(args.queries, args.split).queries)
-
-
-def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, str]):
-    enc = _encoder_from_args(args, device)
-    qids = list(queries)
-    return enc.encode_query([queries[q] for q in qids], ids=qids), enc.describe()
-
-
-def cmd_search(args: argparse.Namespace) -> int:
-    from lsr.index.inverted import InvertedIndex
-    from lsr.parallel.sharded_index import is_sharded
-    from lsr.pipeline import resolve_device
-    from lsr.search.config import SearchConfig
-    from lsr.search.searcher import Searcher, run_depth
-    from lsr.storage.provenance import check_not_inside
-
-    if args.explain:
-        return _explain_search(args)
-    if args.out is None:
-        raise UsageError("--out is required: the run file to write (or pass --explain to print the search plan only)")
-    check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
-    if Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a directory; give the path of the run file to write")
-    if Path(args.out).exists() and not args.overwrite:
-        raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
-    device = resolve_device(args.device)
-    if is_sharded(args.index):  # one process, or every rank of a torchrun job
-        from lsr.parallel.search import search_sharded
-        from lsr.parallel.sharded_index import read_sharded_manifest
-        from lsr.parallel.topology import launch_rank, rank_device
-
-        args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
-        lead = launch_rank() == 0  # reads the queries and writes the run
-        queries, meta = _queries_from_args(args, rank_device(device)) if lead else (None, None)
-        hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
-                              stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta)
-        if hits is None:
-            return 0
-        return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
-    from lsr.parallel.topology import is_distributed
-
-    if is_distributed():  # every rank would search all of it and write the same --out
-        raise UsageError(f"{args.index} is a single index; under torchrun search a sharded one: "
-                         "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
-                         "--partitions N splits the documents")
-    index = InvertedIndex.load(args.index, device=device)
-    args.k = run_depth(args.k, index.n_docs)
-    queries, query_meta = _queries_from_args(args, device)
-    scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
-        queries.to(device), k=args.k, query_metadata=query_meta)
-    return _write_run(args, queries, index.docnos, scores, doc_idx)
-
-
-def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> int:
-    """``lsr search``'s run file and its one line of output."""
-    from lsr.data import runs
-
-    runs.write_topk(args.out, queries.ids, docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
-                    replace=args.overwrite)
-    print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
-    return 0
-
-
-def _explain_search(args: argparse.Namespace) -> int:
-    """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
-    from lsr.index.inverted import InvertedIndex
-    from lsr.parallel.sharded_index import ShardedIndex, is_sharded
-    from lsr.pipeline import resolve_device
-    from lsr.search.config import SearchConfig
-    from lsr.search.searcher import Searcher, run_depth
-
-    device = resolve_device(args.device)
-    note = ""
-    if is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
-        sharded = ShardedIndex.load(args.index, device=device, partitions=[0])
-        index, note = sharded.partitions[0], f"(partition 1 of {sharded.n_partitions}) "
-    else:
-        index = InvertedIndex.load(args.index, device=device)
-    queries, _ = _queries_from_args(args, device)
-    searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
-    print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
-    return 0
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lsr.evaluation.measures import evaluate, parse_metrics
 
@@ -304,8 +193,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if missed else 0
 
 
-def _add_encoder_args(p: argparse.ArgumentParser) -> None:
-    _device_arg(p)
+def add_encoder_args(p: argparse.ArgumentParser) -> None:
+    add_device_arg(p)
     p.add_argument("--encoder", choices=("bm25", "splade"), default="bm25", help="encoder kind")
     p.add_argument("--model", help="SPLADE: Hugging Face id or local path; bm25: folder of a fitted encoder")
     p.add_argument("--batch-size", type=integer(1), default=None, help="texts per batch (default: the encoder's own)")
@@ -317,7 +206,7 @@ def _add_encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
 
 
-def _command(sub: argparse._SubParsersAction, name: str, text: str, func: Callable[[argparse.Namespace], int] | None = None,
+def add_command(sub: argparse._SubParsersAction, name: str, text: str, func: Callable[[argparse.Namespace], int] | None = None,
              ) -> argparse.ArgumentParser:
     """A sub-command parser whose options show their defaults; ``func`` handles the parsed arguments."""
     p = sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -331,15 +220,15 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str, func: Callab
 _STAGE_COMMANDS: tuple[str, ...] = ("lsr.interop.cli", "lsr.serve.cli", "lsr.train.cli", "lsr.rerank.cli")
 
 
-def _device_arg(p: argparse.ArgumentParser) -> None:
+def add_device_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device, default="auto", help=DEVICE_HELP)
 
 
 def _add_encode_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards", cmd_encode)
+    p = add_command(sub, "encode", "encode a corpus (or its queries) to Parquet vector shards", cmd_encode)
     p.add_argument("--dataset", required=True, help="ir_datasets id or local folder")
     p.add_argument("--out", required=True, help="vector directory to write (resumed when it exists)")
-    _add_encoder_args(p)
+    add_encoder_args(p)
     p.add_argument("--what", choices=("documents", "queries"), default="documents",
                    help="encode the dataset's documents, or its queries (for lsr search --queries)")
     p.add_argument("--shard-rows", type=integer(1), default=100_000, help="documents per shard (the resume granularity)")
@@ -350,7 +239,7 @@ def _add_encode_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_index_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
+    p = add_command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--block-size", type=integer(1), default=65536, help="documents per posting block")
@@ -362,34 +251,11 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=integer(1), default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")
     p.add_argument("--workers", type=integer(1), default=1, help="with --partitions: partitions built at once (threads)")
-    _device_arg(p)
-
-
-def _add_search_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "search", "batch-search queries and write a run", cmd_search)
-    p.add_argument("--index", required=True, help="index directory written by lsr index (sharded or not)")
-    p.add_argument("--queries", required=True,
-                   help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
-    p.add_argument("--out", help="run file to write (required unless --explain)")
-    p.add_argument("--k", type=integer(1), default=1000, help="results per query (at most the index's documents)")
-    p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
-    p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
-    p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
-    p.add_argument("--query-scale", type=positive_float, default=None, help="Anserini query quantisation scale")
-    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
-                   help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
-    p.add_argument("--explain", action="store_true",
-                   help="print the search plan of the first query batch (backend, route, kernels, passes, "
-                        "fallbacks, each with its reason) and exit without searching or writing --out")
-    p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
-                   help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
-                        "they exceed half the free GPU memory)")
-    _add_encoder_args(p)
+    add_device_arg(p)
 
 
 def _add_evaluate_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "evaluate", "evaluate a run with ir-measures", cmd_evaluate)
+    p = add_command(sub, "evaluate", "evaluate a run with ir-measures", cmd_evaluate)
     p.add_argument("--run", required=True, help="TREC or MS MARCO run file")
     p.add_argument("--qrels", required=True, help="qrels file, BEIR folder or ir_datasets id")
     p.add_argument("--metrics", nargs="+", default=["RR@10", "nDCG@10", "R@1000"], help="ir-measures metric strings")
@@ -397,7 +263,7 @@ def _add_evaluate_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_run_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "run", "encode -> index -> search -> evaluate from a YAML config", cmd_run)
+    p = add_command(sub, "run", "encode -> index -> search -> evaluate from a YAML config", cmd_run)
     p.add_argument("config", help="YAML config (see configs/; every key: lsr/config.py)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                    help="override a config value, e.g. search.k=100 (repeatable)")
@@ -415,11 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_encode_command(sub)
     _add_index_command(sub)
-    _add_search_command(sub)
+    importlib.import_module("lsr.search.cli").register(sub, add_command)
     _add_evaluate_command(sub)
     _add_run_command(sub)
     for module in _STAGE_COMMANDS:
-        importlib.import_module(module).register(sub, _command)
+        importlib.import_module(module).register(sub, add_command)
     return ap
 
 

@@ -103,7 +103,7 @@ class IndexConfig:
     block_size: int = 65536
     """Documents per posting block (a power of two)."""
     partitions: int = at_least(1, 1)
-    """> 1: a sharded index (docs/scaling.md), searched partition by partition."""
+    """> 1: a sharded index (docs/guide/scaling.md), searched partition by partition."""
     postings: str = "auto"
     """compact (4 bytes a posting, weights exact in bf16/fp16) where it fits, else float32 (auto); or either
     one forced; same results."""

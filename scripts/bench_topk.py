@@ -4,7 +4,7 @@
         [--chunks 2048,4096,8192,16384]
 
 A profile once put a large share of a B=1 search's GPU time at 8.8M docs in torch.topk / kthvalue
-(docs/benchmarks-search.md); the block route now selects with lsr.search.select. This script runs one
+(docs/performance/search.md); the block route now selects with lsr.search.select. This script runs one
 eager search per case (``query set:B:k``) on a synthetic collection (lsr.benchmarks.synth, as bench_search.py builds
 it), records the input of every selection the search makes (``bucket_topk`` / ``bucket_theta``, and any
 ``torch.topk`` / ``torch.kthvalue`` call), and times on those very inputs (inside a CUDA graph, as the

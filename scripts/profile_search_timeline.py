@@ -5,7 +5,7 @@
 
 8.8M synthetic docs (lsr.benchmarks.synth, bf16-rounded weights, compact postings), synthetic queries, B = 1 / 64 / 500,
 top-1000. Writes OUT/prof_timeline.json; prints the marks (ms from the call's start) and kernel counts.
-docs/notes-search.md reads these.
+docs/performance/search.md reads these.
 """
 import argparse
 import json

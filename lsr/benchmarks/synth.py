@@ -183,7 +183,7 @@ def ranking_from_queries(queries: SparseVectors, noise: float = 0.8, seed: int =
     """Term ids ranked by how often real queries use them, blurred by Gumbel noise of scale ``noise`` on
     log(1 + count) (ties and unused terms in seeded random order). Query frequency overstates document
     frequency: with no noise SPLADE++ ED dev queries touch 3.5 N postings of a synthetic collection ranked
-    this way, with 0.8 about the 2.2 N they touch on MS MARCO (docs/benchmarks.md)."""
+    this way, with 0.8 about the 2.2 N they touch on MS MARCO (docs/performance/search.md)."""
     V = queries.vocab_size
     counts = torch.bincount(queries.indices.long().cpu(), minlength=V).double()
     g = torch.Generator().manual_seed(seed)

@@ -19,7 +19,7 @@ Design (simplest one that is resumable and exact):
   thread takes each window's vectors once they are on the host (``encode_prepared_async``) and four threads
   write Parquet shards (at once, listed in the manifest in order; a row group per window, written as the
   window arrives), so the GPU does not wait on the CPU side. Processes, not threads: tokenizing holds the GIL, and a thread doing it beside the
-  model slowed the launching thread by about a third (docs/benchmarks.md).
+  model slowed the launching thread by about a third (docs/performance/encode.md).
 
 Encoders with ``prepare`` / ``encode_prepared`` (SpladeEncoder) take that fast path; any other encoder
 with ``encode_document(texts, ids)`` (e.g. a fitted LexicalEncoder) is called per batch of the window.
@@ -168,7 +168,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if doc_top_k is not None:
         metadata["doc_top_k"] = doc_top_k
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
-    # four writer threads keep up with the GPU (per-passage write cost: docs/benchmarks.md), and a row group
+    # four writer threads keep up with the GPU (per-passage write cost: docs/performance/encode.md), and a row group
     # per window leaves only the last window to write after the last batch
     writer = ShardWriter(out_dir, encoder.vocab_size, metadata, shard_rows=shard_rows, resume=resume, origin=origin,
                          write_threads=4, row_group_rows=sort_window)
@@ -200,7 +200,7 @@ def _check_windows(shard_rows: int, sort_window: int | None, stream_offset: int)
         raise ValueError("shard_rows and sort_window must be positive")
     if stream_offset < 0 or stream_offset % shard_rows:
         raise ValueError(f"stream_offset {stream_offset} must be a non-negative multiple of shard_rows {shard_rows}")
-    # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/benchmarks.md)
+    # windows of up to 65,536 documents pad little at MS MARCO-like lengths (docs/performance/encode.md)
     return sort_window or -(-shard_rows // -(-shard_rows // 65536))
 
 

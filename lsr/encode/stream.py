@@ -107,7 +107,7 @@ def windows_pool(encoder: Any, kind: str, n: int, tokenize_workers: int | None) 
 def window_spans(n: int, window: int, first: int) -> list[tuple[int, int]]:
     """(start, size) of the windows of ``n`` texts: ``first``, twice that, ... up to ``window``. The model
     starts after a small first window, and each window is tokenized while the model runs the previous
-    one, which is half its size (a full first window made the GPU wait ~0.5 s, docs/benchmarks.md)."""
+    one, which is half its size (a full first window made the GPU wait ~0.5 s, docs/performance/encode.md)."""
     spans, start, size = [], 0, max(1, min(first, window))
     while start < n:
         spans.append((start, min(size, n - start)))

@@ -41,7 +41,7 @@ DEFAULT_BLOCK_SIZE = 1 << 16  # docs per block
 MAX_BLOCK_SIZE = 1 << 20
 # Budgeted temporary bytes per posting of a chunk in pass 2 (int16 sort key and sorted key, int64
 # permutation, radix-sort scratch, gathered doc ids / weights, segment key, int64 destination), with
-# slack for allocator fragmentation over what docs/benchmarks.md ("Index build memory") records.
+# slack for allocator fragmentation over what docs/performance/index.md ("Index build memory") records.
 BYTES_PER_POSTING = 56
 _MAX_CHUNK_POSTINGS = (1 << 31) - 1  # keep chunk-local positions and sort sizes within int32
 _INT32_MAX = (1 << 31) - 1
@@ -93,7 +93,7 @@ def default_memory_budget(device: torch.device) -> int:
     """Temporary-memory budget for a build on ``device``: min(1 GiB, free / 2) on CUDA, 2 GiB on CPU.
 
     Bigger chunks do not pay: a 1.1B-posting build was fastest with the 1 GiB budget, slower with 8 GiB and
-    slowest in one chunk (the measurements: docs/benchmarks.md).
+    slowest in one chunk (the measurements: docs/performance/index.md).
     """
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

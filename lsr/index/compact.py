@@ -7,7 +7,7 @@ encodes in bf16 on CUDA are bf16 values stored as float32), so a kernel's float6
 ``w_query * w_doc * scale`` and hence every fixed-point sum are the same bits as with float32 weights.
 Collections whose weights are not 16-bit exact are refused with a one-line error (use the float32
 layout); a build's default, "auto", takes this layout where it is exact and float32 elsewhere.
-docs/notes-search.md explains why a lossy (quantised + rescored) variant was left out.
+docs/performance/search.md explains why a lossy (quantised + rescored) variant was left out.
 
 Padding (segments are padded to multiples of ``PAD``) holds weight 0 and local id ``block_size - 1``:
 stored weights are > 0 (``SparseVectors`` rejects zeros), so kernels skip a posting by its zero

@@ -10,7 +10,7 @@ The span scorer is the CUDA kernel (``kernels.block_cuda``, shared-memory accumu
 where it can run, else the Triton kernel (``kernels.block``); the plan chooses (``SearchConfig.kernel`` forces
 one). Both give the same bits. With the CUDA kernel, both passes may sum coarse 16-bit fixed point (one shared
 atomic per posting, two docs a word) and rescore the best k + margin docs exactly (``kernels.rescore_cuda``). What
-happens when a pass could not be sure is the fallback chain of ``lsr.search.fallbacks``. docs/notes-search.md
+happens when a pass could not be sure is the fallback chain of ``lsr.search.fallbacks``. docs/performance/search.md
 explains each choice.
 
 Everything a chunk of queries needs comes from one ``BlockPlan`` (``lsr.search.block_plan``); nothing here

@@ -2,7 +2,7 @@
 
 A ``Searcher`` takes one (``Searcher(index, config=SearchConfig(...))``); ``lsr.search.plan`` reads it, with the
 index and the batch of queries, to build the plan a search follows. The defaults are the tuned behaviour
-(the sweeps behind them: docs/benchmarks-search.md and docs/notes-search.md). A field left at ``None`` is
+(the sweeps behind them: docs/performance/search.md). A field left at ``None`` is
 chosen per search (by batch size or backend), as its comment says; any value set here is used as given, which is
 how tests and benchmarks force a route, a kernel or a repair.
 
@@ -77,7 +77,7 @@ class SearchConfig:
     coarse_margin_min: int = 128         # coarse keys kept beyond k: max(coarse_margin_min, k * share). The list is
     coarse_margin_share: float = 0.5     # complete when its last coarse sum lies a query's term count below the
                                          # k-th (~1.5% of the score with 16-bit sums); a margin of k / 8 left many
-                                         # queries to the rescue (docs/notes-search.md)
+                                         # queries to the rescue (docs/performance/search.md)
     sampled_rank_min_k: int = 256        # from this k on the coarse floor comes from a sampled pass-1 key above
                                          # the k-th (lsr.search.kernels.coarse.sampled_rank), checked afterwards
     floor_rank: int | None = None        # the pass-1 key rank behind the coarse floor (None: sampled_rank)

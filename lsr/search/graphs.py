@@ -4,14 +4,14 @@ A small batch spends more time launching the block path's dozen kernels than run
 captured graph removes that host cost. Larger batches gain too: between the two passes the host launches ~40
 small kernels slower than the GPU runs them, so an eager large batch leaves the GPU idle for part of its time
 (graphs up to ``SearchConfig.graph_max_batch``, the Searcher's batch; the measurements are in
-docs/benchmarks-search.md). Graphs are cached per index (``GraphCache``), the least recently used dropped beyond
+docs/performance/search.md). Graphs are cached per index (``GraphCache``), the least recently used dropped beyond
 ``graph_cache`` graphs or ``graph_bytes`` of memory they keep by estimate (a large batch's graph keeps its
 candidate slots).
 
 With ``graph_shared_pool`` (the default) the graphs of one index share one memory pool and one lock, as
 ``lsr.encode.splade.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
 lock, so no graph's memory is read after another graph of the index ran; one pool holds a fraction of what
-private pools hold, with the same bits as the eager path (docs/benchmarks-search.md).
+private pools hold, with the same bits as the eager path (docs/performance/search.md).
 ``tests/search/test_graphs.py::test_gpu_block_graphs_share_one_pool`` replays shared-pool graphs in a shuffled
 order against the eager path.
 """

@@ -83,7 +83,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             and capture before serving.
         pipeline: tokenize the next batch and build this batch's answers on a second thread while the device
             works (``lsr.serve.batcher``); False (default): every step of a batch in the device thread (the two
-            threads contend for the GIL; docs/benchmarks.md compares them).
+            threads contend for the GIL; docs/performance/serve.md compares them).
         freeze_gc: at startup, after warm-up, freeze the objects alive (``lsr.serve.gcwatch``: a full garbage
             collection during serving then skips them; undone at shutdown). ``/stats`` reports the collector's
             pauses either way.
@@ -283,7 +283,7 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, limits:
         return Response(body, media_type="application/json")
 
     # a plain Starlette route: FastAPI's parameter and dependency handling doubles the framework's time per
-    # request (measured in-process: docs/benchmarks.md), and every request pays it on the event loop
+    # request (measured in-process: docs/performance/serve.md), and every request pays it on the event loop
     app.router.routes.append(Route("/search", search, methods=["POST"]))
 
     @app.get("/health")

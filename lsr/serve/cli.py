@@ -12,7 +12,7 @@ __all__ = ["cmd_serve", "register"]
 
 
 def register(sub: Any, command: Any) -> None:
-    from lsr.cli import _device_arg
+    from lsr.cli import add_device_arg
 
     p = command(sub, "serve", "serve an index over HTTP/JSON with dynamic batching (POST /search, GET /health, /stats)")
     p.add_argument("--index", required=True, help="index directory written by lsr index")
@@ -30,14 +30,14 @@ def register(sub: Any, command: Any) -> None:
                    help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "
-                   "overlapping the device work (off by default: the threads contend for the GIL; docs/benchmarks.md)")
+                   "overlapping the device work (off by default: the threads contend for the GIL; docs/performance/serve.md)")
     p.add_argument("--no-freeze-gc", action="store_true", help="leave the objects alive after warm-up to the garbage "
                    "collector (by default they are frozen: a full collection during serving skips them)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.add_argument("--switch-interval-ms", type=float, default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
                         "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
-    _device_arg(p)
+    add_device_arg(p)
     p.set_defaults(func=cmd_serve)
 
 

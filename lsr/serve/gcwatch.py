@@ -1,8 +1,8 @@
 """Python's garbage collector in a server: freeze what warm-up left alive, and count the pauses.
 
 A full (generation 2) collection walks every tracked object of the process: with torch, transformers and an
-index loaded, hundreds of thousands of them, long enough to stall every request in flight (docs/benchmarks.md,
-serving). ``gc.freeze()`` after warm-up moves those objects to a permanent generation that collections skip,
+index loaded, hundreds of thousands of them, long enough to stall every request in flight (docs/performance/serve.md).
+``gc.freeze()`` after warm-up moves those objects to a permanent generation that collections skip,
 so a full collection during serving walks only what was created since. ``GcWatch`` records every collection's pause by generation for ``/stats``.
 """
 

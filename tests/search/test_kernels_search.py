@@ -215,7 +215,7 @@ def test_block_kernel_matches_twin(gen, bs, span, group, rows, chunk):
 @pytest.mark.parametrize("span,group,readout,warps", [(128, 1, 64, 4), (128, 2, 64, 8), (64, 4, 1024, 4)])
 def test_gpu_block_kernel_reads_out_several_tiles(gen, span, group, readout, warps):
     """Read-out tiles of several 32-doc rows lost or misplaced keys on the GPU (not under the interpreter) when a
-    program read out more than one tile or used 8 warps (docs/notes-search.md, session 22): each config here failed
+    program read out more than one tile or used 8 warps (docs/performance/search.md): each config here failed
     in 2-3 of 3 seeds before the kernel took one-row tiles on CUDA, whatever ``readout`` asks (kept in the cases as
     they failed); the test keeps that choice from coming back."""
     docs = rand_vectors(170, 40, 0.2, gen)

@@ -15,7 +15,7 @@ are never read.
 E can be far larger than L2 (250k x 768 bf16 is 384 MB, L2 holds ~50 MB). A bucket holds its entries
 roughly in vocabulary order (the scatter's programs run in v order, and so does the deterministic sort), so
 the dH programs running side by side sweep the vocabulary together and gather E rows from a sliding window
-that stays in L2: one launch, no vocabulary chunks and no fp32 partial of dH (docs/notes-sparton.md).
+that stays in L2: one launch, no vocabulary chunks and no fp32 partial of dH (docs/performance/head.md).
 
 Modes: the default fills the buckets with integer atomics (fast; the order inside a bucket, hence
 the fp32 summation order of dH, varies run to run); ``deterministic=True`` orders each bucket by (b, v)
@@ -243,7 +243,7 @@ def _bucket_entries(g: torch.Tensor, arg: torch.Tensor, offsets: torch.Tensor, S
 
 
 # (entries a step, columns) of the dH kernel. 64 entries a step pay off only for long buckets, i.e. up to
-# _DH_ROWS·V/S ≥ _DH_LONG entries per row group (A/B in docs/notes-sparton.md)
+# _DH_ROWS·V/S ≥ _DH_LONG entries per row group (A/B in docs/performance/head.md)
 _DH_TILE, _DH_TILE_LONG, _DH_LONG = (32, 128), (64, 128), 4096
 
 
@@ -265,7 +265,7 @@ def _hidden_grads(hidden: torch.Tensor, weight: torch.Tensor, tagged_v: torch.Te
 
 
 # (BLOCK_V, BLOCK_D, num_warps) of the dE kernel, narrow and wide vocabulary tiles. Wide tiles were the faster
-# ones for dense gradients in a sweep on H100 and H200 (docs/notes-sparton.md); with a trained head's
+# ones for dense gradients in a sweep on H100 and H200 (docs/performance/head.md); with a trained head's
 # sparse gradient they have more live tiles (a tile is live if any of its entries is), so narrow ones stay for that.
 _DE_TILES = ((16, 32, 4), (32, 16, 4)) if INTERPRET else ((32, 128, 4), (64, 64, 2))
 _WIDE_LIVE_SHARE = 0.75  # wide tiles when at least this share of them is live

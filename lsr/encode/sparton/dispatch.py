@@ -56,7 +56,7 @@ VARIANTS = ("torch", "cpu_tiled", "padded", "resident", "packed")
 _TRITON_VARIANTS = ("padded", "resident", "packed")
 _INFERENCE_ONLY = ("cpu_tiled", "packed")
 # the resident kernel runs one program per 128-row vocabulary tile: with few waves of them (30522 rows: 1.8 on an
-# H100) the idle SMs of the last one cost what the resident tile saves (docs/notes-sparton.md)
+# H100) the idle SMs of the last one cost what the resident tile saves (docs/performance/head.md)
 RESIDENT_MIN_WAVES = 8
 
 

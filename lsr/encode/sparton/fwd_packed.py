@@ -4,7 +4,7 @@ Why: the padded forward (``fwd_padded.triton_sparton_fwd``) runs one program per
 and pays a whole BLOCK_S (128) token tile per text even when the text is short. MS MARCO passages
 average ~77 wordpieces, so on length-bucketed batches with S <= 128 the head costs the same for any S
 in 64..128. Packing the real tokens of all texts back to back into 128-token tiles makes the GEMM work
-proportional to the real tokens (~40% less on MS MARCO lengths; measurements: docs/notes-sparton.md).
+proportional to the real tokens (~40% less on MS MARCO lengths; measurements: docs/performance/head.md).
 
 Design:
   * packed token j is row ``tok_row[j] = b·S + s`` of hidden viewed as [B·S, D] (the unmasked positions
@@ -54,7 +54,7 @@ def packing_pays(width: int) -> bool:
 
     The padded kernel pays ceil(width / 128) token tiles per text, the packed one at most width / 128
     (fewer with padding inside the batch), at ~1.2x the cost per tile (measured on full texts of 64 and 128
-    tokens: docs/notes-sparton.md), so it pays below ~80% fill."""
+    tokens: docs/performance/head.md), so it pays below ~80% fill."""
     return 0 < width <= PACK_MAX_FILL * TILE_T * -(-width // TILE_T)
 
 

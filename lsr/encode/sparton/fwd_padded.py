@@ -56,7 +56,7 @@ if triton is not None:
         # reused by the ~all vocab tiles running next to it.
         b, vt = grouped_program_ids(tl.program_id(0), B, tl.cdiv(V, BLOCK_V), GROUP_B)
         # ROW_KIND 0: every row, the mask read per S chunk; 1: only rows whose kept positions are 0..len-1, no mask
-        # reads (a load in the flattened chunk loop is not hidden: docs/notes-sparton.md); 2: the others
+        # reads (a load in the flattened chunk loop is not hidden: docs/performance/head.md); 2: the others
         if ROW_KIND == 0:
             mine = True
         else:
@@ -108,7 +108,7 @@ if triton is not None:
 
     def _configs(family: str) -> list:
         # (BLOCK_V, BLOCK_S, BLOCK_D, warps, stages, flatten, tma): the shapes that led the autotuning runs
-        # recorded in docs/benchmarks.md ("Sparton tile shapes"), best first
+        # recorded in docs/performance/head.md ("Sparton tile shapes"), best first
         shapes = {
             "tma": [(256, 128, 64, 8, 3, True, True), (256, 128, 64, 8, 4, True, True),
                     (128, 256, 64, 8, 4, True, True), (256, 128, 128, 8, 2, True, True),

@@ -3,7 +3,7 @@ API is experimental in triton, so the dispatch (``dispatch.SpartonDispatch``) fa
 to, if this kernel fails to compile; ``variant="padded"`` keeps it off.
 
 Why: the tl kernel (``fwd_padded``) streams both operands of every [BLOCK_V, BLOCK_S] tile through L2, ~85 FLOP per
-byte at its best tile, and at 64x512x250002 it sits on L2 bandwidth (docs/notes-sparton.md). Here one program owns a
+byte at its best tile, and at 64x512x250002 it sits on L2 bandwidth (docs/performance/head.md). Here one program owns a
 128-row vocabulary tile and keeps its E rows on chip for the whole batch: 10 K slices in shared memory, 2 in registers
 (wgmma's A operand may come from registers, which frees shared memory for a ring of hidden slices, 4 deep at D = 768).
 Every hidden row streams past through TMA, so each streamed byte feeds 128 FLOP.
@@ -12,7 +12,7 @@ The work is warp-specialized: a producer warp streams the hidden chunks' K slice
 warpgroups, each multiplying all 128 rows, take turns chunk by chunk. The chunk table interleaves two batch rows, one
 per consumer, so one consumer folds its chunk into the row's running max / argmax while the other's MMAs run (in a
 single warpgroup the fold left the tensor cores idle; ptxas would not overlap it with wgmma there,
-docs/notes-sparton.md). A consumer hands the turn over as soon as its chunk's last MMA is issued.
+docs/performance/head.md). A consumer hands the turn over as soon as its chunk's last MMA is issued.
 
 Per chunk the fold takes the max, then the first column equal to it (cheaper than a (value, index) reduction), and
 masks only a row's last, partial chunk. The result is bit-identical to the tl kernel: the same MMA shape along K in the

@@ -116,7 +116,7 @@ class SpladeEncoder:
         GELU than the separate call; ``lsr.encode.backbone.varlen_body``); False calls the model's own activation. ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used); what
-        it gains per backbone is measured in docs/benchmarks.md.
+        it gains per backbone is measured in docs/performance/encode.md.
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = resolve_dtype(dtype, dev)

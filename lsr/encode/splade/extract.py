@@ -8,7 +8,7 @@ No host sync per batch: a batch's non-zeros are counted on the device and the co
 memory behind an event (``CountedRows``); the caller launches the next batch's model before it asks for this
 one's CSR parts, so the GPU has work queued while the host waits for the count. The window's result goes to
 pinned host buffers on a side stream (``PendingVectors``), overlapping the next window's model, and from there
-into pageable memory (a pageable device-to-host copy is slow and blocks the stream; docs/benchmarks.md).
+into pageable memory (a pageable device-to-host copy is slow and blocks the stream; docs/performance/encode.md).
 """
 
 from __future__ import annotations

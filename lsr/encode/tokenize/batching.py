@@ -5,7 +5,7 @@ for CUDA, and each batch is a slice of it. The padding-free path (``lsr.encode.b
 as they are; the padded [B, L] int64 form that HF's forward needs is built only for batches that go there (at
 ``prepare`` time when the encoder will run them padded, else on first access). Building and pinning padded
 batches on the host cost the process that launches the model several times more CPU per passage than the gather
-(scripts/bench_host_input.py, docs/benchmarks.md).
+(scripts/bench_host_input.py, docs/performance/encode.md).
 """
 
 from __future__ import annotations

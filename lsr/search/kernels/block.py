@@ -16,7 +16,7 @@ next step's chunks are located and loaded before the current one is accumulated 
 two-stage pipeline). Accumulation is exact and deterministic: int64 fixed point (lsr.search.kernels.fixed)
 with atomics -- chunks of different terms may hit one cell in a step, and integer adds commute.
 
-The L2 atomic units cap this at about the rate of the seed's HBM atomics (docs/notes-search.md), so at 8.8M docs it matches the seed's throughput (exact, deterministic, with
+The L2 atomic units cap this at about the rate of the seed's HBM atomics (docs/performance/search.md), so at 8.8M docs it matches the seed's throughput (exact, deterministic, with
 1/13 of its memory). A conflict-free variant without atomics (one query per tile row, plain
 load/add/store and a CTA barrier per step) was slower in every configuration tried: Triton cannot
 keep the scratch in shared memory, and each step waits for an L2 round trip.
@@ -277,7 +277,7 @@ def triton_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_o
     table = torch.empty(n_prog * 5 * group * maxq, dtype=torch.int64, device=dev)
     # rows of 32 docs per read-out tile (bounds registers). On a GPU one row: tiles of several rows lost or misplaced
     # keys there (not under the interpreter) once a program read out more than one tile, or with 8 warps
-    # (docs/notes-search.md); the read-out loop is a dynamic one, so one-row tiles cost no unrolling
+    # (docs/performance/search.md); the read-out loop is a dynamic one, so one-row tiles cost no unrolling
     rb = 1 if dev.type == "cuda" else min(span, max(ROW, readout)) // ROW
     _block_kernel[(n_prog,)](post_doc, post_w, span_off, span_off.stride(0),
                              q_indptr, q_terms, q_weights, scale, inv_scale,

@@ -3,8 +3,8 @@
 Same contract as ``lsr.search.kernels.block.triton_block_candidates`` (group = 1) and the same torch twin,
 ``torch_block_candidates``; the outputs are bit-identical. Why a CUDA kernel next to the Triton one:
 Triton cannot address shared memory, so its scratch tile lives in L2 and every add is an L2 atomic
-(a rate that caps it near the seed's scatter: docs/benchmarks-search.md). Here a CTA accumulates one (query, span of SPAN
-docs) item in shared memory (docs/notes-search.md has the measurements behind each choice):
+(a rate that caps it near the seed's scatter: docs/performance/search.md). Here a CTA accumulates one (query, span of SPAN
+docs) item in shared memory (docs/performance/search.md has the measurements behind each choice):
 
 * the item's run table (per query term: its postings for the span, query weight x scale, and a
   prefix sum of its 128-posting steps) is filled in shared memory; the warps split the steps into
@@ -75,7 +75,7 @@ def max_coarse_span(warps: int) -> int:
 def _min_ctas(warps: int, coarse: bool) -> int:
     """CTAs per SM the kernel is compiled for (``__launch_bounds__``; at most 2048 threads an SM): 48 warps for
     the coarse passes (3 CTAs of 16 warps: its float32 adds fit 40 registers, and a third CTA hides the others'
-    stalls; docs/notes-search.md), 2 CTAs for the three-limb passes (64 registers)."""
+    stalls; docs/performance/search.md), 2 CTAs for the three-limb passes (64 registers)."""
     return max(1, min(48 // warps if coarse else 2, 64 // warps, 32))   # 32: the most CTAs an SM holds
 
 

@@ -4,7 +4,7 @@ small kernels (the public entry point is ``lsr.search.select``).
 Why: the block path's small batches select from rows of 17K-69K keys (pass 1's row maxima, pass 2's
 candidate slots, most of them -1). ``torch.topk`` runs a multi-block radix select there (~25 launches,
 each a graph node) and ``torch.kthvalue`` a single-block one, which took a large share of a one-query search
-(docs/benchmarks-search.md). Here:
+(docs/performance/search.md). Here:
 
 1. ``level 1``: a histogram of every valid key's bits 61..50 (the float score's exponent and top 4
    mantissa bits; keys are ``bits(score) << 31 | ~doc``, lsr.search.kernels.topk), then the bucket ``p1``

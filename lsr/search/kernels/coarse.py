@@ -4,7 +4,7 @@ A coarse sum adds floor(c / 2**COARSE_SHIFT) of each int64 fixed-point contribut
 (lsr.search.kernels.fixed), < 2**16 per doc. The CUDA kernel (cuda/block_scores.cu, COARSE) computes it
 exactly in float32 and keeps two docs' sums in one uint32 word; ``coarse_floor`` and ``coarse_theta`` turn
 exact bounds into coarse ones and back, and ``coarse_outputs`` / ``coarse_unusual`` are the torch twin's side
-of the kernel's coarse modes (``lsr.search.kernels.block.torch_block_candidates``). docs/notes-search.md has
+of the kernel's coarse modes (``lsr.search.kernels.block.torch_block_candidates``). docs/performance/search.md has
 the exactness arguments.
 """
 

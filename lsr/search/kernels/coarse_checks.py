@@ -4,7 +4,7 @@ The block path's coarse route (``lsr.search.block_path._coarse_pass2``) turns a 
 bounds and verdicts: the theta and floor of pass 2, then, from the selected coarse keys, whether the list is
 complete and whether the query must take the exact pass. In torch these are ~60 element-wise kernels on [B]
 vectors, each a node of the batch's CUDA graph with its GPU time and a share of the graph's launch
-(docs/notes-search.md). Here they are three kernels:
+(docs/performance/search.md). Here they are three kernels:
 
 * ``coarse_bounds``: theta and floor of the coarse pass 2 from pass 1's bucket edge (``coarse_theta`` then
   ``coarse_floor`` of ``lsr.search.kernels.coarse``, which are the torch twin).

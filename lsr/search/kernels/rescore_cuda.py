@@ -4,7 +4,7 @@ Same contract and outputs as ``lsr.search.kernels.csr.triton_csr_scores`` with a
 is ``lsr.search.kernels.csr.torch_csr_scores``): the int64 fixed-point sum of lsr.search.kernels.fixed, so the
 scores are bit-identical to every other scorer. Why a second kernel: the block path rescores ~k candidates
 of every query, which the Triton kernel does slowly (a [4, 64] tile of cells gathers one posting per cell and
-step; docs/notes-search.md); a warp per cell reads the doc's terms and weights as
+step; docs/performance/search.md); a warp per cell reads the doc's terms and weights as
 coalesced runs, looks the query weights up in a dense [B, V] matrix (only for the doc terms a shared-memory
 bitmap of the query's terms holds: most of a doc's terms are not the query's) and sums with shuffles.
 

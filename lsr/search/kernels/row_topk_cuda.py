@@ -2,7 +2,7 @@
 
 Why: the block path selects the best k + margin coarse keys of each query from a gather buffer of a few thousand
 slots, and the best k of its k + margin rescored keys; ``torch.topk`` does each as a radix select plus a separate sort
-(two or more kernels, several times this kernel's time: docs/notes-search.md). A row of
+(two or more kernels, several times this kernel's time: docs/performance/search.md). A row of
 up to ``MAX_ROW`` int64 keys fits one CTA's shared memory. Keys are unique in the block path, and equal keys are
 interchangeable anyway, so the output is the twin's bit for bit.
 

@@ -1,7 +1,7 @@
 """The bucket selection's histograms (lsr.search.kernels.bucket_select, level 1 and 2) as a CUDA kernel.
 
 Why: a row's keys crowd into a few of the 4,096 bins (the scores near its k-th), so the Triton ``_hist_kernel``'s
-one global atomic per key queues on a handful of addresses (docs/notes-search.md). This kernel counts in shared
+one global atomic per key queues on a handful of addresses (docs/performance/search.md). This kernel counts in shared
 memory, the lanes of a warp that share a bin adding once, and adds each non-empty bin to the row's histogram once
 per CTA. Counts are integers, so the histogram is the Triton kernel's and the twin's (``bucket_select.torch_bucket_levels``)
 whatever the order. Compiled at first use with NVRTC, like lsr.search.kernels.rescore_cuda; CPU CI runs the Triton

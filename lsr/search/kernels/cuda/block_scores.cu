@@ -66,7 +66,7 @@ __device__ __forceinline__ float posting(const uint4& d, const uint4& w, int e, 
 #if COARSE
 // adds a posting's coarse contribution floor(w * q) to its doc's 16-bit half of the tile word. The half's shift is a
 // multiply by 1 or 2^16 with the 2^23 bias folded in ((bits - 2^23 bias) * s mod 2^32): multiply-adds run on the
-// FMA pipe, while shifts, logic and compares load the ALU pipe, which the adds saturate (docs/notes-search.md)
+// FMA pipe, while shifts, logic and compares load the ALU pipe, which the adds saturate (docs/performance/search.md)
 __device__ __forceinline__ void coarse_add(unsigned* tile, int cell, float w, float q) {
     const unsigned s = (unsigned)(cell & 1) * 65535u + 1u;
     atomicAdd(tile + (cell >> 1), __float_as_uint(__fmaf_rz(w, q, 0x1p23f)) * s + s * 0xb5000000u);
@@ -231,7 +231,7 @@ lsr_block_scores(const doc_t* __restrict__ post_doc, const weight_t* __restrict_
                 };
                 // postings outside the run (another run's docs) and padding are skipped; the run's own
                 // docs lie in the span, so doc % SPAN is their cell. The skip stays a branch: sending idle
-                // lanes to a shared cell serialised their atomics (60-80% slower, docs/notes-search.md)
+                // lanes to a shared cell serialised their atomics (60-80% slower, docs/performance/search.md)
                 auto add = [&](const uint4& d, const uint4& w, unsigned m, qmul_t q) {
 #if COARSE && WEIGHT
                     // a step whose lanes all hold 8 postings of the run (most steps of a long run): the adds need no

@@ -2,7 +2,7 @@ typedef long long i64;
 
 #define MAX_CTA_CELLS 64   // rescore_cuda._CTA_CELLS
 #ifndef UNROLL
-#define UNROLL 4           // terms a lane loads before it uses any (2 and 8 measured the same: notes-search.md, session 23)
+#define UNROLL 4           // terms a lane loads before it uses any (2 and 8 measured the same: docs/performance/search.md)
 #endif
 
 // A CTA scores up to CTA_CELLS cells of one query (blockIdx.y), a warp per cell. The query's terms are first marked

@@ -4,7 +4,7 @@ typedef long long i64;
 // slots past the count are garbage) padded with -1 to a power of two, bitonic-sorted in shared memory (descending),
 // and the first k written out (-1 past n). Keys are compared as int64, so equal keys are interchangeable and the
 // output is the same whatever the schedule. Rows of a few thousand keys take a few microseconds each this way, where
-// torch.topk runs a multi-block radix select and then a separate sort (docs/notes-search.md, session 23).
+// torch.topk runs a multi-block radix select and then a separate sort (docs/performance/search.md).
 extern "C" __global__ void lsr_row_topk(const i64* __restrict__ keys, int C, const int* __restrict__ count,
                                         int has_count, int k, i64* __restrict__ out)
 {

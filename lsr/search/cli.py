@@ -1,0 +1,151 @@
+"""``lsr search``: search a query set against an index (sharded or not) and write a run, or print the plan.
+
+The command parses and prints; the work is ``lsr.search.open_searcher`` / ``Searcher`` (one index) and
+``lsr.parallel.search.search_sharded`` (a sharded index, in one process or on every rank of a torchrun job).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from lsr.cli import UsageError, add_encoder_args, encoder_from_args
+from lsr.cli_types import integer, positive_float
+from lsr.config import SEARCH_BACKENDS
+
+__all__ = ["cmd_search", "register"]
+
+
+def _queries_from_args(args: argparse.Namespace, device: str):
+    """(query vectors, encoder description or None) of ``lsr search --queries``: a vector folder, a TSV file
+    (Anserini token queries with ``--vocab``; text topics ``qid<TAB>text`` to encode with ``--model``), or a
+    dataset whose queries to encode."""
+    from lsr.pipeline import load_query_vectors
+
+    qpath = Path(args.queries)
+    if qpath.is_file() and args.model and not args.vocab:   # text topics for the given encoder
+        from lsr.data.sources import read_topics_tsv
+
+        topics = read_topics_tsv(qpath)
+        return _encode_queries(args, device, topics)
+    if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
+        if args.model:
+            held = "Anserini token queries (--vocab)" if qpath.is_file() else "a query vector folder"
+            raise UsageError(f"--queries {qpath} holds {held}, already encoded; --model encodes text queries: "
+                             "drop one of them")
+        meta = None
+        if qpath.is_dir():   # the encoder lsr encode --what queries recorded: checked against the index's, as below
+            from lsr.storage.shards import read_manifest
+
+            meta = read_manifest(qpath).get("metadata")
+        return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
+    from lsr.data.sources import load_dataset
+
+    return _encode_queries(args, device, load_dataset(args.queries, args.split).queries)
+
+
+def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, str]):
+    enc = encoder_from_args(args, device)
+    qids = list(queries)
+    return enc.encode_query([queries[q] for q in qids], ids=qids), enc.describe()
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from lsr.index.inverted import InvertedIndex
+    from lsr.parallel.sharded_index import is_sharded
+    from lsr.pipeline import resolve_device
+    from lsr.search.config import SearchConfig
+    from lsr.search.searcher import Searcher, run_depth
+    from lsr.storage.provenance import check_not_inside
+
+    if args.explain:
+        return _explain_search(args)
+    if args.out is None:
+        raise UsageError("--out is required: the run file to write (or pass --explain to print the search plan only)")
+    check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory; give the path of the run file to write")
+    if Path(args.out).exists() and not args.overwrite:
+        raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
+    device = resolve_device(args.device)
+    if is_sharded(args.index):  # one process, or every rank of a torchrun job
+        from lsr.parallel.search import search_sharded
+        from lsr.parallel.sharded_index import read_sharded_manifest
+        from lsr.parallel.topology import launch_rank, rank_device
+
+        args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
+        lead = launch_rank() == 0  # reads the queries and writes the run
+        queries, meta = _queries_from_args(args, rank_device(device)) if lead else (None, None)
+        hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
+                              stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta)
+        if hits is None:
+            return 0
+        return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
+    from lsr.parallel.topology import is_distributed
+
+    if is_distributed():  # every rank would search all of it and write the same --out
+        raise UsageError(f"{args.index} is a single index; under torchrun search a sharded one: "
+                         "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
+                         "--partitions N splits the documents")
+    index = InvertedIndex.load(args.index, device=device)
+    args.k = run_depth(args.k, index.n_docs)
+    queries, query_meta = _queries_from_args(args, device)
+    scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
+        queries.to(device), k=args.k, query_metadata=query_meta)
+    return _write_run(args, queries, index.docnos, scores, doc_idx)
+
+
+def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> int:
+    """``lsr search``'s run file and its one line of output."""
+    from lsr.data import runs
+
+    runs.write_topk(args.out, queries.ids, docnos, scores, doc_idx, fmt=args.format, tag=args.tag,
+                    replace=args.overwrite)
+    print(f"searched {len(queries)} queries (k={args.k}) -> {args.out}")
+    return 0
+
+
+def _explain_search(args: argparse.Namespace) -> int:
+    """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
+    from lsr.index.inverted import InvertedIndex
+    from lsr.parallel.sharded_index import ShardedIndex, is_sharded
+    from lsr.pipeline import resolve_device
+    from lsr.search.config import SearchConfig
+    from lsr.search.searcher import Searcher, run_depth
+
+    device = resolve_device(args.device)
+    note = ""
+    if is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
+        sharded = ShardedIndex.load(args.index, device=device, partitions=[0])
+        index, note = sharded.partitions[0], f"(partition 1 of {sharded.n_partitions}) "
+    else:
+        index = InvertedIndex.load(args.index, device=device)
+    queries, _ = _queries_from_args(args, device)
+    searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
+    print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
+    return 0
+
+
+def register(sub: Any, command: Any) -> None:
+    """Add ``lsr search`` to the ``lsr`` command's sub-parsers (``lsr.cli``)."""
+    p = command(sub, "search", "batch-search queries and write a run", cmd_search)
+    p.add_argument("--index", required=True, help="index directory written by lsr index (sharded or not)")
+    p.add_argument("--queries", required=True,
+                   help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
+    p.add_argument("--out", help="run file to write (required unless --explain)")
+    p.add_argument("--k", type=integer(1), default=1000, help="results per query (at most the index's documents)")
+    p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
+    p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
+    p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
+    p.add_argument("--query-scale", type=positive_float, default=None, help="Anserini query quantisation scale")
+    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
+                   help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
+    p.add_argument("--explain", action="store_true",
+                   help="print the search plan of the first query batch (backend, route, kernels, passes, "
+                        "fallbacks, each with its reason) and exit without searching or writing --out")
+    p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
+                   help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
+                        "they exceed half the free GPU memory)")
+    add_encoder_args(p)
