@@ -6,6 +6,7 @@ holds the container: construction, row selection, concatenation and the conversi
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -251,9 +252,13 @@ class SparseVectors:
     def to_torch_sparse(self, layout: torch.layout = torch.sparse_csr) -> torch.Tensor:
         """[n, vocab_size] float32 torch sparse tensor (CSR by default, or sparse_coo)."""
         size = (len(self), self.vocab_size)
-        csr = torch.sparse_csr_tensor(self.indptr, self.indices.to(torch.int64), self.values, size=size,
-                                      check_invariants=False)  # validated at construction
-        return csr if layout == torch.sparse_csr else csr.to_sparse_coo().coalesce()
+        if layout == torch.sparse_coo:  # rows in order, terms ascending within a row: already coalesced
+            coords = torch.stack([self.row_ids(), self.indices.to(torch.int64)])
+            return torch.sparse_coo_tensor(coords, self.values, size=size, is_coalesced=True, check_invariants=False)
+        with warnings.catch_warnings():  # torch's "CSR support is in beta" notice is not the user's concern
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            return torch.sparse_csr_tensor(self.indptr, self.indices.to(torch.int64), self.values, size=size,
+                                           check_invariants=False)  # validated at construction
 
     @classmethod
     def from_torch_sparse(cls, t: torch.Tensor, ids: Sequence[str] | None = None) -> SparseVectors:

@@ -19,6 +19,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("imports", ["lsr.evaluation.topk", "lsr.evaluation", "lsr.evaluation.measures, lsr.cli",
                                      "lsr.search, lsr.evaluation.topk, lsr.pipeline"])
+@pytest.mark.slow
 def test_evaluate_stays_callable_whatever_is_imported(imports):
     code = (f"import lsr, {imports}\nassert callable(lsr.evaluate), lsr.evaluate\n"
             "print(lsr.evaluate({'q': {'d': 1.0}}, {'q': {'d': 1}}, metrics=['RR@10']))")
@@ -27,6 +28,7 @@ def test_evaluate_stays_callable_whatever_is_imported(imports):
     assert "{'RR@10': 1.0}" in out.stdout
 
 
+@pytest.mark.slow
 def test_subpackages_are_reachable_lazily_and_import_lsr_stays_light():
     code = ("import sys, lsr\n"
             "heavy = [m for m in ('torch', 'triton', 'transformers') if m in sys.modules]\n"
@@ -56,6 +58,7 @@ def test_version_and_help_show_defaults(capsys):
     assert "(default: 1000)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_stage_packages_export_their_names_on_first_use():
     """``from lsr.storage import read_vectors`` and the like work, and importing the packages (or the light
     ``lsr.storage.files``) loads no torch until such a name is used."""

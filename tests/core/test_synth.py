@@ -24,6 +24,7 @@ def collection():
     return synth_docs(12_000, SPEC, "cpu"), synth_queries(300, SPEC, "cpu")
 
 
+@pytest.mark.slow
 def test_calibrated_statistics(collection):
     docs, queries = collection
     st = synth_stats(docs, queries)
@@ -44,6 +45,7 @@ def test_valid_csr(collection):
         assert int(v.lengths.min()) >= 1
 
 
+@pytest.mark.slow
 def test_seeded_and_prefix_stable():
     a = synth_docs(5000, SPEC, "cpu")
     b = synth_docs(5000, SPEC, "cpu")
@@ -72,6 +74,7 @@ def test_gpu_generation_matches_statistics():
     assert 0.45 <= st["max_df_frac"] <= 0.60 and 1.8 <= st["touched_per_query_over_n"] <= 2.6
 
 
+@pytest.mark.slow
 def test_ranking_from_real_queries_makes_them_touch_as_much_as_on_ms_marco(data_dir):
     from lsr.benchmarks.synth import ranking_from_queries
     from lsr.interop import read_anserini_queries

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # builds the site / runs every documented command
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
@@ -35,6 +37,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_every_page_of_the_nav_is_built(site: Path) -> None:
     for page in ["index.html", "getting-started/index.html", "architecture/index.html", "contributing/index.html",
                  "guide/search/index.html", "performance/search/index.html", "performance/head/index.html"]:

@@ -62,6 +62,7 @@ def failing_after(docs, n):
         yield d
 
 
+@pytest.mark.slow
 def test_stream_order_and_equality_with_direct_encoding(tmp_path, data_dir, docs):
     model = save_tiny_mlm("bert", tmp_path / "bert", data_dir)  # real WordPiece tokenizer on real text
     enc = SpladeEncoder.from_pretrained(model, device="cpu", max_length_doc=32)
@@ -75,6 +76,7 @@ def test_stream_order_and_equality_with_direct_encoding(tmp_path, data_dir, docs
     torch.testing.assert_close(got.to_dense(), want.to_dense(), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_resume_after_exception_is_exact(tmp_path, encoder, docs, reference):
     out = tmp_path / "vec"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -115,6 +117,7 @@ encode_corpus(enc, stream(), out, batch_size=int(batch), shard_rows=int(shard), 
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(tmp_path, roberta, encoder, docs, reference):
     corpus, out = tmp_path / "docs.json", tmp_path / "vec"
     corpus.write_text(json.dumps(docs))
@@ -172,6 +175,7 @@ def test_generic_encoder_path_with_bm25(tmp_path, docs):
     assert read_vectors(tmp_path / "bm25").equal(want)
 
 
+@pytest.mark.slow
 def test_tokenizer_workers_give_the_same_shards_across_a_resume(tmp_path, encoder, docs, reference):
     out = tmp_path / "vec"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -185,6 +189,7 @@ def test_tokenizer_workers_give_the_same_shards_across_a_resume(tmp_path, encode
     assert manifest["complete"] and shard_hashes(manifest) == shard_hashes(reference)
 
 
+@pytest.mark.slow
 def test_first_windows_ramp_up_and_resume_exactly(tmp_path, encoder, docs):
     from lsr.encode.corpus import window_end
 

@@ -91,6 +91,7 @@ def test_cuda_extraction_matches_the_cpu():
         assert [t.cpu().tolist() for t in CountedRows(y.cuda(), k).csr()] == [list(x) for x in _reference(y, k)]
 
 
+@pytest.mark.slow
 def test_windows_grow_from_the_first_one_and_give_the_same_vectors(tmp_path, data_dir):
     from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.encode.stream import encode_windows, window_spans

@@ -69,6 +69,7 @@ def test_porter_stems(word: str, stem: str) -> None:
     assert porter_stem(word) == stem
 
 
+@pytest.mark.slow
 def test_porter_equals_snowball_porter_except_lucene_departures(data_dir: Path) -> None:
     """On the whole SciFact vocabulary the Lucene port agrees with snowball's (published) Porter
     algorithm except where Lucene departs from it: words of <= 2 characters, -bli, -logi."""
@@ -274,6 +275,7 @@ def _exact_run(docs: SparseVectors, queries: SparseVectors, k: int) -> dict[str,
             for i, qid in enumerate(queries.ids)}
 
 
+@pytest.mark.slow
 def test_scifact_bm25_quality(data_dir: Path) -> None:
     """The real quality test: Pyserini BM25 flat reports nDCG@10 0.6789, R@100 0.9253, R@1000 0.9767."""
     ir_measures = pytest.importorskip("ir_measures")

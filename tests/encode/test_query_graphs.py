@@ -102,6 +102,7 @@ def test_bucketed_path_matches_the_unbucketed_one(encoder):
     assert lengths.tolist() == got.lengths.tolist() and vectors.equal(got)
 
 
+@pytest.mark.slow
 def test_fallbacks(encoder):
     """Beyond the buckets (more texts than MAX_SLOTS, a smaller batch_size) the unbucketed path runs; more
     terms than the in-graph extraction holds are extracted after the run, with the same result."""
@@ -149,6 +150,7 @@ def test_stage_stats():
     assert d["stage_ms_mean"] == {"tokenize": 1.5, "encode": 4.0, "json": 0.25}
 
 
+@pytest.mark.slow
 def test_served_answers_equal_searcher_on_the_same_vectors(encoder, tmp_path):
     """A SPLADE index served with the bucketed encoder: run_batch's answers are Searcher.search's on
     encode_query's vectors of the same batch (bit for bit), and it reports every stage's time."""

@@ -52,6 +52,7 @@ CASES = [
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}S{}V{}D{}-{}{}".format(*c[:4], c[5], "-bias" if c[4] else ""))
+@pytest.mark.slow
 def test_forward_backward_vs_fp64(case, dtype, deterministic, poison):
     B, S, V, D, bias, kind, noncontig = case
     seed = zlib.crc32(repr((case, str(dtype), deterministic)).encode())
@@ -256,6 +257,7 @@ def test_prep_kernel_gradient_flags_and_counts(poison):
     assert torch.equal(counts.long(), torch.bincount(group[g != 0], minlength=counts.numel()))
 
 
+@pytest.mark.slow
 def test_deterministic_mode_is_bit_identical(poison):
     # few positions and many vocab entries: every dH row sums many terms, so order would show
     B, S, V, D = 3, 5, 260, 32

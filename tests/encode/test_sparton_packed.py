@@ -207,6 +207,7 @@ def test_packing_pays_below_80_percent_of_the_padded_tiles():
     assert not packing_pays(0)
 
 
+@pytest.mark.slow
 def test_encoder_packed_matches_padded(tmp_path, data_dir):
     """SpladeEncoder(packed=True) routes inference through the packed head and gives the padded vectors."""
     pytest.importorskip("transformers")

@@ -36,6 +36,7 @@ def hf_reference(path: str, texts: list[str], max_length: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_matches_hf_masked_lm(models, kind):
     enc = SpladeEncoder.from_pretrained(models[kind], device="cpu", backend="torch", batch_size=2)
     ids = [f"d{i}" for i in range(len(TEXTS))]
@@ -48,6 +49,7 @@ def test_matches_hf_masked_lm(models, kind):
     torch.testing.assert_close(vec.to_dense(), ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_triton_backend_matches_hf(models):
     # the RoBERTa model (V=500, not a multiple of the vocab tile) keeps the interpreter fast; the kernel
     # itself is tested at awkward shapes in test_sparton.py, this checks the encoder's wiring
@@ -74,6 +76,7 @@ def test_query_and_document_max_lengths(models):
     assert (d["max_length_query"], d["max_length_doc"]) == (6, 12)
 
 
+@pytest.mark.slow
 def test_batching_and_length_sorting_keep_order(models):
     enc = SpladeEncoder.from_pretrained(models["distilbert"], device="cpu")
     texts = TEXTS * 3
@@ -90,6 +93,7 @@ def test_batching_and_length_sorting_keep_order(models):
     assert len(enc.encode_document([])) == 0
 
 
+@pytest.mark.slow
 def test_doc_top_k_prunes_documents_only(models):
     full = SpladeEncoder.from_pretrained(models["bert"], device="cpu")
     pruned = SpladeEncoder.from_pretrained(models["bert"], device="cpu", doc_top_k=5)
@@ -116,6 +120,7 @@ def test_decode(models):
     assert enc.vocab[101] == "[CLS]" and enc.vocab_size == 30522
 
 
+@pytest.mark.slow
 def test_separate_query_model(models):
     enc = SpladeEncoder.from_pretrained(models["bert"], device="cpu", query_model=models["distilbert"])
     torch.testing.assert_close(enc.encode_query(TEXTS).to_dense(),
@@ -174,6 +179,7 @@ def test_nan_weights_are_refused_with_and_without_pruning(models, top_k):
         enc.encode_document(TEXTS)
 
 
+@pytest.mark.slow
 def test_long_lists_are_encoded_in_windows_with_the_same_vectors(models):
     from lsr.encode import stream
 
@@ -191,6 +197,7 @@ def test_long_lists_are_encoded_in_windows_with_the_same_vectors(models):
         enc.encode_document(texts, ids=["x"] * len(texts))
 
 
+@pytest.mark.slow
 def test_windows_through_the_shared_tokenizer_pool(models):
     from lsr.encode import stream
 

@@ -27,6 +27,7 @@ def texts(data_dir) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_pool_matches_in_process_tokenization(data_dir, texts):
     from transformers import AutoTokenizer
 
@@ -70,6 +71,7 @@ def test_prepare_with_a_pool_and_kind_check(tmp_path, data_dir, texts):
         assert a.input_ids.equal(b.input_ids) and a.attention_mask.equal(b.attention_mask) and a.rows.equal(b.rows)
 
 
+@pytest.mark.slow
 def test_worker_errors_are_raised_not_lost(data_dir):
     from transformers import AutoTokenizer
 

@@ -175,6 +175,7 @@ def test_truncated_or_mislabelled_compact_files_are_one_line_errors(saved):
 @pytest.mark.parametrize("bs,span,group,rows,chunk,weights", [(32, 32, 1, 4, 32, torch.bfloat16),
                                                               (64, 32, 2, 2, 32, torch.bfloat16),
                                                               (128, 64, 4, 8, 64, torch.float16)])
+@pytest.mark.slow
 def test_block_kernel_on_compact_postings_matches_twin(gen, bs, span, group, rows, chunk, weights):
     # 150 docs: the last block is partial; bf16 cases: quantised weights (ties); fp16: not bf16-exact
     docs = rounded_weights(random_dense_rows(150, 28, 0.3, gen, quantized=weights == torch.bfloat16), weights)
@@ -228,6 +229,7 @@ CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64, rows=
 
 
 @pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.slow
 def test_compact_search_is_exact_and_identical_to_float32(gen, quantized):
     docs = bf16_rows(170, 40, 0.2, gen, quantized=quantized, empty_rows=3)
     q = random_dense_rows(5, 40, 0.25, gen, quantized=quantized, empty_rows=1).to(DEV)
@@ -257,6 +259,7 @@ def test_compact_search_k_beyond_matches_and_empty_queries(gen):
     assert bool((d == -1).all()) and bool((s == 0).all())
 
 
+@pytest.mark.slow
 def test_compact_coarse_pass_matches_exact(gen):
     """The coarse pass 2 (CUDA in production; the twin here) on compact postings gives the exact bits."""
     docs = bf16_rows(600, 30, 0.2, gen)

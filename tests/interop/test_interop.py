@@ -43,6 +43,7 @@ def _plain_counts(path):
     return out
 
 
+@pytest.mark.slow
 def test_dev_small_queries_load(dev_queries, data_dir):
     topics = read_topics_tsv(data_dir / "msmarco-passage/topics.msmarco-passage.dev-subset.txt")
     assert len(dev_queries) == 6980

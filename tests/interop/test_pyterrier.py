@@ -40,6 +40,7 @@ def _experiment(retriever, topics, qrels):
     return {m: float(res[m].iloc[0]) for m in METRICS}
 
 
+@pytest.mark.slow
 def test_bm25_experiment_equals_lsr_run(tmp_path):
     from lsr.encode.bm25.lexical import LexicalEncoder
 
@@ -60,6 +61,7 @@ def test_bm25_experiment_equals_lsr_run(tmp_path):
         index.indexer(encoder).index(docs.head(2))
 
 
+@pytest.mark.slow
 def test_splade_experiment_equals_lsr_run_on_a_slice(tmp_path):
     model = DATA / "models" / "splade-tiny"
     write_scifact_slice(tmp_path / "scifact", DATA, n_queries=8, n_other=30)

@@ -125,6 +125,7 @@ def _single_encodings(tmp: Path, data_dir: Path, splade: str | None) -> dict[str
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_distributed_equals_single_process(tmp_path, data_dir, world):
     docs = random_collection(N_DOCS, VOCAB, 11, density=0.15, quantized=True)  # many exact ties
     queries = random_collection(13, VOCAB, 12, density=0.2, quantized=True)
@@ -179,6 +180,7 @@ def _replica_worker(rank: int, world: int, port: int, tmp: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_replica_groups_equal_single_process(tmp_path):
     """4 ranks over 2 partitions (two replica groups, each searching half of every batch) and over 1
     (every rank a whole copy, a quarter of each batch): the single-process results, bit for bit."""

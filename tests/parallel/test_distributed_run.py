@@ -62,6 +62,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
     write_scifact_slice(tmp_path / "scifact", data_dir)
     (tmp_path / "job.yaml").write_text(f"name: dist\ndata:\n  dataset: {tmp_path / 'scifact'}\nencoder:\n  kind: bm25\n"
@@ -140,6 +141,7 @@ def test_lsr_run_on_two_ranks_sharing_one_gpu(tmp_path, data_dir):
     assert _files(tmp_path / "dist" / "doc_vectors") == _files(tmp_path / "one" / "doc_vectors")
 
 
+@pytest.mark.slow
 def test_lsr_encode_index_search_on_two_ranks_equal_one_process(tmp_path, data_dir):
     """The three commands under torchrun: ``lsr encode`` (BM25 fitted on rank 0, loaded by the other),
     ``lsr index --partitions`` and ``lsr search`` (rank 0 encodes the queries and writes the run) give the

@@ -230,6 +230,7 @@ def test_gpu_streamed_and_resident_equal_single():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.slow
 def test_lsr_run_with_partitions_equals_one_index(tmp_path):
     from tests.conftest import REPO
 

@@ -65,6 +65,7 @@ def test_bad_input_gives_one_line_error(tmp_path, capsys):
     assert main(["evaluate", "--run", str(tmp_path / "missing.trec"), "--qrels", str(DATA / "scifact")]) == 1
 
 
+@pytest.mark.slow
 def test_run_with_pre_encoded_anserini_queries_and_pyserini_documents(tmp_path):
     """The shipped SPLADE++ ED dev-small queries (Anserini TSV) against the 20 seismic-toy passages (JSON vectors)."""
     out = tmp_path / "pre"

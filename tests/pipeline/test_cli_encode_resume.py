@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from lsr.testing import save_tiny_mlm
 from tests.conftest import DATA, REPO
 
@@ -39,6 +41,7 @@ def _shards(out: Path) -> list[tuple[str, int, str]]:
     return [(s["file"], s["rows"], s["sha256"]) for s in m["shards"]]
 
 
+@pytest.mark.slow
 def test_lsr_encode_resumes_exactly_after_sigkill(tmp_path):
     dataset = _beir_subset(tmp_path / "scifact-subset")
     model = save_tiny_mlm("bert", tmp_path / "tiny-bert", DATA)

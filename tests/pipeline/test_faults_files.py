@@ -179,6 +179,7 @@ def test_publishing_never_replaces_what_another_writer_published(tmp_path):
     assert run.read_bytes() == b"first\n" and sorted(p.name for p in tmp_path.iterdir()) == ["idx", "run.trec"]
 
 
+@pytest.mark.slow
 def test_two_lsr_index_processes_on_one_out(tmp_path):
     vec = tmp_path / "vec"
     write_vectors(vec, SparseVectors.from_dense(torch.eye(4, 6), ids=list("abcd")))

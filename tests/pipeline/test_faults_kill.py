@@ -99,6 +99,7 @@ def _vectors(tmp_path, name, seed):
     return path
 
 
+@pytest.mark.slow
 def test_lsr_index_killed_while_publishing_and_during_an_overwrite_swap(tmp_path, capsys):
     old_vec, new_vec = _vectors(tmp_path, "old", 1), _vectors(tmp_path, "new", 2)
     idx = tmp_path / "idx"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lsr.cli import main
 from lsr.testing import save_tiny_mlm
 from tests.conftest import DATA, REPO
 
 
+@pytest.mark.slow
 def test_lsr_run_with_a_tiny_splade_model(tmp_path, capsys):
     model = save_tiny_mlm("bert", tmp_path / "tiny-bert", DATA)
     out = tmp_path / "run"

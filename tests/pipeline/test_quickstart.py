@@ -56,6 +56,7 @@ def test_shipped_model_is_a_trained_splade_model():
     assert 0 < q.nnz < 100  # sparse, unlike an untrained head
 
 
+@pytest.mark.slow
 def test_quickstart_pipeline_on_a_scifact_slice(tmp_path):
     n_docs, n_queries = write_scifact_slice(tmp_path / "scifact", DATA)
     out = tmp_path / "run"

@@ -142,6 +142,7 @@ def test_lsr_rerank_errors(models, tmp_path, capsys):
     assert "never writes into its inputs" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_lsr_run_bm25_then_rerank(models, tmp_path):
     out = tmp_path / "run"
     args = ["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"output={out}", "--set", "device=cpu",

@@ -71,6 +71,7 @@ def test_coarse_bounds_match_the_twin_bit_for_bit(gen):
 
 @pytest.mark.parametrize("sampled", [False, True])
 @pytest.mark.parametrize("rescue_flag", [False, True])
+@pytest.mark.slow
 def test_coarse_verdicts_match_the_twin(gen, sampled, rescue_flag):
     B, W, n_spans, cap, k = 64, 24, 300, 8, 16
     sums = torch.randint(0, 1 << 12, (B, W), generator=gen, dtype=torch.int64).sort(1, descending=True).values

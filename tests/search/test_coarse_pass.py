@@ -145,6 +145,7 @@ def test_coarse_sum_at_a_bound_just_below_a_power_of_two():
     assert int(rows.max() >> COARSE_KEY_SHIFT) == 2 ** 16 - 1
 
 
+@pytest.mark.slow
 def test_search_coarse_pass_matches_exact(gen):
     """The block path's coarse pass 2 (CUDA in production; here the twin scores it) returns the exact
     pass's bits, also when its checks send queries back to the exact pass (margin 0, 2 slots); batches
@@ -181,6 +182,7 @@ def test_search_coarse_pass_matches_exact(gen):
     assert sent(trace, "redo") == 0 and sent(trace, "rescue") == 0, "no coarse pass, so nothing to redo"
 
 
+@pytest.mark.slow
 def test_coarse_floor_from_a_sampled_key_is_checked(gen):
     """From ``sampled_rank_min_k`` on, the coarse pass 2's floor comes from a pass-1 key above the k-th
     (``coarse.sampled_rank``), which is not a proven bound: the block path checks it against the k-th coarse key.

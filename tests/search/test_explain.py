@@ -70,6 +70,7 @@ def test_auto_route_and_kernel_reasons(case):
     assert got == "block  (auto: compact postings (the scatter kernel reads float32 ones))"
 
 
+@pytest.mark.slow
 def test_forced_choices_are_honoured_and_run(case):
     docs, queries, index = case
     q = queries[:7]

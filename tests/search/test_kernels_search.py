@@ -189,6 +189,7 @@ BLOCK_CASES = [  # (index block size, span, group, rows, chunk)
 
 
 @pytest.mark.parametrize("bs,span,group,rows,chunk", BLOCK_CASES)
+@pytest.mark.slow
 def test_block_kernel_matches_twin(gen, bs, span, group, rows, chunk):
     docs = rand_vectors(150, 28, 0.3, gen, quantized=True)
     q = rand_vectors(5, 28, 0.35, gen, quantized=True, empty_rows=1)
@@ -255,6 +256,7 @@ SEARCH_CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64
 
 
 @pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.slow
 def test_search_all_paths_exact_and_identical(gen, quantized):
     docs = rand_vectors(170, 40, 0.2, gen, quantized=quantized, empty_rows=3)
     q = rand_vectors(5, 40, 0.25, gen, quantized=quantized, empty_rows=1)  # odd B, one empty query

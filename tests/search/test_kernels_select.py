@@ -75,6 +75,7 @@ def test_bucket_topk_flags_rows_whose_ties_overflow(gen):
     assert torch.equal(top[0], row_topk(keys[:1], 10)[0])
 
 
+@pytest.mark.slow
 def test_block_search_reselects_overflowed_rows(gen):
     """Rows flagged by the bucket selection are selected again with torch.topk: the search stays exact."""
     docs = rand_vectors(300, 20, 0.3, gen, quantized=True)        # few distinct scores: ties at the k-th

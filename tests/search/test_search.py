@@ -93,6 +93,7 @@ def test_bad_arguments_are_rejected():
         Searcher(searcher.index, backend="cuda")
 
 
+@pytest.mark.slow
 def test_chunking_and_batching_do_not_change_results():
     docs, queries = make_case(700, 11, 50, 10, quantized=True)  # quantized: many ties across chunks
     index = InvertedIndex.build(docs, block_size=64)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
@@ -26,6 +27,7 @@ def queries_of(lengths: list[int], vocab: int) -> SparseVectors:
     return SparseVectors.from_dense(dense.to(DEV))
 
 
+@pytest.mark.slow
 def test_plans_are_reused_bounded_and_hold_the_index_weakly():
     gen = seeded_generator()
     docs = random_dense_rows(200, 50, 0.2, gen, device=DEV)
