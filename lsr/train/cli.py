@@ -10,8 +10,12 @@ from lsr.cli_types import DEVICE_HELP, device
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
+    from lsr.parallel.topology import is_distributed
     from lsr.train.config import load_train_config
 
+    if is_distributed():  # every rank would train alone and write the same output folder
+        raise UsageError("lsr train runs in one process: under torchrun each rank would train its own model into "
+                         "the same output folder; run it without torchrun")
     overrides = list(args.set or ())
     if args.device:
         overrides.append(f"device={args.device}")

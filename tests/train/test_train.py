@@ -235,6 +235,17 @@ def test_config_errors_are_one_line_usage_errors(tiny_model, beir, tmp_path, cap
     assert needle in err and "\n" not in err
 
 
+def test_train_under_torchrun_is_refused_before_any_work(tiny_model, beir, tmp_path, capsys, monkeypatch):
+    # until training is distributed, ranks must not each train a model into the same output folder
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"output: {tmp_path / 'o'}\nencoder:\n  model: {tiny_model}\ndata:\n  dataset: {beir}\n")
+    assert cli_main(["train", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "without torchrun" in err and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_shipped_train_configs_load():
     from lsr.train.config import load_train_config
     from tests.conftest import REPO
