@@ -53,6 +53,24 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
+TRAIN_MARKER = ".lsr-train.json"   # written first into an output folder: the folder is lsr train's to reuse
+
+
+def claim_train_output(cfg: TrainConfig, out: Path) -> None:
+    """Refuse an output folder inside an input (the dataset, the triples, the model) or one lsr train did not
+    write (it would overwrite a user's config.yaml and add files beside theirs) unless ``overwrite`` is set."""
+    from lsr.storage.provenance import check_not_inside
+
+    inputs = [cfg.data.dataset, cfg.eval_data.dataset, cfg.triples, cfg.encoder.model]
+    inputs += [str(i).rsplit(":", 1)[0] for i in inputs if i]   # "folder:split" dataset specs
+    check_not_inside(out, inputs, "output folder")
+    earlier = [out / name for name in (TRAIN_MARKER, "model", "log.jsonl", "checkpoints", "negatives")]
+    ours = any(p.exists() for p in earlier)   # (runs from before the marker have these)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not ours and not cfg.overwrite:
+        raise FileExistsError(f"{out} exists and was not written by lsr train (no {TRAIN_MARKER}); choose a new "
+                              "output folder, or set overwrite: true (--overwrite) to write into it")
+
+
 class Trainer:
     """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
 
@@ -60,6 +78,7 @@ class Trainer:
         from lsr.pipeline import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
+        claim_train_output(cfg, self.out)   # before any work: the model load is the slow part
         self.device = torch.device(resolve_device(cfg.device))
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -279,6 +298,7 @@ class Trainer:
             for name in ("checkpoints", "negatives"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
         self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out / TRAIN_MARKER, json.dumps({"writer": "lsr train"}))
         cfg.save(self.out / "config.yaml")
         if self.resume_from is not None:
             self._restore(self.resume_from)

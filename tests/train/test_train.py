@@ -246,6 +246,26 @@ def test_train_under_torchrun_is_refused_before_any_work(tiny_model, beir, tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("where", ["user_folder", "dataset_folder"])
+def test_output_that_is_not_lsr_trains_is_refused_untouched(tiny_model, beir, tmp_path, capsys, where):
+    # a folder holding only the user's config.yaml, or the dataset itself: nothing of theirs is replaced
+    # and nothing is written beside it
+    if where == "user_folder":
+        out = tmp_path / "mine"
+        out.mkdir()
+        (out / "config.yaml").write_text("my own notes\n")
+    else:
+        out = beir
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    path = tmp_path / "c.yaml"
+    path.write_text(f"output: {out}\ndevice: cpu\nencoder:\n  model: {tiny_model}\ndata:\n  dataset: {beir}\n"
+                    "negatives:\n  count: 0\n")
+    assert cli_main(["train", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert str(out) in err and "\n" not in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_shipped_train_configs_load():
     from lsr.train.config import load_train_config
     from tests.conftest import REPO
