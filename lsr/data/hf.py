@@ -224,10 +224,19 @@ def _iter_rows(src: Source, streaming: bool, download: bool, wanted: Mapping[str
             yield {key: values[i] for key, values in cols.items()}
 
 
+def _row_id(value: Any, what: str, where: str, option: str) -> str:
+    """A row's id as text. A null id is refused: ``str(None)`` would give every such row the id 'None'."""
+    if value is None:
+        raise ValueError(f"{where}: the {what} is null (missing); every row needs one: fill the column, or pick "
+                         f"another with ?{option}=COLUMN")
+    text = str(value)
+    check_id(text, what, where)
+    return text
+
+
 def _iter_docs(src: Source, cols: Mapping[str, str], streaming: bool, download: bool) -> Iterator[tuple[str, str]]:
     for n, row in enumerate(_iter_rows(src, streaming, download, {k: cols[k] for k in ("id", "title", "text")})):
-        doc_id = str(row["id"])
-        check_id(doc_id, "doc id", f"{src} row {n}")
+        doc_id = _row_id(row["id"], "doc id", f"{src} row {n}", "id")
         yield doc_id, f"{row['title'] or ''} {row['text'] or ''}".strip()
 
 
@@ -241,8 +250,7 @@ def _read_queries(src: Source, cols: Mapping[str, str], download: bool) -> dict[
     out: dict[str, str] = {}
     rows = _iter_rows(src, False, download, {"id": cols["query_id"], "text": cols["query_text"]})
     for n, row in enumerate(rows):
-        qid = str(row["id"])
-        check_id(qid, "query id", f"{src} row {n}")
+        qid = _row_id(row["id"], "query id", f"{src} row {n}", "query_id")
         if qid in out:
             raise ValueError(f"{src}: duplicate query id {qid!r}")
         out[qid] = str(row["text"] or "").strip()

@@ -68,6 +68,34 @@ def test_lsr_run_on_a_parquet_corpus_equals_the_folder(beir, tmp_path):
     assert metrics[0] == metrics[1] and metrics[0]["nDCG@10"] > 0
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("table", ["corpus", "queries"])
+def test_null_ids_are_refused_naming_the_file_and_row(beir, tmp_path, capsys, fmt, table):
+    # str(None) once made every such row the document or query 'None', and metrics were computed on it
+    docs, queries = _rows(beir / "corpus.jsonl"), _rows(beir / "queries.jsonl")
+    rows = docs if table == "corpus" else queries
+    rows[2]["_id"] = None
+    paths = {}
+    for name, data in (("corpus", docs), ("queries", queries)):
+        paths[name] = tmp_path / f"{name}.{fmt}"
+        if fmt == "parquet":
+            pq.write_table(pa.Table.from_pylist(data), paths[name])
+        else:
+            paths[name].write_text("".join(json.dumps(r) + "\n" for r in data))
+    spec = f"{paths['corpus']}?queries={paths['queries']}&qrels={beir / 'qrels' / 'test.tsv'}"
+    with pytest.raises(ValueError, match=rf"{table}\.{fmt} row 2: the (doc|query) id is null"):
+        ds = load_dataset(spec)
+        list(ds.docs_iter())
+    from lsr.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "configs" / "scifact-bm25.yaml"), "--set", f"data.dataset={spec}",
+                 "--set", f"output={out}", "--set", "device=cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "id is null" in err and "\n" not in err
+    assert not (out / "run.trec").exists()
+
+
 def test_bad_specs_say_what_to_fix(beir, tmp_path):
     corpus = beir / "corpus.jsonl"
     with pytest.raises(ValueError, match="unknown option 'txt'"):
