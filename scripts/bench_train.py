@@ -44,7 +44,8 @@ from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
 from lsr.train import losses
 
 REPO = Path(__file__).resolve().parents[1]
-IMPLS = ("lsr", "torch_head", "st")  # also: lsr_compile, st_compile (torch.compile of the backbone)
+IMPLS = ("lsr", "torch_head", "st")  # also: lsr_compile, st_compile (torch.compile of the backbone), lsr_graph
+# (the compiled lsr step captured as one CUDA graph)
 
 
 def model_config(name: str, quick: bool):
@@ -104,6 +105,48 @@ def lsr_step(folder: Path, device: str, head_impl: str, checkpointing: bool, com
     return step
 
 
+def lsr_graph_step(folder: Path, device: str, checkpointing: bool) -> Callable[[dict, dict], None]:
+    """The lsr step (compiled backbone: no host syncs) captured once as a CUDA graph and replayed: forward, backward
+    and the capturable fused AdamW in one launch, for fixed batch shapes (the inputs are copied into static ones)."""
+    from lsr.encode.splade.encoder import SpladeEncoder
+    from lsr.train.model import TrainableEncoder
+
+    if not device.startswith("cuda"):
+        raise ImportError("a CUDA graph needs a GPU")
+    enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False, compile=True)
+    model = TrainableEncoder(enc, bf16=True, gradient_checkpointing=checkpointing).train()
+    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=torch.tensor(1e-5, device=device),
+                            fused=True, capturable=True)
+    state: dict[str, Any] = {}
+
+    def once() -> None:
+        with model.autocast():
+            vq, vd = model.encode_ids("query", **state["q"]), model.encode_ids("doc", **state["d"])
+        spladeish_loss(vq, vd).backward()
+        opt.step()
+
+    def step(q: dict, d: dict) -> None:
+        shapes = (q["input_ids"].shape, d["input_ids"].shape)
+        if state.get("shapes") != shapes:  # warm up (compile, autotune, optimizer state) on a side stream, capture
+            state.update(shapes=shapes, q={k: v.clone() for k, v in q.items()}, d={k: v.clone() for k, v in d.items()})
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    opt.zero_grad(set_to_none=True)
+                    once()
+            torch.cuda.current_stream().wait_stream(side)
+            state["graph"] = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(state["graph"]):
+                once()
+        for src, dst in ((q, state["q"]), (d, state["d"])):
+            for k in dst:
+                dst[k].copy_(src[k], non_blocking=True)
+        state["graph"].replay()
+    return step
+
+
 def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compile: bool = False
             ) -> Callable[[dict, dict], None]:
     from sentence_transformers import SparseEncoder
@@ -135,6 +178,8 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compil
 
 
 def build(impl: str, folder: Path, args: argparse.Namespace, checkpointing: bool) -> Callable[[dict, dict], None]:
+    if impl == "lsr_graph":
+        return lsr_graph_step(folder, args.device, checkpointing)
     compile = impl.endswith("_compile")
     if impl.startswith("st"):
         return st_step(folder, args.device, args.doc_len, checkpointing, compile)
@@ -270,7 +315,7 @@ def run_model(name: str, folder: Path, vocab: int, checkpointing: bool, args: ar
     if args.no_max_batch:
         return
     for impl in impls:
-        if impl not in skipped and not impl.endswith("_compile"):  # (a compiled step recompiles per batch)
+        if impl not in skipped and not impl.endswith("_compile") and impl != "lsr_graph":  # (recompiles per batch)
             step = build(impl, folder, args, checkpointing)
             best, done = largest_batch(step, vocab, args)
             del step

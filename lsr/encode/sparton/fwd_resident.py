@@ -253,7 +253,7 @@ def chunk_table(lengths: torch.Tensor, rows_ok: torch.Tensor, S: int, block_s: i
     last = (idx[None, :] == per_row[:, None] - 1).reshape(-1)[order].long()
     before = torch.cat([own[:1], own[:-1]])
     rows = (torch.arange(B, device=dev)[:, None] * S + idx[None, :] * block_s).reshape(-1)[order]
-    end = torch.tensor([-1], device=dev)
+    end = torch.full((1,), -1, dtype=torch.int64, device=dev)  # a fill kernel, not a host copy: no sync
     table = torch.cat([torch.where(ok, rows, -1), end]).to(torch.int32)
     info = torch.cat([torch.where(ok, own | last << 1 | before << 2, 0), end + 1]).to(torch.int32)
     return table, info, per_row.sum().to(torch.int32).view(1)
