@@ -145,7 +145,14 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.partitions is not None:  # under torchrun every rank builds its partitions on its own device
-        from lsr.parallel.sharded_index import build_sharded_index
+        from lsr.parallel.sharded_index import build_sharded_index, check_partition_count
+        from lsr.storage.shards import read_manifest
+
+        n_docs = int(read_manifest(args.vectors)["n_rows"])
+        try:  # a count above the documents is a bad flag value: refused before any rank starts work
+            check_partition_count(n_docs, args.partitions, args.vectors)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
         n_p = build_sharded_index(args.vectors, args.partitions, args.out, device=device, block_size=args.block_size,
                                   overwrite=args.overwrite, workers=args.workers, postings=args.postings)

@@ -13,16 +13,24 @@ One process (``python scripts/bench_dist.py --out OUT --docs 8.8m --partitions 2
 after the single index has been measured and freed: with G below the index size, the streamed rows show
 an index larger than the (capped) device memory searched exactly.
 
-Under ``torchrun --nproc-per-node W`` (ranks may share one GPU: ``cuda:LOCAL_RANK % device_count``), rows
-``distributed`` (rank 0 writes them): every rank builds its partition of the same synthetic collection
-(strong scaling: N docs split W ways; ``--weak``: N docs per rank, every rank's partition holding the
-same N synthetic docs, W*N in all; ``--replicate``: every rank holds all N docs and searches 1/W of each batch,
-rows ``replicated``) and times ``DistributedSearcher.search`` on B-query batches
-(broadcast + local exact top-k + all-gather + merge). ``--check`` (strong scaling): rank 0 compares
-with a single index afterwards (bit_identical).
+Under ``torchrun --nproc-per-node W`` (ranks may share one GPU: ``cuda:LOCAL_RANK % device_count``; rank 0
+writes the rows), every rank builds one index of the same N synthetic docs, and rank 0 measures the one-GPU
+baseline of every row on its own index in the same job (``qps_1gpu``, ``vs_1gpu``) while the others wait:
 
-Bit-identity: every sharded / distributed row compares its results of the first batch with the single
-index's (exact equality of scores and doc ids). CPU dry run: ``--device cpu --docs 20k --batches 8 --ks 10``.
+* ``batch`` (``--batch-queries``, default 6,980 and 28,000): a whole query set through the batch route of
+  ``lsr search`` (``lsr.parallel.batch.search_batch``, replicated: every rank the whole index and its slice of
+  the queries, one gather to rank 0 at the end), wall clock including the gather and the copy to the host,
+  against one GPU searching the whole set;
+* ``interactive`` (``--batches``, one ``DistributedSearcher.search`` call per B-query batch) per layout of
+  ``--layouts``: ``replicated``; ``weak`` (rank r's index is partition r of W*N docs: W copies of the N docs);
+  ``split`` (strong scaling: partition r of the N docs);
+* ``memory``: every rank's index size and peak device memory.
+
+Bit-identity: every row compares its results (first batch; the whole set for ``batch``) with the one index's
+(weak: the merge of the W shifted copies of the one index's top-k, which is the exact top-k of W copies).
+Smoke runs: ``--docs 200k --batch-queries 700,2800`` on one GPU with ``--nproc-per-node 2``; on the CPU
+``torchrun --nproc-per-node 2 scripts/bench_dist.py --device cpu --docs 20k --batches 8 --ks 10
+--batch-queries 40,90 --repeats 2 --batch-repeats 1``.
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ import torch
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
+from lsr.parallel.search import DistributedSearcher
 from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
-from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
+from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.search.searcher import Searcher
 
 GIB = 1 << 30
@@ -59,8 +68,10 @@ def same(a, b) -> bool:
     return bool(torch.equal(a[0].cpu(), b[0].cpu()) and torch.equal(a[1].cpu(), b[1].cpu()))
 
 
-def time_batches(results: Results, row: dict, search, queries, B: int, k: int, repeats: int, ref=None) -> dict:
-    """Time search(window of B queries, k) and add a row (qps, peak memory, bit_identical vs ref)."""
+def time_batches(results: Results | None, row: dict, search, queries, B: int, k: int, repeats: int, ref=None,
+                 add: bool = True) -> dict:
+    """Time search(window of B queries, k) and add a row (qps, peak memory, bit_identical vs ref); with
+    ``add=False`` return the row only."""
     try:
         with PeakMemory() as peak:
             ms = time_calls(lambda i: search(window(queries, B, i), k), repeats)
@@ -70,7 +81,7 @@ def time_batches(results: Results, row: dict, search, queries, B: int, k: int, r
     except torch.cuda.OutOfMemoryError as e:
         row["error"] = f"OOM: {str(e)[:120]}"
         torch.cuda.empty_cache()
-    return results.add(row)
+    return results.add(row) if add else row
 
 
 def single_process(args, results: Results, dev: torch.device, docs, queries) -> None:
@@ -158,49 +169,113 @@ def _fake_list(B: int, k: int, seed: int, dev: torch.device):
 
 
 def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpec) -> None:
+    """Every rank builds the same N synthetic docs into one index; the layouts wrap it (replicated: each rank the
+    whole index; weak: rank r's copy is partition r of W*N docs; split: partition r of the N docs, strong scaling).
+    Rank 0 alone measures the one-GPU baseline of every row on its index while the other ranks wait."""
     import torch.distributed as dist
 
-    from lsr.parallel.search import DistributedSearcher
-
-    rank, W = dist.get_rank(), dist.get_world_size()
-    N = parse_size(args.docs)
+    rank, W, N = dist.get_rank(), dist.get_world_size(), parse_size(args.docs)
     t0 = time.time()
     docs = synth_docs(N, spec, device=dev)
-    if args.replicate:  # every rank the whole index, 1/W of every batch
-        sharded = ShardedIndex([InvertedIndex.build(docs, device=dev, block_size=args.block_size)], [0],
-                               docs.vocab_size, N)
-    elif args.weak:
-        index = InvertedIndex.build(docs, device=dev, block_size=args.block_size)
-        sharded = ShardedIndex([index if p == rank else None for p in range(W)], [p * N for p in range(W)],
-                               docs.vocab_size, N * W)
-    else:
-        sharded = ShardedIndex.from_vectors(docs, W, device=dev, block_size=args.block_size, partitions=[rank])
+    index = InvertedIndex.build(docs, device=dev, block_size=args.block_size)
+    layouts = {"replicated": ShardedIndex([index], [0], docs.vocab_size, N),
+               "weak": ShardedIndex([index if p == rank else None for p in range(W)], [p * N for p in range(W)],
+                                    docs.vocab_size, N * W)}
+    if "split" in args.layouts:
+        layouts["split"] = ShardedIndex.from_vectors(docs, W, device=dev, block_size=args.block_size, partitions=[rank])
     del docs
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    searcher = DistributedSearcher(sharded, dev, args.backend, stream=False)
     build_s = time.time() - t0
-    queries = synth_queries(7000, spec, device=dev)
-    for B in (int(b) for b in args.batches.split(",")):
-        for k in (int(x) for x in args.ks.split(",")):
-            def call(i: int, B=B, k=k):
-                return searcher.search(window(queries, B, i) if rank == 0 else None, k)
-
-            with PeakMemory() as peak:
-                ms = time_calls(call, args.repeats)
-            got = call(0)
-            row = {"method": "replicated" if args.replicate else "distributed", "world_size": W, "weak": args.weak, "n_docs": N * W if args.weak else N,
-                   "P": 1 if args.replicate else W, "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
-            row["qps"] = B / row["ms"] * 1000
-            if args.check and not args.weak and rank == 0:
-                full = synth_docs(N, spec, device=dev)
-                ref = Searcher(InvertedIndex.build(full, device=dev, block_size=args.block_size),
-                               backend=args.backend).search(window(queries, B, 0), k)
-                row["bit_identical"] = same(got, ref)
-                del full, ref
-            if results is not None:
-                results.add(row)
+    batch_sizes = [int(q) for q in args.batch_queries.split(",") if q]
+    queries = synth_queries(max([7000, *batch_sizes]), spec, device=dev)
+    single = Searcher(index, backend=args.backend)
+    ks = [int(x) for x in args.ks.split(",")]
+    for layout in (name for name in args.layouts.split(",") if name):
+        searcher = DistributedSearcher(layouts[layout], dev, args.backend, stream=False)
+        interactive_rows(args, results, searcher, single, queries, layout, N, build_s)
+        del searcher
+    for n in batch_sizes:
+        for k in ks:
+            batch_rows(args, results, dev, layouts["replicated"], single, queries[:n], k)
+    memory_rows(results, dev, index)
     dist.barrier()
+
+
+def interactive_rows(args, results: Results | None, searcher, single, queries, layout: str, N: int,
+                     build_s: float) -> None:
+    """B-query batches through ``DistributedSearcher`` (one call per batch) vs one GPU's ``Searcher``."""
+    import torch.distributed as dist
+
+    rank, W = dist.get_rank(), dist.get_world_size()
+    for B, k in ((int(b), int(k)) for b in args.batches.split(",") for k in args.ks.split(",")):
+        one = on_rank0(rank, lambda B=B, k=k: time_batches(None, {}, single.search, queries, B, k, args.repeats,
+                                                           add=False))
+        with PeakMemory() as peak:
+            ms = time_calls(lambda i, B=B, k=k: searcher.search(window(queries, B, i) if rank == 0 else None, k),
+                            args.repeats)
+        got = searcher.search(window(queries, B, 0) if rank == 0 else None, k)
+        if rank == 0:
+            want = expected(single.search(window(queries, B, 0), k), layout, N, W, k)
+            row = {"method": "interactive", "layout": layout, "world_size": W, "n_docs": N * W if layout == "weak" else N,
+                   "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
+            row |= {"qps": B / row["ms"] * 1000, "qps_1gpu": one["qps"], "bit_identical": same(got, want)}
+            results.add(row | {"vs_1gpu": row["qps"] / one["qps"]})
+
+
+def on_rank0(rank: int, fn):
+    """``fn()`` on rank 0 while the other ranks wait (a one-GPU baseline measured in the same job)."""
+    import torch.distributed as dist
+
+    out = fn() if rank == 0 else None
+    dist.barrier()
+    return out
+
+
+def expected(single_hits, layout: str, N: int, W: int, k: int):
+    """The exact top-k of a layout, derived from the one index's: weak = W copies of the same N docs (doc d of
+    copy c is d + c*N), so its top-k is the merge of the W shifted copies of the one-index top-k."""
+    if layout != "weak":
+        return single_hits
+    s, i = single_hits
+    return merge_hit_lists([(s, shift_ids(i, c * N)) for c in range(W)], k)
+
+
+def batch_rows(args, results: Results | None, dev: torch.device, replicated: ShardedIndex, single, queries, k: int):
+    """A whole query set: one process on rank 0's GPU (``Searcher``, results copied to the host) vs every rank
+    its slice with no per-batch collective and one gather to rank 0 (``search_batch``), wall clock."""
+    import torch.distributed as dist
+
+    from lsr.parallel.batch import search_batch
+
+    rank, n = dist.get_rank(), len(queries)
+
+    def one_gpu(i: int):
+        s, d = single.search(queries, k, query_batch=args.query_batch)
+        return s.cpu(), d.cpu()
+
+    base_ms = on_rank0(rank, lambda: time_calls(one_gpu, args.batch_repeats))
+    ms = time_calls(lambda i: search_batch(replicated, queries if rank == 0 else None, k, dev, backend=args.backend,
+                                           query_batch=args.query_batch), args.batch_repeats)
+    hits = search_batch(replicated, queries if rank == 0 else None, k, dev, backend=args.backend,
+                        query_batch=args.query_batch)
+    if rank == 0:
+        q, q1 = quantiles(ms), quantiles(base_ms)
+        row = {"method": "batch", "layout": "replicated", "world_size": dist.get_world_size(), "n_docs": replicated.n_docs,
+               "B": n, "k": k} | q | {"qps": n / q["ms"] * 1000, "qps_1gpu": n / q1["ms"] * 1000, "ms_1gpu": q1["ms"]}
+        row |= {"vs_1gpu": row["qps"] / row["qps_1gpu"], "bit_identical": same((hits.scores, hits.doc_idx), one_gpu(0))}
+        results.add(row)
+
+
+def memory_rows(results: Results | None, dev: torch.device, index: InvertedIndex) -> None:
+    """Index bytes and peak device memory of every rank (one row each, from rank 0)."""
+    import torch.distributed as dist
+
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
+    mine = {"index_gib": index.memory_bytes() / GIB, "peak_gib": peak / GIB}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if results is not None:
+        for r, m in enumerate(every):
+            results.add({"method": "memory", "rank": r} | m)
 
 
 def main() -> None:
@@ -208,7 +283,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--docs", default="8.8m", help="documents (per rank with --weak)")
     ap.add_argument("--partitions", default="2,4,8", help="single process: partition counts")
-    ap.add_argument("--batches", default="500")
+    ap.add_argument("--batches", default="64,500", help="query batch sizes B of the interactive rows")
     ap.add_argument("--ks", default="1000")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--block-size", type=int, default=65536)
@@ -216,10 +291,12 @@ def main() -> None:
     ap.add_argument("--stream-queries", type=int, default=7000, help="queries of one streamed call")
     ap.add_argument("--stream-batch", type=int, default=None, help="query batch inside a streamed call")
     ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap device memory after the single index")
-    ap.add_argument("--weak", action="store_true", help="torchrun: N docs per rank (weak scaling)")
-    ap.add_argument("--check", action="store_true", help="torchrun, strong scaling: compare with one index")
-    ap.add_argument("--replicate", action="store_true", help="torchrun: every rank holds the whole index and "
-                    "searches 1/W of each batch (replica groups of one partition)")
+    ap.add_argument("--layouts", default="replicated,weak",
+                    help="torchrun: interactive layouts to time (replicated, weak, split), comma-separated")
+    ap.add_argument("--batch-queries", default="6980,28000",
+                    help="torchrun: sizes of whole query sets searched by the batch route (empty: none)")
+    ap.add_argument("--batch-repeats", type=int, default=3, help="timed repeats of each batch-route row")
+    ap.add_argument("--query-batch", type=int, default=None, help="queries per search batch inside a rank")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     spec = SynthSpec() if args.device.startswith("cuda") else SynthSpec(block_rows=4096)
@@ -246,8 +323,9 @@ def main() -> None:
                                               for P in args.partitions.split(",")}
         single_process(args, results, dev, docs, queries)
     results.save()
-    print(format_table(results.rows, ["method", "P", "n_docs", "B", "k", ("ms", ".2f"), ("qps", ".0f"),
-                                      ("stream_gbps", ".1f"), ("peak_extra_mb", ".0f"), "bit_identical"]))
+    print(format_table(results.rows, ["method", "layout", "P", "world_size", "rank", "n_docs", "B", "k", ("ms", ".2f"),
+                                      ("qps", ".0f"), ("qps_1gpu", ".0f"), ("vs_1gpu", ".2f"), ("stream_gbps", ".1f"),
+                                      ("index_gib", ".2f"), ("peak_gib", ".2f"), "bit_identical"]))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 * every rank encodes its slice of the documents into the run's ``doc_vectors`` folder
   (``encode_corpus_distributed``: the folder one process writes, file for file);
 * every rank builds its partitions of the sharded index (``index.partitions``; default one per rank);
-* rank 0 encodes the queries, every rank searches its partitions (``DistributedSearcher``: rank 0's
-  queries broadcast, the per-rank top-k merged exactly);
+* rank 0 encodes the queries, every rank searches its share of them on its partitions with no collective per
+  batch (``lsr.parallel.batch.search_batch``: the queries broadcast once, the per-rank top-k gathered once on
+  rank 0 and merged exactly);
 * rank 0 alone writes run.trec, run.msmarco.tsv and metrics.json (and runs a configured rerank stage
   while the others wait), and every rank returns its result.
 
@@ -29,6 +30,7 @@ from lsr.config import RunConfig
 from lsr.parallel.encode import encode_dataset_distributed
 from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, process_group
 from lsr.pipeline.steps import (
+    check_job_partitions,
     claim_output,
     corpus_settings,
     doc_encoder,
@@ -47,11 +49,12 @@ RESULT_LIMIT = 1 << 20  # bytes of rank 0's result JSON sent to the other ranks
 
 def job_partitions(cfg: RunConfig, world_size: int) -> int:
     """The sharded index's partitions under ``world_size`` ranks: ``index.partitions``, or one per rank
-    when the config leaves it at 1; at least one per rank."""
+    when the config leaves it at 1 (each rank builds one in parallel); fewer than the ranks only when they
+    divide them (replica groups, ``lsr.parallel.plan``)."""
     n = cfg.index.partitions if cfg.index.partitions > 1 else world_size
-    if n < world_size:
-        raise ValueError(f"index.partitions={n} is fewer than the {world_size} ranks: set index.partitions to "
-                         f"{world_size} (or a multiple), or start fewer ranks")
+    if n < world_size and world_size % n:
+        raise ValueError(f"index.partitions={n} cannot be shared by {world_size} ranks: set index.partitions to "
+                         f"{world_size} (or a multiple, or a divisor of {world_size}), or start fewer ranks")
     return n
 
 
@@ -67,6 +70,7 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
             from lsr.data.sources import load_dataset
 
             dataset = load_dataset(cfg.data.dataset, cfg.data.split)
+            check_job_partitions(cfg, dataset, cfg.index.partitions)
         with agree("claim the output folder"):
             if rank == 0:  # rank 0 decides, the others follow
                 claim_output(cfg, dataset, Path(cfg.output), overwrite)
@@ -97,27 +101,26 @@ def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any
                         timings: dict[str, float]) -> dict[str, Any] | None:
     """Build the sharded index, search it with rank 0's queries, write the results on rank 0 (its result;
     None on the other ranks)."""
-    from lsr.parallel.search import DistributedSearcher
+    from lsr.parallel.batch import load_rank_index, search_batch
     from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.search.searcher import run_depth
 
-    rank, out = dist.get_rank(), Path(cfg.output)
+    rank, world, out = dist.get_rank(), dist.get_world_size(), Path(cfg.output)
     with timed_step("build index", timings):
         # metadata {} for pre-encoded vectors, as the single-process job builds them
         ShardedIndex.build(vectors, cfg.index.partitions, out / "index", device=dev, block_size=cfg.index.block_size,
                            metadata=doc_meta or {}, overwrite=True, postings=cfg.index.postings)
-        searcher = DistributedSearcher(out / "index", dev, backend=cfg.search.backend, verify=False)
+        with agree("load its partitions"):
+            index = load_rank_index(out / "index", rank, world, verify=False)
     queries, query_meta = None, None
     with timed_step("encode queries", timings), agree("encode the queries"):
         if rank == 0:
             queries, query_meta = encode_queries(cfg, dataset, encoder)
-    with timed_step("search", timings):  # collective: every rank has the merged top-k when it returns
-        from lsr.parallel.sharded_index import read_sharded_manifest
-        from lsr.search.searcher import run_depth
-
-        k = run_depth(cfg.search.k, int(read_sharded_manifest(out / "index")["n_docs"]))
-        topk = searcher.search(queries, k=k, query_batch=cfg.search.query_batch, query_metadata=query_meta)
+    with timed_step("search", timings):  # every rank its slice of the queries, gathered once on rank 0
+        hits = search_batch(index, queries, run_depth(cfg.search.k, index.n_docs), dev, backend=cfg.search.backend,
+                            query_batch=cfg.search.query_batch, query_metadata=query_meta)
     result = None
     with agree("write the run and metrics"):
         if rank == 0:
-            result = write_results(cfg, dataset, queries, searcher.index.docnos, topk, timings, dev)
+            result = write_results(cfg, dataset, queries, index.docnos, (hits.scores, hits.doc_idx), timings, dev)
     return result

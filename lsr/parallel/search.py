@@ -1,21 +1,18 @@
 """Exact distributed search over a ShardedIndex with torch.distributed (NCCL on GPUs, gloo on CPUs).
 
-Launch with ``torchrun --nproc-per-node W ...``. How the W ranks share a P-partition index (``rank_role``):
+Launch with ``torchrun --nproc-per-node W ...``. How the W ranks share a P-partition index (partitioned,
+replica groups or replicas) is decided in ``lsr.parallel.plan`` (``rank_role``), applied to each batch.
 
-* P >= W (partitioned): rank r holds partitions r, r + W, r + 2W, ... and searches every query;
-* P < W with W a multiple of P (replica groups): R = W / P copies of the index; rank r holds partition
-  r mod P and searches query slice r // P of R. P = 1 is pure replication: every rank holds the whole
-  index and searches 1/W of each batch, so throughput scales with W while the index fits one device
-  (splitting the documents instead leaves each rank the per-batch costs that do not shrink with N; the
-  measurements are in the scaling performance docs).
+For every ``search`` call (interactive use: a batch at a time; a whole query set is faster through
+``lsr.parallel.batch``, which has no per-batch collective):
 
-For every query batch:
-
-1. rank 0 broadcasts the batch (sizes, then the CSR tensors: a few hundred KB at B = 500);
+1. rank 0 broadcasts the queries (``lsr.parallel.exchange``: the sizes with rank 0's verdict on the request,
+   then one buffer: a few hundred KB at B = 500);
 2. every rank computes the exact top-k of its partitions for its query slice (``ShardedSearcher``), doc
    indices global;
-3. the [B / R, k] scores and doc indices are all-gathered (padded to equal slices) and, per slice, the
-   lists of its P ranks are merged with ``exact_topk``'s order (score descending, doc index ascending).
+3. the [B / R, k] scores and doc indices, with a failure flag, are all-gathered in one collective (padded
+   to equal slices) and, per slice, the lists of its P ranks are merged with ``exact_topk``'s order (score
+   descending, doc index ascending). The flags are read once per call, after the last batch.
 
 Every rank scores every doc as the single-process index does (collection-wide ``max_scores``, see
 ``lsr.parallel.sharded_index``), and the global top-k is inside the union of the ranks' top-k lists, so the
@@ -26,51 +23,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
+from lsr.parallel.plan import rank_role, slice_bounds
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
-from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
+from lsr.parallel.topology import agree, comm_device
 from lsr.search.searcher import check_request
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 
-__all__ = ["DistributedSearcher", "RankRole", "ShardedHits", "rank_partitions", "rank_role", "search_sharded"]
+__all__ = ["DistributedSearcher"]
 
 DEFAULT_QUERY_BATCH = 1024
-
-
-def rank_partitions(n_partitions: int, rank: int, world_size: int) -> list[int]:
-    """Partitions of ``rank``: r, r + W, r + 2W, ... (P >= W); r mod P in replica groups (P < W)."""
-    return rank_role(n_partitions, rank, world_size).partitions
-
-
-class RankRole(NamedTuple):
-    """What one rank does: its partitions, and which of ``n_slices`` equal slices of a batch it searches."""
-
-    partitions: list[int]
-    query_slice: int
-    n_slices: int
-
-
-def rank_role(n_partitions: int, rank: int, world_size: int) -> RankRole:
-    """Partitioned (P >= W: every rank searches all queries) or replica groups (W = R * P: rank r searches
-    slice r // P of the batch on partition r mod P). Any other P < W is refused with the counts that work."""
-    if n_partitions >= world_size:
-        return RankRole(list(range(rank, n_partitions, world_size)), 0, 1)
-    if world_size % n_partitions:
-        raise ValueError(f"an index of {n_partitions} partitions cannot be shared by {world_size} ranks: rebuild it "
-                         f"with --partitions {world_size} (or a multiple, or a divisor of {world_size}), or start "
-                         f"{n_partitions} ranks")
-    return RankRole([rank % n_partitions], rank // n_partitions, world_size // n_partitions)
-
-
-def slice_bounds(n: int, n_slices: int) -> list[int]:
-    """Start of each of ``n_slices`` near-equal slices of n rows, and n."""
-    return [n * j // n_slices for j in range(n_slices + 1)]
 
 
 class DistributedSearcher:
@@ -103,96 +72,70 @@ class DistributedSearcher:
                 self.index = ShardedIndex.load(index, device="cpu", partitions=self.role.partitions, verify=verify)
             self.local = ShardedSearcher(self.index, self.device, backend, max_memory_bytes, stream)
 
-    def _broadcast(self, queries: SparseVectors | None) -> SparseVectors:
-        """Rank 0's queries on every rank (ids stay on rank 0)."""
-        sizes = torch.zeros(3, dtype=torch.int64, device=self._comm)
-        if self.rank == 0:
-            sizes[:] = torch.tensor([len(queries), queries.nnz, queries.vocab_size])
-        dist.broadcast(sizes, 0)
-        n, nnz, vocab = sizes.tolist()
-        if self.rank == 0:
-            parts = [queries.indptr.to(self._comm, torch.int64), queries.indices.to(self._comm, torch.int32),
-                     queries.values.to(self._comm, torch.float32)]
-        else:
-            parts = [torch.empty(n + 1, dtype=torch.int64, device=self._comm),
-                     torch.empty(nnz, dtype=torch.int32, device=self._comm),
-                     torch.empty(nnz, dtype=torch.float32, device=self._comm)]
-        for t in parts:
-            dist.broadcast(t, 0)
-        ids = queries.ids if self.rank == 0 else [str(i) for i in range(n)]
-        return SparseVectors(*parts, ids, vocab, validate=False)
-
-    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """All ranks' lists of their slices of an n-query batch -> the merged [n, k] result (on every rank)."""
+    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], n: int, k: int,
+                      failed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All ranks' lists of their slices of an n-query batch -> (the merged [n, k] result, on every rank;
+        whether any rank failed, a device scalar: read once per call, not per batch). One all-gather carries
+        the hits and every rank's failure flag."""
         bounds, rows = slice_bounds(n, self.role.n_slices), -(-n // self.role.n_slices)
-        s, i = (t.to(self._comm) for t in local)
-        pad = rows - s.shape[0]  # slices differ by one row at most: pad to equal all-gather sizes
-        s = torch.cat([s, s.new_zeros(pad, k)]).contiguous()
-        i = torch.cat([i, i.new_full((pad, k), -1)]).contiguous()
-        all_s = [torch.empty_like(s) for _ in range(self.world_size)]
-        all_i = [torch.empty_like(i) for _ in range(self.world_size)]
-        dist.all_gather(all_s, s)
-        dist.all_gather(all_i, i)
+        packed = pack_hits(local[0].to(self._comm), local[1].to(self._comm), rows, failed)  # equal shapes
+        gathered = [torch.empty_like(packed) for _ in range(self.world_size)]
+        dist.all_gather(gathered, packed)
+        any_failed = torch.stack([g[:, -1].amax() for g in gathered]).amax()  # n >= 1: rows >= 1
+        lists = [unpack_hits(g, k) for g in gathered]
         n_p = self.world_size // self.role.n_slices  # ranks per slice: the partitions P (W when partitioned)
         out = []
         for j in range(self.role.n_slices):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
             m = bounds[j + 1] - bounds[j]
             ranks = range(j * n_p, (j + 1) * n_p)
-            out.append(merge_hit_lists([(all_s[r][:m].to(self.device), all_i[r][:m].to(self.device)) for r in ranks], k))
-        return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+            out.append(merge_hit_lists([(lists[r][0][:m].to(self.device), lists[r][1][:m].to(self.device))
+                                        for r in ranks], k))
+        return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out]), any_failed
 
     def search(self, queries: SparseVectors | None, k: int = 1000, query_batch: int | None = None,
                query_metadata: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact top-k of rank 0's queries over the whole collection; collective (every rank calls it,
         the others with ``queries=None``). Returns (scores float32 [B, k], global doc_idx int64 [B, k])
-        on every rank."""
-        with agree("check the queries"):
-            if self.rank == 0:
+        on every rank.
+
+        Per call: one broadcast of the sizes (carrying rank 0's verdict on the request) and one of the
+        queries; per batch of ``query_batch`` queries, one all-gather that carries every rank's hits and
+        failure flag. The flags are read once, at the end: a rank whose search failed sends empty lists
+        from then on, and every rank raises (the failing one its own error)."""
+        refusal = None
+        if self.rank == 0:
+            try:
                 if queries is None:
                     raise ValueError("rank 0 must pass the queries")
                 k = check_request(queries, k, query_metadata, self.index)
-        queries = self._broadcast(queries)
+            except Exception as e:  # noqa: BLE001 - raised on rank 0 by broadcast_queries, once all ranks know
+                refusal = e
+        queries, k = broadcast_queries(queries, k, refusal, self._comm)
         qb = query_batch or DEFAULT_QUERY_BATCH
-        out_s, out_i = [], []
+        out_s, out_i, flags = [], [], []
+        error: BaseException | None = None
         for a in range(0, len(queries), qb):
             chunk = queries[a:a + qb]
             bounds = slice_bounds(len(chunk), self.role.n_slices)
             mine = chunk[bounds[self.role.query_slice]:bounds[self.role.query_slice + 1]]
-            with agree("search its partitions"):  # e.g. out of memory on one rank: all fail, none waits
-                local = self.local.search(mine, k, show_progress_bar=False)
-            s, i = self._gather_merge(local, len(chunk), k)
+            local = None
+            if error is None:
+                try:  # e.g. out of memory on one rank: it keeps answering the gathers, then all ranks raise
+                    local = self.local.search(mine, k, show_progress_bar=False)
+                except Exception as e:  # noqa: BLE001 - re-raised below, once the other ranks know
+                    error = e
+            if local is None:
+                local = (torch.zeros(0, k, dtype=torch.float32, device=self._comm),
+                         torch.full((0, k), -1, dtype=torch.int64, device=self._comm))
+            s, i, failed = self._gather_merge(local, len(chunk), k, error is not None)
             out_s.append(s)
             out_i.append(i)
+            flags.append(failed)
+        if error is not None:
+            raise error
+        if flags and bool(torch.stack(flags).amax()):  # the one host sync the agreement needs, per call
+            raise RuntimeError("another rank failed to search its partitions (its error says why)")
         if not out_s:
             return (torch.zeros(0, k, dtype=torch.float32, device=self.device),
                     torch.full((0, k), -1, dtype=torch.int64, device=self.device))
         return torch.cat(out_s), torch.cat(out_i)
-
-
-class ShardedHits(NamedTuple):
-    """``search_sharded``'s result: the top-k (scores, global doc indices) and the index's doc ids."""
-
-    scores: torch.Tensor
-    doc_idx: torch.Tensor
-    docnos: list[str]
-
-
-def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: int, device: str, *,
-                   backend: str = "auto", stream: bool | None = None,
-                   query_metadata: Mapping[str, Any] | None = None) -> ShardedHits | None:
-    """Exact top-k of ``queries`` over a sharded index folder: in one process (``ShardedSearcher``), or on
-    every rank of a torchrun job (``DistributedSearcher``; collective: it joins the process group and leaves
-    it when done unless the caller had joined; each rank loads its partitions, rank 0 passes the queries,
-    encoded on ``rank_device(device)``, and the others None). Returns the hits where the queries were given,
-    None on the other ranks. ``stream``: as ``ShardedSearcher``."""
-    if not is_distributed():
-        if queries is None:
-            raise ValueError("search_sharded needs the queries outside a torchrun job")
-        sharded = ShardedIndex.load(index)
-        searcher = ShardedSearcher(sharded, device, backend, stream=stream)
-        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_metadata)
-        return ShardedHits(scores, doc_idx, sharded.docnos)
-    with process_group(device) as dev:
-        dist_searcher = DistributedSearcher(index, dev, backend, stream=stream)
-        scores, doc_idx = dist_searcher.search(queries, k=k, query_metadata=query_metadata)
-        return ShardedHits(scores, doc_idx, dist_searcher.index.docnos) if dist_searcher.rank == 0 else None

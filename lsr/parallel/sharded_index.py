@@ -27,7 +27,6 @@ The folder is built under a temporary name and renamed into place (``lsr.storage
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +45,7 @@ from lsr.storage.files import atomic_directory, fsynced_write
 from lsr.storage.provenance import check_replaceable
 from lsr.storage.shards import read_manifest, read_vector_rows, refuse_unlisted, sha256_file
 
-__all__ = ["FORMAT", "ShardedIndex", "build_sharded_index", "is_sharded", "partition_bounds", "partition_count",
+__all__ = ["FORMAT", "ShardedIndex", "build_sharded_index", "is_sharded", "partition_bounds", "check_partition_count",
            "read_sharded_manifest"]
 
 FORMAT = "lsr-sharded-index"
@@ -54,8 +53,6 @@ VERSION = 1
 MANIFEST = "manifest.json"
 MAX_SCORES = "max_scores.npy"
 PARTITION_NAME = re.compile(r"part-\d{5,}")  # _part's names (a temporary folder is never inside the index)
-
-log = logging.getLogger(__name__)
 
 
 def partition_bounds(n_docs: int, n_partitions: int) -> list[int]:
@@ -65,12 +62,17 @@ def partition_bounds(n_docs: int, n_partitions: int) -> list[int]:
     return [n_docs * p // n_partitions for p in range(n_partitions + 1)]
 
 
-def partition_count(n_docs: int, n_partitions: int) -> int:
-    """The partitions ``ShardedIndex.build`` writes when asked for ``n_partitions``: at most one per document
-    (one for an empty collection). More would be empty: nothing to search, yet each is a folder to load and a
-    search to run; the merged results do not depend on the count, so fewer change nothing but the layout."""
+def check_partition_count(n_docs: int, n_partitions: int, source: object = "the collection") -> int:
+    """``n_partitions`` if a collection of ``n_docs`` documents (read from ``source``) can be split into that
+    many non-empty partitions (one for an empty collection), else ValueError naming the largest count. More
+    partitions than documents is a mistake (a count meant for another collection, or GPUs taken for
+    partitions), and building them would write one folder per document for minutes: refused before any work."""
     partition_bounds(n_docs, n_partitions)  # the same refusal of a count that is not a positive integer
-    return min(n_partitions, max(n_docs, 1))
+    if n_partitions > max(n_docs, 1):
+        raise ValueError(f"{n_partitions} partitions asked for the {n_docs} documents of {source}: a partition "
+                         f"holds at least one document, so ask for at most {max(n_docs, 1)} (--partitions / "
+                         "index.partitions; one per GPU is the usual count)")
+    return n_partitions
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
@@ -183,7 +185,7 @@ class ShardedIndex:
               metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1,
               postings: str = "auto") -> Path:
         """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder;
-        P is ``n_partitions`` capped at the documents (``partition_count``: no partition is written empty).
+        ``n_partitions`` above the documents is refused before any work (``check_partition_count``).
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
         dropped, so peak memory is ``workers`` partitions. ``workers`` > 1 builds partitions in threads
@@ -204,11 +206,8 @@ class ShardedIndex:
             n_docs, vocab = int(manifest["n_rows"]), int(manifest["vocab_size"])
             metadata = manifest.get("metadata", {}) if metadata is None else metadata
         metadata = json.loads(json.dumps(metadata or {}))
+        check_partition_count(n_docs, n_partitions, "the vectors" if isinstance(vectors, SparseVectors) else vectors)
         rank, world = rank_and_size()
-        asked, n_partitions = n_partitions, partition_count(n_docs, n_partitions)
-        if n_partitions < asked and rank == 0:  # every rank clamps alike (same n_docs); one says so
-            log.warning("%d partitions asked for %d documents: writing %d (an empty partition would hold nothing "
-                        "to search)", asked, n_docs, n_partitions)
         bounds = partition_bounds(n_docs, n_partitions)
 
         def build_one(p: int) -> None:

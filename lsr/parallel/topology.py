@@ -3,6 +3,12 @@
 gloo on CPUs, NCCL on GPUs; the rank's device is ``cuda:LOCAL_RANK`` modulo the visible GPUs, so several
 ranks may share one GPU (a test of the multi-GPU code on one card: NCCL refuses that, so those ranks talk
 through gloo, staging the small collective tensors in host memory).
+
+Every collective waits at most ``LSR_DIST_TIMEOUT`` seconds (default 1800) for the other ranks: a rank that
+stopped or hung (not one that died: torchrun's agent ends the job at once then) makes the others fail after
+that long with one error naming the setting (``process_group``), instead of waiting forever. The wait must
+cover the longest stretch one rank works alone between two collectives (encoding its slice, building its
+partitions), hence the long default; search-only jobs can set it to a minute or two.
 """
 
 from __future__ import annotations
@@ -16,8 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["agree", "broadcast_text", "built_on_rank0", "collective_backend", "comm_device", "init_distributed",
-           "is_distributed", "launch_rank", "process_group", "rank_and_size", "rank_device"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "agree", "broadcast_text", "built_on_rank0", "collective_backend",
+           "collective_timeout", "comm_device", "init_distributed", "is_distributed", "launch_rank", "process_group",
+           "rank_and_size", "rank_device"]
+
+TIMEOUT_ENV = "LSR_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 def is_distributed() -> bool:
@@ -62,6 +72,33 @@ def rank_device(device: str) -> str:
     return str(device)
 
 
+def collective_timeout() -> float:
+    """Seconds a collective waits for the other ranks: ``LSR_DIST_TIMEOUT``, default 1800 (torch's own)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds (unset it for the default "
+                         f"{DEFAULT_TIMEOUT_S:g})")
+    return seconds
+
+
+def _timed_out(e: BaseException) -> bool:
+    """Whether ``e`` is a collective or the rendezvous store giving up waiting for another rank."""
+    store_error = getattr(dist, "DistStoreError", ())
+    return isinstance(e, store_error) or (isinstance(e, RuntimeError) and "timed out" in str(e).lower())
+
+
+def _timeout_error(e: BaseException) -> RuntimeError:
+    t = collective_timeout()
+    return RuntimeError(f"another rank did not answer within {t:g} s ({TIMEOUT_ENV}={t:g}): it stopped or hung; "
+                        f"if it was only busy for longer, raise {TIMEOUT_ENV} (seconds)")
+
+
 def init_distributed(device: str) -> torch.device:
     """Join the process group torchrun describes and return this rank's device."""
     cuda = str(device).startswith("cuda")
@@ -73,21 +110,27 @@ def init_distributed(device: str) -> torch.device:
     if not dist.is_initialized():
         backend = collective_backend(device)
         kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=timedelta(minutes=30), **kw)
+        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout()), **kw)
     return dev
 
 
 @contextmanager
 def process_group(device: str) -> Iterator[torch.device]:
     """This rank's device inside the process group torchrun describes: joined on entry unless the caller
-    already has, and left on exit only if it was joined here."""
+    already has, and left on exit only if it was joined here. A collective (or the joining) that waited
+    ``LSR_DIST_TIMEOUT`` seconds for another rank leaves as one RuntimeError naming the setting."""
     joined = not dist.is_initialized()
-    dev = init_distributed(device)
     try:
-        yield dev
-    finally:
-        if joined:
-            dist.destroy_process_group()
+        dev = init_distributed(device)
+        try:
+            yield dev
+        finally:
+            if joined and dist.is_initialized():
+                dist.destroy_process_group()
+    except Exception as e:
+        if _timed_out(e):
+            raise _timeout_error(e) from e
+        raise
 
 
 def comm_device() -> torch.device:

@@ -12,6 +12,7 @@ from typing import Any
 
 from lsr.config import RunConfig
 from lsr.pipeline.steps import (
+    check_job_partitions,
     claim_output,
     corpus_settings,
     doc_encoder,
@@ -51,6 +52,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     out = Path(cfg.output)
     timings: dict[str, float] = {}
     dataset = load_dataset(cfg.data.dataset, cfg.data.split)
+    check_job_partitions(cfg, dataset, cfg.index.partitions)
     origin = claim_output(cfg, dataset, out, overwrite)
     encoder = None
     with timed_step("encode documents", timings):

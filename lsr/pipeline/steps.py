@@ -19,7 +19,7 @@ from lsr.config import EncoderConfig, RunConfig
 from lsr.storage.files import atomic_write_text
 from lsr.utils.devices import resolve_device
 
-__all__ = ["build_encoder", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
+__all__ = ["build_encoder", "check_job_partitions", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
            "load_query_vectors", "open_encoder", "read_doc_vectors", "resolve_device", "timed_step",
            "write_results"]
 
@@ -226,3 +226,12 @@ def read_doc_vectors(path: str, vocab: str | None) -> Any:
     from lsr.interop.anserini import read_anserini_documents
 
     return read_anserini_documents(p, vocab)
+
+
+def check_job_partitions(cfg: RunConfig, dataset: Any, n_partitions: int) -> None:
+    """Refuse more partitions than the dataset's documents before any encoding (when the dataset knows its
+    size and the job encodes it)."""
+    if n_partitions > 1 and dataset.n_docs is not None and not cfg.search.doc_vectors:
+        from lsr.parallel.sharded_index import check_partition_count
+
+        check_partition_count(dataset.n_docs, n_partitions, cfg.data.dataset)

@@ -1,12 +1,14 @@
 """``lsr search``: search a query set against an index (sharded or not) and write a run, or print the plan.
 
 The command parses and prints; the work is ``lsr.search.open_searcher`` / ``Searcher`` (one index) and
-``lsr.parallel.search.search_sharded`` (a sharded index, in one process or on every rank of a torchrun job).
+``lsr.parallel.batch.search_sharded`` (a sharded index in one process; under torchrun any index, every rank
+searching its slice of the queries, ``lsr.parallel.plan.BatchPlan``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +71,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
-    if is_sharded(args.index):  # one process, or every rank of a torchrun job
-        from lsr.parallel.search import search_sharded
-        from lsr.parallel.sharded_index import read_sharded_manifest
+    from lsr.parallel.topology import is_distributed
+
+    if is_sharded(args.index) or is_distributed():  # a sharded index, or any index on every rank of a torchrun job
+        from lsr.parallel.batch import index_doc_count, search_sharded
         from lsr.parallel.topology import launch_rank, rank_device
 
-        args.k = run_depth(args.k, int(read_sharded_manifest(args.index)["n_docs"]))
+        args.k = run_depth(args.k, index_doc_count(args.index))
         lead = launch_rank() == 0  # reads the queries and writes the run
         queries, meta = _queries_from_args(args, rank_device(device)) if lead else (None, None)
         hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
@@ -82,12 +85,6 @@ def cmd_search(args: argparse.Namespace) -> int:
         if hits is None:
             return 0
         return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
-    from lsr.parallel.topology import is_distributed
-
-    if is_distributed():  # every rank would search all of it and write the same --out
-        raise UsageError(f"{args.index} is a single index; under torchrun search a sharded one: "
-                         "`lsr index --partitions 1` gives every rank the whole index and a share of the queries, "
-                         "--partitions N splits the documents")
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
     queries, query_meta = _queries_from_args(args, device)
@@ -109,11 +106,16 @@ def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> in
 def _explain_search(args: argparse.Namespace) -> int:
     """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
     from lsr.index.inverted import InvertedIndex
+    from lsr.parallel.batch import index_partition_count
+    from lsr.parallel.plan import plan_batch
     from lsr.parallel.sharded_index import ShardedIndex, is_sharded
+    from lsr.parallel.topology import launch_rank
     from lsr.pipeline import resolve_device
     from lsr.search.config import SearchConfig
     from lsr.search.searcher import Searcher, run_depth
 
+    if launch_rank() != 0:  # under torchrun one rank prints the plan; nothing is searched
+        return 0
     device = resolve_device(args.device)
     note = ""
     if is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
@@ -122,6 +124,8 @@ def _explain_search(args: argparse.Namespace) -> int:
     else:
         index = InvertedIndex.load(args.index, device=device)
     queries, _ = _queries_from_args(args, device)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks of this torchrun job (1 outside one)
+    print(plan_batch(index_partition_count(args.index), world, len(queries)))
     searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
     print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
     return 0
@@ -143,8 +147,9 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
                    help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--explain", action="store_true",
-                   help="print the search plan of the first query batch (backend, route, kernels, passes, "
-                        "fallbacks, each with its reason) and exit without searching or writing --out")
+                   help="print the plan: how the ranks of a torchrun job share the index and the queries, and the "
+                        "search plan of the first query batch (backend, route, kernels, passes, fallbacks, each "
+                        "with its reason); exit without searching or writing --out")
     p.add_argument("--stream", default="auto", choices=("auto", "yes", "no"),
                    help="sharded index: keep partitions in host memory and stream them to the GPU (auto: when "
                         "they exceed half the free GPU memory)")

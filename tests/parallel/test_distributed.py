@@ -184,7 +184,7 @@ def _replica_worker(rank: int, world: int, port: int, tmp: str) -> None:
 def test_replica_groups_equal_single_process(tmp_path):
     """4 ranks over 2 partitions (two replica groups, each searching half of every batch) and over 1
     (every rank a whole copy, a quarter of each batch): the single-process results, bit for bit."""
-    from lsr.parallel.search import rank_role
+    from lsr.parallel.plan import rank_role
 
     assert [rank_role(2, r, 4) for r in range(4)] == [([0], 0, 2), ([1], 0, 2), ([0], 1, 2), ([1], 1, 2)]
     assert rank_role(5, 1, 2) == ([1, 3], 0, 1)
@@ -270,15 +270,3 @@ def test_two_ranks_sharing_one_gpu(tmp_path):
     for r in range(2):
         assert np.array_equal(np.load(tmp_path / f"r{r}-s.npy"), want_s.cpu().numpy())
         assert np.array_equal(np.load(tmp_path / f"r{r}-i.npy"), want_i.cpu().numpy())
-
-
-def test_single_index_under_torchrun_is_a_usage_error(tmp_path, monkeypatch):
-    from lsr.cli import main
-
-    docs = random_collection(N_DOCS, VOCAB, 11, density=0.15)
-    InvertedIndex.build(docs, block_size=16).save(tmp_path / "idx")
-    write_vectors(tmp_path / "q", random_collection(3, VOCAB, 12, density=0.2))
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
-                 str(tmp_path / "run.trec"), "--device", "cpu"]) == 2
-    assert not (tmp_path / "run.trec").exists()

@@ -4,7 +4,6 @@ the unsharded index bit for bit (torch backend; the Triton backend under TRITON_
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 
 import numpy as np
@@ -13,7 +12,7 @@ import torch
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
-from lsr.parallel.sharded_index import ShardedIndex, is_sharded, partition_bounds, partition_count
+from lsr.parallel.sharded_index import ShardedIndex, check_partition_count, is_sharded, partition_bounds
 from lsr.parallel.sharded_search import ShardedSearcher
 from lsr.search import Searcher, open_searcher
 from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
@@ -141,23 +140,25 @@ def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
     assert ShardedIndex.load(tmp_path / "idx").n_docs == 60
 
 
-def test_more_partitions_than_documents_writes_one_per_document(tmp_path, capsys, caplog):
-    docs, queries = _collection(n=4)
+def test_more_partitions_than_documents_is_refused_before_any_work(tmp_path, capsys):
+    docs, _ = _collection(n=4)
     write_vectors(tmp_path / "v", docs)
-    with caplog.at_level(logging.WARNING, logger="lsr.parallel.sharded_index"):
-        assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "7",
-                     "--device", "cpu"]) == 0
-    assert "into 4 partitions" in capsys.readouterr().out
-    assert [r.getMessage() for r in caplog.records] == [
-        "7 partitions asked for 4 documents: writing 4 (an empty partition would hold nothing to search)"]
-    sharded = ShardedIndex.load(tmp_path / "idx")
-    assert [p.n_docs for p in sharded.partitions] == [1, 1, 1, 1] and sharded.docnos == docs.ids
-    want = Searcher(InvertedIndex.build(docs), backend="torch").search(queries, 3)
-    got = ShardedSearcher(sharded, backend="torch").search(queries, 3)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert (partition_count(4, 7), partition_count(90, 3), partition_count(0, 5)) == (4, 3, 1)
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "7",
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "7 partitions asked for the 4 documents of" in err and "at most 4" in err
+    assert not (tmp_path / "idx").exists() and not list(tmp_path.glob("*.tmp-*"))
+    with pytest.raises(ValueError, match="at most 4"):  # the library refuses alike, before writing anything
+        ShardedIndex.build(docs, 5, tmp_path / "idx")
+    assert not (tmp_path / "idx").exists()
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "4",
+                 "--device", "cpu"]) == 0  # one document per partition is allowed
+    assert [p.n_docs for p in ShardedIndex.load(tmp_path / "idx").partitions] == [1, 1, 1, 1]
+    assert (check_partition_count(4, 4), check_partition_count(90, 3), check_partition_count(0, 1)) == (4, 3, 1)
+    with pytest.raises(ValueError, match="at most 1"):
+        check_partition_count(0, 2)
     with pytest.raises(ValueError, match="positive integer"):
-        partition_count(4, 0)
+        check_partition_count(4, 0)
 
 
 def test_swapped_partition_and_stale_max_scores(tmp_path):

@@ -1,0 +1,145 @@
+"""Faults in a distributed job: a stopped rank ends the others after ``LSR_DIST_TIMEOUT`` with one line naming
+the setting; a killed rank ends the torchrun job at once (its agent stops the other ranks); a bad setting is
+one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from lsr.cli import main
+from lsr.index import InvertedIndex
+from lsr.storage.shards import write_vectors
+from lsr.testing import free_port, random_collection
+from tests.conftest import REPO
+
+TIMEOUT_S = 3
+
+
+def _data(tmp: Path) -> None:
+    InvertedIndex.build(random_collection(40, 30, 1, density=0.2), block_size=16).save(tmp / "idx")
+    write_vectors(tmp / "q", random_collection(5, 30, 2, density=0.3))
+
+
+def _search_argv(tmp: Path, out: str) -> list[str]:
+    return ["search", "--index", str(tmp / "idx"), "--queries", str(tmp / "q"), "--out", str(tmp / out),
+            "--device", "cpu", "--backend", "torch"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra}
+
+
+def _stalled_rank(rank: int, port: int, tmp: str) -> None:
+    """Rank 1 joins the process group and stops itself (as `kill -STOP` would); rank 0 searches."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LSR_DIST_TIMEOUT=str(TIMEOUT_S))
+    from lsr.parallel.topology import process_group
+
+    if rank == 1:
+        with process_group("cpu"):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(_search_argv(Path(tmp), "lib.trec"))
+    (Path(tmp) / "rank0.txt").write_text(f"{rc}\n{err.getvalue()}")
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_others_after_the_timeout(tmp_path):
+    _data(tmp_path)
+    # stopped before it joins: rank 0 gives up waiting for it in the rendezvous
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LSR_DIST_TIMEOUT=str(TIMEOUT_S))
+    cmd = [sys.executable, "-m", "lsr", *_search_argv(tmp_path, "cli.trec")]
+    stopped = subprocess.Popen(cmd, env=env | {"RANK": "1", "LOCAL_RANK": "1"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        lead = subprocess.run(cmd, env=env | {"RANK": "0", "LOCAL_RANK": "0"}, capture_output=True, text=True,
+                              timeout=120)
+        took = time.monotonic() - start
+    finally:
+        stopped.kill()
+        stopped.wait()
+    assert lead.returncode == 1 and lead.stderr.count("\n") == 1, lead.stderr
+    assert f"did not answer within {TIMEOUT_S} s (LSR_DIST_TIMEOUT={TIMEOUT_S})" in lead.stderr
+    assert took < 90 and not (tmp_path / "cli.trec").exists()
+    # stopped after it joined: rank 0's first collective gives up
+    ctx = mp.spawn(_stalled_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=False)
+    try:
+        ctx.processes[0].join(timeout=120)
+        assert ctx.processes[0].exitcode == 0, "rank 0 did not end"
+    finally:
+        for p in ctx.processes:
+            p.kill()
+            p.join()
+    rc, err = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert rc == "1" and err.count("\n") == 1 and f"LSR_DIST_TIMEOUT={TIMEOUT_S}" in err, err
+    assert err.startswith("lsr search: error: another rank did not answer within")
+
+
+def test_a_bad_timeout_setting_is_one_line(tmp_path, monkeypatch, capsys):
+    _data(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LSR_DIST_TIMEOUT", "soon")
+    assert main(_search_argv(tmp_path, "x.trec")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LSR_DIST_TIMEOUT='soon' is not a positive number of seconds" in err
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_a_killed_rank_ends_the_torchrun_job(tmp_path):
+    """SIGKILL on one rank: torchrun's agent stops the other rank and exits non-zero within seconds, its
+    report naming the signal; no run file is written."""
+    _data(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "lsr", *_search_argv(tmp_path, "run.trec")]
+    job = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, victim = time.monotonic() + 60, None
+        while victim is None and time.monotonic() < deadline and job.poll() is None:
+            victim = next((c for c in _children(job.pid) if _rank_of(c) == "1"), None)
+            time.sleep(0.05)
+        assert victim is not None, "rank 1 never started"
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        out, _ = job.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        job.kill()
+    assert job.returncode != 0 and took < 60, (job.returncode, took)
+    assert "SIGKILL" in out and "rank" in out, out[-2000:]
+    assert not (tmp_path / "run.trec").exists()
