@@ -7,8 +7,9 @@
 * ``sharded_search``: ``ShardedSearcher``, the partitions searched in turn on one device with an exact merge.
 * ``search``: ``DistributedSearcher``, partitions or replicas spread over the ranks; ``search_sharded``,
   a sharded index folder searched in one process or on every rank.
-* ``encode``: corpus encoding over the ranks, identical to one process's (``encode_corpus_distributed``,
-  ``encode_on_ranks`` for ``lsr encode``).
+* ``encode``: corpus encoding over the ranks, identical to one process's and resumable with any world size
+  (``encode_corpus_distributed``, ``encode_on_ranks`` for ``lsr encode``); ``encode_units``: its working
+  folder (one-window units taken through claim files, shards assembled from them).
 * ``pipeline``: ``lsr run`` on every rank of a torchrun job (the steps come from ``lsr.pipeline.steps``).
 
 Library functions take explicit arguments and return values; the CLI parses and prints. The names
