@@ -78,7 +78,7 @@ def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from lsr.data.sources import load_dataset
-    from lsr.encode.corpus import encode_corpus
+    from lsr.parallel.encode import encode_dataset_distributed
     from lsr.pipeline import resolve_device
     from lsr.storage.shards import write_vectors
 
@@ -116,9 +116,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
         enc.fit(text for _, text in ds.docs_iter())
         enc.save(out / "encoder")
         print(f"fitted BM25 statistics saved to {out / 'encoder'} (pass it as --model to encode queries)")
-    encode_corpus(enc, ds.docs_iter(), out, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                  resume=True, n_docs=ds.n_docs, doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers,
-                  origin=ds.docs_origin)
+    # (encode_corpus, or the rest of an interrupted torchrun encoding of this folder)
+    encode_dataset_distributed(enc, ds, out, batch_size=args.batch_size, shard_rows=args.shard_rows, resume=True,
+                               doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers,
+                               origin=ds.docs_origin)
     print(f"document vectors in {out}")
     return 0
 

@@ -22,6 +22,7 @@ Cases (passages/s):
           ceiling, for diagnosis.
   fixed80 pre-tokenized [B, 80] random ids, no tokenization: HF MLM + torch head, the backbone alone
           and lsr's encode_prepared (reference points: 14,700 and 29,100 p/s at B=1024 on an H200).
+On several GPUs (``torchrun -m lsr encode``, W ranks against 1, start-up included): scripts/bench_encode_dist.py.
 Timing: wall clock with CUDA synchronisation after a warm-up pass (Triton autotuning, cuBLAS; all texts
 for lsr, 4 batches for hf);
 median of --repeats. Peak memory: torch.cuda.max_memory_allocated per case. Out-of-memory and other

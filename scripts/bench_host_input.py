@@ -50,7 +50,7 @@ from bench_encode import MAX_LEN, synth_texts  # noqa: E402
 from profile_host import ReadyTokens  # noqa: E402
 
 from lsr.benchmarks.harness import Results, environment, format_table  # noqa: E402
-from lsr.encode.corpus import _check_windows, _windows  # noqa: E402
+from lsr.encode.corpus import _windows, check_windows  # noqa: E402
 from lsr.encode.splade.encoder import SpladeEncoder  # noqa: E402
 from lsr.encode.stream import FIRST_WINDOW, WINDOW, Prefetch, window_spans  # noqa: E402
 from lsr.encode.tokenize.batching import length_sorted_batches  # noqa: E402
@@ -156,7 +156,7 @@ def main() -> None:
     n = len(texts)
     spans = window_spans(n, WINDOW, FIRST_WINDOW)
     windows = [texts[s:s + z] for s, z in spans]
-    sort_window = _check_windows(args.shard_rows, None, 0)  # encode_corpus's default
+    sort_window = check_windows(args.shard_rows, None)  # encode_corpus's default
     pool = enc.tokenizer_pool("doc", args.workers)
     pool(texts[:4 * 1024])  # started, tokenizer loaded
     arrays = [pool(w) for w in windows]

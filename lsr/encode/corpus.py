@@ -45,7 +45,11 @@ from lsr.sparse import SparseVectors
 from lsr.storage.shard_writer import ShardWriter
 from lsr.storage.shards import MANIFEST, read_manifest
 
-__all__ = ["encode_corpus", "window_end"]
+__all__ = ["DISTRIBUTED_WORK", "CorpusRun", "check_windows", "encode_corpus", "take_docs", "vector_metadata", "window_bounds",
+           "window_end"]
+
+# the working folder of a distributed encoding inside its output folder (lsr.parallel.encode_units)
+DISTRIBUTED_WORK = ".lsr-encode"
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +67,41 @@ def window_end(pos: int, shard_rows: int, sort_window: int, first_window: int = 
     return min(end, next(s + z for s, z in window_spans(first, sort_window, first_window) if s + z > pos))
 
 
+def take_docs(docs: Iterator[Any], pos: int, count: int) -> tuple[list[str], list[str]]:
+    """(ids, texts) of the next ``count`` documents of ``docs`` (fewer at its end), the first at stream
+    position ``pos`` (named in errors); refuses items that are not (doc_id, str) pairs."""
+    ids, texts = [], []
+    for item in itertools.islice(docs, count):
+        try:
+            doc_id, text = item
+        except (TypeError, ValueError):
+            raise TypeError(f"documents must be (doc_id, text) pairs; item {pos + len(ids)} is {type(item).__name__}") from None
+        if not isinstance(text, str):
+            raise TypeError(f"document {doc_id!r}: text is {type(text).__name__}, not str")
+        ids.append(str(doc_id))
+        texts.append(text)
+    return ids, texts
+
+
+def window_bounds(n_docs: int, shard_rows: int, sort_window: int | None = None,
+                  first_window: int = FIRST_WINDOW) -> list[tuple[int, int]]:
+    """[start, stop) of every window ``encode_corpus`` cuts from a stream of ``n_docs`` documents (the
+    defaults are its own): the units a distributed encoding hands out, since a window's vectors do not depend
+    on the other windows."""
+    sort_window = check_windows(shard_rows, sort_window)
+    bounds, pos = [], 0
+    while pos < n_docs:
+        bounds.append((pos, min(n_docs, window_end(pos, shard_rows, sort_window, first_window))))
+        pos = bounds[-1][1]
+    return bounds
+
+
 def _windows(docs: Iterator[Any], start: int, shard_rows: int, sort_window: int,
              first_window: int) -> Iterator[tuple[list[str], list[str]]]:
     """(ids, texts) windows of the stream from position ``start`` (``window_end``)."""
     pos = start
     while True:
-        end = window_end(pos, shard_rows, sort_window, first_window)
-        ids, texts = [], []
-        for item in itertools.islice(docs, end - pos):
-            try:
-                doc_id, text = item
-            except (TypeError, ValueError):
-                raise TypeError(f"documents must be (doc_id, text) pairs; item {pos + len(ids)} is {type(item).__name__}") from None
-            if not isinstance(text, str):
-                raise TypeError(f"document {doc_id!r}: text is {type(text).__name__}, not str")
-            ids.append(str(doc_id))
-            texts.append(text)
+        ids, texts = take_docs(docs, pos, window_end(pos, shard_rows, sort_window, first_window) - pos)
         if not ids:
             return
         yield ids, texts
@@ -163,10 +186,11 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
         first_window: the stream's first window, after which windows double up to ``sort_window`` (the model
             starts after this many documents are tokenized).
     """
-    sort_window = _check_windows(shard_rows, sort_window, stream_offset)
-    metadata = dict(encoder.describe())
-    if doc_top_k is not None:
-        metadata["doc_top_k"] = doc_top_k
+    sort_window = check_windows(shard_rows, sort_window, stream_offset)
+    if (Path(out_dir) / DISTRIBUTED_WORK).is_dir():
+        raise ValueError(f"{out_dir} holds an unfinished distributed encoding ({DISTRIBUTED_WORK}/): resume it with "
+                         "lsr encode (any number of ranks) or lsr.parallel.encode_corpus_distributed")
+    metadata = vector_metadata(encoder, doc_top_k)
     was_complete = resume and (Path(out_dir) / MANIFEST).exists() and read_manifest(out_dir).get("complete", False)
     # four writer threads keep up with the GPU (per-passage write cost: docs/performance/encode.md), and a row group
     # per window leaves only the last window to write after the last batch
@@ -180,7 +204,7 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     if skip:
         log.info("resuming %s after %d documents", out_dir, skip)
         _skip_written(writer, stream, skip)
-    run = _CorpusRun(encoder, writer, batch_size, doc_top_k, max_tokens, tokenize_workers)
+    run = CorpusRun(encoder, writer, batch_size, doc_top_k, max_tokens, tokenize_workers)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_docs, initial=skip, unit="doc", unit_scale=True, smoothing=0.05, disable=not show_progress_bar,
@@ -194,7 +218,15 @@ def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: st
     return manifest
 
 
-def _check_windows(shard_rows: int, sort_window: int | None, stream_offset: int) -> int:
+def vector_metadata(encoder: Encoder, doc_top_k: int | None) -> dict[str, Any]:
+    """The manifest's ``metadata`` of vectors ``encoder`` writes (with ``doc_top_k`` when given)."""
+    metadata = dict(encoder.describe())
+    if doc_top_k is not None:
+        metadata["doc_top_k"] = doc_top_k
+    return metadata
+
+
+def check_windows(shard_rows: int, sort_window: int | None, stream_offset: int = 0) -> int:
     """Refuse bad sizes; the sort window (default: shard_rows split into equal windows of <= 65,536)."""
     if shard_rows <= 0 or (sort_window is not None and sort_window <= 0):
         raise ValueError("shard_rows and sort_window must be positive")
@@ -204,11 +236,13 @@ def _check_windows(shard_rows: int, sort_window: int | None, stream_offset: int)
     return sort_window or -(-shard_rows // -(-shard_rows // 65536))
 
 
-class _CorpusRun:
+class CorpusRun:
     """One pass of ``encode_corpus`` over the windows still to write: tokenizing ahead (``Pipeline``), the
-    model on this thread, a writer thread behind it; counts and the main thread's time split for ``stats``."""
+    model on this thread, a writer thread behind it; counts and the main thread's time split for ``stats``.
+    ``writer``: a ``ShardWriter``, or any object with its ``add(vectors)`` (a window at a time, in order, on the
+    writer thread), ``settle()`` (after an error), ``close()`` (returns what ``run`` returns) and ``path``."""
 
-    def __init__(self, encoder: Encoder, writer: ShardWriter, batch_size: int | None, doc_top_k: int | None,
+    def __init__(self, encoder: Encoder, writer: Any, batch_size: int | None, doc_top_k: int | None,
                  max_tokens: int | None, tokenize_workers: int | None) -> None:
         self.encoder, self.writer, self.doc_top_k, self.max_tokens = encoder, writer, doc_top_k, max_tokens
         self.fast = hasattr(encoder, "prepare") and hasattr(encoder, "encode_prepared")

@@ -11,8 +11,9 @@
   ``search_sharded``, an index folder searched in one process or on every rank (``lsr search`` under torchrun).
 * ``search``: ``DistributedSearcher``, interactive batches over partitions or replicas spread over the ranks.
 * ``exchange``: the packed messages distributed search sends (queries, hits with failure flags).
-* ``encode``: corpus encoding over the ranks, identical to one process's (``encode_corpus_distributed``,
-  ``encode_on_ranks`` for ``lsr encode``).
+* ``encode``: corpus encoding over the ranks, identical to one process's and resumable with any world size
+  (``encode_corpus_distributed``, ``encode_on_ranks`` for ``lsr encode``); ``encode_units``: its working
+  folder (one-window units taken through claim files, shards assembled from them).
 * ``pipeline``: ``lsr run`` on every rank of a torchrun job (the steps come from ``lsr.pipeline.steps``).
 
 Library functions take explicit arguments and return values; the CLI parses and prints. The names

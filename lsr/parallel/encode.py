@@ -1,126 +1,154 @@
 """Corpus encoding over the ranks of a torchrun job: one vector directory, identical to one process's.
 
-The stream of n documents is cut into blocks of ``shard_rows`` (the shards a single process would
-write); rank r of W encodes the contiguous blocks [nb * r // W, nb * (r + 1) // W) into its own resumable
-vector directory ``OUT/.rank-RRRRR-of-WWWWW/`` (``encode_corpus`` with ``stream_offset``, so its windows
-and batches are the single-process run's). After a barrier rank 0 moves every rank's shards into OUT
-under the names a single process gives them (``part-00000.parquet``, ... in stream order), writes
-``OUT/manifest.json`` and deletes the rank folders: the result is the folder one process writes, file
-for file. A killed job resumes when restarted with the same world size: finished rank folders are not
-encoded again, and the move is idempotent (a shard already moved is checked by its checksum).
+The stream of n documents is cut into the windows ``encode_corpus`` cuts (``window_bounds``: at most
+``sort_window`` documents, never across a shard); each is a unit of work. Every rank reads the stream
+forward and takes the next unit no rank holds (``lsr.parallel.encode_units``: claims are files in
+``OUT/.lsr-encode/``), so the work is balanced by what each unit really costs, not by a count: no rank
+idles while another still has whole shards to do. A unit's vectors are those one process computes for
+that window (the window's sort and batches are the same); the rank that finishes the last unit of a shard
+writes that shard with the bytes one process writes; at the end rank 0 moves the shards into OUT and
+writes its manifest: the result is the folder one process writes, file for file, for any world size.
+
+Resume: finished units and shards stay in ``OUT/.lsr-encode/``; a restart with any world size (one process
+too, through ``encode_corpus_distributed`` or ``lsr encode``) encodes only the rest. An unfinished
+single-process folder is taken over the same way.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
+import contextlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from lsr.config import EncoderConfig
 from lsr.data.dataset import Dataset
 from lsr.encode.base import Encoder
-from lsr.encode.corpus import encode_corpus
-from lsr.storage.files import atomic_write_text, fsync_dir
-from lsr.storage.shards import MANIFEST, read_manifest, sha256_file
+from lsr.encode.corpus import DISTRIBUTED_WORK, CorpusRun, check_windows, encode_corpus, vector_metadata
+from lsr.encode.stream import FIRST_WINDOW
+from lsr.parallel.encode_units import EncodeWork, UnitWriter, claimed_windows
+from lsr.storage.shards import MANIFEST, read_manifest
 
-__all__ = ["encode_corpus_distributed", "encode_dataset_distributed", "encode_on_ranks", "merge_rank_folders",
-           "rank_dir", "rank_slice"]
-
-
-def rank_slice(n_docs: int, shard_rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Docs [start, stop) of ``rank``: whole blocks of ``shard_rows``, contiguous, in rank order."""
-    n_blocks = -(-n_docs // shard_rows)
-    b0, b1 = n_blocks * rank // world_size, n_blocks * (rank + 1) // world_size
-    return b0 * shard_rows, min(n_docs, b1 * shard_rows)
+__all__ = ["encode_corpus_distributed", "encode_dataset_distributed", "encode_on_ranks"]
 
 
-def rank_dir(rank: int, world_size: int) -> str:
-    """The working folder of ``rank`` inside the output folder (hidden: not part of the result)."""
-    return f".rank-{rank:05d}-of-{world_size:05d}"
+@contextlib.contextmanager
+def _agreed(what: str) -> Iterator[None]:
+    """``agree`` inside a process group; a plain step in one process without one."""
+    from lsr.parallel.topology import agree, rank_and_size
+
+    with agree(what) if rank_and_size()[1] > 1 else contextlib.nullcontext():
+        yield
 
 
-def _move_shard(src: Path, dst: Path, sha256: str) -> None:
-    """Rename ``src`` to ``dst`` unless an earlier, interrupted merge already did."""
-    if src.exists():
-        os.replace(src, dst)
-    elif not dst.exists() or sha256_file(dst) != sha256:
-        raise ValueError(f"shard {src} is missing and {dst} does not hold it: rerun the job in a new folder")
-
-
-def merge_rank_folders(out_dir: str | os.PathLike, world_size: int) -> dict[str, Any]:
-    """Move the complete rank folders' shards into ``out_dir`` (single-process names, stream order), write
-    its manifest.json and delete the rank folders; returns the manifest."""
-    out = Path(out_dir)
-    merged: dict[str, Any] | None = None
-    subs = [out / rank_dir(r, world_size) for r in range(world_size)]
-    for sub in subs:
-        m = read_manifest(sub)
-        if not m.get("complete"):
-            raise ValueError(f"{sub} is unfinished: rerun the job to resume it")
-        if merged is None:
-            merged = {**m, "n_rows": 0, "nnz": 0, "shards": [], "complete": True}
-        elif (m["vocab_size"], m.get("metadata")) != (merged["vocab_size"], merged.get("metadata")):
-            raise ValueError(f"{sub} was written with other encoder settings than {subs[0]}")
-        for s in m["shards"]:
-            name = f"part-{len(merged['shards']):05d}.parquet"
-            _move_shard(sub / s["file"], out / name, s["sha256"])
-            merged["shards"].append({**s, "file": name})
-        merged["n_rows"] += m["n_rows"]
-        merged["nnz"] += m["nnz"]
-    assert merged is not None
-    fsync_dir(out)
-    atomic_write_text(out / MANIFEST, json.dumps(merged, indent=1))
-    for sub in subs:
-        shutil.rmtree(sub)
-    return merged
+def _start_job(work: EncodeWork, resume: bool) -> None:
+    """Rank 0, before any rank takes a unit: check the output folder, take over an unfinished single-process
+    folder, drop the claims of an earlier job. A complete folder of the same settings is left as it is."""
+    out = work.out
+    manifest = read_manifest(out) if (out / MANIFEST).exists() else None
+    if manifest is not None and manifest.get("complete"):
+        stored = (manifest["vocab_size"], manifest.get("metadata") or None, manifest.get("origin") or None)
+        if stored != (work.plan["vocab_size"], work.plan["metadata"] or None, work.plan["origin"] or None):
+            raise ValueError(f"{out} already holds vectors written with other settings or documents; choose "
+                             "another output folder, or delete it")
+        shutil.rmtree(work.root, ignore_errors=True)  # left by a publish stopped before its last step
+        return
+    if not resume and (manifest is not None or work.root.exists()):
+        raise FileExistsError(f"{out} already holds vectors; pass resume=True or choose a new directory")
+    work.start_job()
+    if manifest is not None:
+        work.adopt(manifest)
 
 
 def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike,
-                              n_docs: int, *, shard_rows: int = 100_000, **kwargs: Any) -> dict[str, Any]:
-    """``encode_corpus`` on every rank of the current process group (a plain call outside one).
+                              n_docs: int | None, *, shard_rows: int = 100_000, sort_window: int | None = None,
+                              first_window: int = FIRST_WINDOW, batch_size: int | None = None,
+                              doc_top_k: int | None = None, max_tokens: int | None = None,
+                              tokenize_workers: int | None = None, prefetch: int = 2, resume: bool = True,
+                              origin: dict[str, Any] | None = None, show_progress_bar: bool = True,
+                              stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``encode_corpus`` on every rank of the current process group (one process outside one); returns the
+    manifest on every rank.
 
-    Collective: every rank calls it with the same documents (each skips to its slice), ``n_docs`` and
-    settings; ``kwargs`` go to ``encode_corpus``. Returns the merged manifest on every rank.
+    Collective: every rank calls it with the same documents (each reads them forward and encodes the units
+    it takes), ``n_docs`` (their number: the units are cut from it) and settings; the settings mean what they
+    mean for ``encode_corpus``. One process without a process group runs ``encode_corpus`` unless the folder
+    holds an unfinished distributed encoding, which it finishes. ``stats`` (per rank): ``encode_corpus``'s
+    and ``units`` (the units this rank encoded).
     """
-    from lsr.parallel.topology import agree, rank_and_size
+    from lsr.parallel.topology import rank_and_size
 
     rank, world = rank_and_size()
-    if world == 1:
-        return encode_corpus(encoder, docs, out_dir, shard_rows=shard_rows, **kwargs)
     out = Path(out_dir)
-    with agree("check the output folder"):
-        if (out / MANIFEST).exists() and not read_manifest(out).get("complete"):
-            raise ValueError(f"{out} holds an unfinished single-process encoding: resume it with one process, "
-                             "or encode into a new folder")
-    if not (out / MANIFEST).exists():
-        start, stop = rank_slice(n_docs, shard_rows, rank, world)
-        sub = out / rank_dir(rank, world)
-        with agree(f"encode documents [{start}, {stop})"):
-            if not ((sub / MANIFEST).exists() and read_manifest(sub).get("complete")):
-                part = encode_corpus(encoder, itertools.islice(iter(docs), start, stop), sub, shard_rows=shard_rows,
-                                     stream_offset=start, n_docs=stop - start, **kwargs)
-                if part["n_rows"] != stop - start:
-                    raise ValueError(f"rank {rank} got {part['n_rows']} documents for [{start}, {stop}): the "
-                                     f"corpus holds fewer than n_docs={n_docs}")
-        with agree("merge the rank folders"):
-            if rank == 0:
-                merge_rank_folders(out, world)
+    settings = {"batch_size": batch_size, "doc_top_k": doc_top_k, "max_tokens": max_tokens,
+                "tokenize_workers": tokenize_workers}
+    if world == 1 and not (out / DISTRIBUTED_WORK).is_dir():
+        return encode_corpus(encoder, docs, out, shard_rows=shard_rows, sort_window=sort_window,
+                             first_window=first_window, prefetch=prefetch, resume=resume, n_docs=n_docs,
+                             origin=origin, show_progress_bar=show_progress_bar, stats=stats, **settings)
+    if n_docs is None or n_docs < 0:
+        raise ValueError(f"n_docs={n_docs}: the number of documents is needed to cut them into units for the ranks "
+                         "(encode_dataset_distributed counts them)")
+    plan = {"n_docs": n_docs, "shard_rows": shard_rows, "sort_window": check_windows(shard_rows, sort_window),
+            "first_window": first_window, "vocab_size": encoder.vocab_size,
+            "metadata": vector_metadata(encoder, doc_top_k), "origin": origin}
+    work = EncodeWork(out, plan)
+    with _agreed(f"open the output folder {out}"):
+        if rank == 0:
+            _start_job(work, resume)
+    if not work.root.is_dir():  # complete already
+        return read_manifest(out)
+    with _agreed("encode the documents"):
+        try:
+            _encode_units(encoder, docs, work, settings, prefetch, show_progress_bar and rank == 0, stats)
+        except Exception as e:
+            work.fail(f"rank {rank}: {e}")  # the others stop at their next unit
+            raise
+    with _agreed("write the shards"):  # those whose last unit was written by a rank that was stopped
+        for k in range(rank, work.n_shards, world):
+            if not work.shard_done(k):
+                work.merge_shard(k)
+    with _agreed(f"publish the vectors in {out}"):
+        if rank == 0:
+            work.publish()
     return read_manifest(out)
+
+
+def _encode_units(encoder: Encoder, docs: Iterable[tuple[str, str]], work: EncodeWork, settings: dict[str, Any],
+                  prefetch: int, show_progress_bar: bool, stats: dict[str, Any] | None) -> None:
+    """This rank's share: the units it takes, through ``encode_corpus``'s pipeline."""
+    from tqdm.auto import tqdm
+
+    from lsr.parallel.topology import rank_and_size
+
+    writer = UnitWriter(work)
+    run = CorpusRun(encoder, writer, settings["batch_size"], settings["doc_top_k"], settings["max_tokens"],
+                    settings["tokenize_workers"])
+    left = sum(stop - start for u, (start, stop) in enumerate(work.units) if not work.unit_done(u))
+    bar = tqdm(total=-(-left // rank_and_size()[1]), unit="doc", unit_scale=True, smoothing=0.05,
+               disable=not show_progress_bar, desc="encode (this rank)", dynamic_ncols=True)
+    try:
+        run.run(claimed_windows(work, docs, writer), prefetch, bar)
+    finally:
+        bar.close()
+    if stats is not None:
+        stats.update(run.stats(), units=writer.written)
 
 
 def encode_dataset_distributed(encoder: Encoder, dataset: Dataset, out_dir: str | os.PathLike,
                                **kwargs: Any) -> dict[str, Any]:
     """``encode_corpus_distributed`` over a dataset's documents (collective): counted first when the dataset
-    does not say how many (every rank must cut the same slices), progress shown on rank 0."""
+    does not say how many and the units need it; progress shown on rank 0."""
     from lsr.parallel.topology import rank_and_size
 
-    n_docs = dataset.n_docs if dataset.n_docs is not None else sum(1 for _ in dataset.docs_iter())
+    rank, world = rank_and_size()
+    n_docs = dataset.n_docs
+    if n_docs is None and (world > 1 or (Path(out_dir) / DISTRIBUTED_WORK).is_dir()):
+        n_docs = sum(1 for _ in dataset.docs_iter())
     return encode_corpus_distributed(encoder, dataset.docs_iter(), out_dir, n_docs,
-                                     show_progress_bar=rank_and_size()[0] == 0, **kwargs)
+                                     show_progress_bar=rank == 0, **kwargs)
 
 
 def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: EncoderConfig, device: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from lsr.storage.vector_format import (
     vectors_to_table,
 )
 
-__all__ = ["PARQUET_OPTIONS", "ShardWriter"]
+__all__ = ["PARQUET_OPTIONS", "ShardWriter", "new_manifest", "write_shard"]
 
 # Parquet layout of a shard: term ids rise within a row (small deltas: delta-packed, which zstd does not
 # shrink further) and bf16-born weights share their high bytes (byte-stream split + zstd); this writes faster,
@@ -114,6 +114,33 @@ class _ShardFile:
             stack.__exit__(type(err), err, None)
 
 
+def new_manifest(vocab_size: int, metadata: Mapping[str, Any] | None = None,
+                 origin: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of an empty, unfinished vector directory (``ShardWriter`` starts from it; a folder
+    assembled from shards written elsewhere, ``lsr.parallel.encode``, too: the same keys in the same order)."""
+    manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "vocab_size": int(vocab_size), "n_rows": 0,
+                                "nnz": 0, "complete": False, "metadata": json.loads(json.dumps(dict(metadata or {}))),
+                                "shards": []}
+    if origin:
+        manifest["origin"] = dict(origin)
+    return manifest
+
+
+def write_shard(folder: str | os.PathLike, index: int, rows: SparseVectors, row_group_rows: int) -> dict[str, Any]:
+    """Write ``rows`` as shard ``index`` of ``folder`` (``part-{index:05d}.parquet``, renamed into place when
+    complete) with the bytes ``ShardWriter(..., row_group_rows=row_group_rows)`` gives the shard holding these
+    rows; returns its manifest entry."""
+    if row_group_rows <= 0 or not len(rows):
+        raise ValueError("a shard needs rows and a positive row_group_rows")
+    shard = _ShardFile(Path(folder), index)
+    for start in range(0, len(rows), row_group_rows):
+        part = rows[start:start + row_group_rows] if row_group_rows < len(rows) else rows
+        shard.rows += len(part)
+        shard.nnz += part.nnz
+        shard.write(part)
+    return shard.finish()
+
+
 class ShardWriter:
     """Write SparseVectors batches as fixed-size Parquet shards, resumably.
 
@@ -145,11 +172,8 @@ class ShardWriter:
         self.path.mkdir(parents=True, exist_ok=True)
         self.shard_rows = int(shard_rows)
         self.row_group_rows = min(int(row_group_rows or shard_rows), self.shard_rows)
-        meta = json.loads(json.dumps(dict(metadata or {})))
-        self.manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "vocab_size": int(vocab_size),
-                                         "n_rows": 0, "nnz": 0, "complete": False, "metadata": meta, "shards": []}
-        if origin:
-            self.manifest["origin"] = dict(origin)
+        self.manifest = new_manifest(vocab_size, metadata, origin)
+        meta = self.manifest["metadata"]
         if (self.path / MANIFEST).exists():
             self._check_resume(read_manifest(self.path), resume, origin, vocab_size, meta)
         elif resume:  # a writer killed before it listed a shard: what it finished is unlisted leftovers

@@ -197,52 +197,6 @@ def test_replica_groups_equal_single_process(tmp_path):
     _assert_all_equal(tmp_path, ("p_two", "p_one"), 4, docs, queries)
 
 
-class _Recording:
-    """A fitted BM25 encoder that records the ids of every batch it encodes."""
-
-    def __init__(self, inner):
-        self.inner, self.batches = inner, []
-        self.vocab_size = inner.vocab_size
-
-    def describe(self):
-        return self.inner.describe()
-
-    def encode_document(self, texts, ids=None):
-        self.batches.append(tuple(ids))
-        return self.inner.encode_document(texts, ids=ids)
-
-
-def test_rank_slices_see_the_single_process_batches(tmp_path, data_dir):
-    from lsr.encode.bm25.lexical import LexicalEncoder
-    from lsr.encode.corpus import encode_corpus
-    from lsr.parallel.encode import merge_rank_folders, rank_dir, rank_slice
-
-    docs = _texts(data_dir, 37)
-    bm25 = LexicalEncoder().fit(text for _, text in docs)
-    single = _Recording(bm25)
-    encode_corpus(single, docs, tmp_path / "single", **ENCODE)
-    assert [rank_slice(37, 10, r, 3) for r in range(3)] == [(0, 10), (10, 20), (20, 37)]
-    batches, unaligned = [], []
-    for r in range(3):
-        start, stop = rank_slice(37, 10, r, 3)
-        rec, plain = _Recording(bm25), _Recording(bm25)
-        encode_corpus(rec, docs[start:stop], tmp_path / "out" / rank_dir(r, 3), stream_offset=start, **ENCODE)
-        encode_corpus(plain, docs[start:stop], tmp_path / f"plain-{r}", **ENCODE)
-        batches += rec.batches
-        unaligned += plain.batches
-    assert batches == single.batches
-    assert unaligned != single.batches  # 4 does not divide 10: without the offset the windows move
-    with pytest.raises(FileNotFoundError):
-        merge_rank_folders(tmp_path / "out", 4)
-    (tmp_path / "out" / rank_dir(2, 3) / "part-00001.parquet").rename(tmp_path / "out" / "part-00003.parquet")
-    merged = merge_rank_folders(tmp_path / "out", 3)  # the last shard was moved by an interrupted merge
-    assert merged == json.loads((tmp_path / "single" / "manifest.json").read_text())
-    assert read_vectors(tmp_path / "out").equal(read_vectors(tmp_path / "single"))
-    assert not any(p.name.startswith(".rank-") for p in (tmp_path / "out").iterdir())
-    with pytest.raises(ValueError, match="multiple of shard_rows"):
-        encode_corpus(bm25, docs, tmp_path / "x", stream_offset=5, **ENCODE)
-
-
 def _gpu_worker(rank: int, world: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))

@@ -60,12 +60,14 @@ CHUNK = 1024  # texts per task (a pool's default ``chunk``): balances 8-16 worke
 
 
 def default_workers() -> int:
-    """Worker processes worth starting on this machine: the cores left after the launching, batching and
+    """Worker processes worth starting on this machine: this process's share of the cores (the ranks of a
+    torchrun job on one host, ``LOCAL_WORLD_SIZE``, share them) left after the launching, batching and
     writing threads (4), at most 8 (enough to feed one GPU on MS MARCO passages); 0 below 6 cores."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
+    cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return 0 if cores < 6 else min(8, cores - 4)
 
 
