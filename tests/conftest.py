@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# LSR_TEST_GPUS=N spreads pytest-xdist workers over N GPUs (worker gwI sees GPU I mod N only), so a multi-GPU
+# machine runs the GPU suite N times as wide; tests that need several GPUs then skip, run them without it
+if os.environ.get("LSR_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % int(os.environ["LSR_TEST_GPUS"]))
+
 try:
     import torch
 
