@@ -144,3 +144,17 @@ def test_gpu_replicas_answer_as_one_gpu(bm25):
     assert a == b
     per = asyncio.run(get(many, "/stats")).json()["replicas"]
     assert len(per) == torch.cuda.device_count() and all(r["requests"] > 0 for r in per)
+
+
+def test_client_processes_side_by_side_add_up():
+    """scripts/bench_serve.py loads a several-GPU server from several client processes: their results merge."""
+    from lsr.benchmarks.loadgen import merge_loads
+
+    a = {"latencies_ms": [1.0, 2.0], "qps": 10.0, "ok": 2, "errors": 0, "sent": 3, "answers": {0: "x", 2: "z"},
+         "first_error": None, "client_gc_full": 0}
+    b = {"latencies_ms": [3.0], "qps": 5.0, "ok": 1, "errors": 1, "sent": 2, "answers": {0: "other", 1: "y"},
+         "first_error": "HTTP 500: boom", "client_gc_full": 1}
+    merged = merge_loads([a, b])
+    assert sorted(merged["latencies_ms"]) == [1.0, 2.0, 3.0] and merged["qps"] == 15.0
+    assert (merged["ok"], merged["errors"], merged["sent"], merged["client_gc_full"]) == (3, 1, 5, 1)
+    assert merged["answers"] == {0: "x", 1: "y", 2: "z"} and merged["first_error"] == "HTTP 500: boom"
