@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/bench_serve.py --out OUT [--n-docs 8.8m] [--queries synth,text]
         [--model data/models/splade-tiny] [--concurrency 1,4,16,32,64,128,256] [--max-batch 1,64]
         [--max-wait-ms 2] [--k 10] [--duration-s 6] [--slo-ms 20] [--device cuda] [--replicas 1,4]
-        [--client-procs 4] [--quick]
+        [--modes threads,processes] [--client-procs 4] [--quick]
 
 The index: lsr.benchmarks.synth documents (seeded, generated on the device, as scripts/bench_search.py does), searched
 in process: uvicorn serves ``create_app`` in a thread of this process, and a closed-loop client
@@ -28,7 +28,9 @@ Several GPUs (``--replicas 1,4``): per W, one server over the first W devices (`
 index replica and query encoder per GPU behind one endpoint), loaded with W times each --concurrency level (the
 levels are per replica); each row has ``replicas`` and the requests each replica answered. The client runs in
 --client-procs processes side by side (one Python process cannot send what four GPUs answer). The last table:
-per W the best QPS within the p99 bound and its ratio to W = 1.
+per W the best QPS within the p99 bound and its ratio to W = 1. ``--modes threads,processes`` also serves W
+``lsr serve --device cuda:i`` processes side by side, one port each (the clients take the ports in turn): what
+one process per GPU would give, against the replicas as threads of one process.
 Writes OUT/bench_serve.json and .csv (lsr.benchmarks.harness schema), OUT/bench_serve.png with --plot; prints a table.
 """
 
@@ -38,11 +40,10 @@ import argparse
 import gc
 import json
 import multiprocessing as mp
-import socket
+import shutil
 import sys
-import threading
+import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -50,6 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize
 from lsr.benchmarks.loadgen import merge_loads, run_load
+from lsr.benchmarks.servers import HOST, ProcessServers, ThreadServer
 from lsr.benchmarks.synth import SynthSpec, describe, synth_docs, synth_queries
 from lsr.benchmarks.threadcpu import thread_cpu_seconds
 from lsr.index.inverted import InvertedIndex
@@ -61,7 +63,6 @@ REPO = Path(__file__).resolve().parents[1]
 REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
 VOCAB = REPO / "data/bert-base-uncased/vocab.txt"
 TEXTS = REPO / "data/msmarco-passage/topics.msmarco-passage.dev-subset.txt"
-HOST = "127.0.0.1"
 
 
 def parse_size(s: str) -> int:
@@ -91,40 +92,6 @@ def query_set(name: str, n: int, spec: SynthSpec, ks: list[int]) -> tuple[list[b
     bodies = [json.dumps({"vectors": [{str(t): w for t, w in row.items()}], "k": ks[i % len(ks)]}).encode()
               for i, row in enumerate(rows)]
     return bodies, [SearchRequest(None, vectors[i:i + 1], ks[i % len(ks)]) for i in range(len(rows))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """uvicorn serving ``app`` in a thread of this process (its own event loop); ``profiler``: a cProfile.Profile
-    that records the event loop's thread."""
-
-    def __init__(self, app, profiler=None) -> None:
-        import uvicorn
-
-        self.engine = app.state.engine
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=self.port, log_level="warning",
-                                                    access_log=False))
-        run = self.server.run if profiler is None else lambda: profiler.runcall(self.server.run)
-        self.thread = threading.Thread(target=run, name="uvicorn", daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start (see its log above)")
-            time.sleep(0.05)
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://{HOST}:{self.port}{path}", timeout=30) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def reference_answers(engine, requests: list[SearchRequest], keep: int) -> list[str]:
@@ -163,37 +130,47 @@ def float64_scores(index: InvertedIndex, query: SparseVectors) -> torch.Tensor:
     return acc
 
 
-def client_load(pool, port: int, bodies, concurrency: int, args, keep: int) -> dict:
-    """The closed-loop load from --client-procs processes side by side (``concurrency`` clients in all)."""
-    procs = max(1, min(args.client_procs, concurrency))
+def client_load(pool, ports: list[int], bodies, concurrency: int, args, keep: int) -> dict:
+    """The closed-loop load from --client-procs processes side by side (``concurrency`` clients in all; with
+    several server ports, the processes take them in turn)."""
+    procs = max(len(ports), min(args.client_procs, concurrency))
     shares = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
     offsets = [sum(shares[:p]) for p in range(procs)]
-    jobs = [(HOST, port, bodies, c, args.duration_s, args.warmup_s, keep, "/search", o) for c, o in zip(shares, offsets)]
+    jobs = [(HOST, ports[p % len(ports)], bodies, c, args.duration_s, args.warmup_s, keep, "/search", o)
+            for p, (c, o) in enumerate(zip(shares, offsets))]
     return merge_loads(pool.starmap(run_load, jobs, chunksize=1))
 
 
-# the server's threads: uvicorn's event loop (Server below) and the replicas' device threads (lsr.serve.batcher)
+# the server's threads: uvicorn's event loop (ThreadServer) and the replicas' device threads (lsr.serve.batcher)
 THREADS = {"loop": "uvicorn", "device": "lsr-serve_"}
+
+
+def server_cpu(server) -> dict:
+    """CPU seconds so far: of the event loop, device threads and whole process where the server is a thread of
+    this one; of the server processes (as "process") where each replica has its own."""
+    if isinstance(server, ProcessServers):
+        return {"process": server.cpu_seconds()}
+    return thread_cpu_seconds(THREADS)
 
 
 def cpu_columns(before: dict, after: dict, wall_s: float, answered: int) -> dict:
     """Cores busy (CPU s / wall s) and CPU µs per answered request of the event loop, the device threads and the
-    whole server process during a level (the client runs in other processes)."""
+    whole server process (or processes) during a level (the client runs in other processes)."""
     out = {}
-    for name in (*THREADS, "process"):
+    for name in after:
         cpu = after[name] - before[name]
         out[f"{name}_cores"] = round(cpu / wall_s, 3)
         out[f"{name}_us_per_req"] = round(cpu * 1e6 / answered, 1) if answered else None
     return out
 
 
-def run_level(results: Results, server: Server, pool, bodies, requests, refs, base_row: dict, args) -> dict:
-    before = server.get("/stats")
-    cpu0, t0 = thread_cpu_seconds(THREADS), time.perf_counter()
+def run_level(results: Results, server, pool, bodies, requests, refs, base_row: dict, args, engine) -> dict:
+    before = server.stats()
+    cpu0, t0 = server_cpu(server), time.perf_counter()
     with PeakMemory() as peak:
-        load = client_load(pool, server.port, bodies, base_row["concurrency"], args, len(refs))
-    cpu = cpu_columns(cpu0, thread_cpu_seconds(THREADS), time.perf_counter() - t0, load["sent"])
-    after = server.get("/stats")
+        load = client_load(pool, server.ports, bodies, base_row["concurrency"], args, len(refs))
+    cpu = cpu_columns(cpu0, server_cpu(server), time.perf_counter() - t0, load["sent"])
+    after = server.stats()
     lat = sorted(load["latencies_ms"])
     pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
     batches = after["batches"] - before["batches"]
@@ -210,7 +187,7 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "replica_requests": [a["requests"] - b["requests"] for a, b in zip(after["replicas"], before["replicas"])],
            **cpu}
     if base_row["queries"] != "text" and same:
-        row["exact_fail"] = exact_failures(server.engine, requests, load["answers"])
+        row["exact_fail"] = exact_failures(engine, requests, load["answers"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
 
@@ -237,16 +214,16 @@ def stage_means(before: dict, after: dict) -> dict:
     return {f"{k}_ms": (v - old.get(k, 0.0)) / n for k, v in after.get("stage_ms_total", {}).items()}
 
 
-def run_levels(results: Results, app, pool, bodies, requests, base: dict, args, t_start: float) -> None:
-    """Serve ``app`` and load it at every --concurrency level (within the time budget)."""
-    refs = reference_answers(app.state.engine, requests, args.check)
-    server = Server(app)
+def run_levels(results: Results, server, engine, pool, bodies, requests, base: dict, args, t_start: float) -> None:
+    """Load ``server`` at every --concurrency level (within the time budget), then stop it; ``engine``: an
+    engine on the same index, for the answers of requests searched alone and the exactness check."""
     try:
+        refs = reference_answers(engine, requests, args.check)
         for c in (c * base.get("replicas", 1) for c in ints(args.concurrency)):   # levels are per replica
             if time.time() - t_start > args.budget_s:
                 results.add({**base, "concurrency": c, "status": "skipped: budget"})
                 continue
-            run_level(results, server, pool, bodies, requests, refs, {**base, "concurrency": c}, args)
+            run_level(results, server, pool, bodies, requests, refs, {**base, "concurrency": c}, args, engine)
     finally:
         server.stop()
 
@@ -257,7 +234,8 @@ def summarize(rows: list[dict], slo_ms: float) -> dict:
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("/pipeline" if r.get("pipeline", 0) else "") + \
+        key = f"{r['queries']}/{r.get('mode', 'threads')}/max_batch={r['max_batch']}" + \
+            ("/pipeline" if r.get("pipeline", 0) else "") + \
             ("/gc-not-frozen" if r.get("freeze_gc") == 0 else "") + f"/replicas={r.get('replicas', 1)}"
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
@@ -327,6 +305,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--replicas", default="1", help="servers to compare by replica count W: the first W GPUs "
                     "(cuda:0..W-1) behind one endpoint; on --device cpu, W CPU replicas. The --concurrency levels are "
                     "per replica")
+    ap.add_argument("--modes", default="threads", help="how the replicas run, to compare: threads (lsr serve "
+                    "--devices: one process) and/or processes (one lsr serve per device, each on its own port)")
     ap.add_argument("--client-procs", type=int, default=4, help="client processes side by side (the clients of a "
                     "level are shared out among them)")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
@@ -355,9 +335,14 @@ def main() -> None:
     results.config["index"] = {"n_docs": index.n_docs, "n_postings": index.n_postings,
                                "gib": index.memory_bytes() / 2**30, "build_s": time.time() - t0}
     print(f"index: {index.n_docs} docs, {index.n_postings} postings, built in {time.time() - t0:.1f}s", flush=True)
-    with mp.get_context("spawn").Pool(max(1, args.client_procs)) as pool:
-        for qname in args.queries.split(","):
-            run_query_set(results, index, pool, qname, spec, dev, args, t_start)
+    args.saved_index = None
+    try:
+        with mp.get_context("spawn").Pool(max(1, args.client_procs, *ints(args.replicas))) as pool:
+            for qname in args.queries.split(","):
+                run_query_set(results, index, pool, qname, spec, dev, args, t_start)
+    finally:
+        if args.saved_index is not None:
+            shutil.rmtree(args.saved_index.parent, ignore_errors=True)
     best = summarize(results.rows, args.slo_ms)
     results.summary = {"best_within_slo": best, "scaling": scaling(best), "slo_ms": args.slo_ms,
                        "elapsed_s": time.time() - t_start}
@@ -365,7 +350,7 @@ def main() -> None:
     if args.plot:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
-    print(format_table(results.rows, ["method", "queries", "replicas", "max_batch", "pipeline", "freeze_gc", "concurrency",
+    print(format_table(results.rows, ["method", "queries", "mode", "replicas", "max_batch", "pipeline", "freeze_gc", "concurrency",
                                       ("qps", ".0f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("max_ms", ".1f"), "gc_full",
                                       ("gc_full_ms", ".1f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
                                       ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
@@ -388,32 +373,56 @@ def replica_devices(dev: torch.device, n: int) -> list[str]:
 
 def run_query_set(results: Results, index: InvertedIndex, pool, qname: str, spec: SynthSpec, dev: torch.device,
                   args, t_start: float) -> None:
-    """Every server setting (replicas x max_batch x pipeline x freeze_gc) loaded with one query set."""
-    from lsr.serve.app import create_app
-
+    """Every server setting (mode x replicas x max_batch x pipeline x freeze_gc) loaded with one query set."""
     bodies, requests = query_set(qname, args.n_queries, spec, ints(args.k))
     k_column = int(args.k) if len(ints(args.k)) == 1 else args.k   # a list of k's stays its string
-    settings = [(w, b, p, f) for w in ints(args.replicas) for b in ints(args.max_batch) for p in ints(args.pipeline)
-                for f in ints(args.freeze_gc)]
-    for replicas, max_batch, pipeline, freeze in settings:
+    settings = [(m, w, b, p, f) for m in args.modes.split(",") for w in ints(args.replicas) for b in ints(args.max_batch)
+                for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
+    for mode, replicas, max_batch, pipeline, freeze in settings:
         if time.time() - t_start > args.budget_s:
-            results.add({"method": f"max_batch={max_batch}", "queries": qname, "replicas": replicas,
+            results.add({"method": f"max_batch={max_batch}", "queries": qname, "mode": mode, "replicas": replicas,
                          "status": "skipped: budget"})
             continue
         base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname, "n_docs": index.n_docs,
                 "k": k_column, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
-                "max_wait_ms": args.max_wait_ms, "replicas": replicas}
-        where = {"device": str(dev)} if replicas == 1 else {"devices": replica_devices(dev, replicas)}
+                "max_wait_ms": args.max_wait_ms, "mode": mode, "replicas": replicas}
+        model = args.model if qname == "text" else None
         t0 = time.time()
-        app = create_app(index, args.model if qname == "text" else None, max_batch=max_batch,
-                         max_wait_ms=args.max_wait_ms, k=ints(args.k)[0], pipeline=bool(pipeline),
-                         freeze_gc=bool(freeze), **where)
+        server, engine = start_server(mode, index, model, replica_devices(dev, replicas), (max_batch, pipeline, freeze),
+                                      args)
         base["startup_s"] = round(time.time() - t0, 2)
-        run_levels(results, app, pool, bodies, requests, base, args, t_start)
-        del app
+        run_levels(results, server, engine, pool, bodies, requests, base, args, t_start)
+        del server, engine
         gc.collect()   # the replicas' index copies and graphs go before the next server's are made
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def start_server(mode: str, index: InvertedIndex, model: str | None, devices: list[str], setting: tuple, args):
+    """The server of one setting, and an engine on the same index for the reference answers: ``threads``, every
+    replica in this process (``create_app(devices=...)``); ``processes``, one ``lsr serve`` process per device
+    over the index saved once to a temporary folder (removed at the end of the run)."""
+    from lsr.serve.app import create_app
+    from lsr.serve.engine import SearchEngine
+
+    max_batch, pipeline, freeze = setting
+    k0 = ints(args.k)[0]
+    if mode == "threads":
+        where = {"device": devices[0]} if len(devices) == 1 else {"devices": devices}
+        app = create_app(index, model, max_batch=max_batch, max_wait_ms=args.max_wait_ms, k=k0,
+                         pipeline=bool(pipeline), freeze_gc=bool(freeze), **where)
+        return ThreadServer(app), app.state.engine
+    if mode != "processes":
+        raise SystemExit(f"--modes: unknown mode {mode!r}; use threads, processes")
+    if args.saved_index is None:
+        args.saved_index = Path(tempfile.mkdtemp(prefix="lsr-bench-serve-")) / "index"
+        index.save(args.saved_index)
+    saved = args.saved_index
+    flags = ["--max-batch", str(max_batch), "--max-wait-ms", str(args.max_wait_ms), "--k", str(k0),
+             "--switch-interval-ms", str(args.switch_interval_ms), *(["--pipeline"] if pipeline else []),
+             *([] if freeze else ["--no-freeze-gc"])]
+    return ProcessServers(saved, model, devices, flags, Path(args.out)), SearchEngine(index, model, device=str(index.device),
+                                                                                      k=k0)
 
 
 def _has(module: str) -> bool:

@@ -153,9 +153,8 @@ def event_loop_cost(app, texts: list[str], clients: int, seconds: float, k: int)
     import multiprocessing as mp
     import pstats
 
-    from bench_serve import Server
-
     from lsr.benchmarks.loadgen import run_load
+    from lsr.benchmarks.servers import ThreadServer
     from lsr.benchmarks.threadcpu import thread_cpu_seconds
 
     bodies = [json.dumps({"query": t, "k": k}).encode() for t in texts]
@@ -164,7 +163,7 @@ def event_loop_cost(app, texts: list[str], clients: int, seconds: float, k: int)
         for profiled in (False, True):
             # the thread's CPU clock: wall time would count the waits for the lock and for a core
             profiler = cProfile.Profile(time.thread_time) if profiled else None
-            server = Server(app, profiler=profiler)
+            server = ThreadServer(app, profiler=profiler)
             try:
                 before = thread_cpu_seconds({"loop": "uvicorn"})["loop"]
                 load = pool.apply(run_load, ("127.0.0.1", server.port, bodies, clients, seconds, 0.5))

@@ -158,3 +158,22 @@ def test_client_processes_side_by_side_add_up():
     assert sorted(merged["latencies_ms"]) == [1.0, 2.0, 3.0] and merged["qps"] == 15.0
     assert (merged["ok"], merged["errors"], merged["sent"], merged["client_gc_full"]) == (3, 1, 5, 1)
     assert merged["answers"] == {0: "x", 1: "y", 2: "z"} and merged["first_error"] == "HTTP 500: boom"
+
+
+def test_stats_of_servers_side_by_side_add_up():
+    """scripts/bench_serve.py --modes processes reads one /stats per server process: merged as one server's."""
+    from lsr.benchmarks.servers import merge_stats
+
+    def stats(n: int, busy: float, device: str) -> dict:
+        return {"requests": n, "queries": 2 * n, "batches": n // 2, "errors": 0, "dropped": 1, "device_busy_s": busy,
+                "stage_batches": n // 2, "max_batch_queries": n, "stage_ms_total": {"search": busy * 1000},
+                "gc": {"collections": [n, 1, 0], "pause_ms": [0.5, 0.25, 0.0], "max_pause_ms": [0.5, 0.25, 0.0]},
+                "compiled": {"search_graph_captures": 3}, "query_graphs": None,
+                "replicas": [{"replica": 0, "device": device, "requests": n}]}
+
+    merged = merge_stats([stats(10, 1.5, "cuda:0"), stats(4, 0.5, "cuda:1")])
+    assert (merged["requests"], merged["queries"], merged["batches"], merged["dropped"]) == (14, 28, 7, 2)
+    assert merged["device_busy_s"] == 2.0 and merged["stage_ms_total"] == {"search": 2000.0}
+    assert merged["max_batch_queries"] == 10 and merged["compiled"] == {"search_graph_captures": 6}
+    assert merged["gc"]["collections"] == [14, 2, 0] and merged["gc"]["max_pause_ms"] == [0.5, 0.25, 0.0]
+    assert [r["device"] for r in merged["replicas"]] == ["cuda:0", "cuda:1"]
