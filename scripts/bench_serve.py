@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python scripts/bench_serve.py --out OUT [--n-docs 8.8m] [--queries synth,text]
         [--model data/models/splade-tiny] [--concurrency 1,4,16,32,64,128,256] [--max-batch 1,64]
-        [--max-wait-ms 2] [--k 10] [--duration-s 6] [--slo-ms 20] [--device cuda] [--quick]
+        [--max-wait-ms 2] [--k 10] [--duration-s 6] [--slo-ms 20] [--device cuda] [--replicas 1,4]
+        [--modes threads,processes] [--client-procs 4] [--quick]
 
 The index: lsr.benchmarks.synth documents (seeded, generated on the device, as scripts/bench_search.py does), searched
 in process: uvicorn serves ``create_app`` in a thread of this process, and a closed-loop client
@@ -18,27 +19,41 @@ answer keeps lsr's exact top-k contract against a float64 brute force, lsr.testi
 ``same_as_alone``, the fraction identical byte for byte to the request searched alone (batch invariance; a
 text query's encoding also depends on its batch's padding). Summary: per query set and max_batch the
 highest QPS whose p99 <= --slo-ms.
+
+Where the server's CPU goes, per level: ``loop_cores`` / ``loop_us_per_req`` (uvicorn's event loop: HTTP, JSON,
+dispatch; it holds the interpreter lock while busy, so 1e6 / loop_us_per_req bounds one process's QPS),
+``device_us_per_req`` (the replicas' device threads), ``process_us_per_req`` (the whole server process).
+
+Several GPUs (``--replicas 1,4``): per W, one server over the first W devices (``create_app(devices=...)``: one
+index replica and query encoder per GPU behind one endpoint), loaded with W times each --concurrency level (the
+levels are per replica); each row has ``replicas`` and the requests each replica answered. The client runs in
+--client-procs processes side by side (one Python process cannot send what four GPUs answer). The last table:
+per W the best QPS within the p99 bound and its ratio to W = 1. ``--modes threads,processes`` also serves W
+``lsr serve --device cuda:i`` processes side by side, one port each (the clients take the ports in turn): what
+one process per GPU would give, against the replicas as threads of one process.
 Writes OUT/bench_serve.json and .csv (lsr.benchmarks.harness schema), OUT/bench_serve.png with --plot; prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
-import socket
+import shutil
 import sys
-import threading
+import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize
-from lsr.benchmarks.loadgen import run_load
+from lsr.benchmarks.loadgen import merge_loads, run_load
+from lsr.benchmarks.servers import HOST, ProcessServers, ThreadServer
 from lsr.benchmarks.synth import SynthSpec, describe, synth_docs, synth_queries
+from lsr.benchmarks.threadcpu import thread_cpu_seconds
 from lsr.index.inverted import InvertedIndex
 from lsr.serve.engine import SearchRequest
 from lsr.sparse import SparseVectors
@@ -48,7 +63,6 @@ REPO = Path(__file__).resolve().parents[1]
 REAL_QUERIES = REPO / "data/msmarco-passage/splade-encoded-queries/topics.msmarco-passage.dev-subset.splade-pp-ed.tsv.gz"
 VOCAB = REPO / "data/bert-base-uncased/vocab.txt"
 TEXTS = REPO / "data/msmarco-passage/topics.msmarco-passage.dev-subset.txt"
-HOST = "127.0.0.1"
 
 
 def parse_size(s: str) -> int:
@@ -78,38 +92,6 @@ def query_set(name: str, n: int, spec: SynthSpec, ks: list[int]) -> tuple[list[b
     bodies = [json.dumps({"vectors": [{str(t): w for t, w in row.items()}], "k": ks[i % len(ks)]}).encode()
               for i, row in enumerate(rows)]
     return bodies, [SearchRequest(None, vectors[i:i + 1], ks[i % len(ks)]) for i in range(len(rows))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """uvicorn serving ``app`` in a thread of this process (its own event loop)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.engine = app.state.engine
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=self.port, log_level="warning",
-                                                    access_log=False))
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start (see its log above)")
-            time.sleep(0.05)
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://{HOST}:{self.port}{path}", timeout=30) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def reference_answers(engine, requests: list[SearchRequest], keep: int) -> list[str]:
@@ -148,12 +130,47 @@ def float64_scores(index: InvertedIndex, query: SparseVectors) -> torch.Tensor:
     return acc
 
 
-def run_level(results: Results, server: Server, pool, bodies, requests, refs, base_row: dict, args) -> dict:
-    before = server.get("/stats")
+def client_load(pool, ports: list[int], bodies, concurrency: int, args, keep: int) -> dict:
+    """The closed-loop load from --client-procs processes side by side (``concurrency`` clients in all; with
+    several server ports, the processes take them in turn)."""
+    procs = max(len(ports), min(args.client_procs, concurrency))
+    shares = [concurrency // procs + (p < concurrency % procs) for p in range(procs)]
+    offsets = [sum(shares[:p]) for p in range(procs)]
+    jobs = [(HOST, ports[p % len(ports)], bodies, c, args.duration_s, args.warmup_s, keep, "/search", o)
+            for p, (c, o) in enumerate(zip(shares, offsets))]
+    return merge_loads(pool.starmap(run_load, jobs, chunksize=1))
+
+
+# the server's threads: uvicorn's event loop (ThreadServer) and the replicas' device threads (lsr.serve.batcher)
+THREADS = {"loop": "uvicorn", "device": "lsr-serve_"}
+
+
+def server_cpu(server) -> dict:
+    """CPU seconds so far: of the event loop, device threads and whole process where the server is a thread of
+    this one; of the server processes (as "process") where each replica has its own."""
+    if isinstance(server, ProcessServers):
+        return {"process": server.cpu_seconds()}
+    return thread_cpu_seconds(THREADS)
+
+
+def cpu_columns(before: dict, after: dict, wall_s: float, answered: int) -> dict:
+    """Cores busy (CPU s / wall s) and CPU µs per answered request of the event loop, the device threads and the
+    whole server process (or processes) during a level (the client runs in other processes)."""
+    out = {}
+    for name in after:
+        cpu = after[name] - before[name]
+        out[f"{name}_cores"] = round(cpu / wall_s, 3)
+        out[f"{name}_us_per_req"] = round(cpu * 1e6 / answered, 1) if answered else None
+    return out
+
+
+def run_level(results: Results, server, pool, bodies, requests, refs, base_row: dict, args, engine) -> dict:
+    before = server.stats()
+    cpu0, t0 = server_cpu(server), time.perf_counter()
     with PeakMemory() as peak:
-        load = pool.apply(run_load, (HOST, server.port, bodies, base_row["concurrency"], args.duration_s,
-                                     args.warmup_s, len(refs)))
-    after = server.get("/stats")
+        load = client_load(pool, server.ports, bodies, base_row["concurrency"], args, len(refs))
+    cpu = cpu_columns(cpu0, server_cpu(server), time.perf_counter() - t0, load["sent"])
+    after = server.stats()
     lat = sorted(load["latencies_ms"])
     pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
     batches = after["batches"] - before["batches"]
@@ -166,9 +183,11 @@ def run_level(results: Results, server: Server, pool, bodies, requests, refs, ba
            "same_as_alone": sum(same) / len(same) if same else None,
            "error": load["first_error"] if load["errors"] else None, **stage_means(before, after),
            "query_graphs_held": (after.get("query_graphs") or {}).get("held"), **gc_columns(before, after),
-           "client_gc_full": load.get("client_gc_full")}
+           "client_gc_full": load.get("client_gc_full"),
+           "replica_requests": [a["requests"] - b["requests"] for a, b in zip(after["replicas"], before["replicas"])],
+           **cpu}
     if base_row["queries"] != "text" and same:
-        row["exact_fail"] = exact_failures(server.engine, requests, load["answers"])
+        row["exact_fail"] = exact_failures(engine, requests, load["answers"])
         row["exact"] = row["exact_fail"] == 0
     return results.add(row)
 
@@ -195,16 +214,16 @@ def stage_means(before: dict, after: dict) -> dict:
     return {f"{k}_ms": (v - old.get(k, 0.0)) / n for k, v in after.get("stage_ms_total", {}).items()}
 
 
-def run_levels(results: Results, app, pool, bodies, requests, base: dict, args, t_start: float) -> None:
-    """Serve ``app`` and load it at every --concurrency level (within the time budget)."""
-    refs = reference_answers(app.state.engine, requests, args.check)
-    server = Server(app)
+def run_levels(results: Results, server, engine, pool, bodies, requests, base: dict, args, t_start: float) -> None:
+    """Load ``server`` at every --concurrency level (within the time budget), then stop it; ``engine``: an
+    engine on the same index, for the answers of requests searched alone and the exactness check."""
     try:
-        for c in ints(args.concurrency):
+        refs = reference_answers(engine, requests, args.check)
+        for c in (c * base.get("replicas", 1) for c in ints(args.concurrency)):   # levels are per replica
             if time.time() - t_start > args.budget_s:
                 results.add({**base, "concurrency": c, "status": "skipped: budget"})
                 continue
-            run_level(results, server, pool, bodies, requests, refs, {**base, "concurrency": c}, args)
+            run_level(results, server, pool, bodies, requests, refs, {**base, "concurrency": c}, args, engine)
     finally:
         server.stop()
 
@@ -215,12 +234,24 @@ def summarize(rows: list[dict], slo_ms: float) -> dict:
     for r in rows:
         if r.get("qps") is None or r.get("p99_ms") is None or r["p99_ms"] > slo_ms or r.get("errors"):
             continue
-        key = f"{r['queries']}/max_batch={r['max_batch']}" + ("/pipeline" if r.get("pipeline", 0) else "") + \
-            ("/gc-not-frozen" if r.get("freeze_gc") == 0 else "")
+        key = f"{r['queries']}/{r.get('mode', 'threads')}/max_batch={r['max_batch']}" + \
+            ("/pipeline" if r.get("pipeline", 0) else "") + \
+            ("/gc-not-frozen" if r.get("freeze_gc") == 0 else "") + f"/replicas={r.get('replicas', 1)}"
         if r["qps"] > out.get(key, {}).get("qps", -1):
             out[key] = {"qps": round(r["qps"], 1), "p99_ms": round(r["p99_ms"], 3), "concurrency": r["concurrency"],
-                        "mean_batch": r["mean_batch"]}
+                        "mean_batch": r["mean_batch"], "replicas": r.get("replicas", 1)}
     return out
+
+
+def scaling(best: dict) -> list[dict]:
+    """Per setting and replica count W, the best QPS within the bound and its ratio to W = 1 of that setting."""
+    rows = []
+    for key, r in sorted(best.items()):
+        setting = key.rsplit("/replicas=", 1)[0]
+        one = best.get(f"{setting}/replicas=1", {}).get("qps")
+        rows.append({"setting": setting, "replicas": r["replicas"], "qps_within_slo": r["qps"], "p99_ms": r["p99_ms"],
+                     "concurrency": r["concurrency"], "vs_1": round(r["qps"] / one, 2) if one else None})
+    return rows
 
 
 def plot(rows: list[dict], slo_ms: float, path: Path) -> None:
@@ -271,12 +302,19 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--freeze-gc", default="1", help="server settings to compare: 1 = objects alive after warm-up "
                     "frozen for the garbage collector (lsr.serve.gcwatch, the default), 0 = not")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--replicas", default="1", help="servers to compare by replica count W: the first W GPUs "
+                    "(cuda:0..W-1) behind one endpoint; on --device cpu, W CPU replicas. The --concurrency levels are "
+                    "per replica")
+    ap.add_argument("--modes", default="threads", help="how the replicas run, to compare: threads (lsr serve "
+                    "--devices: one process) and/or processes (one lsr serve per device, each on its own port)")
+    ap.add_argument("--client-procs", type=int, default=4, help="client processes side by side (the clients of a "
+                    "level are shared out among them)")
     ap.add_argument("--plot", action="store_true", help="also write OUT/bench_serve.png")
     ap.add_argument("--quick", action="store_true", help="small CPU-sized run: 20k docs, 200 requests, 3 levels of 1.5 s")
     args = ap.parse_args()
     if args.quick:  # smaller defaults; options given on the command line win
         quick = {"n_docs": "20k", "n_queries": 200, "concurrency": "1,8,32", "duration_s": 1.5, "warmup_s": 0.3,
-                 "check": 20}
+                 "check": 20, "client_procs": 1}
         for key, value in quick.items():
             if getattr(args, key) == ap.get_default(key):
                 setattr(args, key, value)
@@ -287,8 +325,6 @@ def main() -> None:
     args = parse_args()
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     t_start = time.time()
-    from lsr.serve.app import create_app
-
     dev = torch.device(args.device)
     spec = SynthSpec() if dev.type == "cuda" else SynthSpec(block_rows=4096)
     env = environment(dev, uvloop=_has("uvloop"), httptools=_has("httptools"))
@@ -299,34 +335,94 @@ def main() -> None:
     results.config["index"] = {"n_docs": index.n_docs, "n_postings": index.n_postings,
                                "gib": index.memory_bytes() / 2**30, "build_s": time.time() - t0}
     print(f"index: {index.n_docs} docs, {index.n_postings} postings, built in {time.time() - t0:.1f}s", flush=True)
-    with mp.get_context("spawn").Pool(1) as pool:
-        for qname in args.queries.split(","):
-            bodies, requests = query_set(qname, args.n_queries, spec, ints(args.k))
-            k_column = int(args.k) if len(ints(args.k)) == 1 else args.k   # a list of k's stays its string
-            settings = [(b, p, f) for b in ints(args.max_batch) for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
-            for max_batch, pipeline, freeze in settings:
-                if time.time() - t_start > args.budget_s:
-                    results.add({"method": f"max_batch={max_batch}", "queries": qname, "status": "skipped: budget"})
-                    continue
-                base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname, "n_docs": index.n_docs,
-                        "k": k_column, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
-                        "max_wait_ms": args.max_wait_ms}
-                model = args.model if qname == "text" else None
-                app = create_app(index, model, device=str(dev), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                                 k=ints(args.k)[0], pipeline=bool(pipeline), freeze_gc=bool(freeze))
-                run_levels(results, app, pool, bodies, requests, base, args, t_start)
-    results.summary = {"best_within_slo": summarize(results.rows, args.slo_ms), "slo_ms": args.slo_ms,
+    args.saved_index = None
+    try:
+        with mp.get_context("spawn").Pool(max(1, args.client_procs, *ints(args.replicas))) as pool:
+            for qname in args.queries.split(","):
+                run_query_set(results, index, pool, qname, spec, dev, args, t_start)
+    finally:
+        if args.saved_index is not None:
+            shutil.rmtree(args.saved_index.parent, ignore_errors=True)
+    best = summarize(results.rows, args.slo_ms)
+    results.summary = {"best_within_slo": best, "scaling": scaling(best), "slo_ms": args.slo_ms,
                        "elapsed_s": time.time() - t_start}
     results.save()
     if args.plot:
         plot(results.rows, args.slo_ms, Path(args.out) / "bench_serve.png")
     print()
-    print(format_table(results.rows, ["method", "queries", "max_batch", "pipeline", "freeze_gc", "concurrency", ("qps", ".0f"),
-                                      ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("max_ms", ".1f"), "gc_full", ("gc_full_ms", ".1f"),
-                                      ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
+    print(format_table(results.rows, ["method", "queries", "mode", "replicas", "max_batch", "pipeline", "freeze_gc", "concurrency",
+                                      ("qps", ".0f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("max_ms", ".1f"), "gc_full",
+                                      ("gc_full_ms", ".1f"), ("mean_batch", ".1f"), ("batch_ms", ".2f"), ("tokenize_ms", ".2f"),
                                       ("encode_ms", ".2f"), ("search_ms", ".2f"), ("answers_ms", ".2f"), ("json_ms", ".2f"),
-                                      "errors", "exact", ("same_as_alone", ".2f")]))
+                                      "replica_requests", ("loop_cores", ".2f"), ("loop_us_per_req", ".0f"),
+                                      ("device_us_per_req", ".0f"), ("process_us_per_req", ".0f"), "errors", "exact", ("same_as_alone", ".2f")]))
     print(json.dumps(results.summary, indent=1))
+    print(f"\nQPS within p99 <= {args.slo_ms:g} ms by replica count ({Path(args.out) / 'bench_serve.json'}):")
+    print(format_table(results.summary["scaling"], ["setting", "replicas", ("qps_within_slo", ".0f"), ("p99_ms", ".2f"),
+                                                    "concurrency", ("vs_1", ".2f")]))
+
+
+def replica_devices(dev: torch.device, n: int) -> list[str]:
+    """The first ``n`` GPUs (cuda:0..n-1), or ``n`` CPU replicas."""
+    if dev.type != "cuda":
+        return ["cpu"] * n
+    if n > torch.cuda.device_count():
+        raise SystemExit(f"--replicas {n}: this machine shows {torch.cuda.device_count()} GPUs")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+def run_query_set(results: Results, index: InvertedIndex, pool, qname: str, spec: SynthSpec, dev: torch.device,
+                  args, t_start: float) -> None:
+    """Every server setting (mode x replicas x max_batch x pipeline x freeze_gc) loaded with one query set."""
+    bodies, requests = query_set(qname, args.n_queries, spec, ints(args.k))
+    k_column = int(args.k) if len(ints(args.k)) == 1 else args.k   # a list of k's stays its string
+    settings = [(m, w, b, p, f) for m in args.modes.split(",") for w in ints(args.replicas) for b in ints(args.max_batch)
+                for p in ints(args.pipeline) for f in ints(args.freeze_gc)]
+    for mode, replicas, max_batch, pipeline, freeze in settings:
+        if time.time() - t_start > args.budget_s:
+            results.add({"method": f"max_batch={max_batch}", "queries": qname, "mode": mode, "replicas": replicas,
+                         "status": "skipped: budget"})
+            continue
+        base = {"method": "batched" if max_batch > 1 else "unbatched", "queries": qname, "n_docs": index.n_docs,
+                "k": k_column, "max_batch": max_batch, "pipeline": pipeline, "freeze_gc": freeze,
+                "max_wait_ms": args.max_wait_ms, "mode": mode, "replicas": replicas}
+        model = args.model if qname == "text" else None
+        t0 = time.time()
+        server, engine = start_server(mode, index, model, replica_devices(dev, replicas), (max_batch, pipeline, freeze),
+                                      args)
+        base["startup_s"] = round(time.time() - t0, 2)
+        run_levels(results, server, engine, pool, bodies, requests, base, args, t_start)
+        del server, engine
+        gc.collect()   # the replicas' index copies and graphs go before the next server's are made
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def start_server(mode: str, index: InvertedIndex, model: str | None, devices: list[str], setting: tuple, args):
+    """The server of one setting, and an engine on the same index for the reference answers: ``threads``, every
+    replica in this process (``create_app(devices=...)``); ``processes``, one ``lsr serve`` process per device
+    over the index saved once to a temporary folder (removed at the end of the run)."""
+    from lsr.serve.app import create_app
+    from lsr.serve.engine import SearchEngine
+
+    max_batch, pipeline, freeze = setting
+    k0 = ints(args.k)[0]
+    if mode == "threads":
+        where = {"device": devices[0]} if len(devices) == 1 else {"devices": devices}
+        app = create_app(index, model, max_batch=max_batch, max_wait_ms=args.max_wait_ms, k=k0,
+                         pipeline=bool(pipeline), freeze_gc=bool(freeze), **where)
+        return ThreadServer(app), app.state.engine
+    if mode != "processes":
+        raise SystemExit(f"--modes: unknown mode {mode!r}; use threads, processes")
+    if args.saved_index is None:
+        args.saved_index = Path(tempfile.mkdtemp(prefix="lsr-bench-serve-")) / "index"
+        index.save(args.saved_index)
+    saved = args.saved_index
+    flags = ["--max-batch", str(max_batch), "--max-wait-ms", str(args.max_wait_ms), "--k", str(k0),
+             "--switch-interval-ms", str(args.switch_interval_ms), *(["--pipeline"] if pipeline else []),
+             *([] if freeze else ["--no-freeze-gc"])]
+    return ProcessServers(saved, model, devices, flags, Path(args.out)), SearchEngine(index, model, device=str(index.device),
+                                                                                      k=k0)
 
 
 def _has(module: str) -> bool:

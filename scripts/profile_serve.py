@@ -24,7 +24,15 @@ texts, per batch size B (median of --repeats, CUDA synchronised after every stag
 
 Then ``torch.profiler`` traces of ``encode_query`` at the largest B, through the graph (``profile``) and the
 unbucketed eager path (``profile_eager``): the ops with the most host time and the GPU kernels' total time, so
-host-bound and GPU-bound parts can be told apart. Writes OUT/profile_serve.json.
+host-bound and GPU-bound parts can be told apart.
+
+Last (``--loop-s``, 0 to skip), the event loop under load: the app served by uvicorn in a thread of this process,
+text requests from --loop-clients closed-loop clients in another process. ``loop_us_per_req``: the event loop
+thread's CPU µs per answered request (its thread clock; the loop holds the interpreter lock while it runs, so
+1e6 / loop_us_per_req bounds the QPS of one server process, whatever its GPUs), then a second run under cProfile
+on the thread's CPU clock (which slows Python, so read its shares, not its sums): where those µs go, by component (uvicorn + httptools,
+Starlette / FastAPI, lsr's request reading and parsing, the batcher and dispatch, asyncio, json).
+Writes OUT/profile_serve.json.
 """
 
 from __future__ import annotations
@@ -133,6 +141,49 @@ def profile_encode(encode, texts: list[str]) -> dict:
                              for e in host]}
 
 
+LOOP_GROUPS = (("lsr request parsing", ("lsr/serve/app.py", "lsr/serve/engine.py")),
+               ("lsr batcher + dispatch", ("lsr/serve/batcher.py", "lsr/serve/replicas.py")),
+               ("uvicorn + httptools", ("uvicorn", "httptools", "h11")), ("starlette / fastapi", ("starlette", "fastapi")),
+               ("json", ("json",)), ("asyncio / uvloop", ("asyncio", "uvloop", "selectors")))
+
+
+def event_loop_cost(app, texts: list[str], clients: int, seconds: float, k: int) -> dict:
+    """The event loop's CPU per answered request, measured by its thread clock, then by component (cProfile)."""
+    import cProfile
+    import multiprocessing as mp
+    import pstats
+
+    from lsr.benchmarks.loadgen import run_load
+    from lsr.benchmarks.servers import ThreadServer
+    from lsr.benchmarks.threadcpu import thread_cpu_seconds
+
+    bodies = [json.dumps({"query": t, "k": k}).encode() for t in texts]
+    out: dict = {"clients": clients, "seconds": seconds}
+    with mp.get_context("spawn").Pool(1) as pool:
+        for profiled in (False, True):
+            # the thread's CPU clock: wall time would count the waits for the lock and for a core
+            profiler = cProfile.Profile(time.thread_time) if profiled else None
+            server = ThreadServer(app, profiler=profiler)
+            try:
+                before = thread_cpu_seconds({"loop": "uvicorn"})["loop"]
+                load = pool.apply(run_load, ("127.0.0.1", server.port, bodies, clients, seconds, 0.5))
+                cpu_s = thread_cpu_seconds({"loop": "uvicorn"})["loop"] - before
+            finally:
+                server.stop()
+            per_req = 1e6 / max(1, load["sent"])
+            if not profiled:
+                out |= {"qps": load["qps"], "loop_us_per_req": round(cpu_s * per_req, 1)}
+                continue
+            stats = pstats.Stats(profiler)
+            groups = dict.fromkeys([g for g, _ in LOOP_GROUPS] + ["other"], 0.0)
+            for (path, _, _), (_, _, tottime, _, _) in stats.stats.items():
+                group = next((g for g, keys in LOOP_GROUPS if any(key in path for key in keys)), "other")
+                groups[group] += tottime * per_req
+            out["profiled_loop_us_per_req"] = round(cpu_s * per_req, 1)
+            out["profiled_us_per_req_by_component"] = {g: round(us, 1) for g, us in groups.items()}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("bench_results/profile_serve"))
@@ -143,6 +194,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--switch-interval-ms", type=float, default=0.5, help="as lsr serve's (for run_batch_busy_ms)")
+    ap.add_argument("--loop-s", type=float, default=4.0, help="seconds of load for the event-loop measurement (0: skip)")
+    ap.add_argument("--loop-clients", type=int, default=64, help="closed-loop clients for the event-loop measurement")
     args = ap.parse_args()
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     dev = torch.device(args.device)
@@ -167,6 +220,12 @@ def main() -> None:
     out["profile"] = profile_encode(engine.encoder.encode_query, largest)
     out["profile_eager"] = profile_encode(lambda t: engine.encoder.encode_prepared(engine.encoder.prepare(t, "query")),
                                           largest)
+    if args.loop_s > 0:
+        from lsr.serve.app import create_app
+
+        app = create_app(index, args.model, device=str(dev), k=args.k, max_batch=max(int(b) for b in args.batches.split(",")))
+        out["event_loop"] = event_loop_cost(app, texts[:2000], args.loop_clients, args.loop_s, args.k)
+        print(json.dumps(out["event_loop"], indent=1), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile_serve.json").write_text(json.dumps(out, indent=1))
     print(json.dumps({key: out[key] for key in ("profile", "profile_eager", "warmup_s", "query_graphs",

@@ -4,7 +4,8 @@
 sends the next (a bounded client: at most ``concurrency`` requests in flight). Requests answered inside the
 measured window (after ``warmup_s``) count: QPS = answered / window, with their latencies (a request started
 before the window counts when it ends inside: at high concurrency a latency can approach the window). It runs in its own process (``multiprocessing`` spawn) in ``scripts/bench_serve.py``, so
-the client does not share the server's interpreter lock.
+the client does not share the server's interpreter lock; a server on several GPUs answers more requests than
+one client process can send, so ``merge_loads`` adds up the results of several such processes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from lsr.serve.gcwatch import GcWatch, frozen
 
-__all__ = ["run_load"]
+__all__ = ["merge_loads", "run_load"]
 
 _HEAD = b"POST %s HTTP/1.1\r\nHost: lsr\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
@@ -35,7 +36,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 
 async def _load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, duration_s: float,
-                warmup_s: float, keep: int, path: bytes) -> dict[str, Any]:
+                warmup_s: float, keep: int, path: bytes, offset: int) -> dict[str, Any]:
     start = time.perf_counter() + warmup_s
     end = start + duration_s
     latencies: list[float] = []
@@ -45,7 +46,7 @@ async def _load(host: str, port: int, bodies: Sequence[bytes], concurrency: int,
 
     async def client(c: int) -> None:
         reader, writer = await asyncio.open_connection(host, port)
-        i = c
+        i = offset + c
         while True:
             t0 = time.perf_counter()
             if t0 >= end:
@@ -78,8 +79,9 @@ async def _load(host: str, port: int, bodies: Sequence[bytes], concurrency: int,
 
 
 def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, duration_s: float = 10.0,
-             warmup_s: float = 1.0, keep: int = 0, path: str = "/search") -> dict[str, Any]:
-    """Closed-loop load: client c sends bodies c, c + concurrency, ... (cycling).
+             warmup_s: float = 1.0, keep: int = 0, path: str = "/search", offset: int = 0) -> dict[str, Any]:
+    """Closed-loop load: client c sends bodies offset + c, offset + c + concurrency, ... (cycling; client
+    processes side by side take different offsets).
 
     Returns {"latencies_ms": [...], "qps", "ok", "errors", "sent", "answers": {body index: answer text} for
     body indices < ``keep`` (their first answer), "first_error", "client_gc_full": full garbage collections in
@@ -87,7 +89,7 @@ def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, du
     """
     if concurrency < 1 or not bodies:
         raise ValueError("run_load needs concurrency >= 1 and at least one body")
-    coro = _load(host, port, list(bodies), concurrency, duration_s, warmup_s, keep, path.encode())
+    coro = _load(host, port, list(bodies), concurrency, duration_s, warmup_s, keep, path.encode(), offset)
     # the client's own full garbage collections would stall its clients and show as server latency: what this
     # process holds is frozen for the run (lsr.serve.gcwatch), and the ones that still happen are counted
     watch = None
@@ -104,3 +106,17 @@ def run_load(host: str, port: int, bodies: Sequence[bytes], concurrency: int, du
         if watch is not None:
             watch.close()
     return {**out, "client_gc_full": watch.collections[2]}
+
+
+def merge_loads(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``run_load`` results of client processes that ran side by side (same window) as one: counts and QPS
+    summed, latencies pooled, each body's first answer kept, the first error."""
+    out: dict[str, Any] = {"latencies_ms": [], "answers": {}, "first_error": None}
+    for key in ("qps", "ok", "errors", "sent", "client_gc_full"):
+        out[key] = sum(p.get(key, 0) for p in parts)
+    for p in parts:
+        out["latencies_ms"].extend(p["latencies_ms"])
+        for i, text in p["answers"].items():
+            out["answers"].setdefault(i, text)
+        out["first_error"] = out["first_error"] or p.get("first_error")
+    return out

@@ -55,7 +55,9 @@ class ChunkGraph:
             body(self.indptr, self.terms, self.weights)
         main.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: other threads may use their GPUs meanwhile (serving replicas, one per GPU, are threads of
+        # one process; "global" would fail their calls while this captures)
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.out = body(self.indptr, self.terms, self.weights)
         # what the graph keeps alive, estimated as the growth of the device's allocated memory over the capture (a
         # concurrent allocation elsewhere skews it; a dropped graph's blocks return to its pool, not the device)

@@ -1,4 +1,4 @@
-"""Serving: an HTTP/JSON search endpoint that batches concurrent requests on one device.
+"""Serving: an HTTP/JSON search endpoint that batches concurrent requests on one device or several.
 
 Module map:
 
@@ -7,6 +7,8 @@ Module map:
 * ``batcher``: ``DynamicBatcher``, one asyncio worker that gathers concurrent requests up to ``max_batch``
   queries or ``max_wait_ms`` after the first, runs the batch in a worker thread and resolves each future;
   it keeps the request / batch / latency statistics.
+* ``replicas``: ``ReplicaSet``, one engine and batcher per device behind the endpoint; each request goes to the
+  least-loaded healthy replica, and a replica that fails what another answers is taken out.
 * ``app``: ``create_app``, the FastAPI application (``POST /search``, ``GET /health``, ``GET /stats``).
 * ``cli``: ``lsr serve`` (uvicorn).
 

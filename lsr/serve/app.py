@@ -5,11 +5,13 @@ Endpoints:
 * ``POST /search``: ``{"queries": [text, ...]}``, ``{"query": text}`` or ``{"vectors": [{term: weight}, ...]}``
   (keys: tokens of the encoder's vocabulary when the server has one, else term ids), optional ``"k"``;
   answers ``{"results": [{"docnos": [...], "scores": [...]}, ...]}``, one entry per query, best first.
-* ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder.
+* ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder, and each replica
+  (device, ready, queue depth, the error that stopped it); "degraded" while some replica has failed.
 * ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth, the mean ms
   per batch of each stage in the worker thread (``stage_ms_mean``: tokenize, encode, search, answers, json) and
   the garbage collector's collections and pauses per generation (``gc``) and the search's CUDA graph captures
-  and kernel variants compiled so far (``compiled``).
+  and kernel variants compiled so far (``compiled``); with several devices the counters are totals over the
+  replicas and ``replicas`` lists each one's own.
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
 404/405 wrong route, 408 a body that stops arriving, 413 too many queries or too large a body, 422 invalid
@@ -24,7 +26,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from typing import Any
 from lsr.serve.batcher import ClientGone, DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
+from lsr.serve.replicas import ReplicaSet, parse_devices, visible_devices
 
 __all__ = ["BodyLimits", "create_app"]
 
@@ -67,7 +70,8 @@ class BodyLimits:
 def create_app(index: str | Path | Any, model: str | Path | None = None, *, device: str = "auto", max_batch: int = 64,
                max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
                pad_batches: bool | None = None, warmup: bool = True, pipeline: bool = False,
-               freeze_gc: bool = True, body_limits: BodyLimits | None = None) -> Any:
+               freeze_gc: bool = True, body_limits: BodyLimits | None = None, devices: str | Sequence[str] | None = None,
+               engine_factory: Callable[[str], SearchEngine] | None = None) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
     Args:
@@ -88,6 +92,11 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             collection during serving then skips them; undone at shutdown). ``/stats`` reports the collector's
             pauses either way.
         body_limits: the largest request body and how long it may take to arrive (``BodyLimits()``).
+        devices: serve from several devices ("cuda:0,cuda:1", a list, "all" GPUs; "cpu" may repeat): one index
+            replica, query encoder and batcher per device behind the one endpoint (``lsr.serve.replicas``);
+            None: the one ``device``.
+        engine_factory: builds a replica's ``SearchEngine`` for a device name (default: ``SearchEngine(index,
+            model, device=..., ...)`` with the arguments above); for engines of one's own.
     """
     try:
         from fastapi import FastAPI, Request
@@ -99,11 +108,18 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
 
     if max_batch < 1 or max_wait_ms < 0:  # before loading anything
         raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch} and {max_wait_ms}")
-    engine = SearchEngine(index, model, device=device, k=k, max_k=max_k, backend=backend, pad_batches=pad_batches)
-    if warmup:
-        engine.warmup(max_batch)
+    if devices is not None and device != "auto":
+        raise ValueError(f"give device ({device!r}) or devices ({devices!r}), not both")
+    names = [device] if devices is None else visible_devices(parse_devices(devices))
 
-    batcher = _make_batcher(engine, max_batch, max_wait_ms, pipeline)
+    def make_engine(name: str) -> SearchEngine:
+        engine = engine_factory(name) if engine_factory is not None else \
+            SearchEngine(index, model, device=name, k=k, max_k=max_k, backend=backend, pad_batches=pad_batches)
+        if warmup:
+            engine.warmup(max_batch)
+        return engine
+
+    replicas = ReplicaSet.start(names, make_engine, lambda e: _make_batcher(e, max_batch, max_wait_ms, pipeline))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
@@ -114,12 +130,13 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
                 app.state.gc = GcWatch()   # after the freeze's own collection: /stats counts serving's
                 yield
         finally:
-            await batcher.close()
+            await replicas.close()
             if getattr(app.state, "gc", None) is not None:
                 app.state.gc.close()
 
     app = FastAPI(title="lsr search", lifespan=lifespan)
-    app.state.engine, app.state.batcher = engine, batcher
+    # the first replica's engine and batcher: what a one-device server has (its benchmarks and tests read them)
+    app.state.engine, app.state.batcher, app.state.replicas = replicas.first.engine, replicas.first.batcher, replicas
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -129,8 +146,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
 
-    _add_routes(app, engine, batcher, body_limits or BodyLimits(), {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline,
-                                       "freeze_gc": freeze_gc})
+    _add_routes(app, replicas, body_limits or BodyLimits(), {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
+                                                            "pipeline": pipeline, "freeze_gc": freeze_gc})
     return app
 
 
@@ -256,8 +273,7 @@ def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipe
     return batcher
 
 
-def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, limits: BodyLimits,
-                config: dict[str, Any]) -> None:
+def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict[str, Any]) -> None:
     """POST /search, GET /health and GET /stats."""
     from fastapi import Request
     from fastapi.responses import Response
@@ -267,13 +283,14 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, limits:
         body = await _read_body(request, limits)
         if isinstance(body, Response):
             return body
+        engine = replicas.first.engine   # every replica parses alike (same index, encoder and limits)
         try:   # a large body is decoded off the event loop (it would hold /health and every other request)
             parsed = _decode(engine, body) if len(body) < DECODE_INLINE_BYTES else \
                 await asyncio.to_thread(_decode, engine, body)
         except RequestError as e:
             return _error(e.status, str(e))
         try:
-            body = await batcher.submit(parsed, parsed.n_queries, gone=_hung_up(request.receive))
+            body = await replicas.submit(parsed, parsed.n_queries, gone=_hung_up(request.receive))
         except ClientGone:  # nobody reads the answer (uvicorn sends nothing on a closed connection)
             log.info("client disconnected while its request was queued; it was not searched")
             return Response(status_code=499)
@@ -288,12 +305,20 @@ def _add_routes(app: Any, engine: SearchEngine, batcher: DynamicBatcher, limits:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", **engine.describe(), **config}
+        return {"status": replicas.status(), **replicas.first.engine.describe(), **config,
+                "device": ",".join(r.device for r in replicas.replicas),
+                "replicas": [r.describe() for r in replicas.replicas]}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        runner = engine.query_runner()
-        graphs = runner.describe() if runner is not None else None
+        totals, per = replicas.stats()
+        for entry, replica in zip(per, replicas.replicas):
+            entry["query_graphs"] = _query_graphs(replica.engine)
         watch = getattr(app.state, "gc", None)
-        return {**batcher.stats.as_dict(), "queue_depth": batcher.queue_depth, **config, "query_graphs": graphs,
+        return {**totals, **config, "query_graphs": per[0]["query_graphs"], "replicas": per,
                 "gc": watch.as_dict() if watch is not None else None, "compiled": _compiled()}
+
+
+def _query_graphs(engine: SearchEngine) -> dict[str, Any] | None:
+    runner = engine.query_runner()
+    return runner.describe() if runner is not None else None

@@ -7,6 +7,7 @@ from typing import Any
 
 from lsr.cli_types import integer
 from lsr.config import SEARCH_BACKENDS
+from lsr.serve.replicas import DEVICES_HELP, parse_devices
 
 __all__ = ["cmd_serve", "register"]
 
@@ -38,7 +39,17 @@ def register(sub: Any, command: Any) -> None:
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
                         "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
     add_device_arg(p)
+    p.add_argument("--devices", type=_devices, default=None,
+                   help="serve from several devices behind the one endpoint, one index replica and query encoder each "
+                        f"(requests go to the least-loaded): {DEVICES_HELP}; instead of --device")
     p.set_defaults(func=cmd_serve)
+
+
+def _devices(text: str) -> list[str]:
+    try:
+        return parse_devices(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--devices: ")) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -53,6 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 < args.port < 65536 or args.switch_interval_ms <= 0:
         raise UsageError("--max-batch must be >= 1, --max-wait-ms >= 0, --switch-interval-ms > 0 and --port in "
                          "[1, 65535]")
+    if args.devices is not None and args.device != "auto":
+        raise UsageError(f"give --device ({args.device}) or --devices ({','.join(args.devices)}), not both")
     max_k = args.max_k if args.max_k is not None else max(args.k, 1000)
     if not 1 <= args.k <= max_k:
         raise UsageError(f"--k ({args.k}) must lie in [1, --max-k={max_k}]")
@@ -64,11 +77,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     app = create_app(args.index, args.model, device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup,
-                     pipeline=args.pipeline, freeze_gc=not args.no_freeze_gc)
+                     pipeline=args.pipeline, freeze_gc=not args.no_freeze_gc, devices=args.devices)
     health = app.state.engine.describe()
     runner = app.state.engine.query_runner()
     graphs = f", {runner.describe()['held']} query-encoder CUDA graphs" if runner is not None and runner.graphs else ""
-    print(f"serving {health['n_docs']} documents on {health['device']} ({health['backend']}; encoder: "
+    devices = [r.device for r in app.state.replicas.replicas]
+    where = devices[0] if len(devices) == 1 else f"{len(devices)} replicas ({','.join(devices)})"
+    print(f"serving {health['n_docs']} documents on {where} ({health['backend']}; encoder: "
           f"{health['encoder'] or 'none, pre-encoded vectors'}{graphs}) at http://{args.host}:{args.port} "
           f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms)", flush=True)
     # a client that holds its connection open cannot keep the server from stopping past this

@@ -128,6 +128,7 @@ class SearchEngine:
         self.k, self.max_k = int(k), int(max_k)
         self.index = index if isinstance(index, InvertedIndex) else InvertedIndex.load(index, device=self.device)
         self.searcher = Searcher(self.index, device=self.device, backend=backend)
+        self.index = self.searcher.index  # on the search device (an index given on another one is copied)
         self.encoder = load_query_encoder(model, self.device) if model else None
         self.token_ids: dict[str, int] | None = None
         if self.encoder is not None:

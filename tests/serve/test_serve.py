@@ -17,65 +17,25 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from lsr.cli import main
-from lsr.data.runs import read_trec
 from lsr.serve import create_app
 from lsr.serve.batcher import DynamicBatcher
 from lsr.testing import free_port
 from tests.conftest import DATA
-
-SCIFACT_QUERIES = [json.loads(line) for line in (DATA / "scifact" / "queries.jsonl").read_text().splitlines()][:120]
-TEXTS = [q["text"] for q in SCIFACT_QUERIES]
-K = 20
-
-
-@pytest.fixture(scope="module")
-def bm25(tmp_path_factory):
-    """A BM25 index of SciFact, its fitted encoder and `lsr search`'s run for the first 120 queries."""
-    out = tmp_path_factory.mktemp("bm25")
-    assert main(["encode", "--dataset", str(DATA / "scifact"), "--out", str(out / "vec"), "--device", "cpu"]) == 0
-    assert main(["index", "--vectors", str(out / "vec"), "--out", str(out / "idx"), "--device", "cpu"]) == 0
-    queries = out / "queries"  # a BEIR folder holding the first 120 queries (the corpus is linked)
-    queries.mkdir()
-    (queries / "corpus.jsonl").symlink_to(DATA / "scifact" / "corpus.jsonl")
-    (queries / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in SCIFACT_QUERIES))
-    assert main(["search", "--index", str(out / "idx"), "--queries", str(queries), "--model", str(out / "vec" / "encoder"),
-                 "--out", str(out / "run.trec"), "--k", str(K), "--device", "cpu"]) == 0
-    return {"index": out / "idx", "model": out / "vec" / "encoder", "run": read_trec(out / "run.trec")}
-
-
-async def _post_all(app, bodies: list[dict]) -> list[httpx.Response]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lsr") as client:
-        return await asyncio.gather(*[client.post("/search", json=b) for b in bodies])
-
-
-async def _get(app, path: str) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lsr") as client:
-        return await client.get(path)
-
-
-def _reference(app, vectors, k: int) -> list[dict]:
-    """Searcher.search over all the queries in one call: {"docnos", "scores"} per query (no padding)."""
-    engine = app.state.engine
-    scores, idx = engine.searcher.search(vectors, k=k)
-    out = []
-    for s, d in zip(scores.numpy(), idx.numpy()):
-        keep = d >= 0
-        out.append({"docnos": [engine.index.docnos[j] for j in d[keep]], "scores": s[keep].tolist()})
-    return out
+from tests.serve.conftest import SCIFACT_QUERIES, TEXTS, K, get, post_all, reference
 
 
 def test_concurrent_text_queries_are_batched_and_equal_lsr_search(bm25):
     app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=32, max_wait_ms=200, k=K)
-    responses = asyncio.run(_post_all(app, [{"query": t} for t in TEXTS]))
+    responses = asyncio.run(post_all(app, [{"query": t} for t in TEXTS]))
     assert [r.status_code for r in responses] == [200] * len(TEXTS)
     got = [r.json()["results"][0] for r in responses]
-    ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS), K)
+    ref = reference(app, app.state.engine.encoder.encode_query(TEXTS), K)
     assert got == ref  # same docnos, bit-identical float32 scores
     for q, hits in zip(SCIFACT_QUERIES, got):  # and the run `lsr search` wrote
         assert hits["docnos"] == list(bm25["run"][q["_id"]])
         # the run holds the shortest text that reads back to the same float32
         assert np.array_equal(np.float32(hits["scores"]), np.float32(list(bm25["run"][q["_id"]].values())))
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["requests"] == stats["queries"] == len(TEXTS)
     assert stats["batches"] < len(TEXTS) and stats["mean_batch_queries"] > 1
     assert 1 < stats["max_batch_queries"] <= 32
@@ -91,45 +51,45 @@ def test_mixed_requests_in_one_batch_get_their_own_answers(bm25):
     token_rows = [{encoder.vocab[t]: w for t, w in row.items()} for row in vectors.to_dicts()]
     bodies = [{"query": TEXTS[0], "k": 3}, {"queries": TEXTS[1:4], "k": 7}, {"vectors": token_rows[4:6]},
               {"query": TEXTS[5], "k": 1}, {"vectors": token_rows[:1], "k": 5}]
-    responses = asyncio.run(_post_all(app, bodies))
+    responses = asyncio.run(post_all(app, bodies))
     assert [r.status_code for r in responses] == [200] * len(bodies)
-    ref = _reference(app, vectors, K)
+    ref = reference(app, vectors, K)
     top = lambda i, k: {"docnos": ref[i]["docnos"][:k], "scores": ref[i]["scores"][:k]}  # noqa: E731
     assert responses[0].json() == {"results": [top(0, 3)]}
     assert responses[1].json() == {"results": [top(1, 7), top(2, 7), top(3, 7)]}
     assert responses[2].json() == {"results": [top(4, K), top(5, K)]}
     assert responses[3].json() == {"results": [top(5, 1)]}
     assert responses[4].json() == {"results": [top(0, 5)]}
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["requests"] == 5 and stats["queries"] == 8 and stats["batches"] < 5
 
 
 def test_batching_off_runs_one_request_per_batch(bm25):
     app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=1, max_wait_ms=50, k=5)
-    responses = asyncio.run(_post_all(app, [{"query": t} for t in TEXTS[:12]]))
-    ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS[:12]), 5)
+    responses = asyncio.run(post_all(app, [{"query": t} for t in TEXTS[:12]]))
+    ref = reference(app, app.state.engine.encoder.encode_query(TEXTS[:12]), 5)
     assert [r.json()["results"][0] for r in responses] == ref
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["batches"] == stats["requests"] == 12 and stats["mean_batch_queries"] == 1
 
 
 def test_term_id_vectors_and_padding_to_powers_of_two(bm25):
     """Without an encoder, vector keys are term ids; padded batches (as on CUDA) drop the copies' hits."""
     app = create_app(bm25["index"], device="cpu", max_batch=8, max_wait_ms=200, k=K, pad_batches=True)
-    assert asyncio.run(_get(app, "/health")).json()["vector_keys"] == "term_ids"
+    assert asyncio.run(get(app, "/health")).json()["vector_keys"] == "term_ids"
     from lsr.encode.bm25.lexical import LexicalEncoder
 
     vectors = LexicalEncoder.load(bm25["model"]).encode_query(TEXTS[:5])
     rows = [{str(t): w for t, w in row.items()} for row in vectors.to_dicts()]
-    responses = asyncio.run(_post_all(app, [{"vectors": [r]} for r in rows]))
-    assert [r.json()["results"][0] for r in responses] == _reference(app, vectors, K)
-    bad = asyncio.run(_post_all(app, [{"query": "cancer"}, {"vectors": [{"7": 1, "07": 2}]},
+    responses = asyncio.run(post_all(app, [{"vectors": [r]} for r in rows]))
+    assert [r.json()["results"][0] for r in responses] == reference(app, vectors, K)
+    bad = asyncio.run(post_all(app, [{"query": "cancer"}, {"vectors": [{"7": 1, "07": 2}]},
                                       {"vectors": [{"28865": 1}]}, {"vectors": [{"cell": 1}]},
                                       {"vectors": [{"1" * 30: 1}]}]))
     assert [r.status_code for r in bad] == [422] * 5 and "[0, 28865)" in bad[4].json()["error"]
     assert "no query encoder" in bad[0].json()["error"] and "term 7 is given twice" in bad[1].json()["error"]
     assert "[0, 28865)" in bad[2].json()["error"] and "keys must be term ids" in bad[3].json()["error"]
-    odd = asyncio.run(_post_all(app, [{"vectors": [{key: 1}]} for key in ("+7", " 7", "7_0", "\uff17")]))
+    odd = asyncio.run(post_all(app, [{"vectors": [{key: 1}]} for key in ("+7", " 7", "7_0", "\uff17")]))
     assert [r.status_code for r in odd] == [422] * 4   # int() would read each of them as a term id
 
 
@@ -142,7 +102,7 @@ def test_body_limits_stalls_disconnects_and_depth(bm25):
 
     kw = {"device": "cpu", "max_batch": 4, "max_wait_ms": 1, "k": 10, "max_k": 10 ** 9, "warmup": False}
     small = create_app(bm25["index"], bm25["model"], body_limits=serve_app.BodyLimits(max_bytes=64), **kw)
-    big = asyncio.run(_post_all(small, [{"query": "x" * 100}]))[0]
+    big = asyncio.run(post_all(small, [{"query": "x" * 100}]))[0]
     assert big.status_code == 413 and "64" in big.json()["error"]
     app = create_app(bm25["index"], bm25["model"], **kw)
     limits = serve_app.BodyLimits(max_bytes=1 << 20, timeout_s=0.05)
@@ -161,7 +121,7 @@ def test_body_limits_stalls_disconnects_and_depth(bm25):
 
     assert asyncio.run(serve_app._read_body(Stalled(), limits)).status_code == 408
     assert asyncio.run(serve_app._read_body(Gone(), limits)).status_code == 400
-    deep = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 10 ** 8}]))[0]
+    deep = asyncio.run(post_all(app, [{"query": TEXTS[0], "k": 10 ** 8}]))[0]
     n_docs = app.state.engine.index.n_docs
     assert deep.status_code == 200 and 0 < len(deep.json()["results"][0]["docnos"]) <= n_docs
 
@@ -208,16 +168,16 @@ def test_bad_requests_get_a_one_line_json_error(bm25):
         assert text in error and "\n" not in error and "Traceback" not in error, (body, error)
     assert [r.status_code for r in responses[len(BAD):]] == [404, 405, 405]
     assert all(set(r.json()) == {"error"} for r in responses[len(BAD):])
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["requests"] == 0  # bad requests never reach the device
     # the server still answers after all that
-    ok = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]
+    ok = asyncio.run(post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]
     assert ok.status_code == 200 and len(ok.json()["results"][0]["docnos"]) == 2
 
 
 def test_health_describes_the_server(bm25):
     app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=16, max_wait_ms=3, k=10)
-    health = asyncio.run(_get(app, "/health")).json()
+    health = asyncio.run(get(app, "/health")).json()
     assert health["status"] == "ok" and health["n_docs"] == 5183 and health["encoder"] == "bm25"
     assert health["device"] == "cpu" and health["backend"] == "torch" and health["vector_keys"] == "tokens"
     assert (health["max_batch"], health["max_wait_ms"], health["k"], health["max_k"]) == (16, 3, 10, 1000)
@@ -236,14 +196,14 @@ def test_splade_text_queries_through_the_server(tmp_path):
     app = create_app(tmp_path / "idx", DATA / "models" / "splade-tiny", device="cpu", max_batch=16,
                      max_wait_ms=300, k=10)
     texts = [d["title"] for d in corpus[:10]] + TEXTS[:6]  # titles find their own document first
-    responses = asyncio.run(_post_all(app, [{"query": t} for t in texts]))
+    responses = asyncio.run(post_all(app, [{"query": t} for t in texts]))
     got = [r.json()["results"][0] for r in responses]
-    ref = _reference(app, app.state.engine.encoder.encode_query(texts), 10)
+    ref = reference(app, app.state.engine.encoder.encode_query(texts), 10)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g["scores"], r["scores"], rtol=1e-5)
         assert set(g["docnos"]) == set(r["docnos"]) or g["scores"][-1] == pytest.approx(r["scores"][-1], rel=1e-5)
     assert [g["docnos"][0] for g in got[:10]] == [d["_id"] for d in corpus[:10]]
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["mean_batch_queries"] > 1 and stats["errors"] == 0
 
 
@@ -340,11 +300,11 @@ def test_a_request_whose_client_hung_up_is_not_searched(bm25):
 
     sent = asyncio.run(hung_up_post())
     assert sent[0]["status"] == 499
-    stats = asyncio.run(_get(app, "/stats")).json()
+    stats = asyncio.run(get(app, "/stats")).json()
     assert stats["dropped"] == 1 and stats["requests"] == stats["batches"] == 0  # never searched
-    ok = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]  # a client that stays is answered
+    ok = asyncio.run(post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]  # a client that stays is answered
     assert ok.status_code == 200 and len(ok.json()["results"][0]["docnos"]) == 2
-    assert asyncio.run(_get(app, "/stats")).json()["dropped"] == 1
+    assert asyncio.run(get(app, "/stats")).json()["dropped"] == 1
 
 
 def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
@@ -383,7 +343,7 @@ def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     assert all(isinstance(n, int) and n >= 0 for n in stats["compiled"].values())
     assert load["errors"] == 0 and load["ok"] > 0 and len(load["latencies_ms"]) == load["ok"]
     assert load["client_gc_full"] >= 0
-    ref = _reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)
+    ref = reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)
     assert {i: json.loads(a)["results"][0] for i, a in load["answers"].items()} == dict(enumerate(ref))
     assert app.state.batcher.stats.as_dict()["mean_batch_queries"] > 1
 
@@ -505,7 +465,7 @@ def test_served_hits_keep_the_exact_contract_on_cuda(bm25):
     from lsr.testing import assert_exact_topk, float64_scores
 
     app = create_app(bm25["index"], bm25["model"], device="cuda", max_batch=16, max_wait_ms=50, k=K)
-    responses = asyncio.run(_post_all(app, [{"query": t} for t in TEXTS]))
+    responses = asyncio.run(post_all(app, [{"query": t} for t in TEXTS]))
     engine = app.state.engine
     position = {d: i for i, d in enumerate(engine.index.docnos)}
     scores = torch.zeros(len(TEXTS), K, dtype=torch.float32)
@@ -516,4 +476,4 @@ def test_served_hits_keep_the_exact_contract_on_cuda(bm25):
         idx[row, :len(hits["docnos"])] = torch.tensor([position[d] for d in hits["docnos"]])
     ref = float64_scores(engine.encoder.encode_query(TEXTS), engine.index.docs.to("cpu"))
     assert_exact_topk(scores, idx, ref, K)
-    assert asyncio.run(_get(app, "/stats")).json()["mean_batch_queries"] > 1
+    assert asyncio.run(get(app, "/stats")).json()["mean_batch_queries"] > 1
