@@ -34,11 +34,11 @@ def read_topics_tsv(path: PathLike) -> dict[str, str]:
     return out
 
 
-def iter_json_objects(path: PathLike) -> Iterator[tuple[str, dict]]:
-    """(where, object) of a JSON Lines file, or of a file holding one JSON array of objects (``.json``);
-    ``where`` is ``path:line`` (``path row i`` in an array). A line that is not a JSON object is refused, naming
-    the file and line."""
-    if _starts_with_array(path):
+def iter_json_objects(path: PathLike, expected: str = "a JSON object") -> Iterator[tuple[str, dict]]:
+    """(where, object) of a JSON Lines file, or of a ``.json`` file holding one JSON array of objects; ``where``
+    is ``path:line`` (``path row i`` in an array). A line that is not a JSON object is refused, naming the file
+    and line and what was ``expected``."""
+    if str(path).lower().endswith((".json", ".json.gz")) and _starts_with_array(path):   # .jsonl: lines only
         try:
             with open_text(path) as f:
                 rows = json.load(f)
@@ -46,7 +46,7 @@ def iter_json_objects(path: PathLike) -> Iterator[tuple[str, dict]]:
             raise ValueError(f"{path}: invalid JSON ({e})") from None
         for i, obj in enumerate(rows):
             if not isinstance(obj, dict):
-                raise ValueError(f"{path} row {i}: expected a JSON object, got {json_type(obj)}")
+                raise ValueError(f"{path} row {i}: expected {expected}, got {json_type(obj)}")
             yield f"{path} row {i}", obj
         return
     for n, line in iter_lines(path):
@@ -56,7 +56,7 @@ def iter_json_objects(path: PathLike) -> Iterator[tuple[str, dict]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: invalid JSON ({e}); one JSON object per line expected") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {json_type(obj)}")
+                raise ValueError(f"{path}:{n}: expected {expected}, got {json_type(obj)}")
             yield f"{path}:{n}", obj
 
 
@@ -80,9 +80,10 @@ def json_type(value: Any) -> str:
 def read_jsonl(path: PathLike) -> Iterator[tuple[str, dict]]:
     """(where, object) of a BEIR JSONL file (``where``: ``path:line``); every object has a string or integer
     ``_id``."""
-    for where, obj in iter_json_objects(path):
+    expected = "a JSON object with '_id' (BEIR layout)"
+    for where, obj in iter_json_objects(path, expected):
         if "_id" not in obj:
-            raise ValueError(f"{where}: expected a JSON object with '_id' (BEIR layout), got no '_id'")
+            raise ValueError(f"{where}: expected {expected}, got no '_id'")
         if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
             raise ValueError(f"{where}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
         yield where, obj

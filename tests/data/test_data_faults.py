@@ -60,6 +60,14 @@ def test_an_explicitly_empty_text_is_still_a_document(tmp_path):
                                                                           ("d3", "no title")]
 
 
+def test_a_json_array_file_is_read_and_its_rows_named(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([GOOD, {"_id": "d2", "text": "b"}]))
+    assert list(load_dataset(str(path)).docs_iter()) == [("d1", "apple pie"), ("d2", "b")]
+    path.write_text(json.dumps([GOOD, {"_id": "d2", "text": 2}]))
+    assert "c.json row 1: the text ('text') field is a number 2" in _one_line_error(_docs(str(path)))
+
+
 @pytest.mark.parametrize("column, values, said", [
     ("text", [1, 2], "row 0: the text ('text') field is a number 1"),
     ("text", ["a", None], "row 1: the text ('text') field is missing or null"),
