@@ -336,7 +336,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {p!r} is not a section")
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
+            # "hf:" (a spec cut short) is YAML's {hf: null}, a mapping no key takes: keep the text, so that the
+            # key's own check names what is wrong with it
+            if isinstance(value, dict) and raw.strip().endswith(":") and not raw.lstrip().startswith("{"):
+                value = raw.strip()
+            node[parts[-1]] = value
         except yaml.YAMLError:
             raise ValueError(f"--set {item}: the value is not valid YAML (quote strings: key='[x')") from None
     return data

@@ -43,7 +43,15 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from lsr.data.dataset import Dataset, DatasetUnavailableError
-from lsr.data.readers import qrels_from_rows, read_qrels, read_topics_tsv, unique_docs
+from lsr.data.readers import (
+    check_new,
+    iter_json_objects,
+    qrels_from_rows,
+    read_qrels,
+    read_topics_tsv,
+    text_field,
+    unique_docs,
+)
 from lsr.storage.files import check_id, count_lines
 
 __all__ = ["TABLE_SUFFIXES", "Source", "SpecTables", "handles", "load_hf_dataset", "load_spec", "parse_spec"]
@@ -82,7 +90,11 @@ def handles(spec: str) -> bool:
 
 
 def _parse_options(query: str, spec: str) -> dict[str, str]:
-    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    try:
+        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise ValueError(f"{spec!r}: options after '?' are key=value pairs joined by '&' (e.g. ?text=body&id=docid), "
+                         f"got {query!r}") from None
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ValueError(f"{spec!r}: unknown option {unknown[0]!r} (known: {', '.join(_OPTIONS)})")
@@ -117,8 +129,8 @@ def parse_spec(spec: str, split: str | None = None) -> SpecTables:
     streaming = opts.get("streaming", "0").lower() in ("1", "true", "yes")
     if head.startswith("hf:"):
         repo, revision = head[3:].strip("/"), opts.get("revision")
-        if repo.count("/") != 1:
-            raise ValueError(f"{spec!r}: expected hf:ORG/NAME")
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise ValueError(f"{spec!r}: expected hf:ORG/NAME, a dataset on the Hugging Face Hub (e.g. hf:mteb/scifact)")
         split = split or "test"
         corpus = _hub_source(opts.get("corpus", "corpus@corpus"), repo, revision)
         queries = _hub_source(opts.get("queries", "queries@queries"), repo, revision)
@@ -209,35 +221,67 @@ def _offline_message(src: Source, e: BaseException) -> str:
             "file instead (e.g. corpus.parquet?queries=queries.parquet&qrels=test.tsv)")
 
 
-def _iter_rows(src: Source, streaming: bool, download: bool, wanted: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-    """Rows of ``src`` as {lsr name: value} for the ``wanted`` columns (lsr name -> table column)."""
+def _iter_rows(src: Source, streaming: bool, download: bool, wanted: Mapping[str, str],
+               optional: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, {lsr name: value}) for the ``wanted`` columns (lsr name -> table column) of each row of ``src``;
+    ``where`` names the file and line (JSON) or row. A column of ``optional`` that the table lacks reads as None.
+    Local JSON files are read here, not by ``datasets``: its Arrow reader turns a number in a text column into
+    a string and names neither the file nor the line of a malformed one."""
+    if _is_json(src):
+        if not src.path.is_file():
+            raise DatasetUnavailableError(f"{src.path} does not exist")
+        for where, obj in iter_json_objects(src.path):
+            for key, col in wanted.items():
+                if col and col not in obj and key not in optional:
+                    raise ValueError(f"{where}: no field {col!r} (for {key}; fields: {sorted(obj)[:20]}); fill it "
+                                     f"(\"\" for an empty {key}), or map another with ?{key}=COLUMN")
+            yield where, {key: obj.get(col) if col else "" for key, col in wanted.items()}
+        return
     table = _open(src, streaming, download)
+    n = 0
     for batch in table.iter(batch_size=_BATCH):
-        n = len(next(iter(batch.values()))) if batch else 0
+        size = len(next(iter(batch.values()))) if batch else 0
         cols = {}
         for key, col in wanted.items():
-            if col and col not in batch:
+            if col and col not in batch and key not in optional:
                 raise ValueError(f"{src} has no column {col!r} (for {key}; columns: {sorted(batch)}): "
                                  f"map it with ?{key}=COLUMN")
-            cols[key] = batch[col] if col else [""] * n
-        for i in range(n):
-            yield {key: values[i] for key, values in cols.items()}
+            cols[key] = batch[col] if col in batch else [None if col else ""] * size
+        for i in range(size):
+            yield f"{src} row {n + i}", {key: values[i] for key, values in cols.items()}
+        n += size
 
 
-def _row_id(value: Any, what: str, where: str, option: str) -> str:
-    """A row's id as text. A null id is refused: ``str(None)`` would give every such row the id 'None'."""
+def _row_id(value: Any, what: str, where: str, option: str | None) -> str:
+    """A row's id as text: a string or an integer. A null id is refused (``str(None)`` would give every such row
+    the id 'None'), and so is a float (a column with a null becomes float in pandas: 1.0, nan). ``option``: the
+    spec option that picks the column, if there is one."""
+    pick = f", or pick another with ?{option}=COLUMN" if option else ""
     if value is None:
-        raise ValueError(f"{where}: the {what} is null (missing); every row needs one: fill the column, or pick "
-                         f"another with ?{option}=COLUMN")
+        raise ValueError(f"{where}: the {what} is null (missing); every row needs one: fill the column{pick}")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{where}: the {what} must be a string or an integer, got {type(value).__name__} "
+                         f"{value!r}; fix the column{pick}")
     text = str(value)
     check_id(text, what, where)
     return text
 
 
 def _iter_docs(src: Source, cols: Mapping[str, str], streaming: bool, download: bool) -> Iterator[tuple[str, str]]:
-    for n, row in enumerate(_iter_rows(src, streaming, download, {k: cols[k] for k in ("id", "title", "text")})):
-        doc_id = _row_id(row["id"], "doc id", f"{src} row {n}", "id")
-        yield doc_id, f"{row['title'] or ''} {row['text'] or ''}".strip()
+    wanted = {k: cols[k] for k in ("id", "title", "text")}
+    # the default title column may be absent (BEIR folders: title optional); one the user named may not
+    optional = ("title",) if cols["title"] == "title" else ()
+    for where, row in _iter_rows(src, streaming, download, wanted, optional):
+        doc_id = _row_id(row["id"], "doc id", where, "id")
+        title = text_field(row["title"], f"title ({wanted['title']!r})", where, required=False,
+                           fix="fix it, or pick another column with ?title=COLUMN (title= for none)")
+        text = text_field(row["text"], f"text ({wanted['text']!r})", where, required=True,
+                          fix="fix it, or pick another column with ?text=COLUMN")
+        yield doc_id, f"{title} {text}".strip()
+
+
+def _is_json(src: Source) -> bool:
+    return src.path is not None and src.path.name.lower().endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz"))
 
 
 def _is_text_file(src: Source) -> bool:
@@ -249,27 +293,44 @@ def _read_queries(src: Source, cols: Mapping[str, str], download: bool) -> dict[
         return read_topics_tsv(src.path)
     out: dict[str, str] = {}
     rows = _iter_rows(src, False, download, {"id": cols["query_id"], "text": cols["query_text"]})
-    for n, row in enumerate(rows):
-        qid = _row_id(row["id"], "query id", f"{src} row {n}", "query_id")
-        if qid in out:
-            raise ValueError(f"{src}: duplicate query id {qid!r}")
-        out[qid] = str(row["text"] or "").strip()
+    for where, row in rows:
+        qid = _row_id(row["id"], "query id", where, "query_id")
+        check_new(out, qid, "query id", where)
+        out[qid] = text_field(row["text"], f"query text ({cols['query_text']!r})", where, required=True,
+                              fix="fix it, or pick another column with ?query_text=COLUMN")
     return out
 
 
 def _read_qrels(src: Source, download: bool) -> dict[str, dict[str, int]]:
     if _is_text_file(src):
         return read_qrels(src.path)
-    table = _open(src, False, download)
-    names = set(table.column_names or [])
+    names = _columns(src, download)
     picked = []
     for choices in _QRELS_COLUMNS:
         found = next((c for c in choices if c in names), None)
         if found is None:
             raise ValueError(f"{src}: qrels need one of the columns {choices} (columns: {sorted(names)})")
         picked.append(found)
-    rows = ((0, str(r[picked[0]]), str(r[picked[1]]), str(int(r[picked[2]]))) for r in table)
-    return qrels_from_rows(rows, str(src))
+    rows = _iter_rows(src, False, download, dict(zip(("query_id", "doc_id", "grade"), picked)))
+    return qrels_from_rows(((where, _row_id(r["query_id"], "query id", where, None),
+                             _row_id(r["doc_id"], "doc id", where, None), _grade(r["grade"], where))
+                            for where, r in rows), str(src))
+
+
+def _columns(src: Source, download: bool) -> set[str]:
+    """The column names of a table (of a local JSON file: its first object's fields)."""
+    if _is_json(src):
+        return set(next((obj for _, obj in iter_json_objects(src.path)), {}))
+    return set(_open(src, False, download).column_names or [])
+
+
+def _grade(value: Any, where: str) -> str:
+    """A relevance grade: an integer (a float only when whole: 1.0 from a pandas column), as text."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{where}: the relevance grade must be an integer, got {value!r}")
+    return str(value)
 
 
 def _n_rows(src: Source, streaming: bool, download: bool) -> int | None:

@@ -7,14 +7,15 @@ refuses duplicates, naming the file and line.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lsr.data.dataset import DocsIter, Qrels
-from lsr.storage.files import PathLike, check_id, iter_lines, iter_tsv_pairs
+from lsr.storage.files import PathLike, check_id, iter_lines, iter_tsv_pairs, open_binary, open_text
 
-__all__ = ["check_new", "qrels_from_rows", "read_beir_qrels", "read_beir_queries", "read_jsonl", "read_qrels",
-           "read_topics_tsv", "read_trec_qrels", "unique_docs"]
+__all__ = ["check_new", "iter_json_objects", "json_type", "qrels_from_rows", "read_beir_qrels", "read_beir_queries", "read_jsonl",
+           "read_qrels", "read_topics_tsv", "read_trec_qrels", "text_field", "unique_docs"]
 
 
 def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
@@ -33,46 +34,104 @@ def read_topics_tsv(path: PathLike) -> dict[str, str]:
     return out
 
 
-def read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of a BEIR JSONL file; every object has a string or integer ``_id``."""
+def iter_json_objects(path: PathLike, expected: str = "a JSON object") -> Iterator[tuple[str, dict]]:
+    """(where, object) of a JSON Lines file, or of a ``.json`` file holding one JSON array of objects; ``where``
+    is ``path:line`` (``path row i`` in an array). A line that is not a JSON object is refused, naming the file
+    and line and what was ``expected``."""
+    if str(path).lower().endswith((".json", ".json.gz")) and _starts_with_array(path):   # .jsonl: lines only
+        try:
+            with open_text(path) as f:
+                rows = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: invalid JSON ({e})") from None
+        for i, obj in enumerate(rows):
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path} row {i}: expected {expected}, got {json_type(obj)}")
+            yield f"{path} row {i}", obj
+        return
     for n, line in iter_lines(path):
         if line.strip():
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: invalid JSON ({e})") from None
-            if not isinstance(obj, dict) or "_id" not in obj:
-                got = "no '_id'" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
-                raise ValueError(f"{path}:{n}: expected a JSON object with '_id' (BEIR layout), got {got}")
-            if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
-                raise ValueError(f"{path}:{n}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
-            yield n, obj
+                raise ValueError(f"{path}:{n}: invalid JSON ({e}); one JSON object per line expected") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{n}: expected {expected}, got {json_type(obj)}")
+            yield f"{path}:{n}", obj
+
+
+def _starts_with_array(path: PathLike) -> bool:
+    """Whether the file's first character (after a BOM and white space) opens a JSON array. A file that cannot
+    be read says so when its lines are read."""
+    try:
+        with open_binary(path) as f:
+            return f.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"["
+    except (OSError, EOFError, zlib.error):
+        return False
+
+
+def json_type(value: Any) -> str:
+    """A value's type in JSON's words ("a JSON array" for a list), for errors."""
+    names = {dict: "a JSON object", list: "a JSON array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number"}
+    return "null" if value is None else names.get(type(value), f"a {type(value).__name__}")
+
+
+def read_jsonl(path: PathLike) -> Iterator[tuple[str, dict]]:
+    """(where, object) of a BEIR JSONL file (``where``: ``path:line``); every object has a string or integer
+    ``_id``."""
+    expected = "a JSON object with '_id' (BEIR layout)"
+    for where, obj in iter_json_objects(path, expected):
+        if "_id" not in obj:
+            raise ValueError(f"{where}: expected {expected}, got no '_id'")
+        if isinstance(obj["_id"], bool) or not isinstance(obj["_id"], (str, int)):
+            raise ValueError(f"{where}: '_id' must be a string or an integer, got {json.dumps(obj['_id'])}")
+        yield where, obj
+
+
+def text_field(value: Any, field: str, where: str, *, required: bool, fix: str = "") -> str:
+    """A row's text field, stripped. Strings only (an empty one is fine): a number or a list is not converted
+    and a missing or null text is not read as empty (``required``; an optional field, e.g. a title, may be
+    missing). ``fix`` ends the error (how to pick another field)."""
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        got = "missing or null" if value is None else f"{json_type(value)} {_short(value)}, not a string"
+        raise ValueError(f"{where}: the {field} field is {got}; every row needs a string (\"\" for an empty one)"
+                         + (f"; {fix}" if fix else ""))
+    return value.strip()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_beir_queries(path: PathLike) -> dict[str, str]:
     """BEIR ``queries.jsonl`` (``_id``, ``text``) -> {qid: text}."""
     out: dict[str, str] = {}
-    for n, obj in read_jsonl(path):
+    for where, obj in read_jsonl(path):
         qid = str(obj["_id"])
-        check_id(qid, "query id", f"{path}:{n}")
-        check_new(out, qid, "query id", f"{path}:{n}")
-        out[qid] = str(obj.get("text", "")).strip()
+        check_id(qid, "query id", where)
+        check_new(out, qid, "query id", where)
+        out[qid] = text_field(obj.get("text"), "'text'", where, required=True)
     return out
 
 
-def qrels_from_rows(rows: Iterable[tuple[int, str, str, str]], path: PathLike) -> Qrels:
-    """(line, qid, docno, grade) rows -> {qid: {docno: grade}}, ids checked, duplicates refused."""
+def qrels_from_rows(rows: Iterable[tuple[int | str, str, str, str]], path: PathLike) -> Qrels:
+    """(line, qid, docno, grade) rows -> {qid: {docno: grade}}, ids checked, duplicates refused. ``line`` is a
+    line number (0: unknown) or where the row is, as errors name it (``file row 3``)."""
     qrels: Qrels = {}
     for n, qid, docno, grade in rows:
-        where = f"{path}:{n}" if n else str(path)
+        where = n if isinstance(n, str) else f"{path}:{n}" if n else str(path)
         check_id(qid, "query id", where)
         check_id(docno, f"doc id (judged for query {qid!r})", where)
         try:
             rel = int(grade)
         except ValueError:
-            raise ValueError(f"{path}:{n}: relevance {grade!r} is not an integer") from None
+            raise ValueError(f"{where}: relevance {grade!r} is not an integer") from None
         docs = qrels.setdefault(qid, {})
-        check_new(docs, docno, f"judgement for query {qid!r}: doc", f"{path}:{n}")
+        check_new(docs, docno, f"judgement for query {qid!r}: doc", where)
         docs[docno] = rel
     return qrels
 

@@ -44,6 +44,7 @@ from lsr.data.readers import (
     read_qrels,
     read_topics_tsv,
     read_trec_qrels,
+    text_field,
     unique_docs,
 )
 from lsr.storage.files import check_id, count_lines, iter_tsv_pairs
@@ -83,10 +84,11 @@ def _find(folder: Path, name: str) -> Path | None:
 
 
 def _beir_corpus(path: Path) -> DocsIter:
-    for n, obj in read_jsonl(path):
-        title, text, doc_id = str(obj.get("title") or ""), str(obj.get("text") or ""), str(obj["_id"])
-        check_id(doc_id, "doc id", f"{path}:{n}")
-        yield doc_id, f"{title} {text}".strip()
+    for where, obj in read_jsonl(path):
+        doc_id = str(obj["_id"])
+        check_id(doc_id, "doc id", where)
+        title = text_field(obj.get("title"), "'title'", where, required=False)
+        yield doc_id, f"{title} {text_field(obj.get('text'), repr('text'), where, required=True)}".strip()
 
 
 def _tsv_collection(path: Path) -> DocsIter:
@@ -212,6 +214,22 @@ def _msmarco_docs(folder: Path, download: bool) -> DocsIter:
 
 
 # ---------------------------------------------------------------------------------------- entry point
+SPEC_FORMS = ("a BEIR or TSV folder (optionally folder:split), hf:ORG/NAME, a .parquet / .jsonl file, or an "
+              "ir_datasets id such as msmarco-passage/dev/small")
+
+
+def _check_id_shape(spec: str) -> None:
+    """Refuse, before ir_datasets is asked, a spec that cannot be an ir_datasets id: empty, a bare ``name:``
+    (YAML reads ``hf:`` alone as a mapping, a shell eats what follows) or a scheme lsr does not have."""
+    head, colon, tail = spec.partition(":")
+    if not spec.strip():
+        raise ValueError(f"the dataset spec is empty; give {SPEC_FORMS}")
+    if colon and not tail.strip():
+        raise ValueError(f"dataset spec {spec!r} has nothing after {head + ':'!r}; give {SPEC_FORMS}")
+    if colon and head.lower() in ("irds", "ir_datasets", "ir-datasets"):
+        raise ValueError(f"dataset spec {spec!r}: ir_datasets ids take no prefix: use {tail!r}")
+
+
 def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download: bool | None = None) -> Dataset:
     """Load a dataset from a local folder (``"dir"`` or ``"dir:split"``) or an ir_datasets id.
 
@@ -233,6 +251,7 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
         return hf_datasets.load_spec(spec, split, download=(not offline()) if download is None else download)
     if path.exists() or spec.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
+    _check_id_shape(spec)
     ds_id = f"{spec.rstrip('/')}/{split}" if split else spec
     allow = (not offline()) if download is None else download
     entry, root = BUILTIN.get(ds_id), data_root()

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from lsr.data.readers import json_type
 from lsr.sparse import SparseVectors
 from lsr.storage.files import PathLike, atomic_write, check_id, iter_lines, iter_tsv_pairs
 
@@ -116,11 +117,17 @@ class _Builder:
                 raise ValueError(f"{where}: token {tokens[cols.index(None)]!r} of {row_id!r} is not in the "
                                  "vocabulary (pass unknown='drop' to skip such tokens)")
             keep = [i for i, c in enumerate(cols) if c is not None]
-            cols, vals = [cols[i] for i in keep], [vals[i] for i in keep]
+            cols, vals, tokens = [cols[i] for i in keep], [vals[i] for i in keep], [tokens[i] for i in keep]
         try:
             self.vals.extend(vals)
         except TypeError:
             raise ValueError(f"{where}: weights of {row_id!r} must be numbers") from None
+        limit = _F32_MAX * (self.scale or 1.0)   # stored as float32 after the division by scale
+        bad = next((i for i, v in enumerate(vals) if not 0 <= v <= limit), None)   # (NaN fails both)
+        if bad is not None:
+            del self.vals[len(self.vals) - len(vals):]
+            raise ValueError(f"{where}: the weight of {tokens[bad]!r} in "
+                             f"{row_id!r} is {vals[bad]!r}; weights must be finite, >= 0 and fit a float32")
         self.rows.extend([len(self.ids)] * len(cols))
         self.cols.extend(cols)
         self.ids.append(row_id)
@@ -143,6 +150,7 @@ class _Builder:
         return self.parts[0] if len(self.parts) == 1 else SparseVectors.concat(self.parts)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
 _OTHER_WS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # ASCII whitespace that str.split() splits on, besides " "
 
 
@@ -210,15 +218,35 @@ def read_anserini_documents(path_or_paths: PathLike | Iterable[PathLike], vocab:
     builder = _Builder(vocab, unknown, scale, chunk_rows)
     for file in _vector_files(path_or_paths):
         for n, line in iter_lines(file):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                doc_id, vector = str(obj["id"]), obj["vector"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{file}:{n}: not an Anserini vector line ({e!r})") from None
-            builder.add(doc_id, vector, f"{file}:{n}")
+            if line.strip():
+                builder.add(*_vector_line(line, f"{file}:{n}"))
     return builder.build()
+
+
+_VECTOR_LINE = 'expected an Anserini vector line {"id": "...", "contents": "...", "vector": {"token": weight, ...}}'
+
+
+def _vector_line(line: str, where: str) -> tuple[str, dict[str, float], str]:
+    """(id, {token: weight}, where) of one JSON vector line, its JSON types checked: the id a string or an
+    integer (a null id is not the document 'None'), the vector an object of numbers (not booleans)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e}); {_VECTOR_LINE}") from None
+    if not isinstance(obj, dict) or "id" not in obj or "vector" not in obj:
+        got = json_type(obj) if not isinstance(obj, dict) else f"fields {sorted(obj)[:8]}"
+        raise ValueError(f"{where}: {_VECTOR_LINE}, got {got}")
+    doc_id, vector = obj["id"], obj["vector"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise ValueError(f"{where}: 'id' must be a string or an integer, got {json.dumps(doc_id)[:40]}")
+    if not isinstance(vector, dict):
+        raise ValueError(f"{where}: 'vector' must be a JSON object {{token: weight}}, got {json_type(vector)}: "
+                         f"{json.dumps(vector)[:40]}")
+    bad = next((t for t, w in vector.items() if isinstance(w, bool) or not isinstance(w, (int, float))), None)
+    if bad is not None:
+        raise ValueError(f"{where}: the weight of {bad!r} in {str(doc_id)!r} must be a number, got "
+                         f"{json.dumps(vector[bad])[:40]}")
+    return str(doc_id), vector, where
 
 
 def _rows(vectors: SparseVectors, vocab: VocabLike, scale: float | None) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -85,14 +85,19 @@ def _first_bad_utf8(path: PathLike, start: int) -> tuple[int, int]:
 
 def iter_tsv_pairs(path: PathLike, what: str) -> Iterator[tuple[int, str, str]]:
     """Yield ``(line_number, key, value)`` of ``key<TAB>value`` lines (blank lines skipped, both sides
-    stripped); ``what`` names the layout in the error for a line without a tab, e.g. "qid<TAB>text"."""
+    stripped); ``what`` names the layout in the error for a line without a tab or with a third column (it is
+    not glued into the value), e.g. "qid<TAB>text"."""
     for n, line in iter_lines(path):
         if not line.strip():
             continue
-        key, tab, value = line.partition("\t")
-        if not tab:
-            raise ValueError(f"{path}:{n}: expected '{what}', got {line[:80]!r}")
-        yield n, key.strip(), value.strip()
+        parts = line.split("\t")
+        while len(parts) > 2 and not parts[-1].strip():   # trailing tabs: no column
+            parts.pop()
+        if len(parts) != 2:
+            got = "no tab" if len(parts) < 2 else f"{len(parts)} tab-separated columns"
+            raise ValueError(f"{path}:{n}: expected '{what}' (2 columns), got {got}: {line[:80]!r}"
+                             + ("; replace the tabs inside the text by spaces" if len(parts) > 2 else ""))
+        yield n, parts[0].strip(), parts[1].strip()
 
 
 def _umask() -> int:

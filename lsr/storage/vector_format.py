@@ -84,8 +84,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The checked manifest of a vector directory (or of the manifest file ``path``)."""
     p = Path(path)
     mf = p / MANIFEST if p.is_dir() else p
-    if not mf.exists():
-        raise FileNotFoundError(f"no {MANIFEST} in {p}: not an lsr vector directory (lsr encode writes one)")
+    if not mf.exists() or (p.is_file() and p.name != MANIFEST):
+        raise FileNotFoundError(_not_a_vector_folder(p))
     try:
         manifest = json.loads(mf.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -97,6 +97,26 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{mf}: format version {manifest['version']!r} is not supported by this lsr (reads up to {VERSION})")
     _check_manifest(manifest, mf)
     return manifest
+
+
+def _not_a_vector_folder(p: Path) -> str:
+    """What ``p`` is instead of a vector folder, what was expected and how to make one."""
+    expected = "expects a vector folder written by lsr encode (manifest.json + Parquet shards)"
+    anserini = ("to use Anserini / pyserini JSON vectors, set search.doc_vectors to the file or folder and "
+                "search.vocab to its vocabulary in an `lsr run` config (or read them with "
+                "lsr.interop.anserini.read_anserini_documents)")
+    name = p.name.lower()
+    if p.is_file() and name.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")):
+        return f"{p} is a JSON file, but lsr {expected}; {anserini}"
+    if p.is_file() and name.endswith(".ciff"):
+        return f"{p} is a CIFF file, but lsr {expected}; convert it with `lsr import-ciff {p} --out VECTORS_DIR`"
+    if p.is_file():
+        return f"{p} is a file, but lsr {expected}; run `lsr encode` to write one"
+    if p.is_dir() and (p / "meta.json").is_file():
+        return f"{p} is an index (meta.json), not vectors: lsr {expected}; search it with `lsr search --index {p}`"
+    if p.is_dir() and any(q.name.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")) for q in p.iterdir()):
+        return f"no {MANIFEST} in {p}: lsr {expected}; {anserini}"
+    return f"no {MANIFEST} in {p}: not an lsr vector directory (lsr encode writes one)"
 
 
 def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:

@@ -175,9 +175,13 @@ class TrainConfig(ConfigSchema):
         if (self.data.dataset is None) == (self.triples is None):
             raise ValueError("config: set exactly one of data.dataset (queries + qrels) and triples (a TSV file)")
         self._check_loss()
-        if self.negatives.skip >= self.negatives.depth:
-            raise ValueError(f"config.negatives.skip ({self.negatives.skip}) must be < negatives.depth "
-                             f"({self.negatives.depth})")
+        neg = self.negatives
+        if neg.skip >= neg.depth:
+            raise ValueError(f"config.negatives.skip ({neg.skip}) must be < negatives.depth ({neg.depth})")
+        if neg.mine != "none" and neg.count > neg.depth - neg.skip:
+            raise ValueError(f"config.negatives.count ({neg.count}) must be <= negatives.depth - negatives.skip "
+                             f"({neg.depth} - {neg.skip}): a query's negatives are drawn without repeats from its "
+                             "mined candidates; raise negatives.depth or lower negatives.count")
         check_evaluation(self.evaluation)
         return self
 

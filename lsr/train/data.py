@@ -20,6 +20,7 @@ function of (seed, epoch) alone: resuming mid-epoch replays them and skips the o
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +66,15 @@ def read_teacher_scores(path: str) -> dict[str, dict[str, float]]:
         if len(parts) != 3:
             raise ValueError(f"{path}:{lineno}: expected 'qid docid score', got {line[:80]!r}")
         try:
-            out.setdefault(parts[0], {})[parts[1]] = float(parts[2])
+            score = float(parts[2])
         except ValueError:
             raise ValueError(f"{path}:{lineno}: the score {parts[2]!r} is not a number") from None
+        if not math.isfinite(score):   # one NaN makes every loss of its batches NaN
+            raise ValueError(f"{path}:{lineno}: the score {parts[2]!r} is not a finite number")
+        scores = out.setdefault(parts[0], {})
+        if parts[1] in scores:
+            raise ValueError(f"{path}:{lineno}: a second score for query {parts[0]!r} and document {parts[1]!r}")
+        scores[parts[1]] = score
     if not out:
         raise ValueError(f"{path}: no teacher scores")
     return out
@@ -89,7 +96,8 @@ def _from_dataset(source: DataConfig) -> TrainData:
     return TrainData({q: ds.queries[q] for q in positives}, docs, pairs, positives)
 
 
-def _from_triples(path: str) -> TrainData:
+def _from_triples(path: str, count: int) -> TrainData:
+    """The triples file; a line that gives negatives gives at least ``count`` (none: random ones are drawn)."""
     queries: dict[str, str] = {}
     docs: dict[str, str] = {}
     qid_of: dict[str, str] = {}
@@ -114,7 +122,10 @@ def _from_triples(path: str) -> TrainData:
         pos = doc_id(parts[1].strip())
         positives.setdefault(qid, set()).add(pos)
         pairs.append((qid, pos))
-        fixed[(qid, pos)] = tuple(doc_id(t.strip()) for t in parts[2:])
+        fixed[(qid, pos)] = tuple(dict.fromkeys(doc_id(t.strip()) for t in parts[2:]))
+        if 0 < len(fixed[(qid, pos)]) < count:
+            raise ValueError(f"{path}:{lineno}: {len(fixed[(qid, pos)])} distinct negative(s), fewer than "
+                             f"negatives.count={count}: lower negatives.count, or give each line as many")
     if not pairs:
         raise ValueError(f"{path}: no triples")
     return TrainData(queries, docs, pairs, positives, fixed_negatives=fixed)
@@ -122,7 +133,7 @@ def _from_triples(path: str) -> TrainData:
 
 def load_train_data(cfg: TrainConfig) -> TrainData:
     """The configured dataset or triples file, with teacher scores attached (mining happens later)."""
-    data = _from_triples(cfg.triples) if cfg.triples else _from_dataset(cfg.data)
+    data = _from_triples(cfg.triples, cfg.negatives.count) if cfg.triples else _from_dataset(cfg.data)
     teacher_scores = cfg.loss.teacher_scores
     if teacher_scores:
         data.teacher = read_teacher_scores(teacher_scores)
@@ -151,7 +162,7 @@ def mine_negatives(data: TrainData, encoder: Any, *, depth: int, skip: int, devi
     qids = sorted({q for q, _ in data.pairs})
     queries = encoder.encode_query([data.queries[q] for q in qids], ids=qids)
     most = max((len(data.positives.get(q, ())) for q in qids), default=0)
-    _, idx = Searcher(index, device=device).search(queries.to(device), k=depth + most,
+    _, idx = Searcher(index, device=device).search(queries.to(device), k=min(depth + most, len(doc_ids)),
                                                    query_metadata=encoder.describe())
     out = {}
     for q, row in zip(qids, idx.cpu().tolist()):
@@ -161,22 +172,29 @@ def mine_negatives(data: TrainData, encoder: Any, *, depth: int, skip: int, devi
 
 
 def _sample_negatives(data: TrainData, qid: str, positive: str, n: int, rng: np.random.Generator,
-                      all_docs: Sequence[str]) -> tuple[str, ...]:
+                      all_docs: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """``n`` distinct negatives of ``qid``: drawn from its triples line or mined candidates, topped up with
+    random documents that are not positives when those are fewer (then the flag is True)."""
     fixed = data.fixed_negatives.get((qid, positive))
-    if fixed:
-        pool: Sequence[str] = fixed
-    else:
-        pool = data.candidates.get(qid) or ()
-    if not pool:  # no mined candidate: random documents that are not positives
-        avoid = data.positives.get(qid, set())
-        picks: list[str] = []
-        while len(picks) < n and len(all_docs) > len(avoid):
-            d = all_docs[int(rng.integers(len(all_docs)))]
-            if d not in avoid:
-                picks.append(d)
-        return tuple(picks)
-    chosen = rng.choice(len(pool), size=n, replace=len(pool) < n)
-    return tuple(pool[int(i)] for i in chosen)
+    pool: Sequence[str] = fixed if fixed else data.candidates.get(qid) or ()
+    if len(pool) >= n:
+        return tuple(pool[int(i)] for i in rng.choice(len(pool), size=n, replace=False)), False
+    if pool and data.teacher is not None:   # a random document has no teacher score to distil
+        raise ValueError(f"query {qid!r} has {len(pool)} teacher-scored negative candidates, fewer than "
+                         f"negatives.count={n}: lower negatives.count, or raise negatives.depth")
+    picks = list(dict.fromkeys(pool))
+    avoid = data.positives.get(qid, set())
+    others = len(all_docs) - len(avoid & data.docs.keys())
+    if others < n:
+        raise ValueError(f"negatives.count is {n} but query {qid!r} has only {others} documents that are not its "
+                         "positives: lower negatives.count")
+    taken = set(picks)
+    while len(picks) < n:
+        d = all_docs[int(rng.integers(len(all_docs)))]
+        if d not in avoid and d not in taken:
+            picks.append(d)
+            taken.add(d)
+    return tuple(picks), bool(pool)
 
 
 def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Example]]:
@@ -186,10 +204,17 @@ def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Ex
     rng = np.random.default_rng((cfg.seed, epoch))
     all_docs = list(data.docs)
     order = rng.permutation(len(data.pairs))
-    examples = []
+    examples, short = [], set()
     for i in order:
         q, d = data.pairs[int(i)]
-        examples.append(Example(q, d, _sample_negatives(data, q, d, cfg.negatives.count, rng, all_docs)))
+        negatives, topped_up = _sample_negatives(data, q, d, cfg.negatives.count, rng, all_docs)
+        examples.append(Example(q, d, negatives))
+        if topped_up:
+            short.add(q)
+    if short:
+        log.warning("%d queries (e.g. %r) have fewer than negatives.count=%d hard-negative candidates; random "
+                    "documents fill the rest (raise negatives.depth, or lower negatives.count)", len(short),
+                    min(short), cfg.negatives.count)
     batch_size = cfg.optim.batch_size
     window = batch_size * cfg.optim.bucket_batches
     batches = []

@@ -33,7 +33,14 @@ from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
 from lsr.train.model import TrainableEncoder, adamw_kernel
-from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
+from lsr.train.state import (
+    checkpoint_path,
+    find_checkpoint,
+    load_trainer_state,
+    log_lines_up_to,
+    prune_checkpoints,
+    save_trainer_state,
+)
 
 __all__ = ["Trainer", "train"]
 
@@ -83,7 +90,7 @@ class Trainer:
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         _seed_everything(cfg.seed)
-        self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints") if cfg.resume else None
+        self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints", cfg.to_dict()) if cfg.resume else None
         self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
                                       deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
                                       gradient_checkpointing=cfg.optim.gradient_checkpointing)
@@ -249,7 +256,8 @@ class Trainer:
         folder = checkpoint_path(self.out / "checkpoints", self.step)
         self.model.encoder.save_pretrained(folder, overwrite=True)
         save_trainer_state(folder, self.optimizer, self.param_names, self.device,
-                           {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch})
+                           {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch},
+                           config=self.cfg.to_dict())
         prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
         return folder
 
@@ -259,7 +267,7 @@ class Trainer:
         for name in ("log.jsonl", "eval.jsonl"):  # lines past the checkpoint are about to be redone
             path = self.out / name
             if path.is_file():
-                keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= self.step]
+                keep = log_lines_up_to(path, self.step)
                 atomic_write_text(path, "".join(ln + "\n" for ln in keep))
         log.info("resumed from %s at step %d", folder, self.step)
 

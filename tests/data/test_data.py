@@ -125,12 +125,12 @@ def test_unknown_specs(tmp_path):
 
 
 def test_tsv_folder(tmp_path):
-    (tmp_path / "collection.tsv").write_bytes(b"d1\t first doc\r\nd2\tsecond\tdoc\n\nd3\tcarriage\rreturn\n")
+    (tmp_path / "collection.tsv").write_bytes(b"d1\t first doc\r\nd2\tsecond doc\t\n\nd3\tcarriage\rreturn\n")
     (tmp_path / "queries.dev.tsv").write_text("q1\tquery one\nq2\tquery two\n")
     (tmp_path / "qrels.dev.tsv").write_text("q1\t0\td2\t1\n")
     ds = load_dataset(f"{tmp_path}:dev")
     assert ds.n_docs == 3
-    assert list(ds.docs_iter()) == [("d1", "first doc"), ("d2", "second\tdoc"), ("d3", "carriage\rreturn")]
+    assert list(ds.docs_iter()) == [("d1", "first doc"), ("d2", "second doc"), ("d3", "carriage\rreturn")]
     assert ds.queries == {"q1": "query one", "q2": "query two"}  # unjudged queries are kept
     assert ds.qrels == {"q1": {"d2": 1}}
     assert load_dataset(str(tmp_path), split="dev").queries == ds.queries

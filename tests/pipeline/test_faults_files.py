@@ -364,7 +364,7 @@ def test_query_file_errors_are_one_line(job, capsys):
     assert not (job / "r.trec").exists()
 
 
-@pytest.mark.parametrize("line, message", [('{"text": "x"}', "got no '_id'"), ("[1, 2]", "got a JSON list")])
+@pytest.mark.parametrize("line, message", [('{"text": "x"}', "got no '_id'"), ("[1, 2]", "got a JSON array")])
 def test_corpus_lines_without_an_id_name_file_and_line(job, capsys, line, message):
     (job / "A" / "corpus.jsonl").write_text('{"_id": "a1", "text": "apple"}\n' + line + "\n")
     _fails(capsys, ["run", "cfg.yaml"], 1, "A/corpus.jsonl:2: expected a JSON object with '_id'", message)
