@@ -111,8 +111,10 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
     bounds = slice_bounds(plan.n_queries, n_slices)
     rows = -(-plan.n_queries // n_slices)
     step = max(1, GATHER_BYTES // (16 * k * world))
-    out = (torch.zeros(plan.n_queries, k, dtype=torch.float32),
-           torch.full((plan.n_queries, k), -1, dtype=torch.int64)) if rank == 0 else None
+    # every row is written below (the slices tile the queries): empty, since first touches of host memory are
+    # what a large result costs most on rank 0
+    out = (torch.empty(plan.n_queries, k, dtype=torch.float32),
+           torch.empty(plan.n_queries, k, dtype=torch.int64)) if rank == 0 else None
     for c in range(0, rows, step):
         m = min(step, rows - c)
         packed = pack_hits(local[0][c:c + m].to(comm), local[1][c:c + m].to(comm), m)
@@ -126,7 +128,8 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
             if b > a:
                 ranks = range(j * per_slice, (j + 1) * per_slice)
                 s, i = merge_hit_lists([(lists[r][0][:b - a], lists[r][1][:b - a]) for r in ranks], k)
-                out[0][a:b], out[1][a:b] = s.cpu(), i.cpu()
+                out[0][a:b].copy_(s)  # straight into the result: no intermediate host copy
+                out[1][a:b].copy_(i)
     return out
 
 
