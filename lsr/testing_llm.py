@@ -8,6 +8,8 @@ family's conventions, so a test loads it by path the way a user loads a real one
   tokenizer entries, as Qwen3 pads its 151,669 tokens to 151,936 rows;
 * ``llama``: ``<|begin_of_text|>`` prepended, ``<|end_of_text|>`` eos, **no pad token**, untied LM head, one row
   per token.
+
+``save_random_decoder(config, ...)`` does the same for any config (benchmarks: a Qwen3-0.6B-shaped model).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DECODER_KINDS", "save_tiny_decoder", "tiny_decoder_config"]
+__all__ = ["DECODER_KINDS", "save_random_decoder", "save_tiny_decoder", "tiny_decoder_config"]
 
 DECODER_KINDS = ("qwen3", "llama")
 _BPE_SIZE = 500
@@ -60,24 +62,37 @@ def _tokenizer(kind: str, data_dir: Path):  # -> a transformers fast tokenizer
                                    additional_special_tokens=["<|reserved_special_token_0|>"], model_max_length=512)
 
 
-def save_tiny_decoder(kind: str, out_dir: str | Path, data_dir: str | Path, *, seed: int = 0,
-                      extra_rows: int = 140) -> Path:
-    """Write a tiny random ``kind`` causal LM + tokenizer to ``out_dir`` with ``save_pretrained``; returns it.
-    ``data_dir``: the repository's data/ folder (SciFact); ``extra_rows``: qwen3's embedding rows past the tokenizer."""
+def save_random_decoder(config, out_dir: str | Path, data_dir: str | Path, *, seed: int = 0,
+                        head_std: float | None = None, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Path:
+    """A random-weight causal LM of any ``config`` (Qwen3 conventions for ``model_type`` "qwen3", else Llama's) + the
+    tiny tokenizer, saved to ``out_dir``; ``config.vocab_size`` may exceed the tokenizer (placeholder rows).
+    ``head_std``: redraw the LM head with this standard deviation; ``device`` / ``dtype``: where it is built, saved as."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(kind, Path(data_dir))
-    vocab_size = len(tok) + (extra_rows if kind == "qwen3" else 0)
-    config = tiny_decoder_config(kind, vocab_size)
-    config.eos_token_id = tok.eos_token_id
-    config.bos_token_id = tok.bos_token_id
-    config.pad_token_id = tok.pad_token_id
+    tok = _tokenizer("qwen3" if config.model_type == "qwen3" else "llama", Path(data_dir))
+    if config.vocab_size < len(tok):
+        raise ValueError(f"vocab_size {config.vocab_size} is below the tokenizer's {len(tok)} entries")
+    config.eos_token_id, config.bos_token_id, config.pad_token_id = tok.eos_token_id, tok.bos_token_id, tok.pad_token_id
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # the default init (std 0.02) gives near-zero logits: widen them so rankings are not ties
-        model.get_output_embeddings().weight.normal_(0.0, 0.3)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if head_std is not None:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.normal_(0.0, head_std)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def save_tiny_decoder(kind: str, out_dir: str | Path, data_dir: str | Path, *, seed: int = 0,
+                      extra_rows: int = 140) -> Path:
+    """Write a tiny random ``kind`` causal LM + tokenizer to ``out_dir`` with ``save_pretrained``; returns it.
+    ``data_dir``: the repository's data/ folder (SciFact); ``extra_rows``: qwen3's embedding rows past the tokenizer."""
+    if kind not in DECODER_KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {DECODER_KINDS}")
+    # the tokenizer has _BPE_SIZE entries, its special tokens among them
+    config = tiny_decoder_config(kind, _BPE_SIZE + (extra_rows if kind == "qwen3" else 0))
+    # the default init (std 0.02) gives near-zero logits: a wider head keeps rankings from being ties
+    return save_random_decoder(config, out_dir, data_dir, seed=seed, head_std=0.3)

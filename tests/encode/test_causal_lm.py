@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from lsr.encode.sparton import sparton_head, torch_sparton_head
 from lsr.encode.splade.causal import CausalLMTower
 from lsr.encode.splade.encoder import SpladeEncoder
+from lsr.search.searcher import check_compatible
 from lsr.testing import SAMPLE_TEXTS as TEXTS
 from lsr.testing import write_scifact_slice
 from lsr.testing_llm import DECODER_KINDS, save_tiny_decoder
@@ -110,6 +111,9 @@ def test_bidirectional_attention_matches_a_hand_built_mask_and_is_saved(decoders
     got = bi.encode_document(texts).to_dense()
     torch.testing.assert_close(got, bidirectional_reference(path, texts), atol=1e-5, rtol=1e-4)
     assert (got - causal.encode_document(texts).to_dense()).abs().max() > 1e-3  # later tokens reach earlier ones
+    assert (bi.describe()["attention"], causal.describe()["attention"]) == ("bidirectional", "causal")
+    with pytest.raises(ValueError, match="attention: queries 'causal' vs index 'bidirectional'"):
+        check_compatible(causal.describe(), bi.describe())  # vectors of the two settings never meet in a search
     bi.save_pretrained(tmp_path / "bi")
     assert json.loads((tmp_path / "bi" / "lsr_config.json").read_text())["attention"] == "bidirectional"
     again = load(str(tmp_path / "bi"), mask_special_tokens=False)

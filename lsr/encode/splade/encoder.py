@@ -174,6 +174,8 @@ class SpladeEncoder:
         extra = {"query_encoder": "static"} if query.static else {}
         if any(self.prompts.values()):
             extra["prompts"] = dict(self.prompts)
+        if doc.attention is not None:  # a decoder LLM's: causal and bidirectional vectors do not mix
+            extra["attention"] = doc.attention
         if query is not doc and not query.static and (query.pooling, query.activation) != (doc.pooling, doc.activation):
             extra["query_pooling"], extra["query_activation"] = query.pooling, _ACTIVATIONS[query.activation]
         return extra | {
