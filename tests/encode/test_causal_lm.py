@@ -196,6 +196,35 @@ def test_lsr_train_cli_trains_a_decoder_folder(decoders, data_dir, tmp_path, cap
     assert trained.encode_document(MORE).nnz > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", DECODER_KINDS)
+def test_gpu_decoder_encodes_within_bf16_tolerance_and_trains(decoders, kind):
+    """CUDA: fp32 equals the reference; bf16 errs at most 2x what the plain bf16 computation errs (the Triton head,
+    packed where it pays); a training step through the Triton head (bf16 autocast) gives finite, moving weights."""
+    from lsr.train.model import TrainableEncoder
+
+    texts = TEXTS + MORE
+    enc32 = SpladeEncoder.from_pretrained(decoders[kind], device="cuda", dtype=torch.float32, mask_special_tokens=False)
+    ref = causal_reference(decoders[kind], texts, enc32.max_length_doc, False).double()
+    torch.testing.assert_close(enc32.encode_document(texts).to_dense().double(), ref, atol=1e-4, rtol=1e-3)
+    enc16 = SpladeEncoder.from_pretrained(decoders[kind], device="cuda", mask_special_tokens=False)
+    assert enc16.dtype == torch.bfloat16 and enc16.explain().head.variant != "torch"
+    model = transformers.AutoModelForCausalLM.from_pretrained(decoders[kind], dtype=torch.bfloat16).cuda().eval()
+    tok = transformers.AutoTokenizer.from_pretrained(decoders[kind])
+    tok.pad_token = tok.pad_token or tok.eos_token
+    batch = tok(texts, padding=True, truncation=True, max_length=enc16.max_length_doc, return_tensors="pt").to("cuda")
+    with torch.no_grad():
+        plain = (torch.log1p(torch.relu(model(**batch).logits)) * batch["attention_mask"][..., None]).amax(1)
+    err = (enc16.encode_document(texts).to_dense().double() - ref).norm()
+    assert err <= 2 * (plain.cpu().double() - ref).norm() + 1e-6
+    train = TrainableEncoder(SpladeEncoder.from_pretrained(decoders[kind], device="cuda", dtype=torch.float32,
+                                                           varlen=False), head="triton")
+    y = train.encode("doc", MORE)
+    (y.sum(0) ** 2).sum().backward()
+    grads = [p.grad for _, p in train.named_parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
 LLM_VOCABS = [151936, 128256]  # Qwen3, Llama 3
 # under the interpreter a program costs ~0.1 s whatever its size: a wide vocabulary tile keeps the forward to 19 programs
 INTERPRETER_TILE = {"BLOCK_V": 8192, "BLOCK_S": 8, "BLOCK_D": 64, "GROUP_B": 1}
