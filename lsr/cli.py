@@ -67,7 +67,7 @@ def _encoder_config(args: argparse.Namespace) -> EncoderConfig:
     corpus = {k: getattr(args, k) for k in ("doc_top_k", "shard_rows", "tokenize_workers") if hasattr(args, k)}
     return EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
                          max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
-                         compile=args.compile, **corpus)
+                         compile=args.compile, attention=getattr(args, "attention", None), **corpus)
 
 
 def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
@@ -212,6 +212,8 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
                    help="SPLADE: document tokens kept (default: the checkpoint's, 256 for a plain masked LM)")
     p.add_argument("--split", default=None, help="dataset split (e.g. test, dev) for local BEIR folders")
     p.add_argument("--compile", action="store_true", help="SPLADE: torch.compile the backbone (long corpora)")
+    p.add_argument("--attention", choices=("causal", "bidirectional"), default=None,
+                   help="SPLADE decoder LLMs (Qwen3, Llama, ...): attention (default: the model's own, causal)")
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, text: str, func: Callable[[argparse.Namespace], int] | None = None,

@@ -66,7 +66,7 @@ class EncoderConfig:
     """Which encoder makes the vectors, and how."""
 
     kind: str = choice("bm25", ("bm25", "splade"))
-    """"bm25" (lexical, no weights) or "splade" (a masked-LM checkpoint with the Sparton head)."""
+    """"bm25" (lexical, no weights) or "splade" (a masked-LM or decoder-LLM checkpoint with the Sparton head)."""
     model: str | None = None
     """SPLADE: Hugging Face id or local path (required for splade)."""
     query_model: str | None = None
@@ -94,6 +94,8 @@ class EncoderConfig:
     """SPLADE: tokenizer processes; None: min(8, cores - 4) on CUDA, 0 = in-process."""
     compile: bool = False
     """SPLADE: torch.compile the backbone (pays off for millions of passages; the first batches compile)."""
+    attention: str | None = choice(None, ("causal", "bidirectional"))
+    """SPLADE decoder LLMs (Qwen3, Llama, Mistral): causal or bidirectional attention; None: the model's own (causal)."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ outputs and gradients count. Results go to --out as bench_head.json + bench_head
 every case so a killed run keeps what it measured.
 
     PYTHONPATH=. python scripts/bench_head.py --out results/ [--only fwd,train,bert] [--skip compile]
+
+Decoder-LLM cases (``--only llm,decoder``, scripts/bench_head_llm.py): the head at LLM vocabularies against the
+torch head and the GEMM floor (``--llm-shapes``), and a Qwen3-0.6B-shaped decoder's training step and largest batch
+with each head (``--decoder-*``); ``--name`` keeps their result file apart:
+
+    PYTHONPATH=. python scripts/bench_head.py --out results/ --only llm,decoder --name bench_head_llm
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_head_llm import LLM_SHAPES, decoder_case, llm_head_case, llm_table, parse_shapes
+
 from lsr.benchmarks.harness import PeakMemory, Results, environment, quantiles, time_for
 from lsr.encode.sparton import sparton_head, torch_sparton_head
 from lsr.encode.sparton.fwd_padded import triton_sparton_fwd
@@ -78,10 +86,10 @@ def measure(fn: Callable[[], object], rep_ms: float) -> dict:
 
 
 def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[[], object]], args, rows: list,
-              flops: float, deadline: float) -> None:
+              flops: float, deadline: float, width: int = D) -> None:
     B, S, V = shape
     for name, fn in impls.items():
-        row = {"mode": mode, "B": B, "S": S, "V": V, "D": D, "impl": name, "method": name, "ms": None,
+        row = {"mode": mode, "B": B, "S": S, "V": V, "D": width, "impl": name, "method": name, "ms": None,
                "peak_extra_mb": None, "tflops": None, "status": "ok", "active": args.active}
         if time.time() > deadline:
             row["status"] = "skipped (time budget)"
@@ -95,7 +103,7 @@ def run_impls(mode: str, shape: tuple[int, int, int], impls: dict[str, Callable[
                 oom = "out of memory" in str(e).lower()
                 row["status"] = "OOM" if oom else f"error: {type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
-        print(f"  {mode:5s} {B}x{S}x{V} {name:24s} {fmt(row)}", flush=True)
+        print(f"  {mode:5s} {B}x{S}x{V}x{width} {name:24s} {fmt(row)}", flush=True)
         try:
             cleanup()
         finally:  # a sticky CUDA error ends the process: keep what was measured
@@ -222,15 +230,15 @@ def save(results: Results, rows: list, configs: dict) -> None:
 
 def table(rows: list) -> str:
     lines = ["| mode | B×S×V | impl | ms | peak extra MB | × floor | target |", "|---|---|---|---|---|---|---|"]
-    floors = {(r["mode"], r["B"], r["S"], r["V"]): r["ms"] for r in rows if r["impl"] == "gemm_floor" and r["ms"]}
+    floors = {(r["mode"], r["B"], r["S"], r["V"], r["D"]): r["ms"] for r in rows if r["impl"] == "gemm_floor" and r["ms"]}
     for r in rows:
-        key = (r["mode"], r["B"], r["S"], r["V"])
+        key = (r["mode"], r["B"], r["S"], r["V"], r["D"])
         ms = f"{r['ms']:.2f}" if r["ms"] else r["status"]
         mb = f"{r['peak_extra_mb']:.0f}" if r["peak_extra_mb"] is not None else ""
         ratio = f"{r['ms'] / floors[key]:.2f}" if r["ms"] and key in floors else ""
         tgt = ""
-        if r["impl"] in ("sparton", "sparton_head") and TARGETS.get(key):
-            t_ms, t_mb = TARGETS[key]
+        if r["impl"] in ("sparton", "sparton_head") and TARGETS.get(key[:4]):
+            t_ms, t_mb = TARGETS[key[:4]]
             ok = r["ms"] is not None and r["ms"] <= t_ms and (t_mb is None or r["peak_extra_mb"] <= t_mb)
             tgt = f"≤{t_ms} ms" + (f", ≤{t_mb} MB" if t_mb else "") + (" ✓" if ok else " ✗")
         lines.append(f"| {r['mode']} | {r['B']}×{r['S']}×{r['V']} | {r['impl']} | {ms} | {mb} | {ratio} | {tgt} |")
@@ -244,6 +252,10 @@ def run_case(mode: str, idx: int, args) -> None:
     deadline = float(args.deadline)
     if mode == "bert":
         bert_case(args, rows, deadline)
+    elif mode == "llm":
+        llm_head_case(parse_shapes(args.llm_shapes)[idx], args, rows, deadline, run_impls, eager_head)
+    elif mode == "decoder":
+        decoder_case(args, rows, deadline, eager_head)
     else:
         head_cases(mode, {"fwd": FWD_CASES, "train": TRAIN_CASES}[mode][idx], args, rows, deadline)
     Path(args.case_out).write_text(json.dumps({"rows": rows, "configs": tuned_configs()}))
@@ -252,7 +264,13 @@ def run_case(mode: str, idx: int, args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
-    ap.add_argument("--only", default="fwd,train,bert", help="comma list of fwd, train, bert")
+    ap.add_argument("--only", default="fwd,train,bert", help="comma list of fwd, train, bert, llm, decoder")
+    ap.add_argument("--name", default="bench_head", help="result files OUT/NAME.json and OUT/NAME.csv")
+    ap.add_argument("--llm-shapes", default=LLM_SHAPES, help="llm cases, comma list of BxSxVxD")
+    ap.add_argument("--decoder-batch", type=int, default=16, help="decoder: texts per step (the step-time rows)")
+    ap.add_argument("--decoder-seq", type=int, default=512, help="decoder: tokens per text")
+    ap.add_argument("--decoder-max-batch", type=int, default=512, help="decoder: stop doubling the batch here")
+    ap.add_argument("--decoder-layers", type=int, default=28, help="decoder: layers (28 = Qwen3-0.6B)")
     ap.add_argument("--skip", default="", help="comma list of impl-name substrings to skip (e.g. compile,eager)")
     ap.add_argument("--rep", type=float, default=150,
                     help="timed repeats per impl: about this many ms (5..100 repeats)")
@@ -275,20 +293,25 @@ def main() -> None:
     # each case runs in its own process: a crash (e.g. a sticky CUDA error) costs one case, not the run
     deadline = time.time() + args.budget_s
     env, rows, configs, only = environment(dtype="bfloat16", D=D), [], {}, set(args.only.split(","))
-    results = Results(args.out, "bench_head", env, {"args": vars(args)})
+    results = Results(args.out, args.name, env, {"args": vars(args)})
+    parse_shapes(args.llm_shapes)  # a malformed list fails here, not in a child
     print(json.dumps(env), flush=True)
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    for mode in ("fwd", "bert", "train"):
+    cases = {"fwd": FWD_CASES, "train": TRAIN_CASES, "bert": [(320, 512, 30522)], "llm": parse_shapes(args.llm_shapes),
+             "decoder": [(args.decoder_batch, args.decoder_seq, 151936)]}
+    for mode in ("fwd", "bert", "train", "llm", "decoder"):
         if mode not in only:
             continue
-        for idx, shape in enumerate({"fwd": FWD_CASES, "train": TRAIN_CASES, "bert": [(320, 512, 30522)]}[mode]):
+        for idx, shape in enumerate(cases[mode]):
             if args.shapes and "x".join(map(str, shape)) not in args.shapes.split(","):
                 continue
             case_out = logs / f"{mode}{idx}.json"
             cmd = [sys.executable, __file__, "--case", f"{mode}:{idx}", "--case-out", str(case_out),
                    "--deadline", str(deadline), "--skip", skip_arg, "--rep", str(args.rep), "--out", str(args.out),
-                   "--active", str(args.active)]
+                   "--active", str(args.active), "--llm-shapes", args.llm_shapes, "--decoder-batch",
+                   str(args.decoder_batch), "--decoder-seq", str(args.decoder_seq), "--decoder-max-batch",
+                   str(args.decoder_max_batch), "--decoder-layers", str(args.decoder_layers)]
             with open(logs / f"{mode}{idx}.log", "w") as log:
                 proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
             print((logs / f"{mode}{idx}.log").read_text()[-3000:] if proc.returncode else "", end="", flush=True)
@@ -298,7 +321,8 @@ def main() -> None:
                 configs.update(data["configs"])
             if proc.returncode:
                 tail = (logs / f"{mode}{idx}.log").read_text().strip().splitlines()[-1:] or ["?"]
-                rows.append({"mode": mode, "B": shape[0], "S": shape[1], "V": shape[2], "D": D, "impl": "case",
+                rows.append({"mode": mode, "B": shape[0], "S": shape[1], "V": shape[2],
+                             "D": shape[3] if len(shape) > 3 else D, "impl": "case",
                              "method": "case",
                              "ms": None, "peak_extra_mb": None, "tflops": None,
                              "status": f"crashed (rc {proc.returncode}): {tail[0][:300]}"})
@@ -311,11 +335,14 @@ def main() -> None:
                                    env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
                 print("DIAG:", (logs / f"{mode}{idx}_diag.log").read_text()[-2500:], flush=True)
             for r in rows:
-                if (r["mode"], r["B"], r["S"], r["V"]) == (mode, *shape):
+                if r["mode"] == mode and (r["B"], r["S"], r["V"], r["D"])[:len(shape)] == shape[:4] or \
+                        mode == "decoder" == r["mode"]:
                     print(f"  {mode:5s} {r['B']}x{r['S']}x{r['V']} {r['impl']:30s} {fmt(r)}", flush=True)
             save(results, rows, configs)
     print(json.dumps(configs, indent=1))
     print(table(rows))
+    if only & {"llm", "decoder"}:
+        print(llm_table(rows))
 
 
 if __name__ == "__main__":

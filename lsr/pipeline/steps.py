@@ -50,7 +50,7 @@ def build_encoder(cfg: EncoderConfig, device: str) -> Any:
         return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
                                              max_length_query=cfg.max_length_query,
                                              max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k,
-                                             backend=cfg.head, compile=cfg.compile)
+                                             backend=cfg.head, compile=cfg.compile, attention=cfg.attention)
     raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
 
 

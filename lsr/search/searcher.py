@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # Metadata keys that identify the encoder; query and document vectors must agree on those both carry.
 # (Lengths and batch sizes legitimately differ between queries and documents, so they are not compared.)
 ENCODER_IDENTITY_KEYS = ("kind", "model", "model_id", "name_or_path", "revision", "vocab_hash", "tokenizer_hash",
-                         "vocab_size", "lowercase", "stemmer", "pooling")
+                         "vocab_size", "lowercase", "stemmer", "pooling", "attention")
 QUERY_LANES = 16       # torch path: query columns padded to whole 512-bit float vectors (_padded_columns)
 
 

@@ -1,8 +1,9 @@
 """The trainable side of a ``SpladeEncoder``: its towers' parameters, a differentiable encode through the
 Sparton head, and one gradient computation (plain, or GradCache-style in chunks).
 
-The encoder's towers keep the masked LM with its decoder replaced by an identity (``.logits`` are the
-transformed hidden states) and a detached view of the decoder weights for inference. Training uses the
+The encoder's towers keep the masked LM (or decoder LLM, ``lsr.encode.splade.causal``) with its decoder replaced by
+an identity (the body's ``.logits`` are the transformed / final hidden states) and a detached view of the decoder
+weights for inference. Training uses the
 decoder's own parameters, so the optimizer's in-place updates are what inference sees next (dev
 evaluation and checkpoints need no copy).
 """
@@ -17,13 +18,14 @@ import torch
 from torch import nn
 
 from lsr.encode.sparton import sparton_head
+from lsr.encode.splade.checkpoint import mask_terms
 from lsr.encode.splade.st_checkpoint import activate
 
 __all__ = ["TrainableEncoder", "adamw_kernel", "checkpoint_activations", "decoder_of"]
 
 
 def decoder_of(tower: Any) -> nn.Linear:
-    """The decoder Linear a ``MaskedLMTower`` detached from its model (its parameters are trained)."""
+    """The decoder Linear (a decoder LLM's LM head) a tower detached from its model (its parameters are trained)."""
     if tower.static:
         raise NotImplementedError("training a static (inference-free) query tower is not supported; "
                                   "start from a checkpoint whose queries are encoded by a model")
@@ -103,7 +105,7 @@ class TrainableEncoder:
         with self.autocast():
             hidden = tower.body(input_ids=ids, attention_mask=mask).logits
             y = self.head(hidden, decoder.weight, decoder.bias, mask.bool(), self.head_impl, self.deterministic)
-        return activate(y.float(), tower.activation)
+        return mask_terms(activate(y.float(), tower.activation), tower.term_mask)
 
     def backward(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]],
                  queries: Sequence[str], docs: Sequence[str], chunk: int | None = None

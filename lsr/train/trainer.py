@@ -117,7 +117,8 @@ class Trainer:
         # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
         kw = {"device": self.device, "dtype": torch.float32, "max_length_query": enc_cfg.max_length_query,
               "max_length_doc": enc_cfg.max_length_doc, "backend": enc_cfg.head, "varlen": False,
-              "attn_implementation": "eager" if deterministic else "sdpa", "compile": enc_cfg.compile}
+              "attn_implementation": "eager" if deterministic else "sdpa", "compile": enc_cfg.compile,
+              "attention": enc_cfg.attention}
         enc = SpladeEncoder.from_pretrained(source, **kw)
         if cfg.optim.separate_towers and enc._towers["query"] is enc._towers["doc"]:
             enc = SpladeEncoder.from_pretrained(source, query_model=source, **kw)

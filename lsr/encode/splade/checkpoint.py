@@ -1,7 +1,8 @@
 """Loading a Hugging Face masked-LM checkpoint for SPLADE: the model cut before its decoder, its tokenizer.
 
 * ``MaskedLMTower``: one checkpoint as backbone + MLM transform (``body``) and decoder (``weight``, ``bias``),
-  with its vocabulary, padding id and position limit.
+  with its vocabulary, padding id and position limit (decoder LLMs: ``lsr.encode.splade.causal.CausalLMTower``).
+* ``mask_terms``: zero the vocabulary entries a tower masks (``term_mask``) in pooled [B, V] weights.
 * ``TextTokenizer``: texts -> token id arrays (a private, thread-safe copy of the fast tokenizer; worker
   processes through ``tokenize_pool``).
 * ``resolve_local_files_only``: offline rules (HF_HUB_OFFLINE, an unreachable hub) with a one-line message
@@ -15,7 +16,8 @@ import json
 import os
 import socket
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ from torch import nn
 from lsr.encode.backbone.varlen_body import VarlenBody
 from lsr.encode.tokenize.pool import TokenizerPool, load_tokenizer, tokenize_function
 
-__all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "resolve_dtype", "resolve_local_files_only",
-           "tokenizer_facts"]
+__all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "mask_terms", "resolve_dtype",
+           "resolve_local_files_only", "tokenizer_facts"]
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 NO_LIMIT = 1_000_000  # a max length at or above this means "no limit"
@@ -105,6 +107,12 @@ def tokenizer_facts(tokenizer: Any, vocab_size: int) -> tuple[list[str], int, in
     return vocab, pad_id, int(limit) if limit and limit < NO_LIMIT else None
 
 
+def mask_terms(y: torch.Tensor, term_mask: torch.Tensor | None) -> torch.Tensor:
+    """Pooled weights [B, V] with the entries of ``term_mask`` (bool [V], True = dropped) set to 0 (differentiable;
+    ``y`` itself when there is no mask)."""
+    return y if term_mask is None else y.masked_fill(term_mask, 0)
+
+
 class TextTokenizer:
     """texts -> token ids truncated to ``max_length`` with the tokenizer's special tokens.
 
@@ -149,22 +157,23 @@ class MaskedLMTower:
     plain checkpoints are max / relu, sentence-transformers ``SpladePooling`` configs may differ."""
 
     static = False  # a model-free (token weight table) tower is ``lsr.encode.splade.st_checkpoint.StaticTower``
+    auto_class = "AutoModelForMaskedLM"  # the transformers class that loads the checkpoint
+    attention: str | None = None  # decoder towers: "causal" | "bidirectional"; masked LMs attend both ways
+    term_mask: torch.Tensor | None = None  # bool [V]: vocabulary entries whose weight is always 0 (None: none)
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype, local_files_only: bool | None,
                  revision: str | None, attn_implementation: str | None) -> None:
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
+        import transformers
 
-        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
-            raise FileNotFoundError(f"{name} has no config.json: not a Hugging Face checkpoint folder; give a folder "
-                                    "with config.json, the weights and the tokenizer (save_pretrained writes one), "
-                                    "or a hub id")
+        self.check_folder(name)
         kw = {"revision": revision, "local_files_only": resolve_local_files_only(name, local_files_only, revision)}
         self.name = name
-        self.tokenizer = AutoTokenizer.from_pretrained(name, **kw)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(name, **kw)
+        auto = getattr(transformers, self.auto_class)
         try:
-            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, **kw)
+            model = auto.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, **kw)
         except (ValueError, ImportError):  # this architecture has no such attention implementation
-            model = AutoModelForMaskedLM.from_pretrained(name, dtype=dtype, **kw)
+            model = auto.from_pretrained(name, dtype=dtype, **kw)
         model.to(device).eval()
         decoder = model.get_output_embeddings()
         if not isinstance(decoder, nn.Linear):
@@ -183,13 +192,27 @@ class MaskedLMTower:
         V = self.weight.shape[0]
         self.vocab, self.pad_id, self.max_positions = tokenizer_facts(self.tokenizer, V)
 
-    def save_pretrained(self, folder: str | os.PathLike) -> None:
-        """Write the whole masked LM (decoder included) and the tokenizer with ``save_pretrained``."""
+    @staticmethod
+    def check_folder(name: str) -> None:
+        """A local folder must hold a Hugging Face checkpoint (config.json); hub ids pass."""
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            raise FileNotFoundError(f"{name} has no config.json: not a Hugging Face checkpoint folder; give a folder "
+                                    "with config.json, the weights and the tokenizer (save_pretrained writes one), "
+                                    "or a hub id")
+
+    @contextmanager
+    def decoder_attached(self) -> Iterator[nn.Module]:
+        """The whole model, its decoder back in place, for the duration of the block (saving, checks)."""
         for module, child_name, decoder in self._decoder_slots:
             setattr(module, child_name, decoder)
         try:
-            self.model.save_pretrained(folder)
+            yield self.model
         finally:
             for module, child_name, _ in self._decoder_slots:
                 setattr(module, child_name, nn.Identity())
+
+    def save_pretrained(self, folder: str | os.PathLike) -> None:
+        """Write the whole model (decoder included) and the tokenizer with ``save_pretrained``."""
+        with self.decoder_attached() as model:
+            model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)

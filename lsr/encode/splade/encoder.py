@@ -35,9 +35,10 @@ from tqdm.auto import tqdm
 
 from lsr.encode.base import sparse_output
 from lsr.encode.bm25.lexical import decode_rows, vocab_hash
+from lsr.encode.splade.causal import load_tower
 from lsr.encode.splade.checkpoint import MaskedLMTower, TextTokenizer, resolve_dtype
 from lsr.encode.splade.extract import CountedRows, PendingVectors, rows_to_input_order
-from lsr.encode.splade.forward import encode_batch, uses_packed_body
+from lsr.encode.splade.forward import EncodePlan, encode_batch, plan_encode, uses_packed_body
 from lsr.encode.splade.query_graphs import QueryGraphs
 from lsr.encode.splade.st_checkpoint import StaticTower, find_st_folder, load_st_towers, read_st_checkpoint
 from lsr.encode.stream import WINDOW, encode_windows, windows_pool
@@ -97,8 +98,9 @@ class SpladeEncoder:
                         backend: str = "auto", local_files_only: bool | None = None, revision: str | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
                         attn_implementation: str | None = "sdpa", compile: bool = False,
-                        packed: bool = True, varlen: bool | None = None, gelu_epilogue: bool = True) -> SpladeEncoder:
-        """Load a masked-LM checkpoint (HF id or local directory) as a SPLADE encoder.
+                        packed: bool = True, varlen: bool | None = None, gelu_epilogue: bool = True,
+                        attention: str | None = None, mask_special_tokens: bool = True) -> SpladeEncoder:
+        """Load a masked-LM or decoder-LLM checkpoint (HF id or local directory) as a SPLADE encoder.
 
         A sentence-transformers SparseEncoder checkpoint (a folder or hub repository with ``modules.json``)
         loads with its pooling, activation, max length and prompts, including the inference-free layout
@@ -116,20 +118,26 @@ class SpladeEncoder:
         GELU than the separate call; ``lsr.encode.backbone.varlen_body``); False calls the model's own activation. ``batch_size`` / ``max_tokens``:
         batching defaults (CUDA: 1024 texts / 131072 padded tokens; CPU: 32 / none).
         ``compile``: torch.compile the backbone (dynamic shapes; the padding-free one when it is used); what
-        it gains per backbone is measured in docs/performance/encode.md.
+        it gains per backbone is measured in docs/performance/encode.md. Decoder LLMs (Qwen3, Llama, Mistral:
+        ``...ForCausalLM`` checkpoints) pool their LM head's logits (``lsr.encode.splade.causal``): ``attention``
+        "causal" (None: the model's own) or "bidirectional"; ``mask_special_tokens``: their special tokens and the
+        embedding rows past the tokenizer get weight 0. ``explain()`` prints the routes a batch takes.
         """
         dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dt = resolve_dtype(dtype, dev)
         folder, found = find_st_folder(str(name_or_path), local_files_only, revision), {}
         if folder is not None:
-            doc, query, found = load_st_towers(read_st_checkpoint(folder), dev, dt, attn_implementation)
+            doc, query, found = load_st_towers(read_st_checkpoint(folder), dev, dt, attn_implementation,
+                                               attention=attention, mask_special_tokens=mask_special_tokens)
             doc.name = str(name_or_path)
             if query is not doc:
                 query.name = f"{name_or_path} (query route)"
         else:
-            doc = query = MaskedLMTower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation)
+            doc = query = load_tower(str(name_or_path), dev, dt, local_files_only, revision, attn_implementation,
+                                     attention=attention, mask_special_tokens=mask_special_tokens)
         if query_model is not None:
-            query = MaskedLMTower(str(query_model), dev, dt, local_files_only, None, attn_implementation)
+            query = load_tower(str(query_model), dev, dt, local_files_only, None, attn_implementation,
+                               attention=attention, mask_special_tokens=mask_special_tokens)
         max_length_doc = max_length_doc or found.get("max_length_doc", 256)
         max_length_query = max_length_query or found.get("max_length_query", 64)
         for tower, length in ((doc, max_length_doc), (query, max_length_query)):
@@ -166,6 +174,8 @@ class SpladeEncoder:
         extra = {"query_encoder": "static"} if query.static else {}
         if any(self.prompts.values()):
             extra["prompts"] = dict(self.prompts)
+        if doc.attention is not None:  # a decoder LLM's: causal and bidirectional vectors do not mix
+            extra["attention"] = doc.attention
         if query is not doc and not query.static and (query.pooling, query.activation) != (doc.pooling, doc.activation):
             extra["query_pooling"], extra["query_activation"] = query.pooling, _ACTIVATIONS[query.activation]
         return extra | {
@@ -185,6 +195,14 @@ class SpladeEncoder:
     def runs_packed(self, kind: str) -> bool:
         """Whether inference runs ``kind`` batches padding-free (``forward.uses_packed_body``)."""
         return uses_packed_body(self.tower(kind), self.varlen, self.device, self.dtype)
+
+    def explain(self, kind: str = "doc", batch: int = 32, seq: int | None = None, *, train: bool = False) -> EncodePlan:
+        """The routes a [batch, seq] batch of ``kind`` texts takes: body and Sparton head, each with why (printable).
+        ``seq``: default the kind's max length; ``train``: as ``TrainableEncoder`` runs it (bf16 autocast on CUDA)."""
+        seq = seq or (self.max_length_doc if kind == "doc" else self.max_length_query)
+        dtype = torch.bfloat16 if train and self.device.type == "cuda" else self.dtype
+        return plan_encode(self.tower(kind), varlen=self.varlen, device=self.device, dtype=dtype, backend=self.backend,
+                           packed=self.packed, batch=batch, seq=seq, train=train)
 
     def __repr__(self) -> str:
         return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "

@@ -9,20 +9,30 @@ Two routes, chosen per batch by ``uses_packed_body``:
   transformed states), then ``lsr.encode.sparton.sparton_head`` (which may pack the real tokens for inference where
   that pays) or, for sum pooling, ``st_checkpoint.pool_logits``.
 
-A static tower (the inference-free query route) has no model: it weights the text's own tokens.
+A static tower (the inference-free query route) has no model: it weights the text's own tokens. Decoder LLMs
+(``lsr.encode.splade.causal``) take the padded route; their ``term_mask`` entries are zeroed in the pooled weights.
+``plan_encode`` says which route a batch takes and why (``SpladeEncoder.explain``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from lsr.encode.backbone.varlen_body import pack_batch, pack_tokens
-from lsr.encode.sparton import packed_tokens_sparton_head, sparton_head
-from lsr.encode.splade.checkpoint import MaskedLMTower
+from lsr.encode.sparton import (
+    DEFAULT_DISPATCH,
+    HeadFacts,
+    SpartonPlan,
+    packed_tokens_sparton_head,
+    sparton_head,
+)
+from lsr.encode.splade.checkpoint import MaskedLMTower, mask_terms
 from lsr.encode.splade.st_checkpoint import StaticTower, activate, pool_logits
 from lsr.encode.tokenize.batching import TokenBatch
 
-__all__ = ["TORCH_HEAD_BYTES", "encode_batch", "head_weights", "uses_packed_body"]
+__all__ = ["TORCH_HEAD_BYTES", "EncodePlan", "encode_batch", "head_weights", "plan_encode", "uses_packed_body"]
 
 TORCH_HEAD_BYTES = 1 << 28  # the torch twin builds [rows, S, V] fp32 logits: cap them at 256 MiB per call
 
@@ -80,4 +90,54 @@ def encode_batch(tower: MaskedLMTower | StaticTower, batch: TokenBatch, *, devic
         return hidden
     if tower.pooling == "sum":
         return pool_logits(hidden, tower.weight, tower.bias, mask, tower.activation, TORCH_HEAD_BYTES)
-    return activate(head_weights(tower, hidden, mask, backend=backend, packed=packed_head), tower.activation)
+    y = activate(head_weights(tower, hidden, mask, backend=backend, packed=packed_head), tower.activation)
+    return mask_terms(y, tower.term_mask)
+
+
+@dataclass(frozen=True)
+class EncodePlan:
+    """The routes one batch of a tower takes: the body (``"static"``, ``"padding-free"`` or ``"hf-padded"``), why,
+    and the head's ``SpartonPlan`` (None for a static tower)."""
+
+    architecture: str
+    body: str
+    body_reason: str
+    head: SpartonPlan | None
+
+    def __str__(self) -> str:
+        head = "none (token weight table)" if self.head is None else str(self.head)
+        return f"{self.architecture}: body: {self.body} ({self.body_reason}); {head}"
+
+
+def _body_route(tower: MaskedLMTower, varlen: bool | None, device: torch.device, dtype: torch.dtype,
+                train: bool) -> tuple[str, str]:
+    if tower.varlen is None:
+        kind = f"decoder LLM, {tower.attention} attention" if tower.attention else "architecture"
+        return "hf-padded", f"{kind}: the padding-free body covers BERT / DistilBERT only; Hugging Face's forward"
+    if train:
+        return "hf-padded", "training runs Hugging Face's forward (the padding-free body is inference-only)"
+    if tower.pooling != "max":
+        return "hf-padded", f"{tower.pooling} pooling (the padding-free path feeds the max-pooling head only)"
+    if uses_packed_body(tower, varlen, device, dtype):
+        return "padding-free", "packed tokens, flash / packed attention, no padding computed"
+    why = "varlen=False" if varlen is False else "flash attention needs CUDA fp16/bf16 (varlen=None)"
+    return "hf-padded", why
+
+
+def plan_encode(tower: MaskedLMTower | StaticTower, *, varlen: bool | None, device: torch.device, dtype: torch.dtype,
+                backend: str, packed: bool, batch: int, seq: int, train: bool = False) -> EncodePlan:
+    """The routes ``encode_batch`` (``train``: ``TrainableEncoder``) takes for a [batch, seq] batch of ``tower``."""
+    if tower.static:
+        return EncodePlan(tower.architecture, "static", "a token weight table, no model runs", None)
+    body, why = _body_route(tower, varlen, device, dtype, train)
+    if body == "padding-free":
+        head = SpartonPlan("packed", "the padding-free body hands over packed tokens (fwd_packed)", "none (inference)")
+    elif tower.pooling == "sum":
+        head = SpartonPlan("torch", "sum pooling: st_checkpoint.pool_logits (the Sparton kernels max-pool)",
+                           "torch autograd" if train else "none (inference)")
+    else:
+        # a zero-stride stand-in with the batch's shape: the plan reads shapes, dtype and device only
+        hidden = torch.empty((), device=tower.weight.device, dtype=dtype).expand(batch, seq, tower.weight.shape[1])
+        facts = replace(HeadFacts.of(hidden, tower.weight, tower.bias), dtype=dtype, needs_grad=train)
+        head = DEFAULT_DISPATCH.plan(facts, backend=backend, packed=packed and not train)
+    return EncodePlan(tower.architecture, body, why, head)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from lsr.encode.splade.causal import load_tower
 from lsr.encode.splade.checkpoint import NO_LIMIT, MaskedLMTower, downloads_off, tokenizer_facts
 
 __all__ = ["Route", "StCheckpoint", "StaticTower", "activate", "find_st_folder", "load_route", "load_st_towers",
@@ -178,7 +179,7 @@ class StaticTower:
     (tokenized without special tokens, truncated to the tokenizer's limit); no model runs."""
 
     static = True
-    varlen = None
+    varlen = term_mask = attention = None
     pooling = activation = architecture = "SparseStaticEmbedding"
 
     def __init__(self, path: Path, device: torch.device) -> None:
@@ -220,12 +221,14 @@ def _load_weight(path: Path) -> torch.Tensor:
     return state["weight"]
 
 
-def load_route(route: Route, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
-               ) -> MaskedLMTower | StaticTower:
-    """Build the tower of one route (local folder) with the route's pooling, activation and max length."""
+def load_route(route: Route, device: torch.device, dtype: torch.dtype, attn_implementation: str | None, *,
+               attention: str | None = None, mask_special_tokens: bool = True) -> MaskedLMTower | StaticTower:
+    """Build the tower of one route (local folder) with the route's pooling, activation and max length
+    (``attention`` / ``mask_special_tokens``: for a decoder LLM, see ``lsr.encode.splade.causal``)."""
     if route.kind == "static":
         return StaticTower(route.path, device)
-    tower = MaskedLMTower(str(route.path), device, dtype, True, None, attn_implementation)
+    tower = load_tower(str(route.path), device, dtype, True, None, attn_implementation, attention=attention,
+                       mask_special_tokens=mask_special_tokens)
     tower.pooling, tower.activation = route.pooling, route.activation
     if route.dimension is not None and route.dimension != tower.weight.shape[0]:
         raise ValueError(f"{route.path}: SpladePooling says {route.dimension} dimensions but the decoder has "
@@ -242,14 +245,17 @@ def default_length(route: Route, tower: MaskedLMTower | StaticTower) -> int:
     return tower.max_positions or NO_LIMIT
 
 
-def load_st_towers(ckpt: StCheckpoint, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
+def load_st_towers(ckpt: StCheckpoint, device: torch.device, dtype: torch.dtype, attn_implementation: str | None, *,
+                   attention: str | None = None, mask_special_tokens: bool = True
                    ) -> tuple[MaskedLMTower, MaskedLMTower | StaticTower, dict[str, Any]]:
     """(document tower, query tower, defaults) of a checkpoint; defaults holds ``max_length_doc`` /
-    ``max_length_query`` (lsr's saved values, else the ones sentence-transformers uses) and ``prompts``."""
+    ``max_length_query`` (lsr's saved values, else the ones sentence-transformers uses) and ``prompts``.
+    ``attention``: a decoder LLM's (None: the one lsr saved with the checkpoint, else the model's own)."""
     if ckpt.doc.kind != "mlm":
         raise ValueError(f"{ckpt.folder}: the document route must run a masked LM, not a {ckpt.doc.kind} module")
-    doc = load_route(ckpt.doc, device, dtype, attn_implementation)
-    query = doc if ckpt.query is ckpt.doc else load_route(ckpt.query, device, dtype, attn_implementation)
+    kw = {"attention": attention or ckpt.lsr.get("attention"), "mask_special_tokens": mask_special_tokens}
+    doc = load_route(ckpt.doc, device, dtype, attn_implementation, **kw)
+    query = doc if ckpt.query is ckpt.doc else load_route(ckpt.query, device, dtype, attn_implementation, **kw)
     defaults = {"max_length_doc": ckpt.lsr.get("max_length_doc") or default_length(ckpt.doc, doc),
                 "max_length_query": ckpt.lsr.get("max_length_query") or default_length(ckpt.query, query),
                 "prompts": ckpt.prompts}

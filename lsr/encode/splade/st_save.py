@@ -103,5 +103,7 @@ def save_st_checkpoint(folder: str | os.PathLike, doc: MaskedLMTower, query: Mas
         _write_json(tmp / "config_sentence_transformers.json", {
             "model_type": "SparseEncoder", "similarity_fn_name": "dot", "default_prompt_name": None,
             "prompts": {"query": prompts.get("query", ""), "document": prompts.get("doc", "")}})
-        _write_json(tmp / LSR_CONFIG, {"max_length_query": max_length_query, "max_length_doc": max_length_doc})
+        attention = {"attention": doc.attention} if doc.attention is not None else {}  # a decoder LLM's, reloaded
+        _write_json(tmp / LSR_CONFIG, {"max_length_query": max_length_query, "max_length_doc": max_length_doc}
+                    | attention)
     return folder
