@@ -189,6 +189,22 @@ BAD = [
     (json.dumps({"queries": ["a"] * 5000}).encode(), 413, "at most 4096"),
     (b'{"query": "a", "query": "b"}', 400, "the key 'query' is given twice"),       # JSON keeps the last silently
     (b'{"vectors": [{"cell": 1, "cell": 2}]}', 400, "the key 'cell' is given twice"),
+    # malformed beyond what the decoder names: each once a plain-text 500
+    (b"[" * 100_000, 400, "nests arrays or objects too deeply"),
+    (b"[" * 1_000_000, 400, "nests arrays or objects too deeply"),        # decoded off the event loop
+    (b'{"query": ' + b"[" * 5000, 400, "nests arrays or objects too deeply"),
+    (b'{"query": "a", "k": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),  # beyond int()'s 4300 digits
+    (b'{"query": "a", "k": 1e999}', 422, "'k' must be an integer"),
+    (b'{"query": "a", "k": -Infinity}', 422, "'k' must be an integer"),
+    (b'{"query": "a", "k": 99999999999999999999999}', 422, "'k' must be an integer"),
+    (b'{"query": null}', 422, "non-empty list of strings"),
+    (b'{"queries": ["a", 5]}', 422, "non-empty list of strings"),
+    (b'{"vectors": [[1, 2]]}', 422, "non-empty list of {term: weight}"),
+    (b'"a string"', 400, "JSON object"),
+    (b"null", 400, "JSON object"),
+    (b"", 400, "not valid JSON"),
+    ('{"query": "caf\u00e9"}'.encode("latin-1"), 400, "not valid JSON"),    # Latin-1, not UTF-8
+    (b'{"' + b"x" * 1_000_000 + b'": 1}', 422, "unknown field"),
 ]
 
 
@@ -205,7 +221,8 @@ def test_bad_requests_get_a_one_line_json_error(bm25):
     for (body, status, text), r in zip(BAD, responses):
         assert r.status_code == status, body
         error = r.json()["error"]
-        assert text in error and "\n" not in error and "Traceback" not in error, (body, error)
+        assert text in error and "\n" not in error and "Traceback" not in error, (body[:40], error)
+        assert len(error) <= 500, body[:40]  # one line, not the body quoted back
     assert [r.status_code for r in responses[len(BAD):]] == [404, 405, 405]
     assert all(set(r.json()) == {"error"} for r in responses[len(BAD):])
     stats = asyncio.run(_get(app, "/stats")).json()
@@ -213,6 +230,25 @@ def test_bad_requests_get_a_one_line_json_error(bm25):
     # the server still answers after all that
     ok = asyncio.run(_post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]
     assert ok.status_code == 200 and len(ok.json()["results"][0]["docnos"]) == 2
+
+
+def test_an_unexpected_failure_is_a_json_500(bm25):
+    """Whatever fails inside the app (here a route added to it that raises) answers JSON, not plain text."""
+    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=2, max_wait_ms=1, k=5, warmup=False)
+
+    async def broken() -> None:
+        raise KeyError("boom")
+
+    app.add_api_route("/broken", broken)
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://lsr") as client:
+            return await client.get("/broken")
+
+    r = asyncio.run(get())
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json() == {"error": "the server failed on this request: KeyError: 'boom'"}
 
 
 def test_health_describes_the_server(bm25):
