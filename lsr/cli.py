@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
-from lsr.cli_types import DEVICE_HELP, device, integer
+from lsr.cli_types import DEVICE_HELP, device, integer, ranged
+from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.config import EncoderConfig
@@ -233,7 +234,7 @@ def _add_encode_command(sub: argparse._SubParsersAction) -> None:
                    help="encode the dataset's documents, or its queries (for lsr search --queries)")
     p.add_argument("--shard-rows", type=integer(1), default=100_000, help="documents per shard (the resume granularity)")
     p.add_argument("--doc-top-k", type=integer(1), default=None, help="keep each document's k largest weights")
-    p.add_argument("--tokenize-workers", type=integer(0), default=None,
+    p.add_argument("--tokenize-workers", type=ranged(WORKERS), default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
 
@@ -242,15 +243,15 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
-    p.add_argument("--block-size", type=integer(1), default=65536, help="documents per posting block")
+    p.add_argument("--block-size", type=ranged(BLOCK_SIZES), default=65536, help="documents per posting block")
     p.add_argument("--postings", choices=("auto", "float32", "compact"), default="auto",
                    help="posting layout: compact (4 bytes a posting: 16-bit local doc ids and weights; needs weights "
                         "exact in bf16/fp16, e.g. vectors encoded in bf16), float32 (8 bytes), or auto (compact where "
                         "the weights allow it; the default); same results")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
-    p.add_argument("--partitions", type=integer(1), default=None,
+    p.add_argument("--partitions", type=ranged(PARTITIONS), default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")
-    p.add_argument("--workers", type=integer(1), default=1, help="with --partitions: partitions built at once (threads)")
+    p.add_argument("--workers", type=integer(1, int(WORKERS.high)), default=1, help="with --partitions: partitions built at once (threads)")
     add_device_arg(p)
 
 

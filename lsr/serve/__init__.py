@@ -8,6 +8,7 @@ Module map:
   queries or ``max_wait_ms`` after the first, runs the batch in a worker thread and resolves each future;
   it keeps the request / batch / latency statistics.
 * ``app``: ``create_app``, the FastAPI application (``POST /search``, ``GET /health``, ``GET /stats``).
+* ``limits``: the allowed values of the batching options (``lsr serve``'s flags and ``create_app`` alike).
 * ``cli``: ``lsr serve`` (uvicorn).
 
 FastAPI and uvicorn are the optional extra ``serve`` (``pip install lsr-gpu[serve]``); importing this package

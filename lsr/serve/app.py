@@ -34,6 +34,7 @@ from typing import Any
 from lsr.serve.batcher import ClientGone, DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
+from lsr.serve.limits import check_batching
 
 __all__ = ["BodyLimits", "create_app"]
 
@@ -98,8 +99,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     except ImportError as e:
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
-    if max_batch < 1 or max_wait_ms < 0:  # before loading anything
-        raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch} and {max_wait_ms}")
+    check_batching(max_batch, max_wait_ms)  # before loading anything
     engine = SearchEngine(index, model, device=device, k=k, max_k=max_k, backend=backend, pad_batches=pad_batches)
     if warmup:
         engine.warmup(max_batch)

@@ -525,10 +525,28 @@ def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
     assert len(err.splitlines()) == 1 and "pip install lsr-gpu[serve]" in err
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--port", "99999", "must be an integer in [1, 65535], got 99999"),
+    ("--port", "0", "must be an integer in [1, 65535], got 0"),
+    ("--max-wait-ms", "-1", "must be a number in [0, 60000], got -1"),
+    ("--max-wait-ms", "nan", "must be a number in [0, 60000], got nan"),
+    ("--max-wait-ms", "inf", "must be a number in [0, 60000], got inf"),
+    ("--max-batch", "0", "must be an integer in [1, 65536], got 0"),
+    ("--switch-interval-ms", "0", "must be a number in (0, 1000], got 0"),
+    ("--k", "-3", "must be >= 1, got -3"),
+    ("--max-k", "2.5", "expected an integer (>= 1), got '2.5'"),
+])
+def test_serve_names_the_bad_flag_its_value_and_range(capsys, flag, value, message):
+    """Each out-of-range flag exits 2 before the index loads (it does not exist here) with one line naming it."""
+    assert main(["serve", "--index", "no-such-index", flag, value]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"lsr serve: error: argument {flag}: {message}"
+
+
 def test_serve_rejects_bad_options(capsys, bm25):
-    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+    with pytest.raises(ValueError, match=r"max_batch must be an integer in \[1, 65536\], got 0"):
         create_app(bm25["index"], device="cpu", max_batch=0)
-    assert main(["serve", "--index", str(bm25["index"]), "--max-batch", "0"]) == 2
+    with pytest.raises(ValueError, match=r"max_wait_ms must be a number in \[0, 60000\], got nan"):
+        create_app(bm25["index"], device="cpu", max_wait_ms=float("nan"))
     assert main(["serve", "--index", str(bm25["index"]), "--k", "5000", "--max-k", "100"]) == 2
     assert "--k (5000) must lie in [1, --max-k=100]" in capsys.readouterr().err
 
