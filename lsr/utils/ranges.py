@@ -40,13 +40,23 @@ class NumberRange:
         """Why ``value`` is not in the range ("must be ..., got ..."), or None when it is."""
         if self._holds(value):
             return None
+        shown = _shorten(_show(value))
+        if not self._is_kind(value):   # ">= 1" alone would not say why 2.5 is refused
+            allowed = self.describe()
+            return f"must be {allowed if allowed.startswith('a') else self._noun() + ' ' + allowed}, got {shown}"
         beyond_64_bits = self.high is None and isinstance(value, numbers.Integral) and value > INT64_MAX
         limit = f" and <= {INT64_MAX}" if beyond_64_bits else ""
-        return f"must be {self.describe()}{limit}, got {_shorten(_show(value))}"
+        return f"must be {self.describe()}{limit}, got {shown}"
+
+    def _noun(self) -> str:
+        return "an integer" if self.kind is int else "a number"
+
+    def _is_kind(self, value: object) -> bool:
+        # numpy's integers and floats count; bool does not, and a float (2.5, or YAML's 3.0) is not an integer
+        return isinstance(value, numbers.Integral if self.kind is int else numbers.Real) and not isinstance(value, bool)
 
     def _holds(self, value: object) -> bool:
-        # numpy's integers and floats count; bool does not, and a float (2.5, or YAML's 3.0) is not an integer
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.kind is int else numbers.Real):
+        if not self._is_kind(value):
             return False
         if not isinstance(value, numbers.Integral) and not math.isfinite(value):
             return False
@@ -66,8 +76,7 @@ class NumberRange:
         try:
             value: int | float = int(text) if self.kind is int else float(text)
         except ValueError:
-            noun = "an integer" if self.kind is int else "a number"
-            raise ValueError(f"expected {noun} ({self.describe()}), got {_shorten(text)!r}") from None
+            raise ValueError(f"expected {self._noun()} ({self.describe()}), got {_shorten(text)!r}") from None
         why = self.problem(value)
         if why is not None:
             raise ValueError(why.rsplit(", got ", 1)[0] + f", got {_shorten(text)}")
