@@ -290,11 +290,34 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+_OUTPUT_FLAGS = ("out", "json", "cache")   # the flags that name something a command writes
+
+
+def _check_output_flags(args: argparse.Namespace) -> None:
+    """Before any work: an output path below an existing file (``--out notes.txt/run``) is refused with one line."""
+    from lsr.storage.provenance import file_in_the_way
+
+    for name in _OUTPUT_FLAGS:
+        value = getattr(args, name, None)
+        blocker = file_in_the_way(value) if isinstance(value, str) else None
+        if blocker is not None:
+            raise NotADirectoryError(f"--{name} {value}: {blocker} is a file, not a folder; choose another --{name}")
+
+
 def _one_line(e: BaseException) -> str:
     """The error as one line; a full disk and a denied permission say so and what to do."""
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        where = f" writing {e.filename}" if e.filename else ""
-        return f"no space left on the device{where}: free disk space or write elsewhere"
+    where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on device{where}: free space or choose another --out"
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+        return f"the file size limit (ulimit -f) was reached{where}: raise it or choose another --out"
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:
+        from lsr.storage.provenance import file_in_the_way
+
+        # mkdir(parents=True) names the file itself; open() and mkdir() below it name the path they wanted
+        blocker = Path(e.filename) if Path(e.filename).is_file() else file_in_the_way(e.filename)
+        if blocker is not None:
+            return f"{e.filename}: {blocker} is a file, not a folder; choose another output path"
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
         return f"permission denied: {e.filename or e} (check its permissions or choose another path)"
     if isinstance(e, IsADirectoryError):
@@ -315,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     try:
+        _check_output_flags(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"lsr {args.command}: interrupted", file=sys.stderr)
