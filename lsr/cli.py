@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
-from lsr.cli_types import DEVICE_HELP, device, integer
+from lsr.cli_types import DEVICE_HELP, device, integer, ranged
+from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.config import EncoderConfig
@@ -243,7 +244,7 @@ def _add_encode_command(sub: argparse._SubParsersAction) -> None:
                    help="encode the dataset's documents, or its queries (for lsr search --queries)")
     p.add_argument("--shard-rows", type=integer(1), default=100_000, help="documents per shard (the resume granularity)")
     p.add_argument("--doc-top-k", type=integer(1), default=None, help="keep each document's k largest weights")
-    p.add_argument("--tokenize-workers", type=integer(0), default=None,
+    p.add_argument("--tokenize-workers", type=ranged(WORKERS), default=None,
                    help="SPLADE: tokenizer processes (default on CUDA: min(8, cores - 4), none below 6 cores; "
                         "0 = in-process)")
 
@@ -252,15 +253,15 @@ def _add_index_command(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "index", "build a GPU inverted index from document vectors", cmd_index)
     p.add_argument("--vectors", required=True, help="vector directory written by lsr encode")
     p.add_argument("--out", required=True, help="index directory to write")
-    p.add_argument("--block-size", type=integer(1), default=65536, help="documents per posting block")
+    p.add_argument("--block-size", type=ranged(BLOCK_SIZES), default=65536, help="documents per posting block")
     p.add_argument("--postings", choices=("auto", "float32", "compact"), default="auto",
                    help="posting layout: compact (4 bytes a posting: 16-bit local doc ids and weights; needs weights "
                         "exact in bf16/fp16, e.g. vectors encoded in bf16), float32 (8 bytes), or auto (compact where "
                         "the weights allow it; the default); same results")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
-    p.add_argument("--partitions", type=integer(1), default=None,
+    p.add_argument("--partitions", type=ranged(PARTITIONS), default=None,
                    help="write a sharded index of P contiguous doc ranges (one per rank of a distributed search)")
-    p.add_argument("--workers", type=integer(1), default=1, help="with --partitions: partitions built at once (threads)")
+    p.add_argument("--workers", type=integer(1, int(WORKERS.high)), default=1, help="with --partitions: partitions built at once (threads)")
     add_device_arg(p)
 
 
@@ -299,11 +300,34 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+_OUTPUT_FLAGS = ("out", "json", "cache")   # the flags that name something a command writes
+
+
+def _check_output_flags(args: argparse.Namespace) -> None:
+    """Before any work: an output path below an existing file (``--out notes.txt/run``) is refused with one line."""
+    from lsr.storage.provenance import file_in_the_way
+
+    for name in _OUTPUT_FLAGS:
+        value = getattr(args, name, None)
+        blocker = file_in_the_way(value) if isinstance(value, str) else None
+        if blocker is not None:
+            raise NotADirectoryError(f"--{name} {value}: {blocker} is a file, not a folder; choose another --{name}")
+
+
 def _one_line(e: BaseException) -> str:
     """The error as one line; a full disk and a denied permission say so and what to do."""
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        where = f" writing {e.filename}" if e.filename else ""
-        return f"no space left on the device{where}: free disk space or write elsewhere"
+    where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on device{where}: free space or choose another --out"
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+        return f"the file size limit (ulimit -f) was reached{where}: raise it or choose another --out"
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:
+        from lsr.storage.provenance import file_in_the_way
+
+        # mkdir(parents=True) names the file itself; open() and mkdir() below it name the path they wanted
+        blocker = Path(e.filename) if Path(e.filename).is_file() else file_in_the_way(e.filename)
+        if blocker is not None:
+            return f"{e.filename}: {blocker} is a file, not a folder; choose another output path"
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
         return f"permission denied: {e.filename or e} (check its permissions or choose another path)"
     if isinstance(e, IsADirectoryError):
@@ -324,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     try:
+        _check_output_flags(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"lsr {args.command}: interrupted", file=sys.stderr)

@@ -1,5 +1,7 @@
-"""argparse value types of lsr's commands: a bad value exits 2 with argparse's one-line message
-("argument --k: must be >= 1, got 0") before any work starts.
+"""argparse value types of lsr's commands: a bad value exits 2 with argparse's one-line message naming the
+flag, the value and the allowed range ("argument --port: must be an integer in [1, 65535], got 99999") before
+any work starts. Every numeric flag is a ``ranged(NumberRange)`` (``integer`` and ``number`` are its short
+forms); the config's ``--set`` values are checked against the same ranges (``lsr.config.within``).
 
 A flag names one thing in every command that has it: ``--dataset`` a dataset to read, ``--queries`` the
 queries to search (vectors, topics or a dataset; ``lsr encode --what queries`` encodes a dataset's
@@ -11,38 +13,42 @@ config's ``search.backend``); ``--set section.key=value`` overrides a config key
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Callable
 
 from lsr.utils.devices import DEVICE_HELP, is_device_name
+from lsr.utils.ranges import NumberRange
 
-__all__ = ["DEVICE_HELP", "device", "integer", "positive_float"]
+__all__ = ["DEVICE_HELP", "device", "integer", "number", "positive_float", "ranged"]
 
 
-def integer(minimum: int) -> Callable[[str], int]:
-    """An integer >= ``minimum``."""
+def ranged(allowed: NumberRange) -> Callable[[str], int | float]:
+    """The argparse type of a numeric flag: a value outside ``allowed`` exits 2 with
+    "argument --port: must be an integer in [1, 65535], got 99999"."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> int | float:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
+            return allowed.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
+    parse.__name__ = allowed.describe()  # argparse names the type by it in some messages
     return parse
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+def integer(minimum: int, maximum: int | None = None, *, power_of_two: bool = False) -> Callable[[str], int]:
+    """An integer in [``minimum``, ``maximum``]."""
+    return ranged(NumberRange(int, minimum, maximum, power_of_two=power_of_two))  # type: ignore[return-value]
+
+
+def number(minimum: float | None = None, maximum: float | None = None, *, above: float | None = None,
+           ) -> Callable[[str], float]:
+    """A finite number >= ``minimum`` (or > ``above``) and <= ``maximum``."""
+    low, low_open = (above, True) if above is not None else (minimum, False)
+    return ranged(NumberRange(float, low, maximum, low_open=low_open))  # type: ignore[return-value]
+
+
+positive_float = number(above=0)
+"""A finite number > 0."""
 
 
 def device(text: str) -> str:

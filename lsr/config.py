@@ -8,7 +8,7 @@ is addressed by its dotted path (``--set encoder.batch_size=1024``, ``--set eval
 values are parsed as YAML.
 
 Every key is documented, with its default, in the docstring under its field. The loader checks every
-schema alike: unknown keys, types, allowed values (``choice``) and minimums (``at_least``); a schema's
+schema alike: unknown keys, types, allowed values (``choice``) and ranges (``at_least``, ``within``); a schema's
 ``validate`` adds the rules that relate keys. Each error is one line naming the dotted key and what it
 accepts. ``configs/*.yaml`` are examples, each with the metrics it is expected to reach.
 """
@@ -27,10 +27,11 @@ from typing import Any, TypeVar
 import yaml
 
 from lsr.utils.devices import DEVICE_HELP, is_device_name
+from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS, NumberRange
 
 __all__ = ["HEAD_IMPLS", "MAXSIM_IMPLS", "SEARCH_BACKENDS", "ConfigSchema", "DataConfig", "EncoderConfig",
            "EvaluationConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
-           "at_least", "choice", "config_from_dict", "load_config", "read_yaml_config"]
+           "at_least", "choice", "config_from_dict", "load_config", "read_yaml_config", "within"]
 
 SEARCH_BACKENDS = ("auto", "torch", "gpu")   # the Searcher's: torch ops, or the GPU kernels (auto: gpu on CUDA)
 HEAD_IMPLS = ("auto", "triton", "torch")     # the Sparton head's implementation (auto: Triton on CUDA)
@@ -47,7 +48,13 @@ def choice(default: str | None, options: Sequence[str]) -> Any:
 
 def at_least(default: float | None, minimum: float) -> Any:
     """A field whose value must be >= ``minimum`` (None passes where the type allows it)."""
-    return field(default=default, metadata={"minimum": minimum})
+    return within(default, NumberRange(low=minimum))
+
+
+def within(default: float | None, allowed: NumberRange) -> Any:
+    """A field whose value must lie in ``allowed`` (None passes where the type allows it); the field's type
+    decides int or float, ``allowed`` its bounds."""
+    return field(default=default, metadata={"range": allowed})
 
 
 @dataclass(frozen=True)
@@ -86,11 +93,11 @@ class EncoderConfig:
     """Keep the k largest weights of each document vector; None: all."""
     k1: float = at_least(0.9, 0)
     """BM25 term-frequency saturation."""
-    b: float = at_least(0.4, 0)
+    b: float = within(0.4, NumberRange(float, 0, 1))
     """BM25 length normalisation, in [0, 1]."""
     shard_rows: int = at_least(100_000, 1)
     """Documents per Parquet shard (the resume granularity)."""
-    tokenize_workers: int | None = at_least(None, 0)
+    tokenize_workers: int | None = within(None, WORKERS)
     """SPLADE: tokenizer processes; None: min(8, cores - 4) on CUDA, 0 = in-process."""
     compile: bool = False
     """SPLADE: torch.compile the backbone (pays off for millions of passages; the first batches compile)."""
@@ -102,10 +109,10 @@ class EncoderConfig:
 class IndexConfig:
     """How the inverted index is built (``lsr.index``)."""
 
-    block_size: int = 65536
-    """Documents per posting block (a power of two)."""
-    partitions: int = at_least(1, 1)
-    """> 1: a sharded index (docs/guide/scaling.md), searched partition by partition."""
+    block_size: int = within(65536, BLOCK_SIZES)
+    """Documents per posting block (a power of two up to 1,048,576)."""
+    partitions: int = within(1, PARTITIONS)
+    """> 1: a sharded index (docs/guide/scaling.md), searched partition by partition; at most 65,536."""
     postings: str = "auto"
     """compact (4 bytes a posting, weights exact in bf16/fp16) where it fits, else float32 (auto); or either
     one forced; same results."""
@@ -212,7 +219,6 @@ class RunConfig(ConfigSchema):
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def validate(self) -> RunConfig:
-        from lsr.index.build import check_block_size
         from lsr.index.compact import CHOICES
 
         enc = self.encoder
@@ -220,12 +226,6 @@ class RunConfig(ConfigSchema):
             raise ValueError("config.data.dataset is required (an ir_datasets id or a local folder)")
         if enc.kind == "splade" and not enc.model and not self.search.doc_vectors:
             raise ValueError("config.encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
-        if enc.b > 1:
-            raise ValueError(f"config.encoder.b must lie in [0, 1], got {enc.b}")
-        try:
-            check_block_size(self.index.block_size)
-        except ValueError as e:
-            raise ValueError(f"config.index.{e}") from None
         if self.index.postings not in CHOICES:
             raise ValueError(f"config.index.postings must be one of {', '.join(CHOICES)}, got {self.index.postings!r}")
         check_evaluation(self.evaluation)
@@ -278,12 +278,15 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     raise ValueError(f"{where} must be {want}, got {value!r}")
 
 
-def _check_value(value: Any, f: dataclasses.Field, where: str) -> None:
-    options, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
+def _check_value(value: Any, f: dataclasses.Field, kind: type, where: str) -> None:
+    """``value`` (already of the field's type ``kind``) against the field's choices or range."""
+    options, allowed = f.metadata.get("choices"), f.metadata.get("range")
     if options is not None and value is not None and value not in options:
         raise ValueError(f"{where} must be one of {', '.join(options)}, got {value!r}")
-    if minimum is not None and value is not None and value < minimum:
-        raise ValueError(f"{where} must be >= {minimum:g}, got {value}")
+    if allowed is not None and value is not None:
+        why = dataclasses.replace(allowed, kind=kind).problem(value)
+        if why is not None:
+            raise ValueError(f"{where} {why}")
 
 
 def _unknown(base: Any, unknown: list[str], where: str) -> ValueError:
@@ -311,7 +314,7 @@ def _build(base: Any, data: Any, where: str) -> Any:
             changes[key] = _build(current, {} if value is None else value, f"{where}.{key}")
             continue
         value = _check_type(value, hints[key], f"{where}.{key}")
-        _check_value(value, fields[key], f"{where}.{key}")
+        _check_value(value, fields[key], type(value), f"{where}.{key}")
         changes[key] = value
     return dataclasses.replace(base, **changes)
 

@@ -32,13 +32,14 @@ import torch
 from lsr.index.compact import AUTO, COMPACT, FLOAT32, choose_layout, encode_docs, is_compact
 from lsr.sparse import SparseVectors
 from lsr.utils.ragged import segment_ids
+from lsr.utils.ranges import BLOCK_SIZES
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "PAD", "POSTING_TENSORS", "PostingArrays", "build_postings", "check_block_size",
            "default_memory_budget", "n_blocks_for"]
 
 PAD = 32                      # segment padding: one warp
 DEFAULT_BLOCK_SIZE = 1 << 16  # docs per block
-MAX_BLOCK_SIZE = 1 << 20
+MAX_BLOCK_SIZE = int(BLOCK_SIZES.high)
 # Budgeted temporary bytes per posting of a chunk in pass 2 (int16 sort key and sorted key, int64
 # permutation, radix-sort scratch, gathered doc ids / weights, segment key, int64 destination), with
 # slack for allocator fragmentation over what docs/performance/index.md ("Index build memory") records.
@@ -78,10 +79,10 @@ POSTING_TENSORS = tuple(f.name for f in fields(PostingArrays) if f.type == "torc
 
 def check_block_size(block_size: int) -> int:
     """Validate ``block_size`` (a power of two in [1, 2^20]) and return log2 of it (the kernels' shift)."""
-    bs = int(block_size)
-    if bs != block_size or bs < 1 or bs > MAX_BLOCK_SIZE or bs & (bs - 1):
-        raise ValueError(f"block_size must be a power of two between 1 and {MAX_BLOCK_SIZE}, got {block_size!r}")
-    return bs.bit_length() - 1
+    why = BLOCK_SIZES.problem(block_size)
+    if why is not None:
+        raise ValueError(f"block_size {why}")
+    return int(block_size).bit_length() - 1
 
 
 def n_blocks_for(n_docs: int, block_size: int) -> int:

@@ -56,6 +56,7 @@ from lsr.index.compact import (
 )
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_directory, fsynced_write, recover_directory
+from lsr.storage.formats import check_format_version
 from lsr.storage.provenance import check_replaceable
 from lsr.storage.shards import read_manifest, read_vectors, sha256_file
 
@@ -368,9 +369,7 @@ class InvertedIndex(PostingArrays):
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise ValueError(f"{mf}: format {meta.get('format') if isinstance(meta, dict) else None!r} "
                              f"is not {FORMAT!r}")
-        if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
-            raise ValueError(f"{mf}: format version {meta.get('version')!r} is not supported by this lsr "
-                             f"(reads up to {VERSION})")
+        check_format_version(mf, meta.get("version"), VERSION, rebuild="rebuild the index with lsr index")
         layout = meta.get("postings", FLOAT32)
         weights = (FLOAT32,) if layout == FLOAT32 else tuple(WEIGHT_DTYPES)
         if meta.get("padding") != PAD or layout not in LAYOUTS or meta.get("weight_dtype") not in weights:

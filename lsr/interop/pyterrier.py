@@ -21,6 +21,7 @@ retriever use such columns when present instead of encoding the text again.
 
 from __future__ import annotations
 
+import numbers
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 import numpy as np
 import pandas as pd
+
+from lsr.config import SEARCH_BACKENDS
+from lsr.utils.devices import DEVICE_HELP, is_device_name
+from lsr.utils.ranges import BLOCK_SIZES, NumberRange
 
 __all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "doc_encoder", "get_corpus_iter",
            "get_qrels", "get_topics", "query_encoder"]
@@ -82,6 +87,42 @@ def _is_fitted(encoder: Any) -> bool:
     return getattr(encoder, "fitted", True)
 
 
+def _check_count(name: str, value: Any, allowed: NumberRange = NumberRange(int, 1)) -> None:
+    """A constructor's count argument (k, batch_size, ...): refused at construction, not at the first transform."""
+    why = allowed.problem(value)
+    if why is not None:
+        raise ValueError(f"{name} {why}")
+
+
+def _problem(value: Any) -> str | None:
+    """Why a cell cannot be a text or an id (None, NaN, a number, ...), or None when it is a string."""
+    if isinstance(value, str):
+        return None
+    missing = value is None or (isinstance(value, float) and value != value) or value is pd.NA or value is pd.NaT
+    return "is missing (None / NaN)" if missing else f"is a {type(value).__name__} ({value!r:.40}), not a string"
+
+
+def _id_text(value: Any, column: str) -> str:
+    """A qid / docno as text: a string or an integer (numpy's too); None, NaN or 1.0 would become "None", "nan"
+    or "1.0", matching no judgement."""
+    if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        return str(value)
+    raise ValueError(f"a {column!r} {_problem(value)}; give every row a string (or integer) {column!r}")
+
+
+def _column(frame: pd.DataFrame, column: str, id_column: str) -> list[str]:
+    """The strings of ``frame[column]``; a ValueError naming the row's id and the column for a cell that is not one
+    (``astype(str)`` would search for the text "None" or "nan")."""
+    values = frame[column].tolist()
+    ids = frame[id_column].tolist() if id_column in frame.columns else list(range(len(values)))
+    for row_id, value in zip(ids, values):
+        why = _problem(value)
+        if why is not None:
+            where = f"{id_column} {row_id!r}" if id_column in frame.columns else f"row {row_id}"
+            raise ValueError(f"the {column!r} of {where} {why}; give every row a string {column!r}")
+    return values
+
+
 class LsrEncoderTransformer(pt.Transformer):
     """Adds a ``toks`` (documents) or ``query_toks`` (queries) column of {token: weight} dicts."""
 
@@ -91,6 +132,7 @@ class LsrEncoderTransformer(pt.Transformer):
         if not _is_fitted(encoder):
             raise ValueError("the BM25 encoder is not fitted: fit it on the corpus first (encoder.fit(texts)) "
                              "or let LsrIndex(...).indexer(encoder) fit it")
+        _check_count("batch_size", batch_size)
         self.encoder, self.side, self.batch_size = encoder, side, batch_size
         self.text_field = text_field or ("text" if side == "doc" else "query")
 
@@ -98,7 +140,7 @@ class LsrEncoderTransformer(pt.Transformer):
         if self.text_field not in inp.columns:
             raise ValueError(f"the input has no {self.text_field!r} column (columns: {list(inp.columns)})")
         encode = self.encoder.encode_document if self.side == "doc" else self.encoder.encode_query
-        texts = inp[self.text_field].astype(str).tolist()
+        texts = _column(inp, self.text_field, "docno" if self.side == "doc" else "qid")
         toks: list[dict[str, float]] = []
         for a in range(0, len(texts), self.batch_size):
             toks.extend(encode(texts[a:a + self.batch_size]).to_dicts(self.encoder.vocab))
@@ -129,14 +171,23 @@ class LsrIndexer(pt.Indexer):
 
     def __init__(self, path: Path, encoder: Any, *, device: str | None = None, fields: Sequence[str] = ("text",),
                  block_size: int | None = None, batch_size: int | None = None, overwrite: bool = False) -> None:
+        if block_size is not None:
+            _check_count("block_size", block_size, BLOCK_SIZES)
+        if batch_size is not None:
+            _check_count("batch_size", batch_size)
+        if isinstance(fields, str) or not fields or not all(isinstance(f, str) for f in fields):
+            raise ValueError(f"fields must be a non-empty list of column names, got {fields!r}")
         self.path, self.encoder, self.device, self.fields = path, encoder, device, tuple(fields)
         self.block_size, self.batch_size, self.overwrite = block_size, batch_size, overwrite
 
     def _text(self, row: Mapping[str, Any]) -> str:
-        try:
-            return " ".join(str(row[f]) for f in self.fields).strip()
-        except KeyError as e:
-            raise ValueError(f"document {row.get('docno')!r} has no {e.args[0]!r} field (fields={self.fields})") from None
+        for f in self.fields:
+            if f not in row:
+                raise ValueError(f"document {row.get('docno')!r} has no {f!r} field (fields={self.fields})")
+            why = _problem(row[f])
+            if why is not None:
+                raise ValueError(f"the {f!r} of docno {row.get('docno')!r} {why}; give every document a string {f!r}")
+        return " ".join(row[f] for f in self.fields).strip()
 
     def index(self, iter_dict: Iterable[Mapping[str, Any]] | pd.DataFrame) -> Path:
         """Encode and index the documents; the index appears at ``path`` only once complete. A BM25
@@ -156,10 +207,10 @@ class LsrIndexer(pt.Indexer):
         rows = _chain(first, rows)
         if "toks" in first:  # pre-encoded by doc_encoder(): no text is read
             docs = list(rows)
-            vectors = _from_toks(self.encoder, (d["toks"] for d in docs), [str(d["docno"]) for d in docs])
+            vectors = _from_toks(self.encoder, (d["toks"] for d in docs), [_id_text(d.get("docno"), "docno") for d in docs])
             meta = self.encoder.describe()
         else:
-            pairs: Iterable[tuple[str, str]] = ((str(d["docno"]), self._text(d)) for d in rows)
+            pairs: Iterable[tuple[str, str]] = ((_id_text(d.get("docno"), "docno"), self._text(d)) for d in rows)
             if not _is_fitted(self.encoder):
                 pairs = list(pairs)
                 self.encoder.fit(text for _, text in pairs)
@@ -189,6 +240,11 @@ class LsrRetriever(pt.Transformer):
         if not _is_fitted(encoder):
             raise ValueError("the BM25 encoder is not fitted: index with LsrIndex(...).indexer(encoder) first "
                              "(it fits the encoder) or load a fitted one with LexicalEncoder.load(dir)")
+        _check_count("k", k)
+        if backend not in SEARCH_BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(SEARCH_BACKENDS)}, got {backend!r}")
+        if device is not None and not (isinstance(device, str) and is_device_name(device)):
+            raise ValueError(f"device must be None or {DEVICE_HELP}, got {device!r}")
         self.lsr_index, self.encoder, self.k, self.device, self.backend = index, encoder, k, device, backend
         self._searcher: Any = None
 
@@ -207,11 +263,11 @@ class LsrRetriever(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         if "qid" not in inp.columns:
             raise ValueError(f"the queries have no 'qid' column (columns: {list(inp.columns)})")
-        qids = inp["qid"].astype(str).tolist()
+        qids = [_id_text(q, "qid") for q in inp["qid"].tolist()]
         if "query_toks" in inp.columns:
             queries, meta = _from_toks(self.encoder, inp["query_toks"], qids), None
         elif "query" in inp.columns:
-            queries = self.encoder.encode_query(inp["query"].astype(str).tolist(), ids=qids)
+            queries = self.encoder.encode_query(_column(inp, "query", "qid"), ids=qids)
             meta = self.encoder.describe()
         else:
             raise ValueError(f"the queries need a 'query' or 'query_toks' column (columns: {list(inp.columns)})")

@@ -10,6 +10,7 @@ Module map:
 * ``replicas``: ``ReplicaSet``, one engine and batcher per device behind the endpoint; each request goes to the
   least-loaded healthy replica, and a replica that fails what another answers is taken out.
 * ``app``: ``create_app``, the FastAPI application (``POST /search``, ``GET /health``, ``GET /stats``).
+* ``limits``: the allowed values of the batching options (``lsr serve``'s flags and ``create_app`` alike).
 * ``cli``: ``lsr serve`` (uvicorn).
 
 FastAPI and uvicorn are the optional extra ``serve`` (``pip install lsr-gpu[serve]``); importing this package

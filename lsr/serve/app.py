@@ -25,6 +25,7 @@ import asyncio
 import gc
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from typing import Any
 from lsr.serve.batcher import ClientGone, DynamicBatcher
 from lsr.serve.engine import RequestError, SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
+from lsr.serve.limits import check_batching
 from lsr.serve.replicas import ReplicaSet, parse_devices, visible_devices
 
 __all__ = ["BodyLimits", "create_app"]
@@ -46,7 +48,7 @@ SERVE_EXTRA_HINT = "pip install lsr-gpu[serve]"
 def _error(status: int, message: str) -> Any:
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+    return JSONResponse({"error": _shorten(str(message), 500)}, status_code=status)
 
 
 def _thread_init(device: str) -> Any:
@@ -106,8 +108,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     except ImportError as e:
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
-    if max_batch < 1 or max_wait_ms < 0:  # before loading anything
-        raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch} and {max_wait_ms}")
+    check_batching(max_batch, max_wait_ms)  # before loading anything
     if devices is not None and device != "auto":
         raise ValueError(f"give device ({device!r}) or devices ({devices!r}), not both")
     names = [device] if devices is None else visible_devices(parse_devices(devices))
@@ -141,6 +142,11 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _error(exc.status_code, exc.detail)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        # the last resort: Starlette would answer a plain-text 500; the log keeps the traceback
+        return _error(500, f"the server failed on this request: {type(exc).__name__}: {exc}")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -230,10 +236,21 @@ def _decode(engine: SearchEngine, body: bytes) -> Any:
     """JSON body -> the engine's parsed request; RequestError for a malformed or invalid one."""
     try:
         payload = json.loads(body, object_pairs_hook=_unique_keys)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"the body is not valid JSON ({e}); send e.g. {{\"query\": \"...\", \"k\": 10}}",
-                           400) from None
+    except RecursionError:  # e.g. 100,000 '[': the decoder recurses once per level
+        raise RequestError(f"the body nests arrays or objects too deeply (Python's limit is "
+                           f"{sys.getrecursionlimit()} levels); send e.g. {_EXAMPLE}", 400) from None
+    except ValueError as e:  # malformed JSON, invalid UTF-8 (UnicodeDecodeError), a number of > 4300 digits
+        raise RequestError(f"the body is not valid JSON ({_shorten(str(e))}); send e.g. {_EXAMPLE}", 400) from None
     return engine.parse(payload)
+
+
+_EXAMPLE = '{"query": "...", "k": 10}'
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters (a decoder message can quote a megabyte of the body)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _compiled() -> dict[str, int]:

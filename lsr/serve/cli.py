@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lsr.cli_types import integer
+from lsr.cli_types import integer, ranged
 from lsr.config import SEARCH_BACKENDS
+from lsr.serve.limits import MAX_BATCH, MAX_WAIT_MS, SWITCH_INTERVAL_MS
 from lsr.serve.replicas import DEVICES_HELP, parse_devices
 
 __all__ = ["cmd_serve", "register"]
@@ -20,9 +21,9 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--model", help="query encoder: a fitted BM25 folder (lsr encode's OUT/encoder) or a SPLADE "
                    "checkpoint; without it requests send pre-encoded vectors")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--max-batch", type=integer(1), default=64, help="most queries searched together (1 = no batching)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
+    p.add_argument("--port", type=integer(1, 65535), default=8000, help="port to listen on")
+    p.add_argument("--max-batch", type=ranged(MAX_BATCH), default=64, help="most queries searched together (1 = no batching)")
+    p.add_argument("--max-wait-ms", type=ranged(MAX_WAIT_MS), default=2.0,
                    help="how long a batch waits for more requests after its first one")
     p.add_argument("--k", type=integer(1), default=1000, help="hits per query when a request does not give k")
     p.add_argument("--max-k", type=integer(1), default=None, help="the largest k a request may ask for (default: "
@@ -35,7 +36,7 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--no-freeze-gc", action="store_true", help="leave the objects alive after warm-up to the garbage "
                    "collector (by default they are frozen: a full collection during serving skips them)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
-    p.add_argument("--switch-interval-ms", type=float, default=0.5,
+    p.add_argument("--switch-interval-ms", type=ranged(SWITCH_INTERVAL_MS), default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
                         "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
     add_device_arg(p)
@@ -61,9 +62,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise RuntimeError(f"lsr serve needs FastAPI and uvicorn ({e}); install them with: "
                            "pip install lsr-gpu[serve]") from e
-    if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 < args.port < 65536 or args.switch_interval_ms <= 0:
-        raise UsageError("--max-batch must be >= 1, --max-wait-ms >= 0, --switch-interval-ms > 0 and --port in "
-                         "[1, 65535]")
     if args.devices is not None and args.device != "auto":
         raise UsageError(f"give --device ({args.device}) or --devices ({','.join(args.devices)}), not both")
     max_k = args.max_k if args.max_k is not None else max(args.k, 1000)

@@ -14,6 +14,7 @@ import errno
 import gzip
 import io
 import os
+import re
 import shutil
 import tempfile
 import unicodedata
@@ -24,10 +25,10 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
+__all__ = ["OUT_OF_SPACE", "PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
            "atomic_write_text",
            "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
-           "id_problem", "iter_lines", "iter_tsv_pairs", "open_binary", "open_text", "pid_alive", "recover_directory",
+           "id_problem", "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive", "recover_directory",
            "remove_stale_temporaries", "to_numpy"]
 
 PathLike = str | os.PathLike
@@ -124,10 +125,42 @@ def fsync_dir(path: PathLike) -> None:
 def fsynced_write(path: PathLike, write: Callable[[IO[bytes]], Any]) -> None:
     """Write a new file through ``write(fileobj)`` and fsync it (files inside a temporary directory that
     is published by one rename, like an index, need no rename of their own)."""
-    with open(path, "wb") as fh:
+    with naming_full_disk(path), open(path, "wb") as fh:
         write(fh)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""A full disk, a full quota, the process's file size limit (``ulimit -f``)."""
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: PathLike) -> Iterator[None]:
+    """Re-raise running out of space while writing ``path`` as ``OSError(errno, strerror, path)``: Python's and
+    Arrow's errors name no file, and numpy's short write ("N requested and M written") has no errno."""
+    try:
+        yield
+    except OSError as e:
+        code = e.errno if e.errno in OUT_OF_SPACE else _short_write_errno(e, path)
+        if code is None or e.filename is not None:
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from e
+
+
+def _short_write_errno(e: OSError, path: PathLike) -> int | None:
+    """ENOSPC or EFBIG for numpy's short write (C's fwrite keeps the reason from it), else None."""
+    if e.errno is not None or not re.fullmatch(r"\d+ requested and \d+ written", str(e)):
+        return None
+    try:
+        import resource  # POSIX only: elsewhere there is no file size limit to blame
+    except ImportError:
+        return errno.ENOSPC
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    with contextlib.suppress(OSError):
+        if limit != resource.RLIM_INFINITY and os.path.getsize(path) >= limit:
+            return errno.EFBIG
+    return errno.ENOSPC
 
 
 # ---------------------------------------------------------------------------------------- ids
@@ -208,7 +241,7 @@ def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[byte
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as raw:
+        with naming_full_disk(path), os.fdopen(fd, "wb") as raw:
             if path.suffix == ".gz":
                 # mtime=0 keeps gzip output byte-identical across runs (reproducible files)
                 with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped:
@@ -255,8 +288,11 @@ def atomic_directory(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
         apply_umask(tmp, directory=True)
         yield tmp
         _publish(tmp, path, overwrite)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in OUT_OF_SPACE and e.filename and Path(e.filename).is_relative_to(tmp):
+            # name the file where the user will look for it, not in the temporary folder just deleted
+            raise OSError(e.errno, e.strerror, str(path / Path(e.filename).relative_to(tmp))) from e
         raise
 
 

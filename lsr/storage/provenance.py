@@ -7,6 +7,7 @@
   An artefact without a record (written by an older lsr) passes.
 * ``check_not_inside(out, inputs)``: an output may not be an input or lie inside one (``--set output=``
   the dataset folder would otherwise write over the user's files).
+* ``file_in_the_way(out)``: the existing file among an output path's parents, which makes it unwritable.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_not_inside", "check_same_origin", "describe_origin", "file_origin"]
+__all__ = ["check_not_inside", "check_same_origin", "describe_origin", "file_in_the_way", "file_origin"]
 
 
 def file_origin(path: str | os.PathLike) -> dict[str, Any]:
@@ -71,3 +72,12 @@ def check_replaceable(path: str | os.PathLike, is_ours: Callable[[str], bool], k
     if foreign:
         raise ValueError(f"refusing to overwrite {path}: it holds {foreign[0]!r}, which is not part of an lsr {kind} "
                          "(replacing the folder would delete it); move it away or choose another --out")
+
+
+def file_in_the_way(path: str | os.PathLike) -> Path | None:
+    """The nearest existing parent of ``path`` when it is a file (``notes.txt`` for ``notes.txt/run/x``): nothing
+    can be written below it. None when the parents are (or can be made) folders."""
+    for parent in Path(path).parents:
+        if parent.exists() or parent.is_symlink():
+            return None if parent.is_dir() else parent
+    return None

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lsr.sparse import SparseVectors
-from lsr.storage.files import atomic_write_bytes, atomic_write_text
+from lsr.storage.files import OUT_OF_SPACE, atomic_write_bytes, atomic_write_text, naming_full_disk
 from lsr.storage.provenance import check_same_origin
 from lsr.storage.vector_format import (
     FORMAT,
@@ -79,25 +79,33 @@ class _ShardFile:
         if self._failed is not None:
             return
         try:
-            table = vectors_to_table(vectors)
-            if self._writer is None:
-                self._stack = contextlib.ExitStack()
-                self._sink = _Sink(self._stack.enter_context(atomic_write_bytes(self._path)))
-                self._writer = pq.ParquetWriter(self._sink, table.schema, **PARQUET_OPTIONS)
-            elif table.schema != self._writer.schema:
-                table = table.cast(self._writer.schema)
-            self._writer.write_table(table, row_group_size=max(len(table), 1))
+            with naming_full_disk(self._path):
+                self._write_table(vectors)
         except BaseException as e:
             self._failed = e
             self.abort()
             raise
 
+    def _write_table(self, vectors: SparseVectors) -> None:
+        table = vectors_to_table(vectors)
+        if self._writer is None:
+            self._stack = contextlib.ExitStack()
+            self._sink = _Sink(self._stack.enter_context(atomic_write_bytes(self._path)))
+            self._writer = pq.ParquetWriter(self._sink, table.schema, **PARQUET_OPTIONS)
+        elif table.schema != self._writer.schema:
+            table = table.cast(self._writer.schema)
+        self._writer.write_table(table, row_group_size=max(len(table), 1))
+
     def finish(self) -> dict[str, Any]:
-        if self._failed is not None:
-            raise RuntimeError(f"writing {self._path} failed: {self._failed}") from self._failed
+        failed = self._failed
+        if isinstance(failed, OSError) and failed.errno in OUT_OF_SPACE:   # the CLI says what to do about it
+            raise OSError(failed.errno, failed.strerror, failed.filename) from failed
+        if failed is not None:
+            raise RuntimeError(f"writing {self._path} failed: {failed}") from failed
         try:
-            self._writer.close()
-            self._stack.close()  # fsync + rename into place
+            with naming_full_disk(self._path):
+                self._writer.close()
+                self._stack.close()  # fsync + rename into place
         except BaseException:
             self.abort()
             raise

@@ -26,6 +26,7 @@ import pyarrow as pa
 import torch
 
 from lsr.sparse import SparseVectors
+from lsr.storage.formats import check_format_version
 
 __all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "read_manifest", "refuse_unlisted", "sha256_file",
            "table_to_vectors", "unlisted_entries", "vectors_to_table"]
@@ -93,8 +94,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{mf}: format {found!r} is not {FORMAT!r}")
-    if not isinstance(manifest.get("version", 0), int) or manifest.get("version", 0) > VERSION:
-        raise ValueError(f"{mf}: format version {manifest['version']!r} is not supported by this lsr (reads up to {VERSION})")
+    if "version" in manifest:   # manifests of the first lsr releases had none
+        check_format_version(mf, manifest["version"], VERSION, rebuild="encode the vectors again with lsr encode")
     _check_manifest(manifest, mf)
     return manifest
 

@@ -110,3 +110,71 @@ def test_gpu_retriever_equals_cpu_retriever(tmp_path):
     gpu = index.retriever(encoder, k=100, device="cuda")(topics)
     assert len(cpu) > 0
     pd.testing.assert_frame_equal(gpu, cpu)
+
+
+@pytest.fixture(scope="module")
+def tiny_pt_index(tmp_path_factory):
+    """A fitted BM25 encoder and its index of four documents (written through the PyTerrier indexer)."""
+    from lsr.encode.bm25.lexical import LexicalEncoder
+
+    encoder = LexicalEncoder()
+    docs = pd.DataFrame({"docno": ["d1", "d2", "d3", "d4"],
+                         "text": ["cells divide", "protein folds", "cells fold proteins", "vitamin d"]})
+    index = lsr_pt.LsrIndex(tmp_path_factory.mktemp("pt") / "index")
+    index.indexer(encoder, device="cpu").index(docs)
+    return index, encoder
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), 42, pd.NA])
+def test_a_query_that_is_not_text_is_named_by_qid_and_column(tiny_pt_index, bad):
+    """astype(str) had searched for the text "None" / "nan" / "42" (or raised AttributeError on None)."""
+    index, encoder = tiny_pt_index
+    topics = pd.DataFrame({"qid": ["q1", "q2"], "query": ["cells", bad]}, dtype=object)
+    with pytest.raises(ValueError, match=r"^the 'query' of qid 'q2' (is missing|is a int)") as e:
+        index.retriever(encoder, k=2, device="cpu")(topics)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="the 'query' of qid 'q2'"):
+        lsr_pt.query_encoder(encoder)(topics)
+    good = index.retriever(encoder, k=2, device="cpu")(topics.head(1))   # the retriever still works
+    assert good.docno.tolist()[0] in {"d1", "d3"}
+
+
+def test_missing_qids_docnos_and_document_texts_are_refused(tiny_pt_index, tmp_path):
+    index, encoder = tiny_pt_index
+    with pytest.raises(ValueError, match=r"^a 'qid' is missing \(None / NaN\)"):
+        index.retriever(encoder, k=2, device="cpu")(pd.DataFrame({"qid": [None], "query": ["cells"]}))
+    docs = pd.DataFrame({"docno": ["d1", "d2"], "text": ["cells", None]})
+    with pytest.raises(ValueError, match=r"^the 'text' of docno 'd2' is missing"):
+        lsr_pt.LsrIndex(tmp_path / "a").indexer(encoder, device="cpu").index(docs)
+    with pytest.raises(ValueError, match=r"^a 'docno' is missing"):
+        lsr_pt.LsrIndex(tmp_path / "b").indexer(encoder, device="cpu").index([{"docno": None, "text": "x"}])
+    with pytest.raises(ValueError, match=r"^the 'text' of docno 'd2' is missing"):
+        lsr_pt.doc_encoder(encoder)(docs)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"k": 0}, "k must be >= 1, got 0"), ({"k": -5}, "k must be >= 1, got -5"),
+    ({"k": 2.5}, "k must be an integer >= 1, got 2.5"), ({"k": True}, "k must be an integer >= 1, got True"),
+    ({"k": "10"}, "k must be an integer >= 1, got '10'"), ({"backend": "cuda"}, "backend must be one of auto, torch, gpu"),
+    ({"device": "gpu"}, "device must be None or"),
+])
+def test_bad_retriever_arguments_are_refused_at_construction(tiny_pt_index, kwargs, message):
+    index, encoder = tiny_pt_index
+    with pytest.raises(ValueError, match=f"^{message}".replace("(", r"\(").replace(")", r"\)")):
+        index.retriever(encoder, **kwargs)
+
+
+def test_bad_indexer_and_encoder_arguments_are_refused_at_construction(tiny_pt_index, tmp_path):
+    import numpy as np
+
+    index, encoder = tiny_pt_index
+    assert index.retriever(encoder, k=np.int64(3)).k == 3   # numpy's integers are integers
+    with pytest.raises(ValueError, match=r"^block_size must be a power of two in \[1, 1048576\], got 3"):
+        lsr_pt.LsrIndex(tmp_path / "i").indexer(encoder, block_size=3)
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0"):
+        lsr_pt.LsrIndex(tmp_path / "i").indexer(encoder, batch_size=0)
+    with pytest.raises(ValueError, match=r"^fields must be a non-empty list of column names, got 'text'"):
+        lsr_pt.LsrIndex(tmp_path / "i").indexer(encoder, fields="text")
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got -1"):
+        lsr_pt.query_encoder(encoder, batch_size=-1)

@@ -42,7 +42,7 @@ def _err(capsys) -> str:
     (["search", "--index", "i", "--queries", "q", "--out", "o", "--batch-size", "-1"], "must be >= 1"),
     (["encode", "--dataset", "d", "--out", "o", "--shard-rows", "0"], "must be >= 1"),
     (["encode", "--dataset", "d", "--out", "o", "--max-length-query", "-5"], "must be >= 1"),
-    (["index", "--vectors", "v", "--out", "o", "--block-size", "0"], "must be >= 1"),
+    (["index", "--vectors", "v", "--out", "o", "--block-size", "0"], "must be a power of two in [1, 1048576], got 0"),
     (["export-ciff", "src", "--out", "o.ciff", "--scale", "inf"], "finite number > 0"),
     # one meaning per flag: --queries names the queries to search; lsr encode says what it encodes with --what
     (["encode", "--dataset", "d", "--out", "o", "--queries"], "unrecognized arguments: --queries"),
@@ -59,6 +59,30 @@ def _err(capsys) -> str:
 def test_bad_option_values_exit_2(argv, text, capsys):
     assert main(argv) == 2
     assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--index", "i", "--port", "99999"], "argument --port: must be an integer in [1, 65535], got 99999"),
+    (["serve", "--index", "i", "--max-wait-ms", "-1"], "argument --max-wait-ms: must be a number in [0, 60000], got -1"),
+    (["index", "--vectors", "v", "--out", "o", "--block-size", "3"],
+     "argument --block-size: must be a power of two in [1, 1048576], got 3"),
+    (["index", "--vectors", "v", "--out", "o", "--partitions", "100000"],
+     "argument --partitions: must be an integer in [1, 65536], got 100000"),
+    (["index", "--vectors", "v", "--out", "o", "--workers", "0"], "argument --workers: must be an integer in [1, 1024], got 0"),
+    (["encode", "--dataset", "d", "--out", "o", "--tokenize-workers", "-1"],
+     "argument --tokenize-workers: must be an integer in [0, 1024], got -1"),
+    (["encode", "--dataset", "d", "--out", "o", "--doc-top-k", "99999999999999999999999"],
+     "argument --doc-top-k: must be >= 1 and <= 9223372036854775807, got 99999999999999999999999"),
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--k", "1e3"], "argument --k: expected an integer (>= 1), got '1e3'"),
+    (["search", "--index", "i", "--queries", "q", "--out", "o", "--query-scale", "-2"],
+     "argument --query-scale: must be a finite number > 0, got -2"),
+    (["rerank", "--run", "r", "--model", "m", "--dataset", "d", "--out", "o", "--query-batch", "0"],
+     "argument --query-batch: must be >= 1, got 0"),
+])
+def test_out_of_range_flags_name_the_flag_value_and_range(argv, message, capsys):
+    """One typed range per numeric flag (lsr.utils.ranges): argparse's usage error, exit 2, nothing loaded."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"lsr {argv[0]}: error: {message}"
 
 
 @pytest.mark.parametrize("metric,text", [("nDCG@0", "cutoff"), ("P@0", "cutoff"), ("nDCG@1.5", "cutoff"),

@@ -61,6 +61,11 @@ def test_run_and_train_configs_share_their_sections(tmp_path):
                         "'index', 'name', 'output', 'rerank', 'search']); did you mean evaluation.metrics?"),
     ("search.k=ten", "config.search.k must be int, got 'ten'"),
     ("search.k=0", "config.search.k must be >= 1, got 0"),
+    ("search.k=99999999999999999999999", "config.search.k must be >= 1 and <= 9223372036854775807, got 9999"),
+    ("encoder.b=1.5", "config.encoder.b must be a number in [0, 1], got 1.5"),
+    ("index.block_size=3", "config.index.block_size must be a power of two in [1, 1048576], got 3"),
+    ("index.partitions=100000", "config.index.partitions must be an integer in [1, 65536], got 100000"),
+    ("encoder.tokenize_workers=5000", "config.encoder.tokenize_workers must be an integer in [0, 1024], got 5000"),
     ("encoder.k1=.inf", "config.encoder.k1 must be a finite number, got inf"),
     ("search.backend=triton", "config.search.backend must be one of auto, torch, gpu, got 'triton'"),
     ("rerank.maxsim=cuda", "config.rerank.maxsim must be one of auto, triton, torch, got 'cuda'"),
@@ -79,6 +84,11 @@ def test_cli_reports_a_bad_config_key_as_a_usage_error(capsys):
     assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", "search.backend=triton"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "lsr run: error: config.search.backend must be one of auto, torch, gpu, got 'triton'"
+    assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", "index.partitions=10**30"]) == 2
+    assert capsys.readouterr().err.strip() == "lsr run: error: config.index.partitions must be int, got '10**30'"
+    assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", "index.partitions=100000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "lsr run: error: config.index.partitions must be an integer in [1, 65536], got 100000"
 
 
 def test_import_lsr_is_light():

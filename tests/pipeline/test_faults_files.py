@@ -25,7 +25,7 @@ from lsr.index.inverted import InvertedIndex
 from lsr.sparse import SparseVectors
 from lsr.storage import files as lsr_io
 from lsr.storage.shards import read_manifest, read_vectors, write_vectors
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO
 
 DOCS = {"A": {"a1": "apple pie", "b2": "banana split", "c3": "cherry tart"},
         "B": {"x1": "pear", "y2": "apple crumble", "z3": "plum"}}
@@ -298,9 +298,63 @@ def test_an_index_edited_with_its_checksums_updated_fails_on_load(tmp_path, arra
         InvertedIndex.load(path)
 
 
+# ---------------------------------------------------------------------------------------- format versions
+def _set_json(path, key, value):
+    data = json.loads(path.read_text())
+    data[key] = value
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("file, key, newest, how", [
+    ("idx/meta.json", "version", "1 to 2", "rebuild the index with lsr index"),
+    ("vec/manifest.json", "version", "1", "encode the vectors again with lsr encode"),
+    ("vec/encoder/lexical.json", "format_version", "1 to 2", "refit the encoder (lsr encode)"),
+])
+def test_a_file_from_a_newer_lsr_or_an_unknown_format_version_is_refused(job, capsys, file, key, newest, how):
+    """meta.json of version 0 or true loaded as if it were 1; each versioned file now says which lsr wrote it."""
+    assert main(["encode", "--dataset", "A", "--out", "vec", "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", "vec", "--out", "idx", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    search = ["search", "--index", "idx", "--queries", "A", "--model", "vec/encoder", "--out", "r.trec", "--device", "cpu"]
+    if file.startswith("vec/manifest"):
+        search = ["index", "--vectors", "vec", "--out", "idx2", "--device", "cpu"]
+    reads = f"this lsr reads format version{'s' if ' to ' in newest else ''} {newest}"
+    _set_json(job / file, key, 7)
+    _fails(capsys, search, 1, f"{file} was written by a newer lsr (format version 7); {reads}: upgrade lsr or {how}")
+    for bad in (0, -1, True, "2", None):
+        _set_json(job / file, key, bad)
+        _fails(capsys, search, 1, f"{file}: format version {bad!r} is not one lsr writes ({reads}); the file is "
+                                  f"corrupt: {how}")
+    assert not (job / "r.trec").exists() and not (job / "idx2").exists()
+
+
+# ---------------------------------------------------------------------------------------- an output below a file
+@pytest.mark.parametrize("argv", [
+    "encode --dataset A --out notes.txt/vec --device cpu", "index --vectors vec --out notes.txt/a/idx --device cpu",
+    "search --index idx --queries A --model vec/encoder --out notes.txt/run.trec --device cpu",
+    "evaluate --run run.trec --qrels A --json notes.txt/m.json", "export-ciff idx --out notes.txt/x.ciff",
+    "import-ciff x.ciff --out notes.txt/imported", "rerank --run run.trec --model m --dataset A --out notes.txt/r",
+])
+def test_an_output_below_an_existing_file_is_one_line_before_any_work(job, capsys, argv):
+    """A bare "[Errno 17] File exists: 'notes.txt'" (or Errno 20) came after the work was done."""
+    (job / "notes.txt").write_text("the user's notes")
+    flag = next(a for a in argv.split() if a.startswith("--") and "notes.txt" in argv.split()[argv.split().index(a) + 1])
+    value = argv.split()[argv.split().index(flag) + 1]
+    _fails(capsys, argv.split(), 1, f"{flag} {value}: notes.txt is a file, not a folder; choose another {flag}")
+    assert (job / "notes.txt").read_text() == "the user's notes"
+
+
+def test_a_config_output_below_a_file_names_it(job, capsys):
+    (job / "notes.txt").write_text("the user's notes")
+    _fails(capsys, ["run", "cfg.yaml", "--set", "output=notes.txt/x"], 1,
+           "notes.txt is a file, not a folder; choose another output path")
+    assert (job / "notes.txt").read_text() == "the user's notes"
+
+
 # ---------------------------------------------------------------------------------------- full disk, no permission
-@pytest.mark.parametrize("code, message", [(errno.ENOSPC, "no space left on the device"),
-                                           (errno.EACCES, "permission denied")])
+@pytest.mark.parametrize("code, message", [
+    (errno.ENOSPC, "no space left on device writing out/x/run.trec: free space or choose another --out"),
+    (errno.EACCES, "permission denied")])
 def test_full_disk_and_denied_permission_are_one_line_and_keep_the_old_file(job, capsys, monkeypatch, code, message):
     assert main(["run", "cfg.yaml"]) == 0
     capsys.readouterr()
@@ -317,6 +371,42 @@ def test_full_disk_and_denied_permission_are_one_line_and_keep_the_old_file(job,
     _fails(capsys, ["run", "cfg.yaml", "--set", "search.k=2"], 1, message)
     assert run.read_bytes() == before
     assert not [p for p in run.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+_UNDER_THE_FILE_LIMIT = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit then fails with EFBIG (a short write)
+resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
+from lsr.cli import main
+for argv in map(str.split, sys.argv[1:]):
+    print("exit", main(argv), file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_running_out_of_space_is_one_line_naming_the_file_and_leaves_nothing(job):
+    """A real short write: the process's file size limit (RLIMIT_FSIZE) stops numpy's (index arrays), Python's
+    (lexical.json, CIFF) and Arrow's (vector shards) writes as a full disk would, where numpy said "N requested
+    and M written" and the others named no file. Each command exits 1 with one line and leaves no partial output."""
+    rng = np.random.default_rng(0)   # random terms and counts: vectors, shards and files well past the limit
+    docs = {f"d{i}": " ".join(f"w{j}" for j in rng.integers(0, 4000, 3000)) for i in range(3)}
+    _beir(job / "big", docs, "d0")
+    assert main(["encode", "--dataset", "big", "--out", "bigvec", "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", "bigvec", "--out", "bigidx", "--device", "cpu"]) == 0
+    argv = ["index --vectors bigvec --out idx2 --device cpu", "export-ciff bigidx --out big.ciff",
+            "encode --dataset big --out vec2 --device cpu --model bigvec/encoder",
+            "encode --dataset big --out vec3 --device cpu"]
+    done = subprocess.run([sys.executable, "-c", _UNDER_THE_FILE_LIMIT, *argv], cwd=job, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in done.stderr.splitlines() if line.startswith(("lsr ", "exit "))]
+    assert lines[1::2] == ["exit 1"] * 4, done.stderr
+    files = ["idx2/", "big.ciff", "vec2/part-", "vec3/encoder/lexical.json"]
+    for line, command, file in zip(lines[0::2], argv, files):
+        assert line.startswith(f"lsr {command.split()[0]}: error: the file size limit (ulimit -f) was reached "
+                               f"writing {file}"), line
+        assert line.endswith(": raise it or choose another --out"), line
+    assert not (job / "idx2").exists() and not (job / "big.ciff").exists()
+    assert not [p.name for p in job.rglob("*") if ".tmp" in p.name]
 
 
 # ---------------------------------------------------------------------------------------- tokenizer workers

@@ -149,6 +149,22 @@ BAD = [
     (json.dumps({"queries": ["a"] * 5000}).encode(), 413, "at most 4096"),
     (b'{"query": "a", "query": "b"}', 400, "the key 'query' is given twice"),       # JSON keeps the last silently
     (b'{"vectors": [{"cell": 1, "cell": 2}]}', 400, "the key 'cell' is given twice"),
+    # malformed beyond what the decoder names: each once a plain-text 500
+    (b"[" * 100_000, 400, "nests arrays or objects too deeply"),
+    (b"[" * 1_000_000, 400, "nests arrays or objects too deeply"),        # decoded off the event loop
+    (b'{"query": ' + b"[" * 5000, 400, "nests arrays or objects too deeply"),
+    (b'{"query": "a", "k": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),  # beyond int()'s 4300 digits
+    (b'{"query": "a", "k": 1e999}', 422, "'k' must be an integer"),
+    (b'{"query": "a", "k": -Infinity}', 422, "'k' must be an integer"),
+    (b'{"query": "a", "k": 99999999999999999999999}', 422, "'k' must be an integer"),
+    (b'{"query": null}', 422, "non-empty list of strings"),
+    (b'{"queries": ["a", 5]}', 422, "non-empty list of strings"),
+    (b'{"vectors": [[1, 2]]}', 422, "non-empty list of {term: weight}"),
+    (b'"a string"', 400, "JSON object"),
+    (b"null", 400, "JSON object"),
+    (b"", 400, "not valid JSON"),
+    ('{"query": "caf\u00e9"}'.encode("latin-1"), 400, "not valid JSON"),    # Latin-1, not UTF-8
+    (b'{"' + b"x" * 1_000_000 + b'": 1}', 422, "unknown field"),
 ]
 
 
@@ -165,7 +181,8 @@ def test_bad_requests_get_a_one_line_json_error(bm25):
     for (body, status, text), r in zip(BAD, responses):
         assert r.status_code == status, body
         error = r.json()["error"]
-        assert text in error and "\n" not in error and "Traceback" not in error, (body, error)
+        assert text in error and "\n" not in error and "Traceback" not in error, (body[:40], error)
+        assert len(error) <= 500, body[:40]  # one line, not the body quoted back
     assert [r.status_code for r in responses[len(BAD):]] == [404, 405, 405]
     assert all(set(r.json()) == {"error"} for r in responses[len(BAD):])
     stats = asyncio.run(get(app, "/stats")).json()
@@ -173,6 +190,25 @@ def test_bad_requests_get_a_one_line_json_error(bm25):
     # the server still answers after all that
     ok = asyncio.run(post_all(app, [{"query": TEXTS[0], "k": 2}]))[0]
     assert ok.status_code == 200 and len(ok.json()["results"][0]["docnos"]) == 2
+
+
+def test_an_unexpected_failure_is_a_json_500(bm25):
+    """Whatever fails inside the app (here a route added to it that raises) answers JSON, not plain text."""
+    app = create_app(bm25["index"], bm25["model"], device="cpu", max_batch=2, max_wait_ms=1, k=5, warmup=False)
+
+    async def broken() -> None:
+        raise KeyError("boom")
+
+    app.add_api_route("/broken", broken)
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://lsr") as client:
+            return await client.get("/broken")
+
+    r = asyncio.run(get())
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json() == {"error": "the server failed on this request: KeyError: 'boom'"}
 
 
 def test_health_describes_the_server(bm25):
@@ -449,10 +485,28 @@ def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
     assert len(err.splitlines()) == 1 and "pip install lsr-gpu[serve]" in err
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--port", "99999", "must be an integer in [1, 65535], got 99999"),
+    ("--port", "0", "must be an integer in [1, 65535], got 0"),
+    ("--max-wait-ms", "-1", "must be a number in [0, 60000], got -1"),
+    ("--max-wait-ms", "nan", "must be a number in [0, 60000], got nan"),
+    ("--max-wait-ms", "inf", "must be a number in [0, 60000], got inf"),
+    ("--max-batch", "0", "must be an integer in [1, 65536], got 0"),
+    ("--switch-interval-ms", "0", "must be a number in (0, 1000], got 0"),
+    ("--k", "-3", "must be >= 1, got -3"),
+    ("--max-k", "2.5", "expected an integer (>= 1), got '2.5'"),
+])
+def test_serve_names_the_bad_flag_its_value_and_range(capsys, flag, value, message):
+    """Each out-of-range flag exits 2 before the index loads (it does not exist here) with one line naming it."""
+    assert main(["serve", "--index", "no-such-index", flag, value]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"lsr serve: error: argument {flag}: {message}"
+
+
 def test_serve_rejects_bad_options(capsys, bm25):
-    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+    with pytest.raises(ValueError, match=r"max_batch must be an integer in \[1, 65536\], got 0"):
         create_app(bm25["index"], device="cpu", max_batch=0)
-    assert main(["serve", "--index", str(bm25["index"]), "--max-batch", "0"]) == 2
+    with pytest.raises(ValueError, match=r"max_wait_ms must be a number in \[0, 60000\], got nan"):
+        create_app(bm25["index"], device="cpu", max_wait_ms=float("nan"))
     assert main(["serve", "--index", str(bm25["index"]), "--k", "5000", "--max-k", "100"]) == 2
     assert "--k (5000) must lie in [1, --max-k=100]" in capsys.readouterr().err
 

@@ -37,6 +37,7 @@ from lsr.encode.base import sparse_output
 from lsr.encode.bm25.analyzer import EnglishAnalyzer
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_write_text
+from lsr.storage.formats import check_format_version
 
 __all__ = ["LexicalEncoder", "decode_rows", "lucene_norm_lengths", "vocab_hash"]
 
@@ -306,11 +307,15 @@ class LexicalEncoder:
             file = file / _FILE
         if not file.is_file():
             raise FileNotFoundError(f"no saved LexicalEncoder at {file}")
-        state = json.loads(file.read_text(encoding="utf-8-sig"))
-        version = state.get("format_version")
-        if state.get("format") != _FORMAT or version not in _READABLE_VERSIONS:
-            raise ValueError(f"{file} is not an {_FORMAT} file of version {' or '.join(map(str, _READABLE_VERSIONS))} "
-                             f"(format={state.get('format')!r}, version={version!r}): refit the encoder with this lsr")
+        try:
+            state = json.loads(file.read_text(encoding="utf-8-sig"))
+        except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{file} is not valid JSON ({e}); it is corrupt: refit the encoder (lsr encode)") from None
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{file} is not an {_FORMAT} file (format={found!r}): refit the encoder with this lsr")
+        version = check_format_version(file, state.get("format_version"), max(_READABLE_VERSIONS),
+                                       min(_READABLE_VERSIONS), rebuild="refit the encoder (lsr encode)")
         vocab, df = state["vocab"], np.asarray(state["df"], dtype=np.int64)
         if len(vocab) != len(df) or len(vocab) != state["vocab_size"] or vocab_hash(vocab) != state["vocab_hash"]:
             raise ValueError(f"{file} is corrupt: vocabulary, document frequencies and hash disagree")
