@@ -7,6 +7,10 @@ bf16 autocast on CUDA; optional backbone activation checkpointing and GradCache 
 queries and documents, learning rate, step time, tokens/s); every ``eval_every`` steps and at the end
 the dev split is searched exactly with lsr's own index (OUTPUT/eval.jsonl); every ``save_every``
 steps a resumable checkpoint is written (``lsr.train.state``); the final model goes to OUTPUT/model.
+
+Under torchrun every rank runs the loop on its part of each global batch (``lsr.train.distributed``);
+rank 0 alone writes the output folder (logs, evaluations, mined negatives, checkpoints, the model) while
+the others wait, and a failure there fails every rank (``lsr.parallel.topology.agree``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -32,12 +36,15 @@ from lsr.storage.files import atomic_write_text
 from lsr.train import losses
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
+from lsr.train.dev_eval import evaluate_encoder, load_dev_data
+from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
 from lsr.train.model import TrainableEncoder, adamw_kernel
 from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
 
 __all__ = ["Trainer", "train"]
 
 log = logging.getLogger("lsr.train")
+T = TypeVar("T")
 
 
 def _seed_everything(seed: int) -> None:
@@ -75,18 +82,28 @@ class Trainer:
     """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        from lsr.parallel.topology import init_distributed, is_distributed
         from lsr.pipeline import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
-        claim_train_output(cfg, self.out)   # before any work: the model load is the slow part
-        self.device = torch.device(resolve_device(cfg.device))
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        self.joined = is_distributed() and not torch.distributed.is_initialized()  # left again by run()
+        self.device = init_distributed(resolve_device(cfg.device)) if is_distributed() else \
+            torch.device(resolve_device(cfg.device))
+        self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+            if is_distributed() else (0, 1)
+        if self.world > 1 and cfg.loss.in_batch_groups > 1:
+            raise ValueError("config.loss.in_batch_groups splits one process's batch as that many ranks do; under "
+                             "torchrun the ranks are the groups: leave it at 1")
+        self._on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
         _seed_everything(cfg.seed)
-        self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints") if cfg.resume else None
+        self.resume_from = self._find_resume()
         self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
                                       deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
                                       gradient_checkpointing=cfg.optim.gradient_checkpointing)
+        if self.world > 1:
+            self.model.distribute()
         named = self.model.named_parameters()
         self.param_names = [n for n, _ in named]
         no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
@@ -95,12 +112,39 @@ class Trainer:
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
                                            **adamw_kernel(self.device, cfg.optim.deterministic))
         self.data: TrainData = load_train_data(cfg)
-        self.batches_per_epoch = len(epoch_batches(self.data, cfg, 0))
+        self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
+        self.batches_per_epoch = len(self._epoch_batches(0))
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.batches_per_epoch
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self._eval_data: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
+    def _on_lead(self, what: str, fn: Callable[[], T]) -> T | None:
+        """``fn()`` on rank 0 (the one writer of the output folder) while the others wait; a failure
+        there fails every rank. Outside torchrun: ``fn()``."""
+        if self.world == 1:
+            return fn()
+        from lsr.parallel.topology import agree
+
+        with agree(what):
+            return fn() if self.rank == 0 else None
+
+    def _find_resume(self) -> Path | None:
+        """The checkpoint to resume from: rank 0's choice on every rank (``resume: auto`` lists a folder)."""
+        cfg = self.cfg
+        if not cfg.resume:
+            return None
+        found = self._on_lead("find the checkpoint", lambda: find_checkpoint(cfg.resume, self.out / "checkpoints"))
+        if self.world > 1:
+            from lsr.parallel.topology import broadcast_text
+
+            text = broadcast_text(str(found) if found is not None else "")
+            found = Path(text) if text else None
+        return found
+
+    def _epoch_batches(self, epoch: int) -> list[list[Example]]:
+        return epoch_batches(self.data, self.cfg, epoch, batch_size=self.global_batch)
+
     def _load_encoder(self, checkpoint: Path | None) -> Any:
         from lsr.encode.splade.encoder import SpladeEncoder
 
@@ -117,12 +161,19 @@ class Trainer:
         return enc
 
     def _negatives_for_epoch(self, epoch: int) -> None:
-        """Mine (or reload the mined) hard-negative candidates this epoch uses."""
+        """Mine (or reload the mined) hard-negative candidates this epoch uses: rank 0 mines them into the
+        output folder, the other ranks read them from there."""
         cfg, neg = self.cfg, self.cfg.negatives
         if neg.mine == "none" or cfg.triples:
             return
         mined_epoch = epoch if neg.mine == "model" and neg.refresh else 0
         path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
+        self._on_lead("mine hard negatives", lambda: self._mine_negatives(path))
+        if self.rank != 0:
+            self.data.candidates = json.loads(path.read_text())
+
+    def _mine_negatives(self, path: Path) -> None:
+        neg = self.cfg.negatives
         if path.is_file():
             self.data.candidates = json.loads(path.read_text())
             return
@@ -177,17 +228,34 @@ class Trainer:
                            "flops_weight_q": w_q, "flops_weight_d": w_d}
         return loss_fn
 
+    def _step_loss(self, batch: list[Example], part: RankPart | None):
+        """The loss function of this process's encoded rows: its rank's share (under torchrun), the
+        grouped loss (``loss.in_batch_groups``) or the batch's own."""
+        n_neg, loss_cfg = self.cfg.negatives.count, self.cfg.loss
+        if part is not None:
+            return rank_loss(self._loss_fn, batch, part, n_neg, loss_cfg.gather_across_ranks)
+        if loss_cfg.in_batch_groups > 1:
+            return grouped_loss(self._loss_fn, batch, loss_cfg.in_batch_groups, n_neg)
+        return self._loss_fn(batch)
+
     def train_step(self, batch: list[Example]) -> dict[str, Any]:
-        """Forward, backward and optimizer step on one batch; returns its log fields."""
+        """Forward, backward and optimizer step on one (global) batch; returns its log fields."""
         t0, tokens0 = time.perf_counter(), self.model.tokens
         optim, data = self.cfg.optim, self.data
-        queries = [data.queries[e.qid] for e in batch]
-        docs = [data.docs[d] for d in [e.positive for e in batch] + [n for e in batch for n in e.negatives]]
+        part = RankPart.of(batch, self.rank, self.world) if self.world > 1 else None
+        examples = part.examples if part is not None else batch
+        queries = [data.queries[e.qid] for e in examples]
+        docs = [data.docs[d] for d in [e.positive for e in examples] + [n for e in examples for n in e.negatives]]
         lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logs, q, d = self.model.backward(self._loss_fn(batch), queries, docs, optim.grad_cache_chunk)
+        loss, logs, q, d = self.model.backward(self._step_loss(batch, part), queries, docs, optim.grad_cache_chunk)
+        q_rows, d_rows = group_rows(0, part.real if part else len(batch), len(examples), self.cfg.negatives.count)
+        counts = {"nnz_q": float((q[q_rows] > 0).sum()), "n_q": len(q_rows), "nnz_d": float((d[d_rows] > 0).sum()),
+                  "n_d": len(d_rows), "tokens": self.model.tokens - tokens0}
+        if self.world > 1:  # the global batch's loss and counts (also: every rank sees the same loss below)
+            loss, logs, counts = reduce_logs(loss, logs, counts)
         if not math.isfinite(float(loss)):
             raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower optim.lr or set encoder.dtype: float32")
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -200,78 +268,69 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.step += 1
         return {"step": self.step, "epoch": self.epoch, "loss": float(loss), **logs, "lr": lr, "grad_norm": grad_norm,
-                "nnz_q": float((q > 0).sum(1).float().mean()), "nnz_d": float((d > 0).sum(1).float().mean()),
-                "step_ms": dt * 1e3, "tokens_per_s": (self.model.tokens - tokens0) / dt}
+                "nnz_q": counts["nnz_q"] / max(1, counts["n_q"]), "nnz_d": counts["nnz_d"] / max(1, counts["n_d"]),
+                "step_ms": dt * 1e3, "tokens_per_s": counts["tokens"] / dt}
 
     # ------------------------------------------------------------------ evaluation
-    def _load_eval(self) -> dict[str, Any]:
-        from lsr.data.sources import load_dataset
-
-        cfg = self.cfg
-        max_others = cfg.schedule.eval_max_docs
-        ds = load_dataset(cfg.eval_data.dataset, cfg.eval_data.split)
-        judged = {d for j in ds.qrels.values() for d in j}
-        docs, others = {}, 0
-        for docid, text in ds.docs_iter():
-            if docid in judged or max_others is None or others < max_others:
-                others += docid not in judged
-                docs[docid] = text
-        qids = [q for q in ds.queries if q in ds.qrels]
-        return {"docs": docs, "qids": qids, "queries": [ds.queries[q] for q in qids], "qrels": ds.qrels}
-
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Encode the dev corpus and queries with the current weights, search exactly, score."""
-        from lsr.evaluation.topk import evaluate_topk
-        from lsr.index.inverted import InvertedIndex
-        from lsr.search.searcher import Searcher
-
         if self._eval_data is None:
-            self._eval_data = self._load_eval()
-        ev, enc = self._eval_data, self.model.encoder
+            self._eval_data = load_dev_data(self.cfg)
         self.model.eval()
         try:
-            with self.model.autocast():
-                docs = enc.encode_document(list(ev["docs"].values()), ids=list(ev["docs"]))
-                queries = enc.encode_query(ev["queries"], ids=ev["qids"])
-            index = InvertedIndex.build(docs, device=self.device, metadata=enc.describe())
-            k = min(1000, len(docs))
-            scores, idx = Searcher(index, device=self.device).search(queries.to(self.device), k=k,
-                                                                     query_metadata=enc.describe())
-            metrics = evaluate_topk(ev["qids"], idx.cpu(), index.docnos, ev["qrels"], self.cfg.evaluation.metrics,
-                                    scores=scores.cpu())
+            return evaluate_encoder(self.model.encoder, self._eval_data, self.cfg.evaluation.metrics, self.device,
+                                    self.model.autocast)
         finally:
             self.model.train()
-        return metrics
 
     # ------------------------------------------------------------------ checkpoints, logs
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes the checkpoint (the ranks hold equal weights and optimizer states), the others wait."""
         folder = checkpoint_path(self.out / "checkpoints", self.step)
-        self.model.encoder.save_pretrained(folder, overwrite=True)
-        save_trainer_state(folder, self.optimizer, self.param_names, self.device,
-                           {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch})
-        prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
+        progress = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                    "global_batch_size": self.global_batch, "world_size": self.world}
+
+        def write() -> None:
+            self.model.encoder.save_pretrained(folder, overwrite=True)
+            save_trainer_state(folder, self.optimizer, self.param_names, self.device, progress)
+            prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
+        self._on_lead("save a checkpoint", write)
         return folder
 
     def _restore(self, folder: Path) -> None:
         progress = load_trainer_state(folder, self.optimizer, self.param_names, self.device)
+        saved_batch = progress.get("global_batch_size", self.global_batch)
+        if saved_batch != self.global_batch:  # progress counts global batches: another size is another data order
+            raise ValueError(f"{folder} was written with a global batch of {saved_batch} "
+                             f"({progress.get('world_size', 1)} rank(s)); this run's is {self.global_batch} "
+                             f"({self.world} x optim.batch_size {self.cfg.optim.batch_size}): set optim.batch_size "
+                             f"so that ranks x batch_size = {saved_batch}, or start a new run from its model")
         self.step, self.epoch, self.batch_in_epoch = progress["step"], progress["epoch"], progress["batch_in_epoch"]
-        for name in ("log.jsonl", "eval.jsonl"):  # lines past the checkpoint are about to be redone
-            path = self.out / name
-            if path.is_file():
-                keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= self.step]
-                atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+
+        def truncate_logs() -> None:  # lines past the checkpoint are about to be redone
+            for name in ("log.jsonl", "eval.jsonl"):
+                path = self.out / name
+                if path.is_file():
+                    keep = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= self.step]
+                    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+        self._on_lead("truncate the logs", truncate_logs)
         log.info("resumed from %s at step %d", folder, self.step)
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
-        with open(self.out / name, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        def write() -> None:
+            with open(self.out / name, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        self._on_lead(f"write {name}", write)
 
     def _evaluate_and_log(self, bar: Any) -> dict[str, float]:
-        metrics = self.evaluate()
-        self._append("eval.jsonl", {"step": self.step, **metrics})
-        bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        return metrics
+        """Rank 0 evaluates and logs (the others wait); {} on the other ranks."""
+        def evaluate() -> dict[str, float]:
+            metrics = self.evaluate()
+            with open(self.out / "eval.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": self.step, **metrics}) + "\n")
+            bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            return metrics
+        return self._on_lead("evaluate", evaluate) or {}
 
     # ------------------------------------------------------------------ loop
     def run(self) -> Path:
@@ -283,10 +342,11 @@ class Trainer:
             return self._run()
         finally:  # a process-wide switch: leave it as it was
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+            if self.joined:
+                torch.distributed.destroy_process_group()
 
-    def _run(self) -> Path:
-        cfg = self.cfg
-        final = self.out / "model"
+    def _prepare_output(self) -> None:
+        cfg, final = self.cfg, self.out / "model"
         earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
                    if p.exists()]
         if self.resume_from is None and earlier:  # resume: auto before any checkpoint starts the run again
@@ -300,17 +360,21 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / TRAIN_MARKER, json.dumps({"writer": "lsr train"}))
         cfg.save(self.out / "config.yaml")
+
+    def _run(self) -> Path:
+        cfg, final = self.cfg, self.out / "model"
+        self._on_lead("prepare the output folder", self._prepare_output)
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.model.train()
         metrics: dict[str, float] = {}
         sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None
-        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not sched.progress) as bar:
+        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not sched.progress or self.rank > 0) as bar:
             if evaluates and self.step == 0 and sched.eval_every:
                 metrics = self._evaluate_and_log(bar)
             while self.step < self.total_steps:
                 self._negatives_for_epoch(self.epoch)
-                batches = epoch_batches(self.data, cfg, self.epoch)
+                batches = self._epoch_batches(self.epoch)
                 while self.batch_in_epoch < len(batches) and self.step < self.total_steps:
                     row = self.train_step(batches[self.batch_in_epoch])
                     self.batch_in_epoch += 1
@@ -326,10 +390,13 @@ class Trainer:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if evaluates and not (sched.eval_every and self.step % sched.eval_every == 0):
                 metrics = self._evaluate_and_log(bar)
-        path = self.model.encoder.save_pretrained(final, overwrite=True)
-        if metrics:
-            atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
-        return path
+
+        def write_model() -> None:
+            self.model.encoder.save_pretrained(final, overwrite=True)
+            if metrics:
+                atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
+        self._on_lead("write the model", write_model)
+        return final
 
 
 def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()

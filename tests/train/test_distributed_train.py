@@ -1,0 +1,154 @@
+"""``lsr train`` on 2 gloo ranks (CPU processes spawned as torchrun starts them) against one process.
+
+The shipped splade-tiny without dropout (so both sides see one network), fp32, 3 steps:
+
+* per-rank batch 2 on 2 ranks equals batch 4 in one process, loss per step and weights within 1e-5,
+  without global negatives (the one-process reference splits its batch as the ranks do:
+  ``loss.in_batch_groups: 2``; BM25 negatives mined by rank 0 and read by rank 1 from the output folder)
+  and with them (``loss.gather_across_ranks``; triples whose second batch of 3 splits 2 + 1, padded);
+* a checkpoint of either side resumes on the other world size and continues the same loss curve;
+* a failure on rank 0 (an output folder lsr did not write) fails both ranks with one line each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from lsr.cli import main
+from lsr.testing import free_port
+from tests.train.test_train import config, weights
+
+WORLD, TIMEOUT_S = 2, 150
+
+
+@pytest.fixture(scope="module")
+def splade_tiny(tmp_path_factory, data_dir):
+    """data/models/splade-tiny with dropout off: one process and two ranks then train the same network."""
+    out = tmp_path_factory.mktemp("model") / "splade-tiny"
+    shutil.copytree(data_dir / "models" / "splade-tiny", out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _rank(rank: int, jobs: list[tuple[int, list[str], str]]) -> None:
+    torch.set_num_threads(1)
+    for port, argv, log in jobs:  # one process group per job (lsr train leaves it when done)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+        Path(f"{log}-r{rank}.json").write_text(json.dumps({"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}))
+
+
+def _spawn(jobs: list[tuple[list[str], str]]) -> list[list[dict]]:
+    """Run the CLI jobs one after another on WORLD spawned ranks; each job's per-rank {rc, stdout, stderr}."""
+    ctx = mp.spawn(_rank, args=([(free_port(), argv, log) for argv, log in jobs],), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a hang)")
+    return [[json.loads(Path(f"{log}-r{r}.json").read_text()) for r in range(WORLD)] for _, log in jobs]
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(x)["loss"] for x in (out / "log.jsonl").read_text().splitlines()]
+
+
+def _assert_same_run(got: Path, want: Path, steps: list[int]) -> None:
+    rows = {json.loads(x)["step"]: json.loads(x) for x in (got / "log.jsonl").read_text().splitlines()}
+    ref = {json.loads(x)["step"]: json.loads(x) for x in (want / "log.jsonl").read_text().splitlines()}
+    assert sorted(rows) == steps, rows
+    for step in steps:
+        for key in ("loss", "rank_loss", "flops_q", "flops_d", "nnz_q", "nnz_d"):
+            assert rows[step][key] == pytest.approx(ref[step][key], rel=1e-5, abs=1e-6), (step, key)
+    a, b = weights(got / "model"), weights(want / "model")
+    assert a.keys() == b.keys()
+    # attention key biases have a zero gradient in exact arithmetic (a softmax ignores a shift shared by all
+    # keys): their gradient is rounding noise, which Adam normalises into steps of the learning rate's size
+    differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.allclose(a[k], b[k], rtol=0, atol=1e-5)}
+    assert all(k.endswith("attention.self.key.bias") for k in differ), differ
+
+
+def _triples(beir: Path, path: Path) -> Path:
+    """7 (query, positive, negative) lines: batches of 4 give a last batch of 3 (rank parts 2 + 1)."""
+    from lsr.data.sources import load_dataset
+
+    ds = load_dataset(beir, "train")
+    docs = dict(ds.docs_iter())
+    ids = sorted(docs)
+    lines = [f"{ds.queries[q]}\t{docs[d]}\t{docs[ids[(ids.index(d) + 3) % len(ids)]]}"
+             for q, judged in sorted(ds.qrels.items())[:7] for d in judged]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, beir, tmp_path):
+    common = {"encoder.dtype": "float32", "optim.max_steps": 3, "optim.lr": 1e-3}
+    local = {**common, "negatives.mine": "bm25", "negatives.count": 1}
+    gathered = {**common, "data.dataset": None, "triples": str(_triples(beir, tmp_path / "triples.tsv")),
+                "negatives.count": 1, "loss.gather_across_ranks": True, "schedule.save_every": 2,
+                "schedule.keep_checkpoints": None}
+
+    def job(name: str, changes: dict, batch: int) -> list[str]:
+        path = tmp_path / f"{name}.yaml"
+        config(splade_tiny, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(path)
+        return ["train", str(path)]
+
+    # one process, batch 4 (the references; the gathered one also writes the checkpoint the ranks resume from)
+    assert main(job("one-local", {**local, "loss.in_batch_groups": 2}, 4)) == 0
+    assert main(job("one-gathered", gathered, 4)) == 0
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    resume_one = {**gathered, "resume": str(tmp_path / "one-gathered" / "checkpoints" / "step-00000002")}
+    logs = _spawn([(job("two-local", local, 2), str(tmp_path / "log-local")),
+                   (job("two-gathered", gathered, 2), str(tmp_path / "log-gathered")),
+                   (job("two-resumed", resume_one, 2), str(tmp_path / "log-resumed")),
+                   (["train", str(tmp_path / "two-local.yaml"), "--set", f"output={tmp_path / 'foreign'}"],
+                    str(tmp_path / "log-foreign"))])
+    for run in logs[:3]:
+        assert [g["rc"] for g in run] == [0, 0], run
+        assert run[0]["stdout"].startswith("trained model written to") and run[1]["stdout"] == ""
+    _assert_same_run(tmp_path / "two-local", tmp_path / "one-local", [1, 2, 3])
+    assert json.loads((tmp_path / "two-local" / "negatives" / "epoch-0.json").read_text())  # rank 0 mined them
+    _assert_same_run(tmp_path / "two-gathered", tmp_path / "one-gathered", [1, 2, 3])
+    _assert_same_run(tmp_path / "two-resumed", tmp_path / "one-gathered", [3])  # 1 process -> 2 ranks
+    resume_two = {**gathered, "resume": str(tmp_path / "two-gathered" / "checkpoints" / "step-00000002")}
+    assert main(job("one-resumed", resume_two, 4)) == 0  # 2 ranks -> 1 process
+    _assert_same_run(tmp_path / "one-resumed", tmp_path / "one-gathered", [3])
+    # without the grouping one process computes another loss (the test compares what it means to)
+    assert main(job("one-plain", local, 4)) == 0
+    assert _losses(tmp_path / "one-plain")[0] != pytest.approx(_losses(tmp_path / "one-local")[0], rel=1e-3)
+
+    errors = [[ln for ln in g["stderr"].splitlines() if "error" in ln] for g in logs[3]]
+    assert [g["rc"] for g in logs[3]] == [1, 1] and all(len(e) == 1 for e in errors), logs[3]
+    assert "was not written by lsr train" in errors[0][0]
+    assert "another rank failed to claim the output folder" in errors[1][0]
+    assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["notes.txt"]
+
+
+def test_resume_with_another_global_batch_is_refused(splade_tiny, beir, tmp_path, capsys):
+    changes = {"optim.max_steps": 2, "schedule.save_every": 1, "optim.batch_size": 4}
+    path = tmp_path / "c.yaml"
+    config(splade_tiny, beir, tmp_path / "o", changes).save(path)
+    assert main(["train", str(path)]) == 0
+    ckpt = tmp_path / "o" / "checkpoints" / "step-00000001"
+    assert main(["train", str(path), "--resume", str(ckpt), "--set", "optim.batch_size=2",
+                 "--set", f"output={tmp_path / 'o2'}"]) == 1
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]  # (not the progress bars)
+    assert len(errors) == 1 and "global batch of 4" in errors[0] and "ranks x batch_size = 4" in errors[0], errors
