@@ -5,7 +5,9 @@ The shipped splade-tiny without dropout (so both sides see one network), fp32, 3
 * per-rank batch 2 on 2 ranks equals batch 4 in one process, loss per step and weights within 1e-5,
   without global negatives (the one-process reference splits its batch as the ranks do:
   ``loss.in_batch_groups: 2``; BM25 negatives mined by rank 0 and read by rank 1 from the output folder)
-  and with them (``loss.gather_across_ranks``; triples whose second batch of 3 splits 2 + 1, padded);
+  and with them (``loss.gather_across_ranks``: InfoNCE over the global batch equals the plain one-process
+  run; so does KL distillation with 2 teacher-scored negatives, whose last batch of 3 splits 2 + 1, the
+  short part padded);
 * a checkpoint of either side resumes on the other world size and continues the same loss curve;
 * a failure on rank 0 (an output folder lsr did not write) fails both ranks with one line each.
 """
@@ -28,7 +30,7 @@ from lsr.cli import main
 from lsr.testing import free_port
 from tests.train.test_train import config, weights
 
-WORLD, TIMEOUT_S = 2, 150
+WORLD, TIMEOUT_S = 2, 240
 
 
 @pytest.fixture(scope="module")
@@ -84,25 +86,27 @@ def _assert_same_run(got: Path, want: Path, steps: list[int]) -> None:
     assert all(k.endswith("attention.self.key.bias") for k in differ), differ
 
 
-def _triples(beir: Path, path: Path) -> Path:
-    """7 (query, positive, negative) lines: batches of 4 give a last batch of 3 (rank parts 2 + 1)."""
+def _teacher_scores(beir: Path, path: Path) -> Path:
+    """Teacher scores for 7 of the 12 training positives (the others are skipped: batches of 4 then end
+    with one of 3, rank parts 2 + 1) and 4 other documents per query (the KL loss's negatives)."""
     from lsr.data.sources import load_dataset
 
     ds = load_dataset(beir, "train")
-    docs = dict(ds.docs_iter())
-    ids = sorted(docs)
-    lines = [f"{ds.queries[q]}\t{docs[d]}\t{docs[ids[(ids.index(d) + 3) % len(ids)]]}"
-             for q, judged in sorted(ds.qrels.items())[:7] for d in judged]
+    ids = sorted(dict(ds.docs_iter()))
+    lines = []
+    for i, (q, judged) in enumerate(sorted(ds.qrels.items())[:7]):
+        lines += [f"{q}\t{d}\t10" for d in judged]
+        lines += [f"{q}\t{ids[(i + j) % len(ids)]}\t{j / 3:.3f}" for j in range(4) if ids[(i + j) % len(ids)] not in judged]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 @pytest.mark.slow
 def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, beir, tmp_path):
-    common = {"encoder.dtype": "float32", "optim.max_steps": 3, "optim.lr": 1e-3}
+    common = {"encoder.dtype": "float32", "optim.max_steps": 3, "optim.lr": 3e-4}
     local = {**common, "negatives.mine": "bm25", "negatives.count": 1}
-    gathered = {**common, "data.dataset": None, "triples": str(_triples(beir, tmp_path / "triples.tsv")),
-                "negatives.count": 1, "loss.gather_across_ranks": True, "schedule.save_every": 2,
+    gathered = {**common, "loss.kind": "kl", "loss.teacher_scores": str(_teacher_scores(beir, tmp_path / "t.tsv")),
+                "negatives.count": 2, "loss.gather_across_ranks": True, "schedule.save_every": 2,
                 "schedule.keep_checkpoints": None}
 
     def job(name: str, changes: dict, batch: int) -> list[str]:
@@ -112,6 +116,7 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
 
     # one process, batch 4 (the references; the gathered one also writes the checkpoint the ranks resume from)
     assert main(job("one-local", {**local, "loss.in_batch_groups": 2}, 4)) == 0
+    assert main(job("one-plain", local, 4)) == 0
     assert main(job("one-gathered", gathered, 4)) == 0
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
@@ -119,24 +124,25 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
     logs = _spawn([(job("two-local", local, 2), str(tmp_path / "log-local")),
                    (job("two-gathered", gathered, 2), str(tmp_path / "log-gathered")),
                    (job("two-resumed", resume_one, 2), str(tmp_path / "log-resumed")),
+                   (job("two-infonce", {**local, "loss.gather_across_ranks": True}, 2), str(tmp_path / "log-infonce")),
                    (["train", str(tmp_path / "two-local.yaml"), "--set", f"output={tmp_path / 'foreign'}"],
                     str(tmp_path / "log-foreign"))])
-    for run in logs[:3]:
+    for run in logs[:4]:
         assert [g["rc"] for g in run] == [0, 0], run
         assert run[0]["stdout"].startswith("trained model written to") and run[1]["stdout"] == ""
     _assert_same_run(tmp_path / "two-local", tmp_path / "one-local", [1, 2, 3])
     assert json.loads((tmp_path / "two-local" / "negatives" / "epoch-0.json").read_text())  # rank 0 mined them
     _assert_same_run(tmp_path / "two-gathered", tmp_path / "one-gathered", [1, 2, 3])
     _assert_same_run(tmp_path / "two-resumed", tmp_path / "one-gathered", [3])  # 1 process -> 2 ranks
+    _assert_same_run(tmp_path / "two-infonce", tmp_path / "one-plain", [1, 2, 3])  # global in-batch negatives
     resume_two = {**gathered, "resume": str(tmp_path / "two-gathered" / "checkpoints" / "step-00000002")}
     assert main(job("one-resumed", resume_two, 4)) == 0  # 2 ranks -> 1 process
     _assert_same_run(tmp_path / "one-resumed", tmp_path / "one-gathered", [3])
     # without the grouping one process computes another loss (the test compares what it means to)
-    assert main(job("one-plain", local, 4)) == 0
     assert _losses(tmp_path / "one-plain")[0] != pytest.approx(_losses(tmp_path / "one-local")[0], rel=1e-3)
 
-    errors = [[ln for ln in g["stderr"].splitlines() if "error" in ln] for g in logs[3]]
-    assert [g["rc"] for g in logs[3]] == [1, 1] and all(len(e) == 1 for e in errors), logs[3]
+    errors = [[ln for ln in g["stderr"].splitlines() if "error" in ln] for g in logs[4]]
+    assert [g["rc"] for g in logs[4]] == [1, 1] and all(len(e) == 1 for e in errors), logs[4]
     assert "was not written by lsr train" in errors[0][0]
     assert "another rank failed to claim the output folder" in errors[1][0]
     assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["notes.txt"]
