@@ -179,6 +179,9 @@ def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
     flat /= dist.get_world_size()
     offset = 0
     for p, g in zip(params, grads, strict=True):
-        n = g.numel()
-        p.grad = flat[offset:offset + n].view_as(g).to(device=g.device, dtype=g.dtype)
-        offset += n
+        mean = flat[offset:offset + g.numel()].view_as(g)
+        if p.grad is None:
+            p.grad = mean.to(device=g.device, dtype=g.dtype)
+        else:  # in place: DDP's gradient buckets may be views of it
+            p.grad.copy_(mean)
+        offset += g.numel()

@@ -21,9 +21,9 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -39,6 +39,7 @@ from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, m
 from lsr.train.dev_eval import evaluate_encoder, load_dev_data
 from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
 from lsr.train.model import TrainableEncoder, adamw_kernel
+from lsr.train.output import claim_train_output, prepare_train_output
 from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
 
 __all__ = ["Trainer", "train"]
@@ -60,24 +61,6 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
-TRAIN_MARKER = ".lsr-train.json"   # written first into an output folder: the folder is lsr train's to reuse
-
-
-def claim_train_output(cfg: TrainConfig, out: Path) -> None:
-    """Refuse an output folder inside an input (the dataset, the triples, the model) or one lsr train did not
-    write (it would overwrite a user's config.yaml and add files beside theirs) unless ``overwrite`` is set."""
-    from lsr.storage.provenance import check_not_inside
-
-    inputs = [cfg.data.dataset, cfg.eval_data.dataset, cfg.triples, cfg.encoder.model]
-    inputs += [str(i).rsplit(":", 1)[0] for i in inputs if i]   # "folder:split" dataset specs
-    check_not_inside(out, inputs, "output folder")
-    earlier = [out / name for name in (TRAIN_MARKER, "model", "log.jsonl", "checkpoints", "negatives")]
-    ours = any(p.exists() for p in earlier)   # (runs from before the marker have these)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not ours and not cfg.overwrite:
-        raise FileExistsError(f"{out} exists and was not written by lsr train (no {TRAIN_MARKER}); choose a new "
-                              "output folder, or set overwrite: true (--overwrite) to write into it")
-
-
 class Trainer:
     """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
 
@@ -93,15 +76,26 @@ class Trainer:
             torch.device(resolve_device(cfg.device))
         self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
             if is_distributed() else (0, 1)
+        try:
+            self._setup()
+        except BaseException:
+            if self.joined:  # every rank fails here together (each step is agreed on)
+                torch.distributed.destroy_process_group()
+            raise
+
+    def _setup(self) -> None:
+        cfg = self.cfg
         if self.world > 1 and cfg.loss.in_batch_groups > 1:
             raise ValueError("config.loss.in_batch_groups splits one process's batch as that many ranks do; under "
                              "torchrun the ranks are the groups: leave it at 1")
         self._on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
         _seed_everything(cfg.seed)
         self.resume_from = self._find_resume()
-        self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
-                                      deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
-                                      gradient_checkpointing=cfg.optim.gradient_checkpointing)
+        with self._agree("load the model and the training data"):
+            self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
+                                          deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
+                                          gradient_checkpointing=cfg.optim.gradient_checkpointing)
+            self.data: TrainData = load_train_data(cfg)
         if self.world > 1:
             self.model.distribute()
         named = self.model.named_parameters()
@@ -111,7 +105,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
                                            **adamw_kernel(self.device, cfg.optim.deterministic))
-        self.data: TrainData = load_train_data(cfg)
         self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
         self.batches_per_epoch = len(self._epoch_batches(0))
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.batches_per_epoch
@@ -119,14 +112,18 @@ class Trainer:
         self._eval_data: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
+    def _agree(self, what: str) -> AbstractContextManager:
+        """A step every rank runs: if it fails on one, it fails on all (``agree``); nothing outside torchrun."""
+        if self.world == 1:
+            return nullcontext()
+        from lsr.parallel.topology import agree
+
+        return agree(what)
+
     def _on_lead(self, what: str, fn: Callable[[], T]) -> T | None:
         """``fn()`` on rank 0 (the one writer of the output folder) while the others wait; a failure
         there fails every rank. Outside torchrun: ``fn()``."""
-        if self.world == 1:
-            return fn()
-        from lsr.parallel.topology import agree
-
-        with agree(what):
+        with self._agree(what):
             return fn() if self.rank == 0 else None
 
     def _find_resume(self) -> Path | None:
@@ -345,25 +342,9 @@ class Trainer:
             if self.joined:
                 torch.distributed.destroy_process_group()
 
-    def _prepare_output(self) -> None:
-        cfg, final = self.cfg, self.out / "model"
-        earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
-                   if p.exists()]
-        if self.resume_from is None and earlier:  # resume: auto before any checkpoint starts the run again
-            if not (cfg.overwrite or (cfg.resume == "auto" and not final.exists())):
-                raise FileExistsError(f"{self.out} holds an earlier run ({earlier[0].name}); set resume: auto to "
-                                      "continue it, overwrite: true to start again, or choose another output")
-            for name in ("log.jsonl", "eval.jsonl"):
-                (self.out / name).unlink(missing_ok=True)
-            for name in ("checkpoints", "negatives"):
-                shutil.rmtree(self.out / name, ignore_errors=True)
-        self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / TRAIN_MARKER, json.dumps({"writer": "lsr train"}))
-        cfg.save(self.out / "config.yaml")
-
     def _run(self) -> Path:
         cfg, final = self.cfg, self.out / "model"
-        self._on_lead("prepare the output folder", self._prepare_output)
+        self._on_lead("prepare the output folder", lambda: prepare_train_output(cfg, self.out, self.resume_from))
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.model.train()

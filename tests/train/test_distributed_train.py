@@ -8,7 +8,8 @@ The shipped splade-tiny without dropout (so both sides see one network), fp32, 3
   and with them (``loss.gather_across_ranks``: InfoNCE over the global batch equals the plain one-process
   run; so does KL distillation with 2 teacher-scored negatives, whose last batch of 3 splits 2 + 1, the
   short part padded);
-* a checkpoint of either side resumes on the other world size and continues the same loss curve;
+* a checkpoint of either side resumes on the other world size and continues the same loss curve (the
+  2-rank side with GradCache chunks, whose gradients are averaged after the last chunk);
 * a failure on rank 0 (an output folder lsr did not write) fails both ranks with one line each.
 """
 
@@ -120,7 +121,8 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
     assert main(job("one-gathered", gathered, 4)) == 0
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
-    resume_one = {**gathered, "resume": str(tmp_path / "one-gathered" / "checkpoints" / "step-00000002")}
+    resume_one = {**gathered, "resume": str(tmp_path / "one-gathered" / "checkpoints" / "step-00000002"),
+                  "optim.grad_cache_chunk": 2}  # GradCache: chunks outside DDP's forward, one gradient all-reduce
     logs = _spawn([(job("two-local", local, 2), str(tmp_path / "log-local")),
                    (job("two-gathered", gathered, 2), str(tmp_path / "log-gathered")),
                    (job("two-resumed", resume_one, 2), str(tmp_path / "log-resumed")),
