@@ -109,6 +109,9 @@ class OptimConfig:
     """Deterministic head backward and torch's deterministic algorithms (bit-identical seeded runs)."""
     gradient_checkpointing: bool = False
     """Recompute the backbone's activations in the backward (larger batches)."""
+    sharding: str = choice("ddp", ("ddp", "fsdp"))
+    """Under torchrun: ddp (every rank holds the model) or fsdp (parameters, gradients and optimizer state
+    sharded over the ranks, torch's FSDP2; for models whose training state does not fit one GPU)."""
 
 
 @dataclass(frozen=True)

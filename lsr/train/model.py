@@ -83,11 +83,17 @@ class TrainableEncoder:
     def autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext()
 
-    def distribute(self) -> None:
+    def distribute(self, sharding: str = "ddp") -> None:
         """Train data-parallel over the ranks of the current process group: DDP wraps the towers (its
-        constructor broadcasts rank 0's weights) and averages the gradients during the backward."""
+        constructor broadcasts rank 0's weights) and averages the gradients during the backward; or
+        ``sharding="fsdp"``: FSDP2 shards them (``lsr.train.sharding``; parameters become DTensors)."""
         from torch.nn.parallel import DistributedDataParallel
 
+        if sharding == "fsdp":
+            from lsr.train.sharding import shard_modules
+
+            shard_modules(self.pair)
+            return
         ids = [self.device] if self.device.type == "cuda" else None
         self.ddp = self.pair = DistributedDataParallel(TowerPair(self), device_ids=ids, broadcast_buffers=False,
                                                        gradient_as_bucket_view=True)

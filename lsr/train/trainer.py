@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -33,13 +34,14 @@ from tqdm.auto import tqdm
 
 from lsr.config import apply_overrides
 from lsr.storage.files import atomic_write_text
-from lsr.train import losses
+from lsr.train.batch_loss import batch_loss_fn
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
 from lsr.train.dev_eval import evaluate_encoder, load_dev_data
 from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
 from lsr.train.model import TrainableEncoder, adamw_kernel
 from lsr.train.output import claim_train_output, prepare_train_output
+from lsr.train.sharding import FullStateOptimizer, full_model_state
 from lsr.train.state import checkpoint_path, find_checkpoint, load_trainer_state, prune_checkpoints, save_trainer_state
 
 __all__ = ["Trainer", "train"]
@@ -88,6 +90,10 @@ class Trainer:
         if self.world > 1 and cfg.loss.in_batch_groups > 1:
             raise ValueError("config.loss.in_batch_groups splits one process's batch as that many ranks do; under "
                              "torchrun the ranks are the groups: leave it at 1")
+        self.sharded = self.world > 1 and cfg.optim.sharding == "fsdp"
+        if self.sharded and cfg.optim.grad_cache_chunk is not None:
+            raise ValueError("config.optim.grad_cache_chunk encodes outside the sharded forward: use it with "
+                             "optim.sharding: ddp, or unset it with fsdp")
         self._on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
         _seed_everything(cfg.seed)
         self.resume_from = self._find_resume()
@@ -96,8 +102,11 @@ class Trainer:
                                           deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
                                           gradient_checkpointing=cfg.optim.gradient_checkpointing)
             self.data: TrainData = load_train_data(cfg)
+        self.inference: TrainableEncoder | None = None  # FSDP: rank 0's unsharded copy (evaluation, saving)
+        if self.sharded and self.rank == 0:
+            self.inference = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head)
         if self.world > 1:
-            self.model.distribute()
+            self.model.distribute(cfg.optim.sharding)
         named = self.model.named_parameters()
         self.param_names = [n for n, _ in named]
         no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
@@ -105,6 +114,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
                                            **adamw_kernel(self.device, cfg.optim.deterministic))
+        # what checkpoints save and load: under FSDP the full state, gathered from the shards
+        self.optimizer_state = FullStateOptimizer(self.optimizer, self.model.pair) if self.sharded else self.optimizer
         self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
         self.batches_per_epoch = len(self._epoch_batches(0))
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.batches_per_epoch
@@ -139,6 +150,19 @@ class Trainer:
             found = Path(text) if text else None
         return found
 
+    @property
+    def lead_encoder(self) -> Any:
+        """The encoder rank 0 evaluates, mines negatives with and saves (under FSDP its unsharded copy,
+        refreshed by ``_gather_weights``)."""
+        return self.inference.encoder if self.inference is not None else self.model.encoder
+
+    def _gather_weights(self) -> None:
+        """FSDP: the trained weights into rank 0's unsharded copy (every rank takes part); else nothing."""
+        if self.sharded:
+            state = full_model_state(self.model.pair)
+            if self.inference is not None:
+                self.inference.pair.load_state_dict(state)
+
     def _epoch_batches(self, epoch: int) -> list[list[Example]]:
         return epoch_batches(self.data, self.cfg, epoch, batch_size=self.global_batch)
 
@@ -165,9 +189,12 @@ class Trainer:
             return
         mined_epoch = epoch if neg.mine == "model" and neg.refresh else 0
         path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
+        if neg.mine == "model" and not path.is_file():
+            self._gather_weights()
         self._on_lead("mine hard negatives", lambda: self._mine_negatives(path))
-        if self.rank != 0:
-            self.data.candidates = json.loads(path.read_text())
+        with self._agree("read the mined negatives"):  # (several hosts: the output folder must be shared)
+            if self.rank != 0:
+                self.data.candidates = json.loads(path.read_text())
 
     def _mine_negatives(self, path: Path) -> None:
         neg = self.cfg.negatives
@@ -179,7 +206,7 @@ class Trainer:
 
             encoder = LexicalEncoder().fit(self.data.docs.values())
         else:
-            encoder = self.model.encoder
+            encoder = self.lead_encoder
         self.model.eval()
         with self.model.autocast():
             self.data.candidates = mine_negatives(self.data, encoder, depth=neg.depth, skip=neg.skip,
@@ -193,37 +220,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _loss_fn(self, batch: list[Example]):
-        loss_cfg, data = self.cfg.loss, self.data
-        doc_ids = [e.positive for e in batch] + [n for e in batch for n in e.negatives]
-        columns: dict[str, list[int]] = {}
-        for j, doc in enumerate(doc_ids):
-            columns.setdefault(doc, []).append(j)
-        exclude = torch.zeros(len(batch), len(doc_ids), dtype=torch.bool)
-        for i, e in enumerate(batch):  # other copies of a query's positives are not negatives for it
-            for j in (j for p in data.positives.get(e.qid, ()) for j in columns.get(p, ()) if j != i):
-                exclude[i, j] = True
-        exclude = exclude.to(self.device)
-        teacher = None
-        if data.teacher is not None:
-            teacher = torch.tensor([[data.teacher[e.qid].get(d, float("nan")) for d in (e.positive, *e.negatives)]
-                                    for e in batch], device=self.device)
-        w_q = losses.flops_weight(loss_cfg.flops_query, self.step, loss_cfg.flops_warmup_steps)
-        w_d = losses.flops_weight(loss_cfg.flops_doc, self.step, loss_cfg.flops_warmup_steps)
-
-        def loss_fn(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            if loss_cfg.kind == "infonce":
-                rank = losses.info_nce(q, d, loss_cfg.temperature, loss_cfg.in_batch_negatives, exclude)
-            elif loss_cfg.kind == "margin_mse":
-                rank = losses.margin_mse(q, d, teacher)
-            else:
-                rank = losses.kl_distillation(q, d, teacher, loss_cfg.temperature)
-            f_q, f_d = losses.flops(q), losses.flops(d)
-            total = rank + w_q * f_q + w_d * f_d
-            if loss_cfg.l1_query or loss_cfg.l1_doc:
-                total = total + loss_cfg.l1_query * losses.l1(q) + loss_cfg.l1_doc * losses.l1(d)
-            return total, {"rank_loss": rank.item(), "flops_q": f_q.item(), "flops_d": f_d.item(),
-                           "flops_weight_q": w_q, "flops_weight_d": w_d}
-        return loss_fn
+        return batch_loss_fn(self.cfg.loss, self.data, batch, self.step, self.device)
 
     def _step_loss(self, batch: list[Example], part: RankPart | None):
         """The loss function of this process's encoded rows: its rank's share (under torchrun), the
@@ -258,7 +255,8 @@ class Trainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = None
         if optim.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic))
+            norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # (a DTensor under FSDP)
         self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -275,7 +273,7 @@ class Trainer:
             self._eval_data = load_dev_data(self.cfg)
         self.model.eval()
         try:
-            return evaluate_encoder(self.model.encoder, self._eval_data, self.cfg.evaluation.metrics, self.device,
+            return evaluate_encoder(self.lead_encoder, self._eval_data, self.cfg.evaluation.metrics, self.device,
                                     self.model.autocast)
         finally:
             self.model.train()
@@ -286,16 +284,19 @@ class Trainer:
         folder = checkpoint_path(self.out / "checkpoints", self.step)
         progress = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "global_batch_size": self.global_batch, "world_size": self.world}
+        self._gather_weights()
+        optimizer_state = self.optimizer_state.state_dict()  # (collective under FSDP)
 
         def write() -> None:
-            self.model.encoder.save_pretrained(folder, overwrite=True)
-            save_trainer_state(folder, self.optimizer, self.param_names, self.device, progress)
+            self.lead_encoder.save_pretrained(folder, overwrite=True)
+            save_trainer_state(folder, SimpleNamespace(state_dict=lambda: optimizer_state), self.param_names,
+                               self.device, progress)
             prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
         self._on_lead("save a checkpoint", write)
         return folder
 
     def _restore(self, folder: Path) -> None:
-        progress = load_trainer_state(folder, self.optimizer, self.param_names, self.device)
+        progress = load_trainer_state(folder, self.optimizer_state, self.param_names, self.device)
         saved_batch = progress.get("global_batch_size", self.global_batch)
         if saved_batch != self.global_batch:  # progress counts global batches: another size is another data order
             raise ValueError(f"{folder} was written with a global batch of {saved_batch} "
@@ -321,6 +322,7 @@ class Trainer:
 
     def _evaluate_and_log(self, bar: Any) -> dict[str, float]:
         """Rank 0 evaluates and logs (the others wait); {} on the other ranks."""
+        self._gather_weights()
         def evaluate() -> dict[str, float]:
             metrics = self.evaluate()
             with open(self.out / "eval.jsonl", "a", encoding="utf-8") as f:
@@ -372,8 +374,10 @@ class Trainer:
             if evaluates and not (sched.eval_every and self.step % sched.eval_every == 0):
                 metrics = self._evaluate_and_log(bar)
 
+        self._gather_weights()
+
         def write_model() -> None:
-            self.model.encoder.save_pretrained(final, overwrite=True)
+            self.lead_encoder.save_pretrained(final, overwrite=True)
             if metrics:
                 atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
         self._on_lead("write the model", write_model)

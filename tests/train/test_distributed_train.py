@@ -8,6 +8,8 @@ The shipped splade-tiny without dropout (so both sides see one network), fp32, 3
   and with them (``loss.gather_across_ranks``: InfoNCE over the global batch equals the plain one-process
   run; so does KL distillation with 2 teacher-scored negatives, whose last batch of 3 splits 2 + 1, the
   short part padded);
+* ``optim.sharding: fsdp`` (FSDP2 on gloo) trains the same run, and its checkpoints (the optimizer state
+  gathered from the shards) resume sharded and in one process;
 * a checkpoint of either side resumes on the other world size and continues the same loss curve (the
   2-rank side with GradCache chunks, whose gradients are averaged after the last chunk);
 * a failure on rank 0 (an output folder lsr did not write) fails both ranks with one line each.
@@ -121,15 +123,20 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
     assert main(job("one-gathered", gathered, 4)) == 0
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    fsdp = {**local, "loss.gather_across_ranks": True, "optim.sharding": "fsdp", "schedule.save_every": 2,
+            "schedule.keep_checkpoints": None}
+    fsdp_ckpt = tmp_path / "two-fsdp" / "checkpoints" / "step-00000002"
     resume_one = {**gathered, "resume": str(tmp_path / "one-gathered" / "checkpoints" / "step-00000002"),
                   "optim.grad_cache_chunk": 2}  # GradCache: chunks outside DDP's forward, one gradient all-reduce
     logs = _spawn([(job("two-local", local, 2), str(tmp_path / "log-local")),
                    (job("two-gathered", gathered, 2), str(tmp_path / "log-gathered")),
                    (job("two-resumed", resume_one, 2), str(tmp_path / "log-resumed")),
                    (job("two-infonce", {**local, "loss.gather_across_ranks": True}, 2), str(tmp_path / "log-infonce")),
+                   (job("two-fsdp", fsdp, 2), str(tmp_path / "log-fsdp")),
+                   (job("two-fsdp-resumed", {**fsdp, "resume": str(fsdp_ckpt)}, 2), str(tmp_path / "log-fsdp-r")),
                    (["train", str(tmp_path / "two-local.yaml"), "--set", f"output={tmp_path / 'foreign'}"],
                     str(tmp_path / "log-foreign"))])
-    for run in logs[:4]:
+    for run in logs[:6]:
         assert [g["rc"] for g in run] == [0, 0], run
         assert run[0]["stdout"].startswith("trained model written to") and run[1]["stdout"] == ""
     _assert_same_run(tmp_path / "two-local", tmp_path / "one-local", [1, 2, 3])
@@ -137,14 +144,18 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
     _assert_same_run(tmp_path / "two-gathered", tmp_path / "one-gathered", [1, 2, 3])
     _assert_same_run(tmp_path / "two-resumed", tmp_path / "one-gathered", [3])  # 1 process -> 2 ranks
     _assert_same_run(tmp_path / "two-infonce", tmp_path / "one-plain", [1, 2, 3])  # global in-batch negatives
+    _assert_same_run(tmp_path / "two-fsdp", tmp_path / "one-plain", [1, 2, 3])  # FSDP2 shards, the same run
+    _assert_same_run(tmp_path / "two-fsdp-resumed", tmp_path / "one-plain", [3])  # full state -> shards
+    assert main(job("one-from-fsdp", {**local, "resume": str(fsdp_ckpt)}, 4)) == 0  # shards -> full state
+    _assert_same_run(tmp_path / "one-from-fsdp", tmp_path / "one-plain", [3])
     resume_two = {**gathered, "resume": str(tmp_path / "two-gathered" / "checkpoints" / "step-00000002")}
     assert main(job("one-resumed", resume_two, 4)) == 0  # 2 ranks -> 1 process
     _assert_same_run(tmp_path / "one-resumed", tmp_path / "one-gathered", [3])
     # without the grouping one process computes another loss (the test compares what it means to)
     assert _losses(tmp_path / "one-plain")[0] != pytest.approx(_losses(tmp_path / "one-local")[0], rel=1e-3)
 
-    errors = [[ln for ln in g["stderr"].splitlines() if "error" in ln] for g in logs[4]]
-    assert [g["rc"] for g in logs[4]] == [1, 1] and all(len(e) == 1 for e in errors), logs[4]
+    errors = [[ln for ln in g["stderr"].splitlines() if "error" in ln] for g in logs[6]]
+    assert [g["rc"] for g in logs[6]] == [1, 1] and all(len(e) == 1 for e in errors), logs[6]
     assert "was not written by lsr train" in errors[0][0]
     assert "another rank failed to claim the output folder" in errors[1][0]
     assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["notes.txt"]
