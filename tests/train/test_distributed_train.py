@@ -74,18 +74,18 @@ def _losses(out: Path) -> list[float]:
     return [json.loads(x)["loss"] for x in (out / "log.jsonl").read_text().splitlines()]
 
 
-def _assert_same_run(got: Path, want: Path, steps: list[int]) -> None:
+def _assert_same_run(got: Path, want: Path, steps: list[int], tol: float = 1e-5) -> None:
     rows = {json.loads(x)["step"]: json.loads(x) for x in (got / "log.jsonl").read_text().splitlines()}
     ref = {json.loads(x)["step"]: json.loads(x) for x in (want / "log.jsonl").read_text().splitlines()}
     assert sorted(rows) == steps, rows
     for step in steps:
         for key in ("loss", "rank_loss", "flops_q", "flops_d", "nnz_q", "nnz_d"):
-            assert rows[step][key] == pytest.approx(ref[step][key], rel=1e-5, abs=1e-6), (step, key)
+            assert rows[step][key] == pytest.approx(ref[step][key], rel=tol, abs=tol / 10), (step, key)
     a, b = weights(got / "model"), weights(want / "model")
     assert a.keys() == b.keys()
     # attention key biases have a zero gradient in exact arithmetic (a softmax ignores a shift shared by all
     # keys): their gradient is rounding noise, which Adam normalises into steps of the learning rate's size
-    differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.allclose(a[k], b[k], rtol=0, atol=1e-5)}
+    differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.allclose(a[k], b[k], rtol=0, atol=tol)}
     assert all(k.endswith("attention.self.key.bias") for k in differ), differ
 
 
@@ -171,3 +171,21 @@ def test_resume_with_another_global_batch_is_refused(splade_tiny, beir, tmp_path
                  "--set", f"output={tmp_path / 'o2'}"]) == 1
     errors = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]  # (not the progress bars)
     assert len(errors) == 1 and "global batch of 4" in errors[0] and "ranks x batch_size = 4" in errors[0], errors
+
+
+@pytest.mark.gpu
+def test_two_ranks_sharing_one_gpu_equal_one_process(splade_tiny, beir, tmp_path):
+    """The CUDA route (Triton head, deterministic backward): 2 ranks on one GPU (gloo, staged through the
+    host) with global negatives equal one process with their global batch (fp32; within 1e-4, as kernel
+    tiles differ with the batch shape)."""
+    changes = {"device": "cuda", "encoder.head": "auto", "encoder.dtype": "float32", "optim.deterministic": True,
+               "optim.max_steps": 3, "optim.lr": 3e-4, "negatives.mine": "bm25", "negatives.count": 1,
+               "loss.gather_across_ranks": True}
+    paths = {}
+    for name, batch in (("one", 4), ("two", 2)):
+        paths[name] = tmp_path / f"{name}.yaml"
+        config(splade_tiny, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(paths[name])
+    assert main(["train", str(paths["one"])]) == 0
+    (run,) = _spawn([(["train", str(paths["two"])], str(tmp_path / "log"))])
+    assert [g["rc"] for g in run] == [0, 0], run
+    _assert_same_run(tmp_path / "two", tmp_path / "one", [1, 2, 3], tol=1e-4)
