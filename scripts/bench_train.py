@@ -19,9 +19,16 @@ unless --no-max-batch, each implementation alone: the largest batch that fits, d
 --batches entry until out of memory, then bisecting, each trial two steps, bounded by --search-s seconds.
 Results: OUT/bench_train_<models>.json + .csv (lsr.benchmarks.harness schema), ratios printed at the end.
 
+``--scaling 1,4`` measures instead the data-parallel step over W GPUs of the host (``torchrun
+--nproc-per-node W`` per entry, the first --batches entry per GPU; ``bench_train_scaling.py``): lsr under
+DDP with and without global in-batch negatives, sentence-transformers in a manual DDP loop with and
+without ``gather_across_devices``; samples/s and the ratio W / 1 (OUT/bench_train_scaling_<models>.json).
+
     PYTHONPATH=. python scripts/bench_train.py --out results/train [--models bert,xlmr] [--batches 32,48] \
         [--checkpointing off,on] [--profile 3]
     PYTHONPATH=. python scripts/bench_train.py --quick --device cpu --out /tmp/bt   # tiny check
+    PYTHONPATH=. python scripts/bench_train.py --scaling 1,4 --models bert,xlmr --batches 32 --out results/train
+    PYTHONPATH=. python scripts/bench_train.py --scaling 1,2 --quick --device cpu --out /tmp/bt   # CPU check (gloo)
 """
 
 from __future__ import annotations
@@ -73,8 +80,8 @@ def save_random_model(name: str, quick: bool, folder: Path) -> Path:
     return folder
 
 
-def batch_ids(B: int, length: int, vocab: int, device: str) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(B * 7919 + length)
+def batch_ids(B: int, length: int, vocab: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(B * 7919 + length + seed * 104729)
     ids = torch.randint(1000, min(vocab, 30000), (B, length), generator=g)
     return {"input_ids": ids.to(device), "attention_mask": torch.ones(B, length, dtype=torch.long, device=device)}
 
@@ -357,19 +364,27 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="also profile STEPS steps per implementation (top kernels by device time in the JSON)")
     ap.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU check of the script)")
+    ap.add_argument("--scaling", default=None, metavar="W,W",
+                    help="only the data-parallel rows: torchrun --nproc-per-node W per entry (e.g. 1,4)")
+    ap.add_argument("--scaling-impls", default="lsr,lsr_gather,st,st_gather")
+    ap.add_argument("--scaling-steps", type=int, default=20, help="timed steps per scaling row")
+    ap.add_argument("--scaling-warmup", type=int, default=3, help="untimed steps before them")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     if args.quick:
         args.batches, args.query_len, args.doc_len, args.repeats = [2], 8, 16, 2
         args.max_batch, args.search_s = min(args.max_batch, 8), min(args.search_s, 60)
-    name = "bench_train_" + args.models.replace(",", "_") + ("_quick" if args.quick else "")
+    name = "bench_train_" + ("scaling_" if args.scaling else "") + args.models.replace(",", "_") + (
+        "_quick" if args.quick else "")
     results = Results(args.out, name, environment(args.device), vars(args))
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            folder = save_random_model(name, args.quick, Path(tmp) / name)
-            vocab = model_config(name, args.quick).vocab_size
+        folders = {m: save_random_model(m, args.quick, Path(tmp) / m) for m in args.models.split(",")}
+        vocabs = {m: model_config(m, args.quick).vocab_size for m in folders}
+        if args.scaling:
+            return run_scaling(folders, vocabs, args, results, Path(tmp))
+        for name, folder in folders.items():
             for setting in args.checkpointing.split(","):
-                run_model(name, folder, vocab, setting == "on", args, results)
+                run_model(name, folder, vocabs[name], setting == "on", args, results)
     results.summary = summarize(results.rows)
     results.save()
     print(format_table(results.rows, ["model", "checkpointing", "impl", "B", "status", ("ms", ".1f"), ("ms_p10", ".1f"),
@@ -381,6 +396,23 @@ def main() -> None:
             print(f"# profile {r['model']} {r['impl']} (ms per step: device, cpu)")
             for p in r["profile"][:12]:
                 print(f"  {p['device_ms_per_step']:8.2f} {p['cpu_ms_per_step']:8.2f}  x{p['calls_per_step']:<5g} {p['name']}")
+
+
+def run_scaling(folders: dict[str, Path], vocabs: dict[str, int], args: argparse.Namespace, results: Results,
+                tmp: Path) -> None:
+    """The scaling rows: one torchrun job per --scaling entry, the table and the W / 1 ratios last."""
+    from bench_train_scaling import launch, scaling_summary
+
+    for world in (int(w) for w in args.scaling.split(",")):
+        print(f"# torchrun --nproc-per-node {world}", flush=True)
+        for row in launch(world, folders, vocabs, args, tmp / f"rows-{world}.json"):
+            results.add(row | {"query_len": args.query_len, "doc_len": args.doc_len}, echo=False)
+    results.summary = scaling_summary(results.rows)
+    results.save()
+    print(format_table(results.rows, ["model", "impl", "world", "B", "status", ("ms", ".1f"), ("ms_p10", ".1f"),
+                                      ("ms_p90", ".1f"), ("samples_per_s", ".0f"), ("peak_extra_mb", ".0f")]))
+    for key, value in results.summary.items():
+        print(f"{key}: {value:.2f}x")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def broadcast_text(text: str | None, limit: int = 4096) -> str:
         data = (text or "").encode()
         if len(data) > limit:
             raise ValueError(f"text of {len(data)} bytes is longer than {limit}")
-        buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data:  # (torch.frombuffer refuses an empty buffer)
+            buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     dist.broadcast(buf, 0)
     return bytes(buf[1:].cpu().numpy()).rstrip(b"\0").decode()
 

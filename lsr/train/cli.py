@@ -1,4 +1,5 @@
-"""``lsr train CONFIG.yaml [--set section.key=value ...]``: train a SPLADE model (keys: lsr.train.config)."""
+"""``lsr train CONFIG.yaml [--set section.key=value ...]``: train a SPLADE model (keys: lsr.train.config); under
+``torchrun`` every rank trains its part of each global batch (``lsr.train.distributed``) and rank 0 reports."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from lsr.cli_types import DEVICE_HELP, device
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
-    from lsr.parallel.topology import is_distributed
+    from lsr.parallel.topology import launch_rank
     from lsr.train.config import load_train_config
 
-    if is_distributed():  # every rank would train alone and write the same output folder
-        raise UsageError("lsr train runs in one process: under torchrun each rank would train its own model into "
-                         "the same output folder; run it without torchrun")
     overrides = list(args.set or ())
     if args.device:
         overrides.append(f"device={args.device}")
@@ -30,7 +28,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lsr.train.trainer import Trainer
 
     path = Trainer(cfg).run()
-    print(f"trained model written to {path}")
+    if launch_rank() == 0:  # one rank of a torchrun job reports
+        print(f"trained model written to {path}")
     return 0
 
 

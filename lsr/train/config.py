@@ -62,6 +62,12 @@ class LossConfig:
     """infonce / kl: scores are divided by it (> 0)."""
     in_batch_negatives: bool = True
     """infonce: the other queries' documents are negatives too."""
+    gather_across_ranks: bool = False
+    """Under torchrun: gather every rank's query and document vectors (and their gradients), so in-batch
+    negatives, FLOPS and distillation see the global batch; False: each rank's part alone."""
+    in_batch_groups: int = at_least(1, 1)
+    """One process: split each batch into this many groups with their own in-batch negatives and FLOPS,
+    as that many ranks do without ``gather_across_ranks`` (continues such a run on one GPU)."""
     flops_query: float = at_least(5e-4, 0)
     """FLOPS regulariser weight of the queries (SPLADE's lambda_q)."""
     flops_doc: float = at_least(1e-3, 0)
@@ -79,7 +85,8 @@ class OptimConfig:
     """AdamW, the batch and the training step's numerics."""
 
     batch_size: int = at_least(32, 1)
-    """Queries per step (each with a positive and ``negatives.count`` documents)."""
+    """Queries per step and rank (each with a positive and ``negatives.count`` documents); under torchrun
+    the global batch is world size x batch_size."""
     grad_cache_chunk: int | None = at_least(None, 1)
     """GradCache: encode in chunks of this many texts (a batch beyond memory); None: the whole batch at once."""
     lr: float = 2e-5
@@ -102,6 +109,9 @@ class OptimConfig:
     """Deterministic head backward and torch's deterministic algorithms (bit-identical seeded runs)."""
     gradient_checkpointing: bool = False
     """Recompute the backbone's activations in the backward (larger batches)."""
+    sharding: str = choice("ddp", ("ddp", "fsdp"))
+    """Under torchrun: ddp (every rank holds the model) or fsdp (parameters, gradients and optimizer state
+    sharded over the ranks, torch's FSDP2; for models whose training state does not fit one GPU)."""
 
 
 @dataclass(frozen=True)

@@ -197,10 +197,12 @@ def _sample_negatives(data: TrainData, qid: str, positive: str, n: int, rng: np.
     return tuple(picks), bool(pool)
 
 
-def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Example]]:
+def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int, batch_size: int | None = None
+                  ) -> list[list[Example]]:
     """The epoch's batches: pairs shuffled, sorted by document length within windows of
     ``optim.bucket_batches`` batches (similar lengths pad little), cut into batches whose order is shuffled.
-    A function of (seed, epoch) only."""
+    A function of (seed, epoch, batch size) only; ``batch_size``: the global batch (default
+    ``optim.batch_size``, one process's)."""
     rng = np.random.default_rng((cfg.seed, epoch))
     all_docs = list(data.docs)
     order = rng.permutation(len(data.pairs))
@@ -215,7 +217,7 @@ def epoch_batches(data: TrainData, cfg: TrainConfig, epoch: int) -> list[list[Ex
         log.warning("%d queries (e.g. %r) have fewer than negatives.count=%d hard-negative candidates; random "
                     "documents fill the rest (raise negatives.depth, or lower negatives.count)", len(short),
                     min(short), cfg.negatives.count)
-    batch_size = cfg.optim.batch_size
+    batch_size = batch_size or cfg.optim.batch_size
     window = batch_size * cfg.optim.bucket_batches
     batches = []
     for w0 in range(0, len(examples), window):

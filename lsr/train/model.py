@@ -21,7 +21,7 @@ from lsr.encode.sparton import sparton_head
 from lsr.encode.splade.checkpoint import mask_terms
 from lsr.encode.splade.st_checkpoint import activate
 
-__all__ = ["TrainableEncoder", "adamw_kernel", "checkpoint_activations", "decoder_of"]
+__all__ = ["TowerPair", "TrainableEncoder", "adamw_kernel", "checkpoint_activations", "decoder_of"]
 
 
 def decoder_of(tower: Any) -> nn.Linear:
@@ -52,6 +52,8 @@ class TrainableEncoder:
         self.device = encoder.device
         self.amp = bf16 and self.device.type == "cuda"
         self.tokens = 0  # real tokens encoded with a gradient so far (throughput)
+        self.pair: nn.Module = TowerPair(self)  # what a step's forward calls (DDP's wrapper when distributed)
+        self.ddp: nn.Module | None = None
         for tower in self.unique_towers():
             tower.model.requires_grad_(True)
             if gradient_checkpointing:
@@ -83,19 +85,46 @@ class TrainableEncoder:
     def autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext()
 
-    def encode(self, kind: str, texts: Sequence[str]) -> torch.Tensor:
-        """SPLADE vectors float32 [n, V] of ``texts`` in input order (one padded batch), differentiable
-        when grad is enabled."""
+    def distribute(self, sharding: str = "ddp") -> None:
+        """Train data-parallel over the ranks of the current process group: DDP wraps the towers (its
+        constructor broadcasts rank 0's weights) and averages the gradients during the backward; or
+        ``sharding="fsdp"``: FSDP2 shards them (``lsr.train.sharding``; parameters become DTensors)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if sharding == "fsdp":
+            from lsr.train.sharding import shard_modules
+
+            shard_modules(self.pair)
+            return
+        ids = [self.device] if self.device.type == "cuda" else None
+        self.ddp = self.pair = DistributedDataParallel(TowerPair(self), device_ids=ids, broadcast_buffers=False,
+                                                       gradient_as_bucket_view=True)
+
+    def _tokenize(self, kind: str, texts: Sequence[str]) -> Any:
         prepared = self.encoder.prepare(list(texts), kind, batch_size=max(1, len(texts)),
                                           max_tokens=1 << 62)  # one batch: no token budget
-        (batch,) = prepared.batches
-        y = self.encode_ids(kind, batch.input_ids, batch.attention_mask)
         if torch.is_grad_enabled():
             self.tokens += prepared.n_tokens
-        order = batch.rows.to(self.device)
+        (batch,) = prepared.batches
+        return batch
+
+    def _input_order(self, y: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        order = rows.to(self.device)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order), device=self.device)
         return y[inverse]
+
+    def encode(self, kind: str, texts: Sequence[str]) -> torch.Tensor:
+        """SPLADE vectors float32 [n, V] of ``texts`` in input order (one padded batch), differentiable
+        when grad is enabled."""
+        batch = self._tokenize(kind, texts)
+        return self._input_order(self.encode_ids(kind, batch.input_ids, batch.attention_mask), batch.rows)
+
+    def encode_pair(self, queries: Sequence[str], docs: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and documents in one forward of ``pair`` (DDP needs one forward per backward)."""
+        qb, db = self._tokenize("query", queries), self._tokenize("doc", docs)
+        q, d = self.pair((qb.input_ids, qb.attention_mask), (db.input_ids, db.attention_mask))
+        return self._input_order(q, qb.rows), self._input_order(d, db.rows)
 
     def encode_ids(self, kind: str, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Token ids [B, L] + mask -> SPLADE vectors float32 [B, V] (the benchmark feeds ids directly)."""
@@ -118,7 +147,7 @@ class TrainableEncoder:
         batch's while only one chunk's activations live at a time. Returns (loss, logs, q, d) detached."""
         if chunk is None or chunk >= max(len(queries), len(docs)):
             with self.autocast():  # one region: both towers reuse its bf16 copies of the weights
-                q, d = self.encode("query", queries), self.encode("doc", docs)
+                q, d = self.encode_pair(queries, docs)
             loss, logs = loss_fn(q, d)
             loss.backward()
             return loss.detach(), logs, q.detach(), d.detach()
@@ -140,7 +169,26 @@ class TrainableEncoder:
             _set_rng_state(self.device, state)
             self.encode(kind, texts).backward(grad)
         _set_rng_state(self.device, after)
+        if self.ddp is not None:  # the chunks ran outside DDP's forward: no gradient was averaged yet
+            from lsr.train.distributed import average_gradients
+
+            average_gradients([p for _, p in self.named_parameters()])
         return loss.detach(), logs, q.detach(), d.detach()
+
+
+class TowerPair(nn.Module):
+    """The trained modules (towers and decoders) as one ``nn.Module`` whose forward encodes a batch of
+    queries and one of documents, each ``(input_ids, attention_mask)``: what DDP wraps."""
+
+    def __init__(self, trainable: TrainableEncoder) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList([t.model for t in trainable.unique_towers()])
+        self.decoders = nn.ModuleList(list({id(m): m for m in trainable.decoders.values()}.values()))
+        object.__setattr__(self, "trainable", trainable)  # a back reference, not a submodule
+
+    def forward(self, query: tuple[torch.Tensor, torch.Tensor], doc: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.trainable.encode_ids("query", *query), self.trainable.encode_ids("doc", *doc)
 
 
 def adamw_kernel(device: torch.device | str, deterministic: bool = False) -> dict[str, bool]:

@@ -7,6 +7,10 @@ bf16 autocast on CUDA; optional backbone activation checkpointing and GradCache 
 queries and documents, learning rate, step time, tokens/s); every ``eval_every`` steps and at the end
 the dev split is searched exactly with lsr's own index (OUTPUT/eval.jsonl); every ``save_every``
 steps a resumable checkpoint is written (``lsr.train.state``); the final model goes to OUTPUT/model.
+
+Under torchrun every rank runs the loop on its part of each global batch (``lsr.train.distributed``);
+rank 0 alone writes the output folder (logs, evaluations, mined negatives, checkpoints, the model) while
+the others wait, and a failure there fails every rank (``lsr.parallel.topology.agree``).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -29,10 +34,14 @@ from tqdm.auto import tqdm
 
 from lsr.config import apply_overrides
 from lsr.storage.files import atomic_write_text
-from lsr.train import losses
+from lsr.train.batch_loss import batch_loss_fn
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
+from lsr.train.dev_eval import evaluate_encoder, load_dev_data
+from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
 from lsr.train.model import TrainableEncoder, adamw_kernel
+from lsr.train.output import claim_train_output, prepare_train_output
+from lsr.train.sharding import FullStateOptimizer, full_model_state
 from lsr.train.state import (
     checkpoint_path,
     find_checkpoint,
@@ -45,6 +54,7 @@ from lsr.train.state import (
 __all__ = ["Trainer", "train"]
 
 log = logging.getLogger("lsr.train")
+T = TypeVar("T")
 
 
 def _seed_everything(seed: int) -> None:
@@ -60,40 +70,50 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
-TRAIN_MARKER = ".lsr-train.json"   # written first into an output folder: the folder is lsr train's to reuse
-
-
-def claim_train_output(cfg: TrainConfig, out: Path) -> None:
-    """Refuse an output folder inside an input (the dataset, the triples, the model) or one lsr train did not
-    write (it would overwrite a user's config.yaml and add files beside theirs) unless ``overwrite`` is set."""
-    from lsr.storage.provenance import check_not_inside
-
-    inputs = [cfg.data.dataset, cfg.eval_data.dataset, cfg.triples, cfg.encoder.model]
-    inputs += [str(i).rsplit(":", 1)[0] for i in inputs if i]   # "folder:split" dataset specs
-    check_not_inside(out, inputs, "output folder")
-    earlier = [out / name for name in (TRAIN_MARKER, "model", "log.jsonl", "checkpoints", "negatives")]
-    ours = any(p.exists() for p in earlier)   # (runs from before the marker have these)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not ours and not cfg.overwrite:
-        raise FileExistsError(f"{out} exists and was not written by lsr train (no {TRAIN_MARKER}); choose a new "
-                              "output folder, or set overwrite: true (--overwrite) to write into it")
-
-
 class Trainer:
     """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        from lsr.parallel.topology import init_distributed, is_distributed
         from lsr.pipeline import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
-        claim_train_output(cfg, self.out)   # before any work: the model load is the slow part
-        self.device = torch.device(resolve_device(cfg.device))
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        self.joined = is_distributed() and not torch.distributed.is_initialized()  # left again by run()
+        self.device = init_distributed(resolve_device(cfg.device)) if is_distributed() else \
+            torch.device(resolve_device(cfg.device))
+        self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+            if is_distributed() else (0, 1)
+        try:
+            self._setup()
+        except BaseException:
+            if self.joined:  # every rank fails here together (each step is agreed on)
+                torch.distributed.destroy_process_group()
+            raise
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if self.world > 1 and cfg.loss.in_batch_groups > 1:
+            raise ValueError("config.loss.in_batch_groups splits one process's batch as that many ranks do; under "
+                             "torchrun the ranks are the groups: leave it at 1")
+        self.sharded = self.world > 1 and cfg.optim.sharding == "fsdp"
+        if self.sharded and cfg.optim.grad_cache_chunk is not None:
+            raise ValueError("config.optim.grad_cache_chunk encodes outside the sharded forward: use it with "
+                             "optim.sharding: ddp, or unset it with fsdp")
+        self._on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
         _seed_everything(cfg.seed)
-        self.resume_from = find_checkpoint(cfg.resume, self.out / "checkpoints", cfg.to_dict()) if cfg.resume else None
-        self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
-                                      deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
-                                      gradient_checkpointing=cfg.optim.gradient_checkpointing)
+        self.resume_from = self._find_resume()
+        with self._agree("load the model and the training data"):
+            self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
+                                          deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
+                                          gradient_checkpointing=cfg.optim.gradient_checkpointing)
+            self.data: TrainData = load_train_data(cfg)
+        self.inference: TrainableEncoder | None = None  # FSDP: rank 0's unsharded copy (evaluation, saving)
+        if self.sharded and self.rank == 0:
+            self.inference = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head)
+        if self.world > 1:
+            self.model.distribute(cfg.optim.sharding)
         named = self.model.named_parameters()
         self.param_names = [n for n, _ in named]
         no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
@@ -101,13 +121,59 @@ class Trainer:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
                                            **adamw_kernel(self.device, cfg.optim.deterministic))
-        self.data: TrainData = load_train_data(cfg)
-        self.batches_per_epoch = len(epoch_batches(self.data, cfg, 0))
+        # what checkpoints save and load: under FSDP the full state, gathered from the shards
+        self.optimizer_state = FullStateOptimizer(self.optimizer, self.model.pair) if self.sharded else self.optimizer
+        self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
+        self.batches_per_epoch = len(self._epoch_batches(0))
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.batches_per_epoch
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self._eval_data: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
+    def _agree(self, what: str) -> AbstractContextManager:
+        """A step every rank runs: if it fails on one, it fails on all (``agree``); nothing outside torchrun."""
+        if self.world == 1:
+            return nullcontext()
+        from lsr.parallel.topology import agree
+
+        return agree(what)
+
+    def _on_lead(self, what: str, fn: Callable[[], T]) -> T | None:
+        """``fn()`` on rank 0 (the one writer of the output folder) while the others wait; a failure
+        there fails every rank. Outside torchrun: ``fn()``."""
+        with self._agree(what):
+            return fn() if self.rank == 0 else None
+
+    def _find_resume(self) -> Path | None:
+        """The checkpoint to resume from: rank 0's choice on every rank (``resume: auto`` lists a folder)."""
+        cfg = self.cfg
+        if not cfg.resume:
+            return None
+        found = self._on_lead("find the checkpoint", lambda: find_checkpoint(cfg.resume, self.out / "checkpoints",
+                                                                             cfg.to_dict()))
+        if self.world > 1:
+            from lsr.parallel.topology import broadcast_text
+
+            text = broadcast_text(str(found) if found is not None else "")
+            found = Path(text) if text else None
+        return found
+
+    @property
+    def lead_encoder(self) -> Any:
+        """The encoder rank 0 evaluates, mines negatives with and saves (under FSDP its unsharded copy,
+        refreshed by ``_gather_weights``)."""
+        return self.inference.encoder if self.inference is not None else self.model.encoder
+
+    def _gather_weights(self) -> None:
+        """FSDP: the trained weights into rank 0's unsharded copy (every rank takes part); else nothing."""
+        if self.sharded:
+            state = full_model_state(self.model.pair)
+            if self.inference is not None:
+                self.inference.pair.load_state_dict(state)
+
+    def _epoch_batches(self, epoch: int) -> list[list[Example]]:
+        return epoch_batches(self.data, self.cfg, epoch, batch_size=self.global_batch)
+
     def _load_encoder(self, checkpoint: Path | None) -> Any:
         from lsr.encode.splade.encoder import SpladeEncoder
 
@@ -125,12 +191,22 @@ class Trainer:
         return enc
 
     def _negatives_for_epoch(self, epoch: int) -> None:
-        """Mine (or reload the mined) hard-negative candidates this epoch uses."""
+        """Mine (or reload the mined) hard-negative candidates this epoch uses: rank 0 mines them into the
+        output folder, the other ranks read them from there."""
         cfg, neg = self.cfg, self.cfg.negatives
         if neg.mine == "none" or cfg.triples:
             return
         mined_epoch = epoch if neg.mine == "model" and neg.refresh else 0
         path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
+        if neg.mine == "model" and not path.is_file():
+            self._gather_weights()
+        self._on_lead("mine hard negatives", lambda: self._mine_negatives(path))
+        with self._agree("read the mined negatives"):  # (several hosts: the output folder must be shared)
+            if self.rank != 0:
+                self.data.candidates = json.loads(path.read_text())
+
+    def _mine_negatives(self, path: Path) -> None:
+        neg = self.cfg.negatives
         if path.is_file():
             self.data.candidates = json.loads(path.read_text())
             return
@@ -139,7 +215,7 @@ class Trainer:
 
             encoder = LexicalEncoder().fit(self.data.docs.values())
         else:
-            encoder = self.model.encoder
+            encoder = self.lead_encoder
         self.model.eval()
         with self.model.autocast():
             self.data.candidates = mine_negatives(self.data, encoder, depth=neg.depth, skip=neg.skip,
@@ -153,134 +229,116 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _loss_fn(self, batch: list[Example]):
-        loss_cfg, data = self.cfg.loss, self.data
-        doc_ids = [e.positive for e in batch] + [n for e in batch for n in e.negatives]
-        columns: dict[str, list[int]] = {}
-        for j, doc in enumerate(doc_ids):
-            columns.setdefault(doc, []).append(j)
-        exclude = torch.zeros(len(batch), len(doc_ids), dtype=torch.bool)
-        for i, e in enumerate(batch):  # other copies of a query's positives are not negatives for it
-            for j in (j for p in data.positives.get(e.qid, ()) for j in columns.get(p, ()) if j != i):
-                exclude[i, j] = True
-        exclude = exclude.to(self.device)
-        teacher = None
-        if data.teacher is not None:
-            teacher = torch.tensor([[data.teacher[e.qid].get(d, float("nan")) for d in (e.positive, *e.negatives)]
-                                    for e in batch], device=self.device)
-        w_q = losses.flops_weight(loss_cfg.flops_query, self.step, loss_cfg.flops_warmup_steps)
-        w_d = losses.flops_weight(loss_cfg.flops_doc, self.step, loss_cfg.flops_warmup_steps)
+        return batch_loss_fn(self.cfg.loss, self.data, batch, self.step, self.device)
 
-        def loss_fn(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            if loss_cfg.kind == "infonce":
-                rank = losses.info_nce(q, d, loss_cfg.temperature, loss_cfg.in_batch_negatives, exclude)
-            elif loss_cfg.kind == "margin_mse":
-                rank = losses.margin_mse(q, d, teacher)
-            else:
-                rank = losses.kl_distillation(q, d, teacher, loss_cfg.temperature)
-            f_q, f_d = losses.flops(q), losses.flops(d)
-            total = rank + w_q * f_q + w_d * f_d
-            if loss_cfg.l1_query or loss_cfg.l1_doc:
-                total = total + loss_cfg.l1_query * losses.l1(q) + loss_cfg.l1_doc * losses.l1(d)
-            return total, {"rank_loss": rank.item(), "flops_q": f_q.item(), "flops_d": f_d.item(),
-                           "flops_weight_q": w_q, "flops_weight_d": w_d}
-        return loss_fn
+    def _step_loss(self, batch: list[Example], part: RankPart | None):
+        """The loss function of this process's encoded rows: its rank's share (under torchrun), the
+        grouped loss (``loss.in_batch_groups``) or the batch's own."""
+        n_neg, loss_cfg = self.cfg.negatives.count, self.cfg.loss
+        if part is not None:
+            return rank_loss(self._loss_fn, batch, part, n_neg, loss_cfg.gather_across_ranks)
+        if loss_cfg.in_batch_groups > 1:
+            return grouped_loss(self._loss_fn, batch, loss_cfg.in_batch_groups, n_neg)
+        return self._loss_fn(batch)
 
     def train_step(self, batch: list[Example]) -> dict[str, Any]:
-        """Forward, backward and optimizer step on one batch; returns its log fields."""
+        """Forward, backward and optimizer step on one (global) batch; returns its log fields."""
         t0, tokens0 = time.perf_counter(), self.model.tokens
         optim, data = self.cfg.optim, self.data
-        queries = [data.queries[e.qid] for e in batch]
-        docs = [data.docs[d] for d in [e.positive for e in batch] + [n for e in batch for n in e.negatives]]
+        part = RankPart.of(batch, self.rank, self.world) if self.world > 1 else None
+        examples = part.examples if part is not None else batch
+        queries = [data.queries[e.qid] for e in examples]
+        docs = [data.docs[d] for d in [e.positive for e in examples] + [n for e in examples for n in e.negatives]]
         lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logs, q, d = self.model.backward(self._loss_fn(batch), queries, docs, optim.grad_cache_chunk)
+        loss, logs, q, d = self.model.backward(self._step_loss(batch, part), queries, docs, optim.grad_cache_chunk)
+        q_rows, d_rows = group_rows(0, part.real if part else len(batch), len(examples), self.cfg.negatives.count)
+        counts = {"nnz_q": float((q[q_rows] > 0).sum()), "n_q": len(q_rows), "nnz_d": float((d[d_rows] > 0).sum()),
+                  "n_d": len(d_rows), "tokens": self.model.tokens - tokens0}
+        if self.world > 1:  # the global batch's loss and counts (also: every rank sees the same loss below)
+            loss, logs, counts = reduce_logs(loss, logs, counts)
         if not math.isfinite(float(loss)):
             raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower optim.lr or set encoder.dtype: float32")
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = None
         if optim.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic))
+            norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # (a DTensor under FSDP)
         self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         self.step += 1
         return {"step": self.step, "epoch": self.epoch, "loss": float(loss), **logs, "lr": lr, "grad_norm": grad_norm,
-                "nnz_q": float((q > 0).sum(1).float().mean()), "nnz_d": float((d > 0).sum(1).float().mean()),
-                "step_ms": dt * 1e3, "tokens_per_s": (self.model.tokens - tokens0) / dt}
+                "nnz_q": counts["nnz_q"] / max(1, counts["n_q"]), "nnz_d": counts["nnz_d"] / max(1, counts["n_d"]),
+                "step_ms": dt * 1e3, "tokens_per_s": counts["tokens"] / dt}
 
     # ------------------------------------------------------------------ evaluation
-    def _load_eval(self) -> dict[str, Any]:
-        from lsr.data.sources import load_dataset
-
-        cfg = self.cfg
-        max_others = cfg.schedule.eval_max_docs
-        ds = load_dataset(cfg.eval_data.dataset, cfg.eval_data.split)
-        judged = {d for j in ds.qrels.values() for d in j}
-        docs, others = {}, 0
-        for docid, text in ds.docs_iter():
-            if docid in judged or max_others is None or others < max_others:
-                others += docid not in judged
-                docs[docid] = text
-        qids = [q for q in ds.queries if q in ds.qrels]
-        return {"docs": docs, "qids": qids, "queries": [ds.queries[q] for q in qids], "qrels": ds.qrels}
-
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Encode the dev corpus and queries with the current weights, search exactly, score."""
-        from lsr.evaluation.topk import evaluate_topk
-        from lsr.index.inverted import InvertedIndex
-        from lsr.search.searcher import Searcher
-
         if self._eval_data is None:
-            self._eval_data = self._load_eval()
-        ev, enc = self._eval_data, self.model.encoder
+            self._eval_data = load_dev_data(self.cfg)
         self.model.eval()
         try:
-            with self.model.autocast():
-                docs = enc.encode_document(list(ev["docs"].values()), ids=list(ev["docs"]))
-                queries = enc.encode_query(ev["queries"], ids=ev["qids"])
-            index = InvertedIndex.build(docs, device=self.device, metadata=enc.describe())
-            k = min(1000, len(docs))
-            scores, idx = Searcher(index, device=self.device).search(queries.to(self.device), k=k,
-                                                                     query_metadata=enc.describe())
-            metrics = evaluate_topk(ev["qids"], idx.cpu(), index.docnos, ev["qrels"], self.cfg.evaluation.metrics,
-                                    scores=scores.cpu())
+            return evaluate_encoder(self.lead_encoder, self._eval_data, self.cfg.evaluation.metrics, self.device,
+                                    self.model.autocast)
         finally:
             self.model.train()
-        return metrics
 
     # ------------------------------------------------------------------ checkpoints, logs
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes the checkpoint (the ranks hold equal weights and optimizer states), the others wait."""
         folder = checkpoint_path(self.out / "checkpoints", self.step)
-        self.model.encoder.save_pretrained(folder, overwrite=True)
-        save_trainer_state(folder, self.optimizer, self.param_names, self.device,
-                           {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch},
-                           config=self.cfg.to_dict())
-        prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
+        progress = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                    "global_batch_size": self.global_batch, "world_size": self.world}
+        self._gather_weights()
+        optimizer_state = self.optimizer_state.state_dict()  # (collective under FSDP)
+
+        def write() -> None:
+            self.lead_encoder.save_pretrained(folder, overwrite=True)
+            save_trainer_state(folder, SimpleNamespace(state_dict=lambda: optimizer_state), self.param_names,
+                               self.device, progress, config=self.cfg.to_dict())
+            prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
+        self._on_lead("save a checkpoint", write)
         return folder
 
     def _restore(self, folder: Path) -> None:
-        progress = load_trainer_state(folder, self.optimizer, self.param_names, self.device)
+        progress = load_trainer_state(folder, self.optimizer_state, self.param_names, self.device)
+        saved_batch = progress.get("global_batch_size", self.global_batch)
+        if saved_batch != self.global_batch:  # progress counts global batches: another size is another data order
+            raise ValueError(f"{folder} was written with a global batch of {saved_batch} "
+                             f"({progress.get('world_size', 1)} rank(s)); this run's is {self.global_batch} "
+                             f"({self.world} x optim.batch_size {self.cfg.optim.batch_size}): set optim.batch_size "
+                             f"so that ranks x batch_size = {saved_batch}, or start a new run from its model")
         self.step, self.epoch, self.batch_in_epoch = progress["step"], progress["epoch"], progress["batch_in_epoch"]
-        for name in ("log.jsonl", "eval.jsonl"):  # lines past the checkpoint are about to be redone
-            path = self.out / name
-            if path.is_file():
-                keep = log_lines_up_to(path, self.step)
-                atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+
+        def truncate_logs() -> None:  # lines past the checkpoint are about to be redone
+            for name in ("log.jsonl", "eval.jsonl"):
+                path = self.out / name
+                if path.is_file():
+                    keep = log_lines_up_to(path, self.step)
+                    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+        self._on_lead("truncate the logs", truncate_logs)
         log.info("resumed from %s at step %d", folder, self.step)
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
-        with open(self.out / name, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        def write() -> None:
+            with open(self.out / name, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        self._on_lead(f"write {name}", write)
 
     def _evaluate_and_log(self, bar: Any) -> dict[str, float]:
-        metrics = self.evaluate()
-        self._append("eval.jsonl", {"step": self.step, **metrics})
-        bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        return metrics
+        """Rank 0 evaluates and logs (the others wait); {} on the other ranks."""
+        self._gather_weights()
+        def evaluate() -> dict[str, float]:
+            metrics = self.evaluate()
+            with open(self.out / "eval.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": self.step, **metrics}) + "\n")
+            bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            return metrics
+        return self._on_lead("evaluate", evaluate) or {}
 
     # ------------------------------------------------------------------ loop
     def run(self) -> Path:
@@ -292,34 +350,23 @@ class Trainer:
             return self._run()
         finally:  # a process-wide switch: leave it as it was
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+            if self.joined:
+                torch.distributed.destroy_process_group()
 
     def _run(self) -> Path:
-        cfg = self.cfg
-        final = self.out / "model"
-        earlier = [p for p in (final, self.out / "log.jsonl", self.out / "checkpoints", self.out / "negatives")
-                   if p.exists()]
-        if self.resume_from is None and earlier:  # resume: auto before any checkpoint starts the run again
-            if not (cfg.overwrite or (cfg.resume == "auto" and not final.exists())):
-                raise FileExistsError(f"{self.out} holds an earlier run ({earlier[0].name}); set resume: auto to "
-                                      "continue it, overwrite: true to start again, or choose another output")
-            for name in ("log.jsonl", "eval.jsonl"):
-                (self.out / name).unlink(missing_ok=True)
-            for name in ("checkpoints", "negatives"):
-                shutil.rmtree(self.out / name, ignore_errors=True)
-        self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / TRAIN_MARKER, json.dumps({"writer": "lsr train"}))
-        cfg.save(self.out / "config.yaml")
+        cfg, final = self.cfg, self.out / "model"
+        self._on_lead("prepare the output folder", lambda: prepare_train_output(cfg, self.out, self.resume_from))
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.model.train()
         metrics: dict[str, float] = {}
         sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None
-        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not sched.progress) as bar:
+        with tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not sched.progress or self.rank > 0) as bar:
             if evaluates and self.step == 0 and sched.eval_every:
                 metrics = self._evaluate_and_log(bar)
             while self.step < self.total_steps:
                 self._negatives_for_epoch(self.epoch)
-                batches = epoch_batches(self.data, cfg, self.epoch)
+                batches = self._epoch_batches(self.epoch)
                 while self.batch_in_epoch < len(batches) and self.step < self.total_steps:
                     row = self.train_step(batches[self.batch_in_epoch])
                     self.batch_in_epoch += 1
@@ -335,10 +382,15 @@ class Trainer:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if evaluates and not (sched.eval_every and self.step % sched.eval_every == 0):
                 metrics = self._evaluate_and_log(bar)
-        path = self.model.encoder.save_pretrained(final, overwrite=True)
-        if metrics:
-            atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
-        return path
+
+        self._gather_weights()
+
+        def write_model() -> None:
+            self.lead_encoder.save_pretrained(final, overwrite=True)
+            if metrics:
+                atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
+        self._on_lead("write the model", write_model)
+        return final
 
 
 def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()

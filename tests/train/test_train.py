@@ -16,39 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from lsr.cli import main as cli_main
-from lsr.testing import save_tiny_mlm
 from lsr.train import losses
 from lsr.train.config import train_config_from_dict
 from lsr.train.trainer import Trainer, train
-
-N_DOCS = 16
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, data_dir):
-    return save_tiny_mlm("roberta", tmp_path_factory.mktemp("tiny") / "roberta", data_dir, seed=0)
-
-
-@pytest.fixture(scope="module")
-def beir(tmp_path_factory, data_dir):
-    """Documents = SciFact abstracts (first 40 words); query i = the title of document i, judged
-    relevant to it; queries 0-11 are the train split, 12-15 the dev split."""
-    root = tmp_path_factory.mktemp("beir")
-    rows = []
-    with open(data_dir / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
-        for line, _ in zip(f, range(N_DOCS)):
-            rows.append(json.loads(line))
-    with open(root / "corpus.jsonl", "w") as f:
-        for r in rows:
-            f.write(json.dumps({"_id": r["_id"], "title": "", "text": " ".join(r["text"].split()[:40])}) + "\n")
-    with open(root / "queries.jsonl", "w") as f:
-        for i, r in enumerate(rows):
-            f.write(json.dumps({"_id": f"q{i}", "text": r["title"]}) + "\n")
-    (root / "qrels").mkdir()
-    for split, ids in (("train", range(12)), ("dev", range(12, N_DOCS))):
-        lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\t{rows[i]['_id']}\t1" for i in ids]
-        (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
-    return root
 
 
 def config(tiny_model, beir, out, changes=None):
@@ -233,17 +203,6 @@ def test_config_errors_are_one_line_usage_errors(tiny_model, beir, tmp_path, cap
     assert cli_main(["train", str(path), "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
-
-
-def test_train_under_torchrun_is_refused_before_any_work(tiny_model, beir, tmp_path, capsys, monkeypatch):
-    # until training is distributed, ranks must not each train a model into the same output folder
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    path = tmp_path / "c.yaml"
-    path.write_text(f"output: {tmp_path / 'o'}\nencoder:\n  model: {tiny_model}\ndata:\n  dataset: {beir}\n")
-    assert cli_main(["train", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "without torchrun" in err and "\n" not in err
-    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("where", ["user_folder", "dataset_folder"])
