@@ -19,7 +19,7 @@ import torch
 from lsr.cli import main as cli_main
 from lsr.train.data import Example, TrainData, epoch_batches
 from lsr.train.trainer import train
-from tests.train.test_train import beir, config, tiny_model, weights  # noqa: F401 - fixtures and helpers
+from tests.train.test_train import config, weights  # (the tiny_model and beir fixtures: tests/train/conftest.py)
 
 STEPS = {"optim.max_steps": 4, "schedule.save_every": 2, "schedule.keep_checkpoints": None,
          "optim.deterministic": True}
@@ -81,13 +81,14 @@ def test_no_usable_checkpoint_or_a_damaged_named_one_is_a_one_line_error(tiny_mo
 @pytest.mark.slow
 def test_resuming_with_a_changed_config_warns_once_per_changed_key(tiny_model, beir, finished, tmp_path, caplog):  # noqa: F811
     out, step2, _ = _copy(finished, tmp_path)
-    changed = {**STEPS, "optim.max_steps": 3, "optim.lr": 1e-3, "optim.batch_size": 3, "loss.kind": "infonce",
+    # (another global batch is refused, not warned about: tests/train/test_distributed_train.py)
+    changed = {**STEPS, "optim.max_steps": 3, "optim.lr": 1e-3, "loss.kind": "infonce",
                "loss.temperature": 0.5, "resume": str(step2)}
     with caplog.at_level(logging.WARNING, logger="lsr.train"):
         train(config(tiny_model, beir, tmp_path / "resumed", changed))
     lines = [r.getMessage() for r in caplog.records if "changed config" in r.getMessage()]
     keys = sorted(line.split("changed config: ")[1].split(":")[0] for line in lines)
-    assert keys == ["loss.temperature", "optim.batch_size", "optim.lr", "optim.max_steps"]
+    assert keys == ["loss.temperature", "optim.lr", "optim.max_steps"]
     assert any("optim.lr: 0.003 -> 0.001" in line for line in lines)
 
 
