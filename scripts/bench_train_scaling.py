@@ -73,7 +73,9 @@ def st_ddp_step(folder: Path, device: torch.device, world: int, gather: bool, do
     loss_fn = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, gather_across_devices=gather and world > 1),
                          document_regularizer_weight=1e-3, query_regularizer_weight=5e-4)
     if world > 1:  # the loss calls its .model: the DDP wrapper, whose forward is the model's
-        loss_fn.model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        loss_fn.model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                                broadcast_buffers=False)  # (BERT's buffers are constants: a broadcast
+        # per forward would bump the position ids' version between the query and document forwards)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 

@@ -80,15 +80,19 @@ def _min_ctas(warps: int, coarse: bool) -> int:
 
 
 @functools.cache
-def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False, weight: int = 0):
+def _kernel(span: int, cap: int, rowmax: bool, warps: int, terms: int, coarse: bool = False, weight: int = 0,
+            device_index: int = 0):
+    """The kernel variant compiled on one device: a loaded module belongs to the GPU it was loaded on (launched on
+    another it fails with "invalid resource handle"), so each GPU of a process gets its own."""
     if terms > 256 or terms % 32:
         raise ValueError("run tables hold a multiple of 32 terms, at most 256 (the limb headroom)")
     defines = f"#define SPAN {span}\n#define CAP {cap}\n#define ROWMAX {int(rowmax)}\n#define COARSE {int(coarse)}\n" \
               f"#define CSHIFT {COARSE_SHIFT}\n#define KSHIFT {COARSE_KEY_SHIFT}\n" \
               f"#define LIMBS {1 if coarse else 3}\n#define WARPS {warps}\n" \
               f"#define TG {terms}\n#define WEIGHT {weight}\n#define MIN_CTAS {_min_ctas(warps, coarse)}\n"
-    kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
-    kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
+    with torch.cuda.device(device_index):
+        kern = torch.cuda._compile_kernel(defines + _SOURCE, "lsr_block_scores")
+        kern.set_shared_memory_config(_smem(span, warps, terms, coarse))
     return kern
 
 
@@ -109,8 +113,7 @@ def available(device_index: int = 0, weight: int = 0) -> bool:
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "_compile_kernel"):
         return False
     try:
-        with torch.cuda.device(device_index):
-            _kernel(64 * WARPS, 8, False, WARPS, TERMS, weight=weight)
+        _kernel(64 * WARPS, 8, False, WARPS, TERMS, weight=weight, device_index=device_index)
         return True
     except Exception:  # noqa: BLE001 - no NVRTC / driver too old: the Triton kernel takes over
         return False
@@ -193,7 +196,7 @@ def cuda_block_candidates(post_doc: torch.Tensor, post_w: torch.Tensor, span_off
     width = span // ROW if rowmax else cap
     n_cta = min(n_items, torch.cuda.get_device_properties(dev).multi_processor_count  # a CTA per item
                 * programs_per_sm(span, warps, dev.index or 0, coarse, terms))
-    kern = _kernel(span, width, rowmax, warps, terms, coarse, _WEIGHT_CODES[post_w.dtype])
+    kern = _kernel(span, width, rowmax, warps, terms, coarse, _WEIGHT_CODES[post_w.dtype], dev.index or 0)
     with torch.cuda.device(dev):
         kern(grid=(n_cta, 1, 1), block=(32 * warps, 1, 1), shared_mem=_smem(span, warps, terms, coarse),
              args=[post_doc, post_w, span_off, span_off.stride(0), q_indptr, q_terms, q_weights, scale,
