@@ -42,6 +42,7 @@ from lsr.index.build import DEFAULT_BLOCK_SIZE, check_block_size
 from lsr.index.inverted import InvertedIndex, is_index_file
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_directory, fsynced_write
+from lsr.storage.formats import check_format_version
 from lsr.storage.provenance import check_replaceable
 from lsr.storage.shards import read_manifest, read_vector_rows, refuse_unlisted, sha256_file
 
@@ -116,9 +117,7 @@ def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise _bad(mf, f"not valid JSON ({e})") from e
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ValueError(f"{mf}: format {m.get('format') if isinstance(m, dict) else None!r} is not {FORMAT!r}")
-    if not isinstance(m.get("version"), int) or m["version"] > VERSION:
-        raise ValueError(f"{mf}: format version {m.get('version')!r} is not supported by this lsr (reads up to "
-                         f"{VERSION})")
+    check_format_version(mf, m.get("version"), VERSION, rebuild="rebuild the index with lsr index --partitions")
     try:
         parts, n_docs = m["partitions"], int(m["n_docs"])
         int(m["vocab_size"])

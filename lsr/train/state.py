@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lsr.storage.files import atomic_directory
+from lsr.storage.formats import check_format_version
 
 __all__ = ["STATE_DIR", "checkpoint_problem", "config_changes", "find_checkpoint", "list_checkpoints",
            "load_trainer_state", "log_lines_up_to", "save_trainer_state"]
@@ -38,6 +39,7 @@ __all__ = ["STATE_DIR", "checkpoint_problem", "config_changes", "find_checkpoint
 log = logging.getLogger("lsr.train")
 
 STATE_DIR = "trainer_state"
+STATE_VERSION = 1   # state.json's format_version: a newer lsr's checkpoint is refused, not misread
 _PREFIX = "step-"
 _STEP_NAME = re.compile(r"step-\d+")
 
@@ -197,7 +199,8 @@ def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
     with atomic_directory(folder / STATE_DIR) as tmp:
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         save_file(_rng_tensors(device), str(tmp / "rng.safetensors"))
-        doc = {"progress": progress, "param_groups": groups, "optimizer_scalars": scalars, "parameters": names,
+        doc = {"format_version": STATE_VERSION, "progress": progress, "param_groups": groups,
+               "optimizer_scalars": scalars, "parameters": names,
                "python_random": [py_version, list(py_state), py_gauss], "config": config}
         (tmp / "state.json").write_text(json.dumps(doc, indent=1))
 
@@ -207,6 +210,9 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
     """Restore the optimizer and the random generators from ``folder/trainer_state``; returns progress."""
     d = folder / STATE_DIR
     doc = json.loads((d / "state.json").read_text())
+    # (checkpoints from before the version field are version 1)
+    check_format_version(d / "state.json", doc.get("format_version", 1), STATE_VERSION,
+                         rebuild="resume from a checkpoint this lsr wrote, or start the run again")
     if doc["parameters"] != names:
         raise ValueError(f"{folder}: the checkpoint's parameters differ from this model's (another model or "
                          "tower layout); resume with the config that wrote it")

@@ -468,3 +468,16 @@ def test_offline_hub_id_is_one_line(job, capsys, monkeypatch):
     monkeypatch.setenv("HF_HOME", tempfile.mkdtemp(dir=job))
     _fails(capsys, ["encode", "--dataset", "A", "--out", "v", "--encoder", "splade", "--model",
                     "naver/no-such-model-xyz", "--device", "cpu"], 1, "downloads are off (HF_HUB_OFFLINE=1)")
+
+
+def test_a_sharded_index_from_a_newer_lsr_is_refused(job, capsys):
+    """The sharded manifest said 'not supported' without what to do, and loaded version 0 or true."""
+    assert main(["encode", "--dataset", "A", "--out", "vec", "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", "vec", "--out", "idx", "--partitions", "2", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    search = ["search", "--index", "idx", "--queries", "A", "--model", "vec/encoder", "--out", "r.trec", "--device", "cpu"]
+    _set_json(job / "idx/manifest.json", "version", 7)
+    _fails(capsys, search, 1, "idx/manifest.json was written by a newer lsr (format version 7)")
+    _set_json(job / "idx/manifest.json", "version", True)
+    _fails(capsys, search, 1, "idx/manifest.json: format version True is not one lsr writes")
+    assert not (job / "r.trec").exists()

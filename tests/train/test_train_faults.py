@@ -59,6 +59,17 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(tiny_model, b
     assert all(torch.equal(got[k], finished[1][k]) for k in got)
 
 
+@pytest.mark.slow
+def test_a_checkpoint_from_a_newer_lsr_is_refused_naming_its_state_file(tiny_model, beir, finished, tmp_path):  # noqa: F811
+    out, step2, step4 = _copy(finished, tmp_path)
+    state = step4 / "trainer_state" / "state.json"
+    doc = json.loads(state.read_text())
+    assert doc["format_version"] == 1
+    state.write_text(json.dumps({**doc, "format_version": 9}))
+    with pytest.raises(ValueError, match=f"{state} was written by a newer lsr \\(format version 9\\)"):
+        train(config(tiny_model, beir, out, {"resume": str(step4), **STEPS}))
+
+
 @pytest.mark.slow   # (the shared 4-step run is built by the first of these tests to run)
 def test_no_usable_checkpoint_or_a_damaged_named_one_is_a_one_line_error(tiny_model, beir, finished, tmp_path,  # noqa: F811
                                                                          capsys):
