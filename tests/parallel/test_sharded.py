@@ -99,7 +99,7 @@ def _corrupt(path, edit):
 
 @pytest.mark.parametrize("edit,match", [
     (lambda m: m.update(format="lsr-index"), "is not 'lsr-sharded-index'"),
-    (lambda m: m.update(version=99), "version 99 is not supported"),
+    (lambda m: m.update(version=99), r"written by a newer lsr \(format version 99\)"),
     (lambda m: m["partitions"][1].update(doc_start=31), "do not tile"),
     (lambda m: m.update(n_docs=91), "do not tile"),
     (lambda m: m["partitions"][0].pop("dir"), "missing or bad entry"),
