@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -385,3 +386,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def join_or_kill(ctx: Any, timeout_s: float) -> bool:
+    """Wait for the processes of ``torch.multiprocessing.spawn(..., join=False)``; past ``timeout_s`` kill them
+    and return False (a hang), else True (a failing rank raises from ``ctx.join``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            return False
+    return True

@@ -161,7 +161,7 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compil
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    from lsr.train.model import adamw_kernel, checkpoint_activations
+    from lsr.train.model import checkpoint_activations
 
     model = SparseEncoder(modules=[Transformer(str(folder), transformer_task="fill-mask", max_seq_length=doc_len),
                                    SpladePooling("max")], device=device).train()
@@ -171,8 +171,15 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compil
         model[0].model.forward = torch.compile(model[0].model.forward, dynamic=True)
     loss_fn = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), document_regularizer_weight=1e-3,
                          query_regularizer_weight=5e-4)
+    return st_loss_step(model, loss_fn, device)
+
+
+def st_loss_step(model: Any, loss_fn: Any, device: str | torch.device) -> Callable[[dict, dict], None]:
+    """One sentence-transformers training step over ``loss_fn`` (bf16 autocast on CUDA, AdamW as lsr's)."""
+    from lsr.train.model import adamw_kernel
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=str(device).startswith("cuda"))
 
     def step(q: dict, d: dict) -> None:
         opt.zero_grad(set_to_none=True)

@@ -60,13 +60,12 @@ def lsr_ddp_step(folder: Path, device: torch.device, world: int, gather: bool) -
 
 def st_ddp_step(folder: Path, device: torch.device, world: int, gather: bool, doc_len: int
                 ) -> Callable[[dict, dict], None]:
+    from bench_train import st_loss_step
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
     from sentence_transformers.sparse_encoder.modules import SpladePooling
     from torch.nn.parallel import DistributedDataParallel
-
-    from lsr.train.model import adamw_kernel
 
     model = SparseEncoder(modules=[Transformer(str(folder), transformer_task="fill-mask", max_seq_length=doc_len),
                                    SpladePooling("max")], device=str(device)).train()
@@ -76,17 +75,7 @@ def st_ddp_step(folder: Path, device: torch.device, world: int, gather: bool, do
         loss_fn.model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                                 broadcast_buffers=False)  # (BERT's buffers are constants: a broadcast
         # per forward would bump the position ids' version between the query and document forwards)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-    def step(q: dict, d: dict) -> None:
-        opt.zero_grad(set_to_none=True)
-        with amp:
-            out = loss_fn([dict(q), dict(d)], None)
-        loss = sum(out.values()) if isinstance(out, dict) else out
-        loss.backward()
-        opt.step()
-    return step
+    return st_loss_step(model, loss_fn, device)
 
 
 def _slowest(value: float) -> float:

@@ -8,7 +8,6 @@ import contextlib
 import io
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lsr.cli import main
-from lsr.testing import free_port, write_scifact_slice
+from lsr.testing import free_port, join_or_kill, write_scifact_slice
 
 WORLD, TIMEOUT_S = 2, 240
 # shard_rows 12 puts the 47 docs in 4 shards (2 per rank); block_size 16 gives every partition several blocks
@@ -46,12 +45,8 @@ def _worker(rank: int, jobs: list[tuple[int, list[str], str]]) -> None:
 def _spawn(jobs: list[tuple[list[str], str]]) -> None:
     """Run the jobs one after another on WORLD spawned ranks; fail (killing them) if they hang."""
     ctx = mp.spawn(_worker, args=([(free_port(), argv, log) for argv, log in jobs],), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a hang)")
+    if not join_or_kill(ctx, TIMEOUT_S):
+        pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a hang)")
 
 
 def _logs(prefix: Path) -> list[dict]:

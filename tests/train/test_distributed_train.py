@@ -22,7 +22,6 @@ import io
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lsr.cli import main
-from lsr.testing import free_port
+from lsr.testing import free_port, join_or_kill
 from tests.train.test_train import config, weights
 
 WORLD, TIMEOUT_S = 2, 240
@@ -61,12 +60,8 @@ def _rank(rank: int, jobs: list[tuple[int, list[str], str]]) -> None:
 def _spawn(jobs: list[tuple[list[str], str]]) -> list[list[dict]]:
     """Run the CLI jobs one after another on WORLD spawned ranks; each job's per-rank {rc, stdout, stderr}."""
     ctx = mp.spawn(_rank, args=([(free_port(), argv, log) for argv, log in jobs],), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a hang)")
+    if not join_or_kill(ctx, TIMEOUT_S):
+        pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a hang)")
     return [[json.loads(Path(f"{log}-r{r}.json").read_text()) for r in range(WORLD)] for _, log in jobs]
 
 
