@@ -43,9 +43,6 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
     from lsr.storage.provenance import check_not_inside
 
-    for name in ("k", "batch_size", "query_batch"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if Path(args.out).exists() and not args.overwrite:
         raise UsageError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
     if not Path(args.run).is_file():
