@@ -29,6 +29,7 @@ from lsr.encode.base import Encoder
 from lsr.encode.corpus import DISTRIBUTED_WORK, CorpusRun, check_windows, encode_corpus, vector_metadata
 from lsr.encode.stream import FIRST_WINDOW
 from lsr.parallel.encode_units import EncodeWork, UnitWriter, claimed_windows
+from lsr.storage.files import remove_dead_temporaries
 from lsr.storage.shards import MANIFEST, read_manifest
 
 __all__ = ["encode_corpus_distributed", "encode_dataset_distributed", "encode_on_ranks"]
@@ -57,6 +58,7 @@ def _start_job(work: EncodeWork, resume: bool) -> None:
         return
     if not resume and (manifest is not None or work.root.exists()):
         raise FileExistsError(f"{out} already holds vectors; pass resume=True or choose a new directory")
+    remove_dead_temporaries(out)   # a killed single-process writer's half-written shard
     work.start_job()
     if manifest is not None:
         work.adopt(manifest)

@@ -29,7 +29,7 @@ __all__ = ["OUT_OF_SPACE", "PathLike", "apply_umask", "arrow_strings", "atomic_d
            "atomic_write_text",
            "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
            "id_problem", "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive", "recover_directory",
-           "remove_stale_temporaries", "to_numpy"]
+           "remove_dead_temporaries", "remove_stale_temporaries", "to_numpy"]
 
 PathLike = str | os.PathLike
 
@@ -347,6 +347,19 @@ def remove_stale_temporaries(path: PathLike) -> None:
             if entry.name.endswith(".tmp") and _dead_writer(entry.name, f".{path.name}."):
                 with contextlib.suppress(OSError):
                     entry.unlink()
+
+
+def remove_dead_temporaries(folder: PathLike) -> None:
+    """Delete every file temporary (``.<name>.<pid>-*.tmp``) in ``folder`` whose writer is dead, whatever its
+    name: a job taking over a folder (e.g. a killed encoding's) may never write those names again."""
+    with contextlib.suppress(OSError):
+        for entry in Path(folder).iterdir():
+            name = entry.name
+            if name.startswith(".") and name.endswith(".tmp") and "." in name[1:-4]:
+                target = name[1:-4].rsplit(".", 1)[0]
+                if _dead_writer(name, f".{target}."):
+                    with contextlib.suppress(OSError):
+                        entry.unlink()
 
 
 def recover_directory(path: PathLike) -> None:
