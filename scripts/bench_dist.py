@@ -45,7 +45,7 @@ import torch
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
-from lsr.parallel.search import DistributedSearcher
+from lsr.parallel.search import MIN_SLICE_QUERIES, DistributedSearcher
 from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.search.searcher import Searcher
@@ -190,9 +190,11 @@ def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpe
     single = Searcher(index, backend=args.backend)
     ks = [int(x) for x in args.ks.split(",")]
     for layout in (name for name in args.layouts.split(",") if name):
-        searcher = DistributedSearcher(layouts[layout], dev, args.backend, stream=False)
-        interactive_rows(args, results, searcher, single, queries, layout, N, build_s)
-        del searcher
+        # the smallest replica share matters only where replicas split batches (replicated)
+        for m in ([int(x) for x in args.min_slice_queries.split(",")] if layout == "replicated" else [1]):
+            searcher = DistributedSearcher(layouts[layout], dev, args.backend, stream=False, min_slice_queries=m)
+            interactive_rows(args, results, searcher, single, queries, layout, N, build_s)
+            del searcher
     for n in batch_sizes:
         for k in ks:
             batch_rows(args, results, dev, layouts["replicated"], single, queries[:n], k)
@@ -215,10 +217,33 @@ def interactive_rows(args, results: Results | None, searcher, single, queries, l
         got = searcher.search(window(queries, B, 0) if rank == 0 else None, k)
         if rank == 0:
             want = expected(single.search(window(queries, B, 0), k), layout, N, W, k)
-            row = {"method": "interactive", "layout": layout, "world_size": W, "n_docs": N * W if layout == "weak" else N,
+            row = {"method": "interactive", "layout": layout, "min_slice": searcher.min_slice_queries, "world_size": W, "n_docs": N * W if layout == "weak" else N,
                    "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
             row |= {"qps": B / row["ms"] * 1000, "qps_1gpu": one["qps"], "bit_identical": same(got, want)}
-            results.add(row | {"vs_1gpu": row["qps"] / one["qps"]})
+            row["vs_1gpu"] = row["qps"] / one["qps"]
+        slice_ms = local_slice_ms(args, searcher, queries, B, k)
+        if rank == 0:
+            results.add(row | slice_ms)
+
+
+def local_slice_ms(args, searcher, queries, B: int, k: int) -> dict:
+    """The compute floor of an interactive call: every rank's own share of a B-query batch searched locally
+    at once, no collective (slowest rank), against which the call's collectives are the rest."""
+    import torch.distributed as dist
+
+    from lsr.parallel.plan import active_slices, slice_bounds
+
+    role = searcher.role
+    n_active = active_slices(B, role.n_slices, searcher.min_slice_queries)
+    bounds = slice_bounds(B, n_active)
+    j = role.query_slice
+    share = window(queries, B, 0)[bounds[j]:bounds[j + 1]].to(searcher.device) if j < n_active else None
+    dist.barrier()
+    ms = 0.0 if share is None else quantiles(time_calls(
+        lambda i: searcher.local.search(share, k, show_progress_bar=False), args.repeats))["ms"]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, ms)
+    return {"local_ms_max": max(every), "local_ms_min": min(every)}
 
 
 def on_rank0(rank: int, fn):
@@ -262,7 +287,45 @@ def batch_rows(args, results: Results | None, dev: torch.device, replicated: Sha
         row = {"method": "batch", "layout": "replicated", "world_size": dist.get_world_size(), "n_docs": replicated.n_docs,
                "B": n, "k": k} | q | {"qps": n / q["ms"] * 1000, "qps_1gpu": n / q1["ms"] * 1000, "ms_1gpu": q1["ms"]}
         row |= {"vs_1gpu": row["qps"] / row["qps_1gpu"], "bit_identical": same((hits.scores, hits.doc_idx), one_gpu(0))}
-        results.add(row)
+    phases = batch_phases(args, replicated, queries if rank == 0 else None, k, dev)
+    if rank == 0:
+        results.add(row | phases)
+
+
+def batch_phases(args, replicated: ShardedIndex, queries, k: int, dev: torch.device) -> dict:
+    """Where the batch route's time goes: ``search_batch``'s three steps timed apart (wall clock, each rank
+    synchronised before and after): the query broadcast, each rank's own slice (slowest and fastest rank), and
+    the gather + merge into rank 0's host result."""
+    import torch.distributed as dist
+
+    from lsr.parallel.batch import _gather_merge_to_rank0
+    from lsr.parallel.exchange import broadcast_queries
+    from lsr.parallel.plan import plan_batch
+    from lsr.parallel.topology import comm_device
+
+    def step(fn):
+        synchronize()
+        dist.barrier()
+        t = time.perf_counter()
+        out = fn()
+        synchronize()
+        return out, (time.perf_counter() - t) * 1000
+
+    rank, comm = dist.get_rank(), comm_device()
+    times = []
+    for _ in range(args.batch_repeats):
+        (qs, kk), t_b = step(lambda: broadcast_queries(queries, k, None, comm))
+        plan = plan_batch(replicated.n_partitions, dist.get_world_size(), len(qs))
+        mine = plan.query_range(rank)
+        searcher = ShardedSearcher(replicated, dev, args.backend, stream=False)
+        local, t_s = step(lambda: searcher.search(qs[mine.start:mine.stop], kk, args.query_batch,
+                                                  show_progress_bar=False))
+        _, t_g = step(lambda: _gather_merge_to_rank0(local, plan, kk, comm))
+        times.append((t_b, t_s, t_g))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, sorted(times, key=lambda t: sum(t))[len(times) // 2])
+    return {"broadcast_ms": max(t[0] for t in every), "slice_ms_max": max(t[1] for t in every),
+            "slice_ms_min": min(t[1] for t in every), "gather_merge_ms": max(t[2] for t in every)}
 
 
 def memory_rows(results: Results | None, dev: torch.device, index: InvertedIndex) -> None:
@@ -293,6 +356,9 @@ def main() -> None:
     ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap device memory after the single index")
     ap.add_argument("--layouts", default="replicated,weak",
                     help="torchrun: interactive layouts to time (replicated, weak, split), comma-separated")
+    ap.add_argument("--min-slice-queries", default=str(MIN_SLICE_QUERIES),
+                    help="torchrun, replicated: DistributedSearcher's smallest replica share, comma-separated values "
+                         "(1: every batch split over all ranks)")
     ap.add_argument("--batch-queries", default="6980,28000",
                     help="torchrun: sizes of whole query sets searched by the batch route (empty: none)")
     ap.add_argument("--batch-repeats", type=int, default=3, help="timed repeats of each batch-route row")
@@ -323,9 +389,10 @@ def main() -> None:
                                               for P in args.partitions.split(",")}
         single_process(args, results, dev, docs, queries)
     results.save()
-    print(format_table(results.rows, ["method", "layout", "P", "world_size", "rank", "n_docs", "B", "k", ("ms", ".2f"),
+    print(format_table(results.rows, ["method", "layout", "min_slice", "P", "world_size", "rank", "n_docs", "B", "k", ("ms", ".2f"),
                                       ("qps", ".0f"), ("qps_1gpu", ".0f"), ("vs_1gpu", ".2f"), ("stream_gbps", ".1f"),
-                                      ("index_gib", ".2f"), ("peak_gib", ".2f"), "bit_identical"]))
+                                      ("index_gib", ".2f"), ("peak_gib", ".2f"), ("local_ms_max", ".2f"),
+                                      ("slice_ms_max", ".1f"), ("gather_merge_ms", ".1f"), "bit_identical"]))
 
 
 if __name__ == "__main__":

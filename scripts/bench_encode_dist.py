@@ -55,10 +55,12 @@ def write_corpus(folder: Path, texts: list[str]) -> None:
     (folder / "queries.tsv").write_text("0\tunused query\n", encoding="utf-8")
 
 
-def run_encode(ranks: int, data: Path, out: Path, args: argparse.Namespace) -> float:
-    """Seconds the whole ``torchrun ... lsr encode`` command takes; raises with its stderr on failure."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           "-m", "lsr", "encode", "--dataset", str(data), "--out", str(out), "--encoder", "splade", "--model", str(args.model_dir),
+def run_encode(ranks: int, data: Path, out: Path, args: argparse.Namespace, profile: Path | None = None) -> float:
+    """Seconds the whole ``torchrun ... lsr encode`` command takes; raises with its stderr on failure. With
+    ``profile``, one process without torchrun under cProfile instead, its statistics written there."""
+    launch = (["-m", "cProfile", "-o", str(profile)] if profile else
+              ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)])
+    cmd = [sys.executable, *launch, "-m", "lsr", "encode", "--dataset", str(data), "--out", str(out), "--encoder", "splade", "--model", str(args.model_dir),
            "--device", args.device, "--shard-rows", str(args.shard_rows)]
     if args.batch_size:
         cmd += ["--batch-size", str(args.batch_size)]
@@ -113,6 +115,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, help="lsr encode --batch-size (default: the encoder's)")
     ap.add_argument("--tiny", action="store_true", help="2-layer 32-wide BERT (CPU smoke test)")
     ap.add_argument("--data", type=Path, default=REPO / "data", help="holds bert-base-uncased/")
+    ap.add_argument("--profile-startup", action="store_true",
+                    help="also run the start-up job once in one process under cProfile (OUT/startup.prof)")
     ap.add_argument("--workdir", type=Path, help="where the corpus, model and outputs go (default: a temp folder)")
     args = ap.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
@@ -133,6 +137,8 @@ def main() -> None:
         write_corpus(work / "corpus", texts)
         del texts
         measure(results, "startup", work / "startup", min(args.passages, args.startup_passages), ranks, work, args)
+        if args.profile_startup:  # where the start-up goes: one process's cProfile of the start-up job
+            run_encode(1, work / "startup", work / "profiled", args, profile=args.out / "startup.prof")
         measure(results, "encode", work / "corpus", args.passages, ranks, work, args)
     rows = {(r["case"], r["ranks"]): r for r in results.rows if r.get("wall_s")}
     top = rows.get(("encode", max(ranks)), {})
