@@ -45,7 +45,7 @@ import torch
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
-from lsr.parallel.search import MIN_SLICE_QUERIES, DistributedSearcher
+from lsr.parallel.search import DistributedSearcher
 from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.search.searcher import Searcher
@@ -190,11 +190,9 @@ def distributed(args, results: Results | None, dev: torch.device, spec: SynthSpe
     single = Searcher(index, backend=args.backend)
     ks = [int(x) for x in args.ks.split(",")]
     for layout in (name for name in args.layouts.split(",") if name):
-        # the smallest replica share matters only where replicas split batches (replicated)
-        for m in ([int(x) for x in args.min_slice_queries.split(",")] if layout == "replicated" else [1]):
-            searcher = DistributedSearcher(layouts[layout], dev, args.backend, stream=False, min_slice_queries=m)
-            interactive_rows(args, results, searcher, single, queries, layout, N, build_s)
-            del searcher
+        searcher = DistributedSearcher(layouts[layout], dev, args.backend, stream=False)
+        interactive_rows(args, results, searcher, single, queries, layout, N, build_s)
+        del searcher
     for n in batch_sizes:
         for k in ks:
             batch_rows(args, results, dev, layouts["replicated"], single, queries[:n], k)
@@ -217,13 +215,35 @@ def interactive_rows(args, results: Results | None, searcher, single, queries, l
         got = searcher.search(window(queries, B, 0) if rank == 0 else None, k)
         if rank == 0:
             want = expected(single.search(window(queries, B, 0), k), layout, N, W, k)
-            row = {"method": "interactive", "layout": layout, "min_slice": searcher.min_slice_queries, "world_size": W, "n_docs": N * W if layout == "weak" else N,
+            row = {"method": "interactive", "layout": layout, "world_size": W, "n_docs": N * W if layout == "weak" else N,
                    "B": B, "k": k, "build_s": build_s, "peak_extra_mb": peak.extra_mb} | quantiles(ms)
             row |= {"qps": B / row["ms"] * 1000, "qps_1gpu": one["qps"], "bit_identical": same(got, want)}
             row["vs_1gpu"] = row["qps"] / one["qps"]
+        if args.profile:
+            profile_calls(args, searcher, queries, B, k, f"{layout}-B{B}")
         slice_ms = local_slice_ms(args, searcher, queries, B, k)
         if rank == 0:
             results.add(row | slice_ms)
+
+
+def profile_calls(args, searcher, queries, B: int, k: int, name: str) -> None:
+    """torch.profiler over ``args.profile`` interactive calls: rank 0's operators by host time and by device
+    time, written to OUT/profile-NAME.txt (where a call's time goes beyond its own search)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    rank = dist.get_rank()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        for i in range(args.profile):
+            searcher.search(window(queries, B, i) if rank == 0 else None, k)
+        synchronize()
+    if rank == 0:
+        table = prof.key_averages()
+        text = [table.table(sort_by=key, row_limit=25) for key in ("cpu_time_total", "self_cpu_time_total",
+                                                                    "device_time_total")]
+        (Path(args.out) / f"profile-{name}.txt").write_text("\n\n".join(text))
 
 
 def local_slice_ms(args, searcher, queries, B: int, k: int) -> dict:
@@ -231,16 +251,13 @@ def local_slice_ms(args, searcher, queries, B: int, k: int) -> dict:
     at once, no collective (slowest rank), against which the call's collectives are the rest."""
     import torch.distributed as dist
 
-    from lsr.parallel.plan import active_slices, slice_bounds
+    from lsr.parallel.plan import slice_bounds
 
     role = searcher.role
-    n_active = active_slices(B, role.n_slices, searcher.min_slice_queries)
-    bounds = slice_bounds(B, n_active)
-    j = role.query_slice
-    share = window(queries, B, 0)[bounds[j]:bounds[j + 1]].to(searcher.device) if j < n_active else None
+    bounds = slice_bounds(B, role.n_slices)
+    share = window(queries, B, 0)[bounds[role.query_slice]:bounds[role.query_slice + 1]].to(searcher.device)
     dist.barrier()
-    ms = 0.0 if share is None else quantiles(time_calls(
-        lambda i: searcher.local.search(share, k, show_progress_bar=False), args.repeats))["ms"]
+    ms = quantiles(time_calls(lambda i: searcher.local.search(share, k, show_progress_bar=False), args.repeats))["ms"]
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, ms)
     return {"local_ms_max": max(every), "local_ms_min": min(every)}
@@ -356,12 +373,11 @@ def main() -> None:
     ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap device memory after the single index")
     ap.add_argument("--layouts", default="replicated,weak",
                     help="torchrun: interactive layouts to time (replicated, weak, split), comma-separated")
-    ap.add_argument("--min-slice-queries", default=str(MIN_SLICE_QUERIES),
-                    help="torchrun, replicated: DistributedSearcher's smallest replica share, comma-separated values "
-                         "(1: every batch split over all ranks)")
     ap.add_argument("--batch-queries", default="6980,28000",
                     help="torchrun: sizes of whole query sets searched by the batch route (empty: none)")
     ap.add_argument("--batch-repeats", type=int, default=3, help="timed repeats of each batch-route row")
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="torchrun: profile this many interactive calls per row (OUT/profile-LAYOUT-BN.txt)")
     ap.add_argument("--query-batch", type=int, default=None, help="queries per search batch inside a rank")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -389,7 +405,7 @@ def main() -> None:
                                               for P in args.partitions.split(",")}
         single_process(args, results, dev, docs, queries)
     results.save()
-    print(format_table(results.rows, ["method", "layout", "min_slice", "P", "world_size", "rank", "n_docs", "B", "k", ("ms", ".2f"),
+    print(format_table(results.rows, ["method", "layout", "P", "world_size", "rank", "n_docs", "B", "k", ("ms", ".2f"),
                                       ("qps", ".0f"), ("qps_1gpu", ".0f"), ("vs_1gpu", ".2f"), ("stream_gbps", ".1f"),
                                       ("index_gib", ".2f"), ("peak_gib", ".2f"), ("local_ms_max", ".2f"),
                                       ("slice_ms_max", ".1f"), ("gather_merge_ms", ".1f"), "bit_identical"]))

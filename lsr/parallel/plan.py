@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["BatchPlan", "RankRole", "active_slices", "plan_batch", "rank_partitions", "rank_role", "slice_bounds"]
+__all__ = ["BatchPlan", "RankRole", "plan_batch", "rank_partitions", "rank_role", "slice_bounds"]
 
 SHOWN_RANKS = 8  # ranks listed one per line by BatchPlan.describe; the others are summarised
 
@@ -48,13 +48,6 @@ def rank_role(n_partitions: int, rank: int, world_size: int) -> RankRole:
 def rank_partitions(n_partitions: int, rank: int, world_size: int) -> list[int]:
     """Partitions of ``rank``: r, r + W, r + 2W, ... (P >= W); r mod P in replica groups (P < W)."""
     return rank_role(n_partitions, rank, world_size).partitions
-
-
-def active_slices(n_queries: int, n_slices: int, min_slice_queries: int) -> int:
-    """How many of ``n_slices`` query slices an interactive batch of ``n_queries`` is cut into: as many as keep
-    at least ``min_slice_queries`` queries in each (at least one). A small batch is searched by fewer replicas:
-    below that size a replica's search time hardly shrinks with its share, so splitting only adds waiting."""
-    return max(1, min(n_slices, n_queries // max(1, min_slice_queries)))
 
 
 def slice_bounds(n: int, n_slices: int) -> list[int]:

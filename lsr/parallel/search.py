@@ -9,8 +9,7 @@ For every ``search`` call (interactive use: a batch at a time; a whole query set
 1. rank 0 broadcasts the queries (``lsr.parallel.exchange``: the sizes with rank 0's verdict on the request,
    then one buffer: a few hundred KB at B = 500);
 2. every rank computes the exact top-k of its partitions for its query slice (``ShardedSearcher``), doc
-   indices global; a batch too small to pay for splitting (fewer than ``min_slice_queries`` queries per
-   replica, ``lsr.parallel.plan.active_slices``) goes to fewer replicas, the others send empty lists;
+   indices global;
 3. the [B / R, k] scores and doc indices, with a failure flag, are all-gathered in one collective (padded
    to equal slices) and, per slice, the lists of its P ranks are merged with ``exact_topk``'s order (score
    descending, doc index ascending). The flags are read once per call, after the last batch.
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
-from lsr.parallel.plan import active_slices, rank_role, slice_bounds
+from lsr.parallel.plan import rank_role, slice_bounds
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.parallel.topology import agree, comm_device
@@ -41,10 +40,6 @@ from lsr.utils.devices import torch_device
 __all__ = ["DistributedSearcher"]
 
 DEFAULT_QUERY_BATCH = 1024
-# Queries per replica below which a batch is not split further: a replica's search takes about as long for
-# 16 queries as for 64 (launch and top-k costs per batch), so more replicas would only add waiting
-# (docs/performance/scaling.md measures it).
-MIN_SLICE_QUERIES = 64
 
 
 class DistributedSearcher:
@@ -56,16 +51,10 @@ class DistributedSearcher:
         device: this rank's device (``init_distributed`` returns it), as ``Searcher``.
         backend, max_memory_bytes, stream: as ``ShardedSearcher``.
         verify: check file checksums when loading.
-        min_slice_queries: replicas share a batch only in slices of at least this many queries (1: every
-            batch is split over all replicas).
     """
 
     def __init__(self, index: str | os.PathLike | ShardedIndex, device: str | torch.device, backend: str = "auto",
-                 max_memory_bytes: int | None = None, stream: bool | None = None, verify: bool = True,
-                 min_slice_queries: int = MIN_SLICE_QUERIES) -> None:
-        if min_slice_queries < 1:
-            raise ValueError(f"min_slice_queries must be >= 1, got {min_slice_queries}")
-        self.min_slice_queries = int(min_slice_queries)
+                 max_memory_bytes: int | None = None, stream: bool | None = None, verify: bool = True) -> None:
         device = torch_device(device)  # a bad name fails before the collective load
         if not dist.is_initialized():
             raise RuntimeError("DistributedSearcher needs torch.distributed: launch with torchrun and call "
@@ -83,12 +72,12 @@ class DistributedSearcher:
                 self.index = ShardedIndex.load(index, device="cpu", partitions=self.role.partitions, verify=verify)
             self.local = ShardedSearcher(self.index, self.device, backend, max_memory_bytes, stream)
 
-    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], n: int, k: int, n_active: int,
+    def _gather_merge(self, local: tuple[torch.Tensor, torch.Tensor], n: int, k: int,
                       failed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All ranks' lists of their slices of an n-query batch cut into ``n_active`` slices -> (the merged
-        [n, k] result, on every rank; whether any rank failed, a device scalar: read once per call, not per
-        batch). One all-gather carries the hits and every rank's failure flag."""
-        bounds, rows = slice_bounds(n, n_active), -(-n // n_active)
+        """All ranks' lists of their slices of an n-query batch -> (the merged [n, k] result, on every rank;
+        whether any rank failed, a device scalar: read once per call, not per batch). One all-gather carries
+        the hits and every rank's failure flag."""
+        bounds, rows = slice_bounds(n, self.role.n_slices), -(-n // self.role.n_slices)
         packed = pack_hits(local[0].to(self._comm), local[1].to(self._comm), rows, failed)  # equal shapes
         gathered = [torch.empty_like(packed) for _ in range(self.world_size)]
         dist.all_gather(gathered, packed)
@@ -96,7 +85,7 @@ class DistributedSearcher:
         lists = [unpack_hits(g, k) for g in gathered]
         n_p = self.world_size // self.role.n_slices  # ranks per slice: the partitions P (W when partitioned)
         out = []
-        for j in range(n_active):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
+        for j in range(self.role.n_slices):  # slice j: ranks j*P .. j*P+P-1 (all ranks when partitioned)
             m = bounds[j + 1] - bounds[j]
             ranks = range(j * n_p, (j + 1) * n_p)
             out.append(merge_hit_lists([(lists[r][0][:m].to(self.device), lists[r][1][:m].to(self.device))
@@ -127,12 +116,10 @@ class DistributedSearcher:
         error: BaseException | None = None
         for a in range(0, len(queries), qb):
             chunk = queries[a:a + qb]
-            n_active = active_slices(len(chunk), self.role.n_slices, self.min_slice_queries)
-            bounds = slice_bounds(len(chunk), n_active)
-            j = self.role.query_slice
-            mine = chunk[bounds[j]:bounds[j + 1]] if j < n_active else None
+            bounds = slice_bounds(len(chunk), self.role.n_slices)
+            mine = chunk[bounds[self.role.query_slice]:bounds[self.role.query_slice + 1]]
             local = None
-            if error is None and mine is not None:
+            if error is None:
                 try:  # e.g. out of memory on one rank: it keeps answering the gathers, then all ranks raise
                     local = self.local.search(mine, k, show_progress_bar=False)
                 except Exception as e:  # noqa: BLE001 - re-raised below, once the other ranks know
@@ -140,7 +127,7 @@ class DistributedSearcher:
             if local is None:
                 local = (torch.zeros(0, k, dtype=torch.float32, device=self._comm),
                          torch.full((0, k), -1, dtype=torch.int64, device=self._comm))
-            s, i, failed = self._gather_merge(local, len(chunk), k, n_active, error is not None)
+            s, i, failed = self._gather_merge(local, len(chunk), k, error is not None)
             out_s.append(s)
             out_i.append(i)
             flags.append(failed)

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from lsr.cli import main
 from lsr.index import InvertedIndex
 from lsr.parallel.exchange import pack_hits, unpack_hits
-from lsr.parallel.plan import active_slices, plan_batch
+from lsr.parallel.plan import plan_batch
 from lsr.parallel.sharded_index import ShardedIndex
 from lsr.storage.shards import write_vectors
 from lsr.testing import free_port, random_collection
@@ -48,13 +48,6 @@ def test_query_slices_cover_every_query_once_in_order(n_queries):
     assert plan_batch(5, 4, 13).layout == "partitioned" and plan_batch(3, 1, 13).layout == "one process"
     with pytest.raises(ValueError, match="3 partitions cannot be shared by 4 ranks"):
         plan_batch(3, 4, 13)
-
-
-def test_small_interactive_batches_go_to_fewer_replicas():
-    # each slice keeps at least min_slice_queries queries; at least one slice; never more than the replicas
-    assert [active_slices(n, 4, 64) for n in (0, 1, 63, 64, 127, 128, 255, 256, 10_000)] == [1, 1, 1, 1, 1, 2, 3, 4, 4]
-    assert active_slices(64, 4, 16) == 4 and active_slices(64, 4, 1) == 4 and active_slices(3, 4, 1) == 3
-    assert active_slices(500, 1, 64) == 1
 
 
 def test_packed_hits_keep_every_bit():

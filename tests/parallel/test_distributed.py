@@ -21,8 +21,6 @@ from lsr.storage.shards import read_vectors, write_vectors
 from lsr.testing import free_port, random_collection
 
 N_DOCS, VOCAB, KS = 70, 40, (3, 25, 80)   # k = 25 and 80 exceed a partition's 23-35 docs; 80 > all docs
-# replicas share every 5-query chunk (1), or only chunks of at least 3 queries per slice (3: fewer replicas)
-MIN_SLICES = (1, 3)
 ENCODE = {"batch_size": 4, "shard_rows": 10, "sort_window": 4, "show_progress_bar": False}  # 4 does not divide 10
 
 
@@ -84,20 +82,19 @@ def _search_all(t: Path, rank: int, names: tuple[str, ...]) -> None:
     from lsr.parallel.search import DistributedSearcher
 
     queries = read_vectors(t / "q") if rank == 0 else None
-    for name, min_slice in itertools.product(names, MIN_SLICES):
-        searcher = DistributedSearcher(t / name, "cpu", backend="torch", min_slice_queries=min_slice)
+    for name in names:
+        searcher = DistributedSearcher(t / name, "cpu", backend="torch")
         for k in KS:
             s, i = searcher.search(queries, k, query_batch=5)
-            np.save(t / f"{name}-m{min_slice}-k{k}-r{rank}-s.npy", s.numpy())
-            np.save(t / f"{name}-m{min_slice}-k{k}-r{rank}-i.npy", i.numpy())
+            np.save(t / f"{name}-k{k}-r{rank}-s.npy", s.numpy())
+            np.save(t / f"{name}-k{k}-r{rank}-i.npy", i.numpy())
         s, i = searcher.search(queries[2:3] if rank == 0 else None, KS[1])
-        np.save(t / f"{name}-m{min_slice}-one-r{rank}-s.npy", s.numpy())
-        np.save(t / f"{name}-m{min_slice}-one-r{rank}-i.npy", i.numpy())
+        np.save(t / f"{name}-one-r{rank}-s.npy", s.numpy())
+        np.save(t / f"{name}-one-r{rank}-i.npy", i.numpy())
 
 
 def _assert_all_equal(t: Path, names: tuple[str, ...], world: int, docs, queries) -> None:
     searcher = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch")
-    names = [f"{name}-m{m}" for name, m in itertools.product(names, MIN_SLICES)]
     for k, name, r in itertools.product(KS, names, range(world)):
         want_s, want_i = searcher.search(queries, k)
         s = torch.from_numpy(np.load(t / f"{name}-k{k}-r{r}-s.npy"))
