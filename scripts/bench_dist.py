@@ -49,6 +49,7 @@ from lsr.parallel.search import DistributedSearcher
 from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.search.searcher import Searcher
+from lsr.utils.host_copy import copy_to_host
 
 GIB = 1 << 30
 
@@ -290,9 +291,9 @@ def batch_rows(args, results: Results | None, dev: torch.device, replicated: Sha
 
     rank, n = dist.get_rank(), len(queries)
 
-    def one_gpu(i: int):
+    def one_gpu(i: int):  # the one-process path's result on the host, as lsr search's run writer takes it
         s, d = single.search(queries, k, query_batch=args.query_batch)
-        return s.cpu(), d.cpu()
+        return copy_to_host(s), copy_to_host(d)
 
     base_ms = on_rank0(rank, lambda: time_calls(one_gpu, args.batch_repeats))
     ms = time_calls(lambda i: search_batch(replicated, queries if rank == 0 else None, k, dev, backend=args.backend,

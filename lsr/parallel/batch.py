@@ -27,6 +27,7 @@ from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
 from lsr.search.searcher import check_request
 from lsr.sparse import SparseVectors
+from lsr.utils.host_copy import copy_to_host
 
 __all__ = ["BatchHits", "ShardedHits", "index_doc_count", "index_partition_count", "load_rank_index",
            "search_batch", "search_sharded"]
@@ -128,8 +129,8 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
             if b > a:
                 ranks = range(j * per_slice, (j + 1) * per_slice)
                 s, i = merge_hit_lists([(lists[r][0][:b - a], lists[r][1][:b - a]) for r in ranks], k)
-                out[0][a:b].copy_(s)  # straight into the result: no intermediate host copy
-                out[1][a:b].copy_(i)
+                copy_to_host(s, out[0][a:b])  # straight into the result, through pinned buffers
+                copy_to_host(i, out[1][a:b])
     return out
 
 
