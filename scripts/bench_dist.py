@@ -338,7 +338,7 @@ def batch_phases(args, replicated: ShardedIndex, queries, k: int, dev: torch.dev
         searcher = ShardedSearcher(replicated, dev, args.backend, stream=False)
         local, t_s = step(lambda: searcher.search(qs[mine.start:mine.stop], kk, args.query_batch,
                                                   show_progress_bar=False))
-        _, t_g = step(lambda: _gather_merge_to_rank0(local, plan, kk, comm))
+        _, t_g = step(lambda: _gather_merge_to_rank0(local, plan, kk, comm, replicated.n_docs))
         times.append((t_b, t_s, t_g))
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, sorted(times, key=lambda t: sum(t))[len(times) // 2])

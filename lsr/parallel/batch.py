@@ -99,12 +99,12 @@ def search_batch(index: ShardedIndex, queries: SparseVectors | None, k: int, dev
     with agree("search its queries"):  # one agreement for the whole job, none per batch
         searcher = ShardedSearcher(index, device, backend, stream=stream)
         local = searcher.search(queries[mine.start:mine.stop], k, query_batch, show_progress_bar=False)
-    merged = _gather_merge_to_rank0(local, plan, k, comm)
+    merged = _gather_merge_to_rank0(local, plan, k, comm, index.n_docs)
     return BatchHits(*merged, plan) if merged is not None else None
 
 
-def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: BatchPlan, k: int,
-                           comm: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: BatchPlan, k: int, comm: torch.device,
+                           n_docs: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Every rank's [m, k] lists -> rank 0, merged per query slice over the slice's ranks (in row chunks)."""
     rank, world = dist.get_rank(), plan.world_size
     n_slices = plan.role(0).n_slices
@@ -128,7 +128,7 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
             a, b = bounds[j] + c, min(bounds[j + 1], bounds[j] + c + m)
             if b > a:
                 ranks = range(j * per_slice, (j + 1) * per_slice)
-                s, i = merge_hit_lists([(lists[r][0][:b - a], lists[r][1][:b - a]) for r in ranks], k)
+                s, i = merge_hit_lists([(lists[r][0][:b - a], lists[r][1][:b - a]) for r in ranks], k, n_docs)
                 copy_to_host(s, out[0][a:b])  # straight into the result, through pinned buffers
                 copy_to_host(i, out[1][a:b])
     return out

@@ -89,7 +89,7 @@ class DistributedSearcher:
             m = bounds[j + 1] - bounds[j]
             ranks = range(j * n_p, (j + 1) * n_p)
             out.append(merge_hit_lists([(lists[r][0][:m].to(self.device), lists[r][1][:m].to(self.device))
-                                        for r in ranks], k))
+                                        for r in ranks], k, self.index.n_docs))
         return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out]), any_failed
 
     def search(self, queries: SparseVectors | None, k: int = 1000, query_batch: int | None = None,

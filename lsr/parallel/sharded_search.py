@@ -39,12 +39,42 @@ def shift_ids(doc_idx: torch.Tensor, offset: int) -> torch.Tensor:
     return torch.where(doc_idx >= 0, doc_idx + offset, doc_idx)
 
 
-def merge_hit_lists(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+_KEY_ID_LIMIT = 1 << 32   # doc indices below this fit the low half of a merge key
+
+
+def merge_hit_lists(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int,
+                    n_docs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact merge of [B, k_i] (scores, global doc idx) lists of partitions or ranks: top-k by (score desc,
-    doc idx asc), ``exact_topk``'s order."""
+    doc idx asc), ``exact_topk``'s order; padding (score <= 0 or doc -1) dropped. With ``n_docs`` (the
+    collection's size, which bounds every doc index) below 2^32, one sort of 64-bit keys per row without a
+    host sync (``_merge_by_keys``); otherwise ``exact_topk``."""
     if len(parts) == 1 and parts[0][0].shape[1] == k:
         return parts[0]
-    return exact_topk(torch.cat([s for s, _ in parts], 1), k, torch.cat([i for _, i in parts], 1))
+    scores, ids = torch.cat([s for s, _ in parts], 1), torch.cat([i for _, i in parts], 1)
+    if n_docs is not None and n_docs <= _KEY_ID_LIMIT:
+        return _merge_by_keys(scores, ids, k)
+    return exact_topk(scores, k, ids)
+
+
+def _merge_by_keys(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``exact_topk``'s result for doc indices below 2^32. A hit's key holds (0x7FFFFFFF minus the score's bit
+    pattern) in its high half (positive float32 scores order as their bit patterns, so a smaller key is a higher
+    score) and the doc index in its low half (ties: the lower index first); padding gets the largest high half.
+    Sorting the keys of each row is then the exact order, on the device, with no host sync (exact_topk's nonzero
+    needs one), which is most of a small batch's merge time."""
+    B, n = scores.shape
+    real = (scores > 0) & (ids >= 0)
+    bits = scores.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    high = torch.where(real, 0x7FFFFFFF - bits, 0x7FFFFFFF)
+    keys = torch.sort((high << 32) | torch.where(real, ids, 0), dim=1).values[:, :k]
+    high = keys >> 32
+    hit = high < 0x7FFFFFFF
+    out_s = torch.where(hit, (0x7FFFFFFF - high).to(torch.int32).view(torch.float32), 0.0)
+    out_i = torch.where(hit, keys & 0xFFFFFFFF, -1)
+    if n < k:  # fewer candidates than k: padding columns
+        out_s = torch.cat([out_s, out_s.new_zeros(B, k - n)], 1)
+        out_i = torch.cat([out_i, out_i.new_full((B, k - n), -1)], 1)
+    return out_s, out_i
 
 
 def _to_device(index: InvertedIndex, device: torch.device, non_blocking: bool) -> InvertedIndex:
@@ -123,7 +153,7 @@ class ShardedSearcher:
         for offset, part in self._device_parts():
             s, i = self._searcher(part).search(queries, k, query_batch, show_progress_bar=show_progress_bar)
             top = (s, shift_ids(i, offset))
-            best = top if best is None else merge_hit_lists([best, top], k)
+            best = top if best is None else merge_hit_lists([best, top], k, self.index.n_docs)
             del part
         assert best is not None
         return best

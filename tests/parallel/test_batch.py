@@ -50,6 +50,25 @@ def test_query_slices_cover_every_query_once_in_order(n_queries):
         plan_batch(3, 4, 13)
 
 
+@pytest.mark.parametrize("k", [1, 7, 40, 90])
+def test_key_merge_equals_exact_topk_with_ties_padding_and_short_lists(k):
+    from lsr.parallel.sharded_search import merge_hit_lists
+    from lsr.search.searcher import exact_topk
+
+    g = torch.Generator().manual_seed(k)
+    parts = []
+    for p in range(3):   # three partitions' lists: disjoint docs, few distinct scores (many ties), padding
+        scores = torch.randint(0, 4, (6, 30), generator=g).float() * 0.25   # zeros are padding
+        scores = scores.sort(dim=1, descending=True).values
+        docs = torch.randperm(1000, generator=g)[:30].repeat(6, 1) + p * 1000
+        parts.append((scores, torch.where(scores > 0, docs, -1)))
+    parts[1][0][0] = torch.where(parts[1][1][0] >= 0, 1e-45, 0.0)   # subnormal scores keep their order too
+    want = exact_topk(torch.cat([s for s, _ in parts], 1), k, torch.cat([i for _, i in parts], 1))
+    got = merge_hit_lists(parts, k, n_docs=3000)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(merge_hit_lists(parts, k)[1], want[1])   # no bound given: exact_topk itself
+
+
 def test_packed_hits_keep_every_bit():
     scores = torch.tensor([[3.5, -0.0, 1e-40], [float("inf"), 2.0, 0.0]], dtype=torch.float32)
     doc_idx = torch.tensor([[7, 1 << 40, -1], [0, 3, -1]])
