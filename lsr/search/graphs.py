@@ -57,7 +57,10 @@ class ChunkGraph:
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: other threads may use their GPUs meanwhile (serving replicas, one per GPU, are threads of
         # one process; "global" would fail their calls while this captures)
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+        # captured on this device's own stream: torch.cuda.graph's default capture stream is one per process,
+        # made on the device of the first capture, and capturing another GPU's work on it fails (serving
+        # replicas on several GPUs, a searcher on cuda:1 after one on cuda:0)
+        with torch.cuda.graph(self.graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             self.out = body(self.indptr, self.terms, self.weights)
         # what the graph keeps alive, estimated as the growth of the device's allocated memory over the capture (a
         # concurrent allocation elsewhere skews it; a dropped graph's blocks return to its pool, not the device)

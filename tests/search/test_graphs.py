@@ -75,6 +75,26 @@ def test_gpu_block_graphs_match_eager():
 
 
 @pytest.mark.gpu
+def test_gpu_graphs_capture_on_every_gpu_of_one_process():
+    """Graphs captured on cuda:0 and then on cuda:1 in one process (serving replicas are threads of one
+    process): each GPU's replay equals its eager path. torch.cuda.graph's default capture stream belongs to
+    the device of the process's first capture, so captures on another GPU must bring their own stream."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+    docs = synth_docs(40_000, device="cuda:0")
+    queries = synth_queries(8, device="cuda:0")
+    for dev in ("cuda:0", "cuda:1"):
+        index = InvertedIndex.build(docs.to(dev), device=dev, block_size=2048, postings="float32")
+        with torch.cuda.device(dev):
+            for B in (1, 4):
+                got = gpu_search(index, queries[:B].to(dev), 100, BLOCK)
+                want = gpu_search(index, queries[:B].to(dev), 100, EAGER)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (dev, B)
+                assert_exact_topk(*(t.cpu() for t in got), float64_scores(queries[:B].to("cpu"), docs.to("cpu")), 100)
+
+
+@pytest.mark.gpu
 def test_gpu_block_graphs_share_one_pool():
     """With graph_shared_pool the graphs of an index share one memory pool and one lock: graphs of five batch
     sizes replayed in a shuffled order give the eager path's bits, and hold less memory than private pools."""
