@@ -112,6 +112,19 @@ class OptimConfig:
     sharding: str = choice("ddp", ("ddp", "fsdp"))
     """Under torchrun: ddp (every rank holds the model) or fsdp (parameters, gradients and optimizer state
     sharded over the ranks, torch's FSDP2; for models whose training state does not fit one GPU)."""
+    cuda_graph: str | bool = "auto"
+    """The whole step (compiled forward, backward, clipping, AdamW) captured as CUDA graphs and replayed
+    (``lsr.train.graph_step``): auto | on | off (YAML's true / false read as on / off). auto: on where it
+    can run (a CUDA device, one process, no ``grad_cache_chunk``, ``deterministic``, ``gradient_checkpointing``
+    or ``loss.in_batch_groups``), else off; on: an error where it cannot. One graph per document-length
+    bucket (multiples of 64 tokens up to ``encoder.max_length_doc``); the backbone is compiled."""
+
+    @property
+    def cuda_graph_mode(self) -> str:
+        """``cuda_graph`` as "auto", "on" or "off"."""
+        if isinstance(self.cuda_graph, bool):
+            return "on" if self.cuda_graph else "off"
+        return self.cuda_graph
 
 
 @dataclass(frozen=True)
@@ -193,7 +206,31 @@ class TrainConfig(ConfigSchema):
                              f"({neg.depth} - {neg.skip}): a query's negatives are drawn without repeats from its "
                              "mined candidates; raise negatives.depth or lower negatives.count")
         check_evaluation(self.evaluation)
+        self._check_cuda_graph()
         return self
+
+    def cuda_graph_conflicts(self) -> list[str]:
+        """The keys of this config that keep the training step off CUDA graphs, each with why (the device
+        and the process count are the step plan's: ``lsr.train.graph_step.plan_train_step``)."""
+        optim, out = self.optim, []
+        if optim.grad_cache_chunk is not None:
+            out.append("optim.grad_cache_chunk is set (GradCache encodes in chunks of host-driven passes)")
+        if optim.deterministic:
+            out.append("optim.deterministic is true (eager attention and torch's deterministic algorithms)")
+        if optim.gradient_checkpointing:
+            out.append("optim.gradient_checkpointing is true (its recomputation is not captured yet)")
+        if self.loss.in_batch_groups > 1:
+            out.append("loss.in_batch_groups > 1 (the grouped loss runs eagerly)")
+        return out
+
+    def _check_cuda_graph(self) -> None:
+        mode = self.optim.cuda_graph_mode
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"config.optim.cuda_graph must be auto, on or off, got {self.optim.cuda_graph!r}")
+        conflicts = self.cuda_graph_conflicts()
+        if mode == "on" and conflicts:
+            raise ValueError(f"config.optim.cuda_graph=on cannot run: {conflicts[0]}; set optim.cuda_graph: auto "
+                             "(or off), or change that key")
 
     def _check_loss(self) -> None:
         loss, optim, negatives = self.loss, self.optim, self.negatives
