@@ -113,11 +113,13 @@ class OptimConfig:
     """Under torchrun: ddp (every rank holds the model) or fsdp (parameters, gradients and optimizer state
     sharded over the ranks, torch's FSDP2; for models whose training state does not fit one GPU)."""
     cuda_graph: str | bool = "auto"
-    """The whole step (compiled forward, backward, clipping, AdamW) captured as CUDA graphs and replayed
-    (``lsr.train.graph_step``): auto | on | off (YAML's true / false read as on / off). auto: on where it
-    can run (a CUDA device, one process, no ``grad_cache_chunk``, ``deterministic``, ``gradient_checkpointing``
-    or ``loss.in_batch_groups``), else off; on: an error where it cannot. One graph per document-length
-    bucket (multiples of 64 tokens up to ``encoder.max_length_doc``); the backbone is compiled."""
+    """The whole step (compiled forward, backward, clipping, AdamW) captured as CUDA graphs and replayed, so
+    that a small batch's step is not bound by the host issuing its kernels (``lsr.train.graph_step``):
+    auto | on | off (YAML's true / false read as on / off). auto: on where it can run (a CUDA device, one
+    process, no ``grad_cache_chunk``, ``deterministic``, ``gradient_checkpointing`` or ``loss.in_batch_groups``),
+    else off; on: an error where it cannot. Queries are padded to ``encoder.max_length_query`` and documents to
+    a multiple of 64 tokens (at most ``max_length_doc``), one graph per such bucket (an epoch's short last batch
+    runs uncaptured); the backbone is compiled; the graphs' temporaries stay reserved in one shared pool."""
 
     @property
     def cuda_graph_mode(self) -> str:

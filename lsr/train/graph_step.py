@@ -23,13 +23,16 @@ size than ``graph_batch`` (an epoch's short last batch) runs the same step uncap
 masked in attention and in the head, so the loss is the eager step's up to rounding.
 
 The first batch of a shape is the warm-up: it runs as a real step on a side stream (compiling, autotuning,
-creating the optimizer state), then the capture records the next ones (capturing runs nothing).
+creating the optimizer state), then the capture records the next ones (capturing runs nothing). A host sync
+left in the step (a backbone whose compiled forward still reads a value back), which no capture can hold, is
+found there by CUDA's sync check: the steps then run uncaptured, with a warning.
 A non-finite loss skips the update inside the graph (the fused AdamW's ``found_inf``), as the eager step
 raises before stepping; the trainer then raises on the loss it reads.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +48,8 @@ from lsr.train.data import Example, TrainData
 from lsr.train.model import TrainableEncoder
 
 __all__ = ["DOC_BUCKET", "GraphStep", "StepInputs", "StepPlan", "doc_width", "plan_train_step"]
+
+log = logging.getLogger("lsr.train")
 
 DOC_BUCKET = 64  # document widths are multiples of this: few graphs, little padding
 _INPUTS = ("q_ids", "q_mask", "d_ids", "d_mask", "exclude", "teacher")  # a shape's device input tensors
@@ -145,6 +150,7 @@ class GraphStep:
             # where ``found_inf`` is non-zero (an eager step raises before stepping on such a loss)
             optimizer.found_inf = self.skip
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.uncapturable: str | None = None  # why the step cannot be captured (found by the warm-up), or None
         self._slots: dict[tuple, _Slots] = {}
 
     @property
@@ -200,14 +206,23 @@ class GraphStep:
         if slots.graph is not None:
             slots.graph.replay()
             return slots.out
-        if not self.graphs or (self.graph_batch is not None and inputs.q_ids.shape[0] != self.graph_batch):
+        other_size = self.graph_batch is not None and inputs.q_ids.shape[0] != self.graph_batch
+        if not self.graphs or other_size or self.uncapturable is not None:
             return self._compute(slots)
         out = self._warm_up(slots)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            slots.out = self._compute(slots)
-        slots.graph = graph
+        if self.uncapturable is None:
+            self._capture(slots)
         return out
+
+    def _capture(self, slots: _Slots) -> None:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                slots.out = self._compute(slots)
+        except RuntimeError as e:
+            raise RuntimeError(f"capturing the training step as a CUDA graph failed ({' '.join(str(e).split())}); "
+                               "set optim.cuda_graph: off") from e
+        slots.graph = graph
 
     def _new_slots(self, inputs: StepInputs) -> _Slots:
         tensors = {k: torch.empty_like(v, device=self.device) for k, v in inputs.named().items()}
@@ -228,12 +243,22 @@ class GraphStep:
     def _warm_up(self, slots: _Slots) -> torch.Tensor:
         """This shape's first batch as a real step on a side stream (compiles the backbone, autotunes the
         kernels, creates the optimizer state), then one more forward and backward (whose gradients the next
-        step zeroes), so that nothing runs for the first time inside the capture."""
+        step zeroes) with CUDA's sync check raising: nothing then runs for the first time inside the capture,
+        and a host sync (which a capture cannot hold) turns the graphs off with a warning instead of failing."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
+        before = torch.cuda.get_sync_debug_mode()
         with torch.cuda.stream(side):
             out = self._compute(slots)
-            self._forward_backward(slots)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                self._forward_backward(slots)
+            except RuntimeError as e:
+                self.uncapturable = " ".join(str(e).split())
+                log.warning("the training step syncs with the host (%s): it runs uncaptured, without CUDA graphs",
+                            self.uncapturable)
+            finally:
+                torch.cuda.set_sync_debug_mode(before)
         torch.cuda.current_stream(self.device).wait_stream(side)
         return out
 
