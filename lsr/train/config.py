@@ -28,7 +28,7 @@ from lsr.config import (
 )
 
 __all__ = ["LOSSES", "NEGATIVES", "LossConfig", "NegativesConfig", "OptimConfig", "ScheduleConfig", "TrainConfig",
-           "load_train_config", "train_config_from_dict"]
+           "cuda_graph_refused", "load_train_config", "train_config_from_dict"]
 
 LOSSES = ("infonce", "margin_mse", "kl")
 NEGATIVES = ("none", "bm25", "model")
@@ -231,8 +231,7 @@ class TrainConfig(ConfigSchema):
             raise ValueError(f"config.optim.cuda_graph must be auto, on or off, got {self.optim.cuda_graph!r}")
         conflicts = self.cuda_graph_conflicts()
         if mode == "on" and conflicts:
-            raise ValueError(f"config.optim.cuda_graph=on cannot run: {conflicts[0]}; set optim.cuda_graph: auto "
-                             "(or off), or change that key")
+            raise cuda_graph_refused(conflicts[0])
 
     def _check_loss(self) -> None:
         loss, optim, negatives = self.loss, self.optim, self.negatives
@@ -260,6 +259,12 @@ class TrainConfig(ConfigSchema):
     def autocast_bf16(self) -> bool:
         """Whether the steps run under bf16 autocast (on CUDA): encoder.dtype None or bfloat16."""
         return self.encoder.dtype in (None, "bfloat16", "bf16")
+
+
+def cuda_graph_refused(reason: str) -> ValueError:
+    """The error of ``optim.cuda_graph: on`` where the graph step cannot run, for ``reason``."""
+    return ValueError(f"config.optim.cuda_graph=on cannot run: {reason}; set optim.cuda_graph: auto (or off), or "
+                      "change what keeps it off")
 
 
 def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:

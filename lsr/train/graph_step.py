@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,7 @@ import torch
 
 from lsr.encode.tokenize.batching import TokenBatch
 from lsr.train.batch_loss import LOSS_PARTS, LossInputs, loss_inputs, loss_terms
-from lsr.train.config import LossConfig, TrainConfig
+from lsr.train.config import LossConfig, TrainConfig, cuda_graph_refused
 from lsr.train.data import Example, TrainData
 from lsr.train.model import TrainableEncoder
 
@@ -79,8 +79,7 @@ def plan_train_step(cfg: TrainConfig, device: torch.device | str, distributed: b
                         "all-reduce is not captured)")
     blockers += cfg.cuda_graph_conflicts()
     if blockers and mode == "on":
-        raise ValueError(f"config.optim.cuda_graph=on cannot run: {blockers[0]}; set optim.cuda_graph: auto (or "
-                         "off), or change that")
+        raise cuda_graph_refused(blockers[0])
     if blockers:
         return StepPlan(False, f"optim.cuda_graph={mode}: off, {blockers[0]}")
     return StepPlan(True, f"optim.cuda_graph={mode}: compiled forward, backward, clipping and AdamW replayed as "
@@ -109,7 +108,7 @@ class StepInputs:
         return tuple(self.q_ids.shape), tuple(self.d_ids.shape)
 
     def named(self) -> dict[str, torch.Tensor]:
-        """The tensors a shape's step copies onto the device, by name (no teacher scores: none)."""
+        """The tensors a shape's step copies onto the device, by name (teacher scores only where there are some)."""
         given = (self.q_ids, self.q_mask, self.d_ids, self.d_mask, self.loss.exclude, self.loss.teacher)
         return {k: v for k, v in zip(_INPUTS, given, strict=True) if v is not None}
 
@@ -121,7 +120,7 @@ class _Slots:
     tensors: dict[str, torch.Tensor]
     loss: LossInputs
     out: torch.Tensor | None = None
-    graph: Any = field(default=None)
+    graph: torch.cuda.CUDAGraph | None = None
 
 
 class GraphStep:
