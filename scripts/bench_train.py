@@ -6,6 +6,9 @@ and batch in one run:
 * ``st``: sentence-transformers 6.x SparseEncoder (Transformer fill-mask + SpladePooling max) with
   SpladeLoss(SparseMultipleNegativesRankingLoss) in a manual loop (no Trainer: `datasets` /
   `accelerate` are not needed); skipped with a reason when sentence-transformers does not import.
+* ``lsr_graph`` (``--impls ...,lsr_graph``; GPU only): the trainer's CUDA-graph step (``optim.cuda_graph``,
+  ``lsr.train.graph_step.GraphStep``): the compiled lsr step plus gradient clipping, captured once per batch
+  shape and replayed, the loss read back once a step.
 
 Models: BERT-base (V=30522) and XLM-R-base (V=250002) built from transformers configs with random
 weights (no downloads; the decoder bias is shifted so ~150 terms per text are active, like a trained
@@ -52,7 +55,7 @@ from lsr.train import losses
 
 REPO = Path(__file__).resolve().parents[1]
 IMPLS = ("lsr", "torch_head", "st")  # also: lsr_compile, st_compile (torch.compile of the backbone), lsr_graph
-# (the compiled lsr step captured as one CUDA graph)
+# (the trainer's CUDA-graph step, optim.cuda_graph: lsr.train.graph_step)
 
 
 def model_config(name: str, quick: bool):
@@ -113,44 +116,32 @@ def lsr_step(folder: Path, device: str, head_impl: str, checkpointing: bool, com
 
 
 def lsr_graph_step(folder: Path, device: str, checkpointing: bool) -> Callable[[dict, dict], None]:
-    """The lsr step (compiled backbone: no host syncs) captured once as a CUDA graph and replayed: forward, backward
-    and the capturable fused AdamW in one launch, for fixed batch shapes (the inputs are copied into static ones)."""
+    """The trainer's CUDA-graph step (``lsr.train.graph_step.GraphStep``, what ``optim.cuda_graph`` runs): the
+    compiled backbone's forward, backward, gradient clipping (the trainer's default bound) and the capturable
+    fused AdamW captured once per batch shape and replayed, the loss and its log fields read back once a step
+    as the trainer does. The loss is the trainer's InfoNCE + FLOPS with ``spladeish_loss``'s weights."""
     from lsr.encode.splade.encoder import SpladeEncoder
-    from lsr.train.model import TrainableEncoder
+    from lsr.train.batch_loss import LossInputs
+    from lsr.train.config import LossConfig, OptimConfig
+    from lsr.train.graph_step import GraphStep, StepInputs
+    from lsr.train.model import TrainableEncoder, adamw_kernel
 
     if not device.startswith("cuda"):
         raise ImportError("a CUDA graph needs a GPU")
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False, compile=True)
     model = TrainableEncoder(enc, bf16=True, gradient_checkpointing=checkpointing).train()
-    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=torch.tensor(1e-5, device=device),
-                            fused=True, capturable=True)
-    state: dict[str, Any] = {}
-
-    def once() -> None:
-        with model.autocast():
-            vq, vd = model.encode_ids("query", **state["q"]), model.encode_ids("doc", **state["d"])
-        spladeish_loss(vq, vd).backward()
-        opt.step()
+    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-5,
+                            **adamw_kernel(device, capturable=True))
+    loss_cfg = LossConfig(flops_query=5e-4, flops_doc=1e-3)  # spladeish_loss
+    graph = GraphStep(model, opt, loss_cfg, OptimConfig().max_grad_norm)
+    no_exclusions: dict[tuple[int, int], torch.Tensor] = {}
 
     def step(q: dict, d: dict) -> None:
-        shapes = (q["input_ids"].shape, d["input_ids"].shape)
-        if state.get("shapes") != shapes:  # warm up (compile, autotune, optimizer state) on a side stream, capture
-            state.update(shapes=shapes, q={k: v.clone() for k, v in q.items()}, d={k: v.clone() for k, v in d.items()})
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    opt.zero_grad(set_to_none=True)
-                    once()
-            torch.cuda.current_stream().wait_stream(side)
-            state["graph"] = torch.cuda.CUDAGraph()
-            opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(state["graph"]):
-                once()
-        for src, dst in ((q, state["q"]), (d, state["d"])):
-            for k in dst:
-                dst[k].copy_(src[k], non_blocking=True)
-        state["graph"].replay()
+        shape = (q["input_ids"].shape[0], d["input_ids"].shape[0])
+        exclude = no_exclusions.setdefault(shape, torch.zeros(shape, dtype=torch.bool, device=device))
+        inputs = StepInputs(q["input_ids"], q["attention_mask"], d["input_ids"], d["attention_mask"],
+                            LossInputs(exclude, None, loss_cfg.flops_query, loss_cfg.flops_doc))
+        graph.step_tensors(inputs, 1e-5).tolist()  # the trainer's one host read per step
     return step
 
 

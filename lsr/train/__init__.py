@@ -2,7 +2,7 @@
 
 ``config`` (TrainConfig from YAML), ``data`` (examples, hard-negative mining with lsr's index, batches),
 ``losses`` (InfoNCE, MarginMSE, KL, FLOPS, L1), ``model`` (the trainable encoder, GradCache),
-``batch_loss`` (a batch's loss function), ``distributed`` (data parallelism under torchrun: rank parts,
+``batch_loss`` (a batch's loss function), ``graph_step`` (the step replayed as CUDA graphs), ``distributed`` (data parallelism under torchrun: rank parts,
 the global batch's loss), ``sharding`` (FSDP2), ``state``
 (checkpoints without pickle), ``output`` (the output folder), ``dev_eval`` (the dev evaluation),
 ``trainer`` (the loop), ``cli`` (the command).

@@ -11,8 +11,10 @@ from lsr.cli_types import DEVICE_HELP, device
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lsr.cli import UsageError
-    from lsr.parallel.topology import launch_rank
+    from lsr.parallel.topology import is_distributed, launch_rank
     from lsr.train.config import load_train_config
+    from lsr.train.graph_step import plan_train_step
+    from lsr.utils.devices import resolve_device
 
     overrides = list(args.set or ())
     if args.device:
@@ -23,6 +25,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append("overwrite=true")
     try:
         cfg = load_train_config(args.config, overrides)
+        # (optim.cuda_graph=on where the graph cannot run is a config error too: it depends on the device)
+        plan_train_step(cfg, resolve_device(cfg.device), is_distributed())
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     from lsr.train.trainer import Trainer

@@ -28,7 +28,7 @@ from lsr.config import (
 )
 
 __all__ = ["LOSSES", "NEGATIVES", "LossConfig", "NegativesConfig", "OptimConfig", "ScheduleConfig", "TrainConfig",
-           "load_train_config", "train_config_from_dict"]
+           "cuda_graph_refused", "load_train_config", "train_config_from_dict"]
 
 LOSSES = ("infonce", "margin_mse", "kl")
 NEGATIVES = ("none", "bm25", "model")
@@ -112,6 +112,21 @@ class OptimConfig:
     sharding: str = choice("ddp", ("ddp", "fsdp"))
     """Under torchrun: ddp (every rank holds the model) or fsdp (parameters, gradients and optimizer state
     sharded over the ranks, torch's FSDP2; for models whose training state does not fit one GPU)."""
+    cuda_graph: str | bool = "auto"
+    """The whole step (compiled forward, backward, clipping, AdamW) captured as CUDA graphs and replayed, so
+    that a small batch's step is not bound by the host issuing its kernels (``lsr.train.graph_step``):
+    auto | on | off (YAML's true / false read as on / off). auto: on where it can run (a CUDA device, one
+    process, no ``grad_cache_chunk``, ``deterministic``, ``gradient_checkpointing`` or ``loss.in_batch_groups``),
+    else off; on: an error where it cannot. Queries are padded to ``encoder.max_length_query`` and documents to
+    a multiple of 64 tokens (at most ``max_length_doc``), one graph per such bucket (an epoch's short last batch
+    runs uncaptured); the backbone is compiled; the graphs' temporaries stay reserved in one shared pool."""
+
+    @property
+    def cuda_graph_mode(self) -> str:
+        """``cuda_graph`` as "auto", "on" or "off"."""
+        if isinstance(self.cuda_graph, bool):
+            return "on" if self.cuda_graph else "off"
+        return self.cuda_graph
 
 
 @dataclass(frozen=True)
@@ -193,7 +208,30 @@ class TrainConfig(ConfigSchema):
                              f"({neg.depth} - {neg.skip}): a query's negatives are drawn without repeats from its "
                              "mined candidates; raise negatives.depth or lower negatives.count")
         check_evaluation(self.evaluation)
+        self._check_cuda_graph()
         return self
+
+    def cuda_graph_conflicts(self) -> list[str]:
+        """The keys of this config that keep the training step off CUDA graphs, each with why (the device
+        and the process count are the step plan's: ``lsr.train.graph_step.plan_train_step``)."""
+        optim, out = self.optim, []
+        if optim.grad_cache_chunk is not None:
+            out.append("optim.grad_cache_chunk is set (GradCache encodes in chunks of host-driven passes)")
+        if optim.deterministic:
+            out.append("optim.deterministic is true (eager attention and torch's deterministic algorithms)")
+        if optim.gradient_checkpointing:
+            out.append("optim.gradient_checkpointing is true (its recomputation is not captured yet)")
+        if self.loss.in_batch_groups > 1:
+            out.append("loss.in_batch_groups > 1 (the grouped loss runs eagerly)")
+        return out
+
+    def _check_cuda_graph(self) -> None:
+        mode = self.optim.cuda_graph_mode
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"config.optim.cuda_graph must be auto, on or off, got {self.optim.cuda_graph!r}")
+        conflicts = self.cuda_graph_conflicts()
+        if mode == "on" and conflicts:
+            raise cuda_graph_refused(conflicts[0])
 
     def _check_loss(self) -> None:
         loss, optim, negatives = self.loss, self.optim, self.negatives
@@ -221,6 +259,12 @@ class TrainConfig(ConfigSchema):
     def autocast_bf16(self) -> bool:
         """Whether the steps run under bf16 autocast (on CUDA): encoder.dtype None or bfloat16."""
         return self.encoder.dtype in (None, "bfloat16", "bf16")
+
+
+def cuda_graph_refused(reason: str) -> ValueError:
+    """The error of ``optim.cuda_graph: on`` where the graph step cannot run, for ``reason``."""
+    return ValueError(f"config.optim.cuda_graph=on cannot run: {reason}; set optim.cuda_graph: auto (or off), or "
+                      "change what keeps it off")
 
 
 def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:

@@ -191,11 +191,13 @@ class TowerPair(nn.Module):
         return self.trainable.encode_ids("query", *query), self.trainable.encode_ids("doc", *doc)
 
 
-def adamw_kernel(device: torch.device | str, deterministic: bool = False) -> dict[str, bool]:
-    """torch.optim.AdamW's implementation flag: the fused kernel on CUDA (one launch per group of tensors,
-    elementwise, so run-to-run identical), else foreach (per-tensor loops when ``deterministic``)."""
+def adamw_kernel(device: torch.device | str, deterministic: bool = False, capturable: bool = False) -> dict[str, bool]:
+    """torch.optim.AdamW's implementation flags: the fused kernel on CUDA (one launch per group of tensors,
+    elementwise, so run-to-run identical), else foreach (per-tensor loops when ``deterministic``);
+    ``capturable``: on CUDA, the fused kernel that a CUDA graph can capture (its step count and learning rate
+    stay on the device)."""
     if torch.device(device).type == "cuda":
-        return {"fused": True}
+        return {"fused": True, "capturable": True} if capturable else {"fused": True}
     return {"foreach": not deterministic}
 
 

@@ -194,7 +194,8 @@ def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
                 tensors[f"{idx}.{key}"] = value.detach().contiguous().cpu()
             else:
                 scalars[f"{idx}.{key}"] = value
-    groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+    # (a CUDA-graph step's learning rate is a 0-d device tensor: saved as its number)
+    groups = [{k: v.item() if isinstance(v, torch.Tensor) else v for k, v in g.items()} for g in sd["param_groups"]]
     py_version, py_state, py_gauss = random.getstate()
     with atomic_directory(folder / STATE_DIR) as tmp:
         save_file(tensors, str(tmp / "optimizer.safetensors"))
@@ -205,9 +206,16 @@ def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
         (tmp / "state.json").write_text(json.dumps(doc, indent=1))
 
 
+# param-group keys that are this run's, not the checkpoint's: the optimizer's implementation (the eager step's
+# fused AdamW, or the CUDA-graph step's capturable one) and its learning-rate object (a graph reads its tensor;
+# every step rewrites the value)
+_RUN_OWN = ("lr", "fused", "foreach", "capturable", "differentiable")
+
+
 def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: list[str],
                        device: torch.device) -> dict[str, Any]:
-    """Restore the optimizer and the random generators from ``folder/trainer_state``; returns progress."""
+    """Restore the optimizer and the random generators from ``folder/trainer_state``; returns progress
+    (the optimizer keeps its own implementation flags and learning-rate object: ``_RUN_OWN``)."""
     d = folder / STATE_DIR
     doc = json.loads((d / "state.json").read_text())
     # (checkpoints from before the version field are version 1)
@@ -224,7 +232,9 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
     for key, value in doc["optimizer_scalars"].items():
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
+    own = [{k: g[k] for k in _RUN_OWN if k in g} for g in getattr(optimizer, "param_groups", ())]
     optimizer.load_state_dict({"state": state, "param_groups": doc["param_groups"]})
+    _keep_run_settings(optimizer, own)
     rng = load_file(str(d / "rng.safetensors"))
     torch.set_rng_state(rng["torch_cpu"])
     if device.type == "cuda" and "torch_cuda" in rng:
@@ -232,3 +242,16 @@ def load_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, names: li
     version, py_state, gauss = doc["python_random"]
     random.setstate((version, tuple(py_state), gauss))
     return doc["progress"]
+
+
+def _keep_run_settings(optimizer: Any, own: list[dict[str, Any]]) -> None:
+    """Put back this run's ``_RUN_OWN`` keys after loading a checkpoint's param groups; a fused or capturable
+    group's step counts then live on its parameters' device (a CPU run's checkpoint holds them on the host).
+    (FSDP's full-state wrapper has no param groups: nothing to do.)"""
+    for group, kept in zip(getattr(optimizer, "param_groups", ()), own, strict=True):
+        group.update(kept)
+        if group.get("fused") or group.get("capturable"):
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if state and isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(p.device, torch.float32)

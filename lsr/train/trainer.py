@@ -2,7 +2,8 @@
 
 AdamW with a linear warm-up then linear decay; InfoNCE (or MarginMSE / KL against teacher scores) plus
 FLOPS / L1 regularisation on SPLADE vectors computed through the Sparton head (``TrainableEncoder``);
-bf16 autocast on CUDA; optional backbone activation checkpointing and GradCache chunks. Every
+bf16 autocast on CUDA; optional backbone activation checkpointing and GradCache chunks; on one GPU the
+whole step replayed as CUDA graphs where it can (``optim.cuda_graph``, ``lsr.train.graph_step``). Every
 ``log_every`` steps a JSON line goes to OUTPUT/log.jsonl (loss parts, FLOPS, average non-zeros of
 queries and documents, learning rate, step time, tokens/s); every ``eval_every`` steps and at the end
 the dev split is searched exactly with lsr's own index (OUTPUT/eval.jsonl); every ``save_every``
@@ -39,6 +40,7 @@ from lsr.train.config import TrainConfig, load_train_config, train_config_from_d
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
 from lsr.train.dev_eval import evaluate_encoder, load_dev_data
 from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
+from lsr.train.graph_step import GraphStep, plan_train_step
 from lsr.train.model import TrainableEncoder, adamw_kernel
 from lsr.train.output import claim_train_output, prepare_train_output
 from lsr.train.sharding import FullStateOptimizer, full_model_state
@@ -98,6 +100,7 @@ class Trainer:
             raise ValueError("config.loss.in_batch_groups splits one process's batch as that many ranks do; under "
                              "torchrun the ranks are the groups: leave it at 1")
         self.sharded = self.world > 1 and cfg.optim.sharding == "fsdp"
+        self.step_plan = plan_train_step(cfg, self.device, distributed=self.world > 1)  # printable: route and why
         if self.sharded and cfg.optim.grad_cache_chunk is not None:
             raise ValueError("config.optim.grad_cache_chunk encodes outside the sharded forward: use it with "
                              "optim.sharding: ddp, or unset it with fsdp")
@@ -118,9 +121,12 @@ class Trainer:
         self.param_names = [n for n, _ in named]
         no_decay = [p for n, p in named if p.ndim < 2]  # biases and LayerNorm weights
         decay = [p for n, p in named if p.ndim >= 2]
+        graph = self.step_plan.graph
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.optim.lr,
-                                           **adamw_kernel(self.device, cfg.optim.deterministic))
+                                           **adamw_kernel(self.device, cfg.optim.deterministic, capturable=graph))
+        self.graph_step = GraphStep(self.model, self.optimizer, cfg.loss, cfg.optim.max_grad_norm,
+                                    graph_batch=cfg.optim.batch_size) if graph else None
         # what checkpoints save and load: under FSDP the full state, gathered from the shards
         self.optimizer_state = FullStateOptimizer(self.optimizer, self.model.pair) if self.sharded else self.optimizer
         self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
@@ -183,7 +189,8 @@ class Trainer:
         # deterministic: eager attention (the fused sdpa backwards may accumulate with atomics)
         kw = {"device": self.device, "dtype": torch.float32, "max_length_query": enc_cfg.max_length_query,
               "max_length_doc": enc_cfg.max_length_doc, "backend": enc_cfg.head, "varlen": False,
-              "attn_implementation": "eager" if deterministic else "sdpa", "compile": enc_cfg.compile,
+              "attn_implementation": "eager" if deterministic else "sdpa",
+              "compile": enc_cfg.compile or self.step_plan.graph,  # (graphs need the sync-free compiled body)
               "attention": enc_cfg.attention}
         enc = SpladeEncoder.from_pretrained(source, **kw)
         if cfg.optim.separate_towers and enc._towers["query"] is enc._towers["doc"]:
@@ -243,13 +250,32 @@ class Trainer:
 
     def train_step(self, batch: list[Example]) -> dict[str, Any]:
         """Forward, backward and optimizer step on one (global) batch; returns its log fields."""
-        t0, tokens0 = time.perf_counter(), self.model.tokens
-        optim, data = self.cfg.optim, self.data
+        t0, optim = time.perf_counter(), self.cfg.optim
+        lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
+        if self.graph_step is not None:
+            loss, logs, grad_norm, counts = self.graph_step.run(self.data, batch, self.step, lr)
+            self._check_finite(loss)  # (the graph left the weights as they were: it skips a non-finite update)
+        else:
+            loss, logs, grad_norm, counts = self._eager_step(batch, lr)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.step += 1
+        return {"step": self.step, "epoch": self.epoch, "loss": loss, **logs, "lr": lr, "grad_norm": grad_norm,
+                "nnz_q": counts["nnz_q"] / max(1, counts["n_q"]), "nnz_d": counts["nnz_d"] / max(1, counts["n_d"]),
+                "step_ms": dt * 1e3, "tokens_per_s": counts["tokens"] / dt}
+
+    def _check_finite(self, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {self.step}: the loss is {loss}; lower optim.lr or set encoder.dtype: float32")
+
+    def _eager_step(self, batch: list[Example], lr: float) -> tuple[float, dict[str, Any], float | None, dict]:
+        """The step issued op by op (any device, torchrun, GradCache): (loss, logs, grad norm, counts)."""
+        optim, data, tokens0 = self.cfg.optim, self.data, self.model.tokens
         part = RankPart.of(batch, self.rank, self.world) if self.world > 1 else None
         examples = part.examples if part is not None else batch
         queries = [data.queries[e.qid] for e in examples]
         docs = [data.docs[d] for d in [e.positive for e in examples] + [n for e in examples for n in e.negatives]]
-        lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -259,21 +285,14 @@ class Trainer:
                   "n_d": len(d_rows), "tokens": self.model.tokens - tokens0}
         if self.world > 1:  # the global batch's loss and counts (also: every rank sees the same loss below)
             loss, logs, counts = reduce_logs(loss, logs, counts)
-        if not math.isfinite(float(loss)):
-            raise FloatingPointError(f"step {self.step}: the loss is {float(loss)}; lower optim.lr or set encoder.dtype: float32")
+        self._check_finite(float(loss))
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = None
         if optim.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # (a DTensor under FSDP)
         self.optimizer.step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        dt = time.perf_counter() - t0
-        self.step += 1
-        return {"step": self.step, "epoch": self.epoch, "loss": float(loss), **logs, "lr": lr, "grad_norm": grad_norm,
-                "nnz_q": counts["nnz_q"] / max(1, counts["n_q"]), "nnz_d": counts["nnz_d"] / max(1, counts["n_d"]),
-                "step_ms": dt * 1e3, "tokens_per_s": counts["tokens"] / dt}
+        return float(loss), logs, grad_norm, counts
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
@@ -358,6 +377,8 @@ class Trainer:
         self._on_lead("prepare the output folder", lambda: prepare_train_output(cfg, self.out, self.resume_from))
         if self.resume_from is not None:
             self._restore(self.resume_from)
+        if self.rank == 0:
+            log.info("%s", self.step_plan)
         self.model.train()
         metrics: dict[str, float] = {}
         sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None
