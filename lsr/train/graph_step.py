@@ -216,7 +216,9 @@ class GraphStep:
     def _capture(self, slots: _Slots) -> None:
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # this device's own capture stream (torch.cuda.graph's default one belongs to the process's first
+            # capturing GPU)
+            with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(self.device)):
                 slots.out = self._compute(slots)
         except RuntimeError as e:
             raise RuntimeError(f"capturing the training step as a CUDA graph failed ({' '.join(str(e).split())}); "
