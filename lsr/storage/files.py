@@ -407,11 +407,9 @@ def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> Non
 def to_numpy(x: Any) -> np.ndarray:
     """A torch tensor (any device) or array-like as a numpy array, without importing torch here."""
     if hasattr(x, "detach"):
-        if x.is_cuda:  # a large result (a whole query set's top-k) at the bus's speed
-            from lsr.utils.host_copy import copy_to_host
+        from lsr.utils.host_copy import copy_to_host  # a large result (a whole query set's top-k) at the bus's speed
 
-            x = copy_to_host(x.detach())
-        x = x.detach().cpu().numpy()
+        x = (copy_to_host(x.detach()) if x.is_cuda else x.detach().cpu()).numpy()  # (a CPU tensor: no copy)
     return np.asarray(x)
 
 

@@ -1,8 +1,10 @@
-"""Fixtures of the training tests: a tiny random RoBERTa and a 16-document BEIR folder cut from SciFact."""
+"""Fixtures of the training tests: a tiny random RoBERTa, splade-tiny without dropout and a 16-document BEIR folder
+cut from SciFact."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -14,6 +16,18 @@ N_DOCS = 16
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, data_dir):
     return save_tiny_mlm("roberta", tmp_path_factory.mktemp("tiny") / "roberta", data_dir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def splade_tiny_no_dropout(tmp_path_factory, data_dir):
+    """data/models/splade-tiny with dropout off: runs that must compute the same network (one process and two
+    ranks, the eager and the graph step) then do."""
+    out = tmp_path_factory.mktemp("splade-tiny") / "model"
+    shutil.copytree(data_dir / "models" / "splade-tiny", out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -33,17 +32,6 @@ from lsr.testing import free_port, join_or_kill
 from tests.train.test_train import config, weights
 
 WORLD, TIMEOUT_S = 2, 240
-
-
-@pytest.fixture(scope="module")
-def splade_tiny(tmp_path_factory, data_dir):
-    """data/models/splade-tiny with dropout off: one process and two ranks then train the same network."""
-    out = tmp_path_factory.mktemp("model") / "splade-tiny"
-    shutil.copytree(data_dir / "models" / "splade-tiny", out)
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
 
 
 def _rank(rank: int, jobs: list[tuple[int, list[str], str]]) -> None:
@@ -100,7 +88,7 @@ def _teacher_scores(beir: Path, path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, beir, tmp_path):
+def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny_no_dropout, beir, tmp_path):
     common = {"encoder.dtype": "float32", "optim.max_steps": 3, "optim.lr": 3e-4}
     local = {**common, "negatives.mine": "bm25", "negatives.count": 1}
     gathered = {**common, "loss.kind": "kl", "loss.teacher_scores": str(_teacher_scores(beir, tmp_path / "t.tsv")),
@@ -109,7 +97,7 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
 
     def job(name: str, changes: dict, batch: int) -> list[str]:
         path = tmp_path / f"{name}.yaml"
-        config(splade_tiny, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(path)
+        config(splade_tiny_no_dropout, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(path)
         return ["train", str(path)]
 
     # one process, batch 4 (the references; the gathered one also writes the checkpoint the ranks resume from)
@@ -156,10 +144,10 @@ def test_two_ranks_equal_one_process_and_resume_across_world_sizes(splade_tiny, 
     assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["notes.txt"]
 
 
-def test_resume_with_another_global_batch_is_refused(splade_tiny, beir, tmp_path, capsys):
+def test_resume_with_another_global_batch_is_refused(splade_tiny_no_dropout, beir, tmp_path, capsys):
     changes = {"optim.max_steps": 2, "schedule.save_every": 1, "optim.batch_size": 4}
     path = tmp_path / "c.yaml"
-    config(splade_tiny, beir, tmp_path / "o", changes).save(path)
+    config(splade_tiny_no_dropout, beir, tmp_path / "o", changes).save(path)
     assert main(["train", str(path)]) == 0
     ckpt = tmp_path / "o" / "checkpoints" / "step-00000001"
     assert main(["train", str(path), "--resume", str(ckpt), "--set", "optim.batch_size=2",
@@ -169,7 +157,7 @@ def test_resume_with_another_global_batch_is_refused(splade_tiny, beir, tmp_path
 
 
 @pytest.mark.gpu
-def test_two_ranks_sharing_one_gpu_equal_one_process(splade_tiny, beir, tmp_path):
+def test_two_ranks_sharing_one_gpu_equal_one_process(splade_tiny_no_dropout, beir, tmp_path):
     """The CUDA route (Triton head, deterministic backward): 2 ranks on one GPU (gloo, staged through the
     host) with global negatives equal one process with their global batch (fp32; within 1e-4, as kernel
     tiles differ with the batch shape)."""
@@ -179,7 +167,7 @@ def test_two_ranks_sharing_one_gpu_equal_one_process(splade_tiny, beir, tmp_path
     paths = {}
     for name, batch in (("one", 4), ("two", 2)):
         paths[name] = tmp_path / f"{name}.yaml"
-        config(splade_tiny, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(paths[name])
+        config(splade_tiny_no_dropout, beir, tmp_path / name, {**changes, "optim.batch_size": batch}).save(paths[name])
     assert main(["train", str(paths["one"])]) == 0
     (run,) = _spawn([(["train", str(paths["two"])], str(tmp_path / "log"))])
     assert [g["rc"] for g in run] == [0, 0], run

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from lsr.cli import main as cli_main
 from lsr.train.config import LossConfig, train_config_from_dict
 from lsr.train.graph_step import DOC_BUCKET, GraphStep, doc_width, plan_train_step
 from lsr.train.trainer import Trainer, train
+from tests.train.test_train import with_changes
 
 SHORT, MIDDLE, LONG = 12, 80, 150  # words of the train documents: three length groups (see ``varied``)
 
@@ -34,13 +34,7 @@ def config(model, dataset, out, changes=None):
             "loss": {"flops_query": 1e-3, "flops_doc": 1e-3, "flops_warmup_steps": 4},
             "optim": {"batch_size": 4, "lr": 1e-3, "warmup_steps": 2},
             "schedule": {"progress": False, "log_every": 1}}
-    for key, value in (changes or {}).items():
-        *sections, name = key.split(".")
-        node = base
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[name] = value
-    return train_config_from_dict(base)
+    return train_config_from_dict(with_changes(base, changes))
 
 
 @pytest.fixture(scope="module")
@@ -198,17 +192,6 @@ def test_checkpoint_of_a_tensor_learning_rate_keeps_the_runs_own_optimizer(tmp_p
 # ---------------------------------------------------------------------------------------------- on a GPU
 
 
-@pytest.fixture(scope="module")
-def no_dropout_model(tmp_path_factory, data_dir):
-    """data/models/splade-tiny without dropout: the eager and the graph step then compute the same network."""
-    folder = tmp_path_factory.mktemp("splade-tiny") / "model"
-    shutil.copytree(data_dir / "models" / "splade-tiny", folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
-
-
 def _log(out):
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
@@ -230,12 +213,12 @@ GPU_TOLERANCE = 1e-3
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_graph_training_gives_the_eager_loss_curve_and_resumes(no_dropout_model, varied, tmp_path):
+def test_graph_training_gives_the_eager_loss_curve_and_resumes(splade_tiny_no_dropout, varied, tmp_path):
     base = {"device": "cuda", "encoder.dtype": "float32", "encoder.head": "auto", "optim.batch_size": 5,
             "optim.max_steps": 9, "schedule.save_every": 3, "schedule.keep_checkpoints": None}
     eager_out, graph_out = tmp_path / "eager", tmp_path / "graph"
-    train(config(no_dropout_model, varied, eager_out, {**base, "optim.cuda_graph": "off"}))
-    trainer = Trainer(config(no_dropout_model, varied, graph_out, {**base, "optim.cuda_graph": "on"}))
+    train(config(splade_tiny_no_dropout, varied, eager_out, {**base, "optim.cuda_graph": "off"}))
+    trainer = Trainer(config(splade_tiny_no_dropout, varied, graph_out, {**base, "optim.cuda_graph": "on"}))
     trainer.run()
     assert trainer.step_plan.graph
     # 12 pairs in batches of 5 sorted by length: 5 SHORT-word documents (bucket 64), 5 MIDDLE (128),
@@ -249,18 +232,18 @@ def test_graph_training_gives_the_eager_loss_curve_and_resumes(no_dropout_model,
     ckpt = graph_out / "checkpoints" / "step-00000003"
     for route in ("on", "off"):  # a graph checkpoint resumes on both routes
         out = tmp_path / f"resumed-{route}"
-        train(config(no_dropout_model, varied, out, {**base, "optim.cuda_graph": route, "resume": str(ckpt)}))
+        train(config(splade_tiny_no_dropout, varied, out, {**base, "optim.cuda_graph": route, "resume": str(ckpt)}))
         _assert_same_curve(_log(out), graph_log[3:], GPU_TOLERANCE)
 
 
 @pytest.mark.gpu
-def test_a_non_finite_loss_leaves_the_weights_untouched(no_dropout_model):
+def test_a_non_finite_loss_leaves_the_weights_untouched(splade_tiny_no_dropout):
     from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.train.batch_loss import LossInputs
     from lsr.train.graph_step import StepInputs
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
-    enc = SpladeEncoder.from_pretrained(no_dropout_model, device="cuda", dtype=torch.float32, varlen=False,
+    enc = SpladeEncoder.from_pretrained(splade_tiny_no_dropout, device="cuda", dtype=torch.float32, varlen=False,
                                         compile=True)
     model = TrainableEncoder(enc, bf16=False).train()
     optimizer = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=1e-3,

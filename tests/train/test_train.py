@@ -28,13 +28,18 @@ def config(tiny_model, beir, out, changes=None):
             "data": {"dataset": str(beir), "split": "train"}, "negatives": {"count": 0},
             "loss": {"flops_query": 1e-4, "flops_doc": 1e-4}, "optim": {"batch_size": 4, "lr": 3e-3},
             "schedule": {"progress": False, "log_every": 1}}
+    return train_config_from_dict(with_changes(base, changes))
+
+
+def with_changes(base: dict, changes: dict | None) -> dict:
+    """``base`` (a nested config dict) with {dotted key: value} ``changes`` set in place, as ``--set`` does."""
     for key, value in (changes or {}).items():
         *sections, name = key.split(".")
         node = base
         for section in sections:
             node = node.setdefault(section, {})
         node[name] = value
-    return train_config_from_dict(base)
+    return base
 
 
 def weights(folder):
