@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lsr.utils.cuda_graphs import capture_graph
+
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.search.config import SearchConfig
@@ -48,20 +50,8 @@ class ChunkGraph:
         self.terms = torch.zeros(n_terms, dtype=torch.int32, device=device)
         self.weights = torch.zeros(n_terms, dtype=torch.float32, device=device)
         self.lock = lock or threading.Lock()
-        main = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):  # compile / autotune every kernel outside the capture
-            body(self.indptr, self.terms, self.weights)
-        main.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads may use their GPUs meanwhile (serving replicas, one per GPU, are threads of
-        # one process; "global" would fail their calls while this captures)
-        # captured on this device's own stream: torch.cuda.graph's default capture stream is one per process,
-        # made on the device of the first capture, and capturing another GPU's work on it fails (serving
-        # replicas on several GPUs, a searcher on cuda:1 after one on cuda:0)
-        with torch.cuda.graph(self.graph, pool=pool, stream=side, capture_error_mode="thread_local"):
-            self.out = body(self.indptr, self.terms, self.weights)
+        # warm-up (every kernel compiled and tuned outside the capture), then the capture on this device's own stream
+        self.graph, self.out = capture_graph(lambda: body(self.indptr, self.terms, self.weights), device, pool=pool)
         # what the graph keeps alive, estimated as the growth of the device's allocated memory over the capture (a
         # concurrent allocation elsewhere skews it; a dropped graph's blocks return to its pool, not the device)
         self.bytes = max(0, torch.cuda.memory_allocated(device) - before)

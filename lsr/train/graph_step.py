@@ -46,6 +46,7 @@ from lsr.train.batch_loss import LOSS_PARTS, LossInputs, loss_inputs, loss_terms
 from lsr.train.config import LossConfig, TrainConfig, cuda_graph_refused
 from lsr.train.data import Example, TrainData
 from lsr.train.model import TrainableEncoder
+from lsr.utils.cuda_graphs import GraphCaptureError, capture_graph
 
 __all__ = ["DOC_BUCKET", "GraphStep", "StepInputs", "StepPlan", "doc_width", "plan_train_step"]
 
@@ -214,16 +215,12 @@ class GraphStep:
         return out
 
     def _capture(self, slots: _Slots) -> None:
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # this device's own capture stream (torch.cuda.graph's default one belongs to the process's first
-            # capturing GPU)
-            with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(self.device)):
-                slots.out = self._compute(slots)
-        except RuntimeError as e:
-            raise RuntimeError(f"capturing the training step as a CUDA graph failed ({' '.join(str(e).split())}); "
+        try:  # (the warm-up ran the step already: no second eager run)
+            slots.graph, slots.out = capture_graph(lambda: self._compute(slots), self.device, pool=self.pool,
+                                                   warm_up=False)
+        except GraphCaptureError as e:
+            raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
                                "set optim.cuda_graph: off") from e
-        slots.graph = graph
 
     def _new_slots(self, inputs: StepInputs) -> _Slots:
         tensors = {k: torch.empty_like(v, device=self.device) for k, v in inputs.named().items()}

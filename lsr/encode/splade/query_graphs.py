@@ -27,7 +27,6 @@ the real texts come first); a batch whose vectors hold more falls back to ``nonz
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -43,6 +42,7 @@ from lsr.encode.splade.checkpoint import MaskedLMTower
 from lsr.encode.splade.extract import to_csr
 from lsr.encode.splade.st_checkpoint import StaticTower, activate
 from lsr.sparse import SparseVectors
+from lsr.utils.cuda_graphs import capture_graph
 
 __all__ = ["GRAPH_CACHE", "MAX_SLOTS", "ROW_CAP", "TOKEN_BUCKETS", "QueryEncoder", "QueryGraphs", "QueryPack",
            "pack_queries", "slot_bucket", "token_bucket"]
@@ -177,23 +177,9 @@ class _Graph:
     def __init__(self, body: _Body, size: int, device: torch.device, pool: Any) -> None:
         self.host = torch.empty(size, dtype=torch.int64, pin_memory=True)
         self.buf = torch.zeros(size, dtype=torch.int64, device=device)
-        main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
-        side.wait_stream(main)
-        self.graph = torch.cuda.CUDAGraph()
-        # capture_begin / capture_end rather than torch.cuda.graph, which synchronises the device and empties
-        # the allocator's caches before every capture (older releases also run gc.collect()): dozens of
-        # buckets are captured at warm-up
-        with torch.cuda.stream(side):
-            body(self.buf)  # compile / tune every kernel outside the capture
-            self.graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            try:
-                self.out = body(self.buf)
-            except BaseException:
-                with contextlib.suppress(RuntimeError):  # the body's error is the one to report
-                    self.graph.capture_end()
-                raise
-            self.graph.capture_end()
-        main.wait_stream(side)
+        # warm-up (compile / tune every kernel), then the capture; capture_graph neither synchronises the device nor
+        # empties the allocator's caches (dozens of buckets are captured at warm-up)
+        self.graph, self.out = capture_graph(lambda: body(self.buf), device, pool=pool)
 
     def __call__(self, packed: np.ndarray) -> tuple[torch.Tensor, ...]:
         self.host.numpy()[:] = packed  # the previous call has synchronised: its copy is done
