@@ -14,7 +14,6 @@ The readers (``lsr.storage.shards``) and the writer (``lsr.storage.shard_writer`
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ import pyarrow as pa
 import torch
 
 from lsr.sparse import SparseVectors
+from lsr.storage.files import read_json
 from lsr.storage.formats import check_format_version
 
 __all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "check_shard_entry", "check_shard_rows", "read_manifest",
@@ -87,10 +87,7 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     mf = p / MANIFEST if p.is_dir() else p
     if not mf.exists() or (p.is_file() and p.name != MANIFEST):
         raise FileNotFoundError(_not_a_vector_folder(p))
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{mf} is not valid JSON ({e}); the directory is corrupt") from e
+    manifest = read_json(mf, "the directory is corrupt")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{mf}: format {found!r} is not {FORMAT!r}")

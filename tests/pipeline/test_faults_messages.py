@@ -20,7 +20,7 @@ from tests.pipeline.test_faults_files import _UNDER_THE_FILE_LIMIT, _beir, _fail
 
 
 @pytest.fixture
-def fitted(job):
+def fitted(job):  # noqa: F811 - job: test_faults_files' fixture
     """``job`` with dataset A encoded (BM25 fitted: vec/encoder) and indexed (idx)."""
     assert main(["encode", "--dataset", "A", "--out", "vec", "--device", "cpu"]) == 0
     assert main(["index", "--vectors", "vec", "--out", "idx", "--device", "cpu"]) == 0
@@ -29,7 +29,7 @@ def fitted(job):
 
 # ---------------------------------------------------------------------------------------- a full disk
 @pytest.mark.slow
-def test_a_full_disk_while_encoding_is_one_line_and_no_traceback(job):
+def test_a_full_disk_while_encoding_is_one_line_and_no_traceback(job):  # noqa: F811 - job: test_faults_files' fixture
     """The shard writer fails, and fails again when the run lists what it finished: the second report of the same
     error was a logged traceback (three chained ones) above the one line."""
     rng = np.random.default_rng(0)   # shards well past the process's file size limit
@@ -114,7 +114,7 @@ def test_an_edited_row_count_is_refused_before_it_is_published(fitted, capsys):
 
 
 # ---------------------------------------------------------------------------------------- datasets
-def test_a_fake_parquet_corpus_is_named(job, capsys):
+def test_a_fake_parquet_corpus_is_named(job, capsys):  # noqa: F811 - job: test_faults_files' fixture
     (job / "fake.parquet").write_text("not a parquet file\n")
     _fails(capsys, ["encode", "--dataset", "fake.parquet", "--out", "v", "--device", "cpu"], 1,
            "fake.parquet is not a readable Parquet file")
@@ -128,7 +128,7 @@ def test_a_fake_parquet_corpus_is_named(job, capsys):
     (["--dataset", "data/nosuch", "--split", "test"], "'data/nosuch' is not an existing folder"),
     (["--dataset", "./nosuch:test"], "'./nosuch' is not a dataset folder (it does not exist)"),
 ])
-def test_a_missing_dataset_folder_is_named_without_the_split(job, capsys, argv, named):
+def test_a_missing_dataset_folder_is_named_without_the_split(job, capsys, argv, named):  # noqa: F811 - job: test_faults_files' fixture
     pytest.importorskip("ir_datasets")
     _fails(capsys, ["encode", *argv, "--out", "v", "--device", "cpu"], 1, named)
 
