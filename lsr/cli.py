@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.config import EncoderConfig
     from lsr.encode.base import Encoder
 
-__all__ = ["UsageError", "add_command", "add_device_arg", "add_encoder_args", "encoder_from_args", "main"]
+__all__ = ["UsageError", "add_command", "add_device_arg", "add_encoder_args", "check_bm25_model", "encoder_from_args",
+           "main"]
 
 
 class UsageError(ValueError):
@@ -65,10 +66,21 @@ def _encoder_config(args: argparse.Namespace) -> EncoderConfig:
     id or local path."""
     from lsr.config import EncoderConfig
 
+    if args.encoder == "bm25" and getattr(args, "attention", None) is not None:  # it would be silently ignored
+        raise UsageError(f"--attention {args.attention} sets a SPLADE decoder LLM's attention; BM25 has none: drop "
+                         "it, or pass --encoder splade --model MODEL")
     corpus = {k: getattr(args, k) for k in ("doc_top_k", "shard_rows", "tokenize_workers") if hasattr(args, k)}
     return EncoderConfig(kind=args.encoder, model=args.model, batch_size=args.batch_size,
                          max_length_query=args.max_length_query, max_length_doc=args.max_length_doc,
                          compile=args.compile, attention=getattr(args, "attention", None), **corpus)
+
+
+def check_bm25_model(args: argparse.Namespace, what: str) -> None:
+    """``--encoder bm25`` (the default) encodes ``what`` only with ``--model``, the statistics a corpus was fitted with."""
+    if args.encoder == "bm25" and not args.model:
+        raise UsageError(f"{what} with --encoder bm25 (the default) needs --model FOLDER, the fitted BM25 encoder: "
+                         "lsr encode --dataset DATA --out VECTORS writes it as VECTORS/encoder (or pass --encoder "
+                         "splade --model MODEL)")
 
 
 def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
@@ -88,9 +100,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_encode_out(out, args)
     if args.what == "queries":
-        if args.encoder == "bm25" and not args.model:
-            raise UsageError("--what queries with --encoder bm25 needs --model FOLDER of the fitted encoder "
-                             "(written by lsr encode as OUT/encoder)")
+        check_bm25_model(args, "--what queries")
         enc = encoder_from_args(args, device)
         qids = list(ds.queries)
         vecs = enc.encode_query([ds.queries[q] for q in qids], ids=qids)
@@ -314,8 +324,20 @@ def _check_output_flags(args: argparse.Namespace) -> None:
             raise NotADirectoryError(f"--{name} {value}: {blocker} is a file, not a folder; choose another --{name}")
 
 
-def _one_line(e: BaseException) -> str:
-    """The error as one line; a full disk and a denied permission say so and what to do."""
+def _output_flag(filename: str, args: argparse.Namespace | None) -> tuple[str, str] | None:
+    """(``--out PATH`` or ``FILE (in --out PATH)``, ``--out``) when ``filename`` is an output flag's path or lies
+    inside it (``--json``, ``--cache`` too)."""
+    for name in _OUTPUT_FLAGS if args is not None else ():
+        value = getattr(args, name, None)
+        if isinstance(value, str) and Path(value) in (Path(filename), *Path(filename).parents):
+            where = f"--{name} {value}" if Path(value) == Path(filename) else f"{filename} (in --{name} {value})"
+            return where, f"--{name}"
+    return None
+
+
+def _one_line(e: BaseException, args: argparse.Namespace | None = None) -> str:
+    """The error as one line; a full disk and a denied permission say so and what to do (naming the output flag
+    the user gave when the file is, or is inside, its path)."""
     where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on device{where}: free space or choose another --out"
@@ -328,8 +350,12 @@ def _one_line(e: BaseException) -> str:
         blocker = Path(e.filename) if Path(e.filename).is_file() else file_in_the_way(e.filename)
         if blocker is not None:
             return f"{e.filename}: {blocker} is a file, not a folder; choose another output path"
-    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
-        return f"permission denied: {e.filename or e} (check its permissions or choose another path)"
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        flag = _output_flag(str(e.filename), args) if e.filename else None
+        denied = "read-only file system" if e.errno == errno.EROFS else "permission denied"
+        if flag is not None:
+            return f"{denied} writing {flag[0]}: check its folder's permissions or choose another {flag[1]}"
+        return f"{denied}: {e.filename or e} (check its permissions or choose another path)"
     if isinstance(e, IsADirectoryError):
         return f"{e.filename} is a directory; a file was expected"
     text = " ".join(str(e).split()) or type(e).__name__
@@ -358,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"lsr {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"lsr {args.command}: error: {_one_line(e, args)}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
 
 

@@ -183,6 +183,8 @@ def _open(src: Source, streaming: bool, download: bool) -> Any:
         if not src.path.is_file():
             raise DatasetUnavailableError(f"{src.path} does not exist")
         builder = "parquet" if src.path.name.lower().endswith(".parquet") else "json"
+        if builder == "parquet":
+            _parquet_rows(src.path)   # a damaged file: one line naming it (datasets logs pyarrow's words twice)
         return datasets.load_dataset(builder, data_files=str(src.path), split="train", streaming=True)
     try:
         with _hub_offline(not download):
@@ -337,9 +339,7 @@ def _n_rows(src: Source, streaming: bool, download: bool) -> int | None:
     """Row count for the progress bar, when it is known without reading the data."""
     if src.path is not None:
         if src.path.name.lower().endswith(".parquet") and src.path.is_file():
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(src.path).metadata.num_rows
+            return _parquet_rows(src.path)
         return count_lines(src.path) if src.path.is_file() else None
     table = _open(src, streaming, download)
     if not streaming:
@@ -347,3 +347,16 @@ def _n_rows(src: Source, streaming: bool, download: bool) -> int | None:
     splits = getattr(getattr(table, "info", None), "splits", None) or {}
     info = splits.get(src.split) if hasattr(splits, "get") else None
     return getattr(info, "num_examples", None)
+
+
+def _parquet_rows(path: Path) -> int:
+    """The row count in a local Parquet file's footer; a file that is not Parquet is a one-line ValueError naming
+    it (pyarrow's message names no file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path} is not a readable Parquet file ({' '.join(str(e).split())}); write it again "
+                         "(e.g. pandas' DataFrame.to_parquet), or give a .jsonl file") from None

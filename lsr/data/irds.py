@@ -76,12 +76,13 @@ def _ir_datasets_guard(spec: str, what: str, download: bool, hint: str = "") -> 
         irds_dl.Download.path = original
 
 
-def _import_ir_datasets(spec: str) -> Any:
+def _import_ir_datasets(spec: str, folder: str | None = None) -> Any:
     try:
         import ir_datasets
     except ImportError:
-        raise DatasetUnavailableError(f"{spec!r} looks like an ir_datasets id but ir_datasets is not installed "
-                                      f"(pip install ir_datasets), {LOCAL_HINT}") from None
+        missing = "" if folder in (None, spec) else f"{folder!r} is not an existing folder, and "
+        raise DatasetUnavailableError(f"{missing}{spec!r} looks like an ir_datasets id but ir_datasets is not "
+                                      f"installed (pip install ir_datasets), {LOCAL_HINT}") from None
     return ir_datasets
 
 
@@ -97,13 +98,18 @@ def ir_docs(spec: str, download: bool, hint: str = "") -> DocsIter:
         yield doc.doc_id, doc.default_text().strip()
 
 
-def load_ir_dataset(spec: str, download: bool) -> Dataset:
-    irds = _import_ir_datasets(spec)
+def load_ir_dataset(spec: str, download: bool, folder: str | None = None) -> Dataset:
+    """The dataset of the ir_datasets id ``spec``; ``folder``: the local folder the user may have meant instead
+    (the dataset spec without the split that ``spec`` has appended), named first when ``spec`` is unknown."""
+    irds = _import_ir_datasets(spec, folder)
     try:
         ds = irds.load(spec)
     except KeyError:
-        raise ValueError(f"{spec!r} is neither an existing folder nor a known ir_datasets id "
-                         "(see https://ir-datasets.com)") from None
+        known = "a known ir_datasets id (see https://ir-datasets.com)"
+        if folder is None or folder == spec:
+            raise ValueError(f"{spec!r} is neither an existing folder nor {known}") from None
+        raise ValueError(f"{folder!r} is not an existing folder (a BEIR or TSV dataset folder), and {spec!r} is not "
+                         f"{known}") from None
     queries: dict[str, str] = {}
     qrels: Qrels = {}
     if ds.has_queries():

@@ -6,7 +6,10 @@ refuses duplicates, naming the file and line.
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -14,8 +17,43 @@ from typing import Any
 from lsr.data.dataset import DocsIter, Qrels
 from lsr.storage.files import PathLike, check_id, iter_lines, iter_tsv_pairs, open_binary, open_text
 
-__all__ = ["check_new", "iter_json_objects", "json_type", "qrels_from_rows", "read_beir_qrels", "read_beir_queries", "read_jsonl",
-           "read_qrels", "read_topics_tsv", "read_trec_qrels", "text_field", "unique_docs"]
+__all__ = ["DOC_HEADER_IDS", "QUERY_HEADER_IDS", "check_new", "iter_json_objects", "iter_tsv_rows", "json_type",
+           "qrels_from_rows", "read_beir_qrels", "read_beir_queries", "read_jsonl", "read_qrels", "read_topics_tsv",
+           "read_trec_qrels", "text_field", "tsv_has_header", "unique_docs"]
+
+log = logging.getLogger(__name__)
+
+# the id column's name in the first row of a TSV collection / topics file that has a header (MS MARCO's files
+# have none; files exported from pandas or BEIR tools often do): that row is column names, not a document
+DOC_HEADER_IDS = frozenset({"id", "_id", "docid", "doc_id", "doc-id", "docno", "doc_no", "pid", "passage_id",
+                            "passage-id", "corpus_id", "corpus-id", "did"})
+QUERY_HEADER_IDS = frozenset({"id", "_id", "qid", "query_id", "query-id", "queryid", "topic", "topic_id",
+                              "topic-id"})
+_COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,39}")   # a column name: one word, not a text
+
+
+def _is_header(key: str, value: str, header_ids: frozenset[str]) -> bool:
+    """Whether a first row ``key<TAB>value`` names columns: a known id column name and a one-word text column."""
+    return key.lower() in header_ids and _COLUMN_NAME.fullmatch(value) is not None
+
+
+def iter_tsv_rows(path: PathLike, what: str, header_ids: frozenset[str]) -> Iterator[tuple[int, str, str]]:
+    """``iter_tsv_pairs`` without a header row: a first row whose id is a column name of ``header_ids`` and whose
+    text is one word (``id<TAB>text``, ``docid<TAB>text``, ``pid<TAB>passage``...) is skipped, with an info line."""
+    first = True
+    for n, key, value in iter_tsv_pairs(path, what):
+        if first and _is_header(key, value, header_ids):
+            log.info("%s:%d: skipping the header row %r (column names, not data)", path, n, f"{key}\t{value}")
+            first = False
+            continue
+        first = False
+        yield n, key, value
+
+
+def tsv_has_header(path: PathLike, what: str, header_ids: frozenset[str]) -> bool:
+    """Whether ``iter_tsv_rows`` skips the first row of ``path`` (reads that row only): the row count to subtract
+    from ``count_lines``."""
+    return any(_is_header(key, value, header_ids) for _, key, value in itertools.islice(iter_tsv_pairs(path, what), 1))
 
 
 def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
@@ -25,9 +63,9 @@ def check_new(seen: dict | set, key: Any, what: str, where: str) -> None:
 
 
 def read_topics_tsv(path: PathLike) -> dict[str, str]:
-    """``qid<TAB>text`` lines -> {qid: text}."""
+    """``qid<TAB>text`` lines -> {qid: text} (a header row, e.g. ``qid<TAB>text``, skipped: ``iter_tsv_rows``)."""
     out: dict[str, str] = {}
-    for n, qid, text in iter_tsv_pairs(path, "qid<TAB>text"):
+    for n, qid, text in iter_tsv_rows(path, "qid<TAB>text", QUERY_HEADER_IDS):
         check_id(qid, "query id", f"{path}:{n}")
         check_new(out, qid, "query id", f"{path}:{n}")
         out[qid] = text

@@ -9,7 +9,9 @@
    qrels. Document text is ``title + " " + text`` (Pyserini's "flat" BEIR indexes).
 2. **A local TSV folder** (the MS MARCO layout): ``collection.tsv`` (``docno<TAB>text``),
    ``queries.tsv`` (``qid<TAB>text``) and optional TREC qrels ``qrels.tsv`` or ``qrels.txt``
-   (``qid 0 docno grade``). With a split ``s`` the files are ``queries.s.tsv`` and ``qrels.s.tsv`` /
+   (``qid 0 docno grade``). A first row of column names (``id<TAB>text``, ``docid<TAB>text``,
+   ``pid<TAB>passage``, ``qid<TAB>query``...: a known id column name and a one-word text column) is a header,
+   skipped (logged at info level, ``-v``), not read as a document or query. With a split ``s`` the files are ``queries.s.tsv`` and ``qrels.s.tsv`` /
    ``qrels.s.txt`` (e.g. MS MARCO's ``queries.dev.small.tsv`` + ``qrels.dev.small.tsv``).
 3. **A Hugging Face dataset** ``hf:ORG/NAME[?options]`` or a local Parquet / JSONL file with a column
    mapping (``docs.parquet?text=body&queries=q.jsonl&qrels=test.tsv``): see :mod:`lsr.data.hf`.
@@ -36,7 +38,9 @@ from pathlib import Path
 
 from lsr.data.dataset import LOCAL_HINT, OFFLINE_VARS, Dataset, DatasetUnavailableError, DocsIter, Qrels, offline
 from lsr.data.readers import (
+    DOC_HEADER_IDS,
     check_new,
+    iter_tsv_rows,
     qrels_from_rows,
     read_beir_qrels,
     read_beir_queries,
@@ -45,9 +49,10 @@ from lsr.data.readers import (
     read_topics_tsv,
     read_trec_qrels,
     text_field,
+    tsv_has_header,
     unique_docs,
 )
-from lsr.storage.files import check_id, count_lines, iter_tsv_pairs
+from lsr.storage.files import check_id, count_lines
 from lsr.storage.provenance import file_origin
 
 # the dataset record and the file readers are defined in lsr.data.dataset / lsr.data.readers (which the
@@ -91,10 +96,18 @@ def _beir_corpus(path: Path) -> DocsIter:
         yield doc_id, f"{title} {text_field(obj.get('text'), repr('text'), where, required=True)}".strip()
 
 
+_COLLECTION_LAYOUT = "docno<TAB>text"
+
+
 def _tsv_collection(path: Path) -> DocsIter:
-    for n, docno, text in iter_tsv_pairs(path, "docno<TAB>text"):
+    for n, docno, text in iter_tsv_rows(path, _COLLECTION_LAYOUT, DOC_HEADER_IDS):
         check_id(docno, "doc id", f"{path}:{n}")
         yield docno, text
+
+
+def _tsv_count(path: Path) -> int:
+    """The documents of a TSV collection: its lines, less a header row."""
+    return count_lines(path) - tsv_has_header(path, _COLLECTION_LAYOUT, DOC_HEADER_IDS)
 
 
 def _local_docs(path: Path, reader: Callable[[Path], DocsIter]) -> Callable[[], DocsIter]:
@@ -136,7 +149,7 @@ def _load_tsv(folder: Path, split: str | None) -> Dataset:
     collection = _find(folder, "collection.tsv")
     return Dataset(name=f"{folder}:{split}" if split else str(folder), queries=read_topics_tsv(queries_file),
                    qrels=read_trec_qrels(qrels_file) if qrels_file else {},
-                   n_docs=count_lines(collection) if collection else None,
+                   n_docs=_tsv_count(collection) if collection else None,
                    docs_source=_local_docs(collection, _tsv_collection) if collection else None,
                    docs_origin=file_origin(collection) if collection else {})
 
@@ -241,7 +254,8 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
     if path.is_dir():
         return _load_folder(path, split, explicit=split is not None)
     head, colon, tail = spec.rpartition(":")
-    if colon and head and tail and "/" not in tail and Path(head).expanduser().is_dir():
+    folder_split = bool(colon and head and tail and "/" not in tail)   # "folder:split"
+    if folder_split and Path(head).expanduser().is_dir():
         if split is not None and split != tail:
             raise ValueError(f"split given twice: {tail!r} in {spec!r} and split={split!r}")
         return _load_folder(Path(head).expanduser(), tail, explicit=True)
@@ -249,8 +263,11 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
 
     if hf_datasets.handles(spec):
         return hf_datasets.load_spec(spec, split, download=(not offline()) if download is None else download)
-    if path.exists() or spec.startswith(("/", "./", "../", "~")):
-        raise FileNotFoundError(f"{spec!r} is not a dataset folder (expected a directory with the BEIR or TSV layout)")
+    folder = head if folder_split else spec   # what a user meant as a folder: named without the split
+    if Path(folder).expanduser().exists() or folder.startswith(("/", "./", "../", "~")):
+        what = "" if Path(folder).expanduser().exists() else " (it does not exist)"
+        raise FileNotFoundError(f"{folder!r} is not a dataset folder{what}: give a folder with the BEIR layout (corpus.jsonl, queries.jsonl, "
+                                "qrels/) or the TSV one (collection.tsv, queries.tsv, qrels.tsv)")
     _check_id_shape(spec)
     ds_id = f"{spec.rstrip('/')}/{split}" if split else spec
     allow = (not offline()) if download is None else download
@@ -261,4 +278,4 @@ def load_dataset(spec: str | os.PathLike, split: str | None = None, *, download:
             return ds
     from lsr.data.irds import load_ir_dataset
 
-    return load_ir_dataset(ds_id, allow)
+    return load_ir_dataset(ds_id, allow, folder)

@@ -135,12 +135,14 @@ def _add(writer: ShardWriter, vectors: Any) -> int:
 
 
 def _settle(writer: ShardWriter) -> None:
-    """List the shards already being written (after an error: a resume then skips them); a failure here
-    is logged, not raised over the error that stopped the run."""
+    """List the shards already being written (after an error: a resume then skips them). A failure here is
+    mostly the error that stopped the run seen a second time (a full disk fails ``close`` and then this), so
+    it is neither raised over that error nor printed beside it: the user gets the one line ``lsr.cli`` prints;
+    ``-v`` shows this one too, with its traceback."""
     try:
         writer.settle()
-    except Exception:  # noqa: BLE001 - the original error is the one to report
-        log.exception("could not finish writing a shard of %s", writer.path)
+    except Exception as e:  # noqa: BLE001 - the original error is the one to report
+        log.info("could not finish writing a shard of %s: %s", writer.path, e, exc_info=True)
 
 
 def encode_corpus(encoder: Encoder, docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,

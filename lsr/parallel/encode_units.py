@@ -33,11 +33,13 @@ import pyarrow.parquet as pq
 
 from lsr.encode.corpus import DISTRIBUTED_WORK, take_docs, window_bounds
 from lsr.sparse import SparseVectors
-from lsr.storage.files import atomic_write_bytes, atomic_write_text, fsync_dir
+from lsr.storage.files import atomic_write_bytes, atomic_write_text, fsync_dir, read_json
 from lsr.storage.shard_writer import new_manifest, write_shard
 from lsr.storage.shards import (
     MANIFEST,
     SHARD_NAME,
+    check_shard_entry,
+    check_shard_rows,
     sha256_file,
     table_to_vectors,
     unlisted_entries,
@@ -47,6 +49,8 @@ from lsr.storage.shards import (
 __all__ = ["EncodeWork", "UnitWriter", "claimed_windows"]
 
 PLAN_KEYS = ("n_docs", "shard_rows", "sort_window", "first_window", "vocab_size", "metadata", "origin")
+# the fix for a damaged file of the working folder (its units and shards are encoded again)
+_DAMAGED = f"the unfinished encoding is damaged: delete its {DISTRIBUTED_WORK} folder (or the output folder) and encode again"
 
 
 class EncodeWork:
@@ -76,7 +80,9 @@ class EncodeWork:
         One process calls it, before any rank takes a unit."""
         plan_file = self.root / "plan.json"
         if plan_file.exists():
-            stored = json.loads(plan_file.read_text(encoding="utf-8"))
+            stored = read_json(plan_file, _DAMAGED)
+            if not isinstance(stored, dict):
+                raise ValueError(f"{plan_file} holds {type(stored).__name__}, not the plan of an encoding; {_DAMAGED}")
             diff = [k for k in PLAN_KEYS if stored.get(k) != self.plan[k]]
             if diff:
                 raise ValueError(f"{self.out} holds an unfinished encoding with other settings ({', '.join(diff)} "
@@ -91,6 +97,9 @@ class EncodeWork:
     def adopt(self, manifest: dict[str, Any]) -> None:
         """Take over the shards of an unfinished single-process folder (its manifest lists complete shards in
         stream order), then delete its manifest; repeatable after an interruption. After ``start_job``."""
+        for k, entry in enumerate(manifest["shards"]):   # an edited row count: named before it reads as other settings
+            if not self.shard_done(k):
+                check_shard_rows(self.out / entry["file"], entry, self.out / MANIFEST)
         stored = {"vocab_size": manifest["vocab_size"], "metadata": manifest.get("metadata", {}),
                   "origin": manifest.get("origin")}
         diff = [k for k, v in stored.items() if (v or None) != (self.plan[k] or None)]
@@ -157,12 +166,25 @@ class EncodeWork:
         for u in self.shard_units[k]:
             self._unit(u).unlink(missing_ok=True)
 
+    def shard_entry(self, k: int) -> dict[str, Any]:
+        """Shard ``k``'s manifest entry (``part-NNNNN.json``), checked: a JSON entry for this shard whose row count
+        is the one in its file (a shard file moved to the output folder by an interrupted publish: that one)."""
+        where = self._shard(k, ".json")
+        entry = read_json(where, _DAMAGED)
+        check_shard_entry(entry, where)
+        if entry["file"] != self._shard(k).name:
+            raise ValueError(f"{where} names shard {entry['file']!r}, not {self._shard(k).name}; {_DAMAGED}")
+        file = self._shard(k) if self._shard(k).exists() else self.out / entry["file"]
+        if file.exists():   # (else _move_shard says what is missing)
+            check_shard_rows(file, entry, where)
+        return entry
+
     def publish(self) -> dict[str, Any]:
         """Move the shards into the output folder, write its manifest, delete the working folder; returns the
         manifest."""
         manifest = new_manifest(self.plan["vocab_size"], self.plan["metadata"], self.plan["origin"])
-        for k in range(self.n_shards):
-            entry = json.loads(self._shard(k, ".json").read_text(encoding="utf-8"))
+        entries = [self.shard_entry(k) for k in range(self.n_shards)]   # every one checked before any is moved
+        for k, entry in enumerate(entries):
             _move_shard(self._shard(k), self.out / entry["file"], entry["sha256"])
             manifest["shards"].append(entry)
             manifest["n_rows"] += entry["rows"]

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lsr.cli import UsageError, add_encoder_args, encoder_from_args
+from lsr.cli import UsageError, add_encoder_args, check_bm25_model, encoder_from_args
 from lsr.cli_types import integer, positive_float
 from lsr.config import SEARCH_BACKENDS
 
@@ -48,6 +48,7 @@ def _queries_from_args(args: argparse.Namespace, device: str):
 
 
 def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, str]):
+    check_bm25_model(args, f"--queries {args.queries} (text queries to encode)")
     enc = encoder_from_args(args, device)
     qids = list(queries)
     return enc.encode_query([queries[q] for q in qids], ids=qids), enc.describe()

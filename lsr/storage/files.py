@@ -28,7 +28,8 @@ import numpy as np
 __all__ = ["OUT_OF_SPACE", "PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
            "atomic_write_text",
            "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
-           "id_problem", "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive", "recover_directory",
+           "id_problem", "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive",
+           "read_json", "recover_directory",
            "remove_dead_temporaries", "remove_stale_temporaries", "to_numpy"]
 
 PathLike = str | os.PathLike
@@ -239,7 +240,8 @@ def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[byte
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    with _naming_the_target(path, path.parent):   # an unwritable folder: the error names the hidden temporary
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         with naming_full_disk(path), os.fdopen(fd, "wb") as raw:
             if path.suffix == ".gz":
@@ -255,11 +257,25 @@ def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[byte
             os.replace(tmp, path)
         else:
             _link_no_replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == tmp:
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _naming_the_target(path: Path, folder: Path) -> Iterator[None]:
+    """Re-raise an OSError about a temporary file or folder lsr made in ``folder`` for ``path`` (``mkstemp`` /
+    ``mkdtemp`` name the random name they tried) as one about ``path``: the output the user asked for."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None or Path(e.filename).parent != folder or Path(e.filename) == path:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def _link_no_replace(tmp: str, path: Path) -> None:
@@ -283,7 +299,8 @@ def atomic_directory(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_directory(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    with _naming_the_target(path, path.parent):
+        tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         apply_umask(tmp, directory=True)
         yield tmp
@@ -396,6 +413,17 @@ def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
         yield text
         text.flush()
         text.detach()  # the binary file stays open for atomic_write_bytes to fsync and close
+
+
+def read_json(path: PathLike, fix: str) -> Any:
+    """The JSON value in the UTF-8 file ``path``; one that is not JSON is a one-line ValueError naming the file
+    (``json``'s own message names none) and ending with ``fix``."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON ({e}); {fix}") from None
 
 
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:

@@ -29,6 +29,7 @@ from lsr.storage.vector_format import (
     MANIFEST,
     SHARD_NAME,
     VERSION,
+    check_shard_rows,
     read_manifest,
     sha256_file,
     unlisted_entries,
@@ -213,6 +214,7 @@ class ShardWriter:
             f = self.path / s["file"]
             if not f.exists() or sha256_file(f) != s["sha256"]:
                 raise ValueError(f"cannot resume {self.path}: shard {s['file']} is missing or corrupt")
+            check_shard_rows(f, s, self.path / MANIFEST)   # rows edited in the manifest: the checksum is the file's
         if not old.get("complete"):  # a complete folder's unlisted shard is not a leftover: readers report it
             self._drop_unlisted_tail(old["shards"])
         self.manifest = old

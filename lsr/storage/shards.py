@@ -25,6 +25,8 @@ from lsr.storage.vector_format import (
     MANIFEST,
     SHARD_NAME,
     VERSION,
+    check_shard_entry,
+    check_shard_rows,
     read_manifest,
     refuse_unlisted,
     sha256_file,
@@ -35,7 +37,8 @@ from lsr.storage.vector_format import (
 
 # the format's names are defined in lsr.storage.vector_format (which the writer imports too) and named here
 # as well: this module is where readers of vector directories look for them
-__all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "iter_shards", "read_manifest", "read_vector_rows",
+__all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "check_shard_entry", "check_shard_rows", "iter_shards",
+           "read_manifest", "read_vector_rows",
            "read_vectors", "refuse_unlisted", "sha256_file", "table_to_vectors", "unlisted_entries",
            "vectors_to_table", "write_vectors"]
 

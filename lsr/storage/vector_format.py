@@ -14,7 +14,6 @@ The readers (``lsr.storage.shards``) and the writer (``lsr.storage.shard_writer`
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Iterable
@@ -26,10 +25,11 @@ import pyarrow as pa
 import torch
 
 from lsr.sparse import SparseVectors
+from lsr.storage.files import read_json
 from lsr.storage.formats import check_format_version
 
-__all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "read_manifest", "refuse_unlisted", "sha256_file",
-           "table_to_vectors", "unlisted_entries", "vectors_to_table"]
+__all__ = ["FORMAT", "MANIFEST", "SHARD_NAME", "VERSION", "check_shard_entry", "check_shard_rows", "read_manifest",
+           "refuse_unlisted", "sha256_file", "table_to_vectors", "unlisted_entries", "vectors_to_table"]
 
 FORMAT = "lsr-vectors"
 VERSION = 1
@@ -87,10 +87,7 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     mf = p / MANIFEST if p.is_dir() else p
     if not mf.exists() or (p.is_file() and p.name != MANIFEST):
         raise FileNotFoundError(_not_a_vector_folder(p))
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{mf} is not valid JSON ({e}); the directory is corrupt") from e
+    manifest = read_json(mf, "the directory is corrupt")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{mf}: format {found!r} is not {FORMAT!r}")
@@ -129,16 +126,40 @@ def _check_manifest(manifest: dict[str, Any], mf: Path) -> None:
         if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
             raise ValueError(f"{mf}: {key!r} must be a non-negative integer, got {manifest.get(key)!r}")
     for s in shards:
-        name = s.get("file")
-        if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
-            raise ValueError(f"{mf}: shard entry {name!r} is not a file name inside the vector folder")
-        if not all(isinstance(s.get(k), int) and s[k] >= 0 for k in ("rows", "nnz")) or not isinstance(
-                s.get("sha256"), str):
-            raise ValueError(f"{mf}: shard {name} needs non-negative integer 'rows' and 'nnz' and a 'sha256'")
+        check_shard_entry(s, mf)
     rows, nnz = sum(s["rows"] for s in shards), sum(s["nnz"] for s in shards)
     if (rows, nnz) != (manifest["n_rows"], manifest["nnz"]):
         raise ValueError(f"{mf}: n_rows / nnz say {manifest['n_rows']} / {manifest['nnz']} but the shards hold "
                          f"{rows} / {nnz}; the directory is corrupt")
+
+
+def check_shard_entry(entry: Any, where: str | os.PathLike) -> None:
+    """A shard's manifest entry (from ``where``: a manifest, or a distributed encoding's ``part-NNNNN.json``): a
+    JSON object with a plain file name inside the vector folder, non-negative integer ``rows`` and ``nnz`` and a
+    ``sha256``; else a one-line ValueError naming ``where``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: a shard entry must be a JSON object, got {type(entry).__name__}; the folder is corrupt")
+    name = entry.get("file")
+    if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise ValueError(f"{where}: shard entry {name!r} is not a file name inside the vector folder")
+    if not all(isinstance(entry.get(k), int) and not isinstance(entry[k], bool) and entry[k] >= 0
+               for k in ("rows", "nnz")) or not isinstance(entry.get("sha256"), str):
+        raise ValueError(f"{where}: shard {name} needs non-negative integer 'rows' and 'nnz' and a 'sha256'")
+
+
+def check_shard_rows(file: str | os.PathLike, entry: dict[str, Any], where: str | os.PathLike) -> None:
+    """The shard ``file`` holds the ``rows`` its entry in ``where`` says (its Parquet footer's count: no data is
+    read), so that a folder is never published or resumed with a row count that was edited; one line if not."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.ParquetFile(file).metadata.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"shard {file} cannot be read as Parquet ({' '.join(str(e).split())}); the folder is "
+                         "corrupt: encode into a new folder") from None
+    if rows != entry["rows"]:
+        raise ValueError(f"{where} says shard {entry['file']} holds {entry['rows']} rows, but {file} holds {rows}: "
+                         "the entry was edited; restore it, or encode into a new folder")
 
 
 def unlisted_entries(folder: str | os.PathLike, pattern: re.Pattern[str], listed: Iterable[str]) -> list[str]:

@@ -151,3 +151,31 @@ def test_lsr_index_on_a_json_file_says_what_it_expects_and_how_to_index_it(tmp_p
     err = capsys.readouterr().err.strip()
     assert "expects a vector folder written by lsr encode" in err and "search.doc_vectors" in err
     assert "corrupt" not in err and "\n" not in err and not (tmp_path / "idx").exists()
+
+
+def _tsv_folder(folder, collection: str, queries: str = "q1\tapple\n"):
+    folder.mkdir()
+    (folder / "collection.tsv").write_text(collection)
+    (folder / "queries.tsv").write_text(queries)
+    return folder
+
+
+@pytest.mark.parametrize("header", ["id\ttext", "docid\ttext", "_id\ttext", "pid\tpassage", "DOCNO\tcontents"])
+def test_a_tsv_collection_header_row_is_skipped_not_indexed(tmp_path, caplog, capsys, header):
+    """Column names in the first row of a TSV collection (and of its topics) are not a document (or a query); the
+    document count excludes it too: a distributed encoding cuts its units from that count."""
+    folder = _tsv_folder(tmp_path / "tsv", f"{header}\nd1\tapple pie\nd2\tbanana split\n", "qid\tquery\nq1\tapple\n")
+    with caplog.at_level("INFO", logger="lsr.data.readers"):
+        ds = load_dataset(str(folder))
+        assert list(ds.docs_iter()) == [("d1", "apple pie"), ("d2", "banana split")]
+    assert ds.n_docs == 2 and ds.queries == {"q1": "apple"}
+    assert "collection.tsv:1: skipping the header row" in caplog.text and "queries.tsv:1" in caplog.text
+    (tmp_path / "v" / ".lsr-encode").mkdir(parents=True)   # the units of an unfinished distributed encoding
+    assert main(["encode", "--dataset", str(folder), "--out", str(tmp_path / "v"), "--device", "cpu"]) == 0
+    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["n_rows"] == 2
+
+
+@pytest.mark.parametrize("first", ["id\tapple pie", "d0\ttext", "doc\ttext", "id7\tpassage"])
+def test_a_first_tsv_row_that_is_not_column_names_stays_a_document(tmp_path, first):
+    ds = load_dataset(str(_tsv_folder(tmp_path / "tsv", f"{first}\nd1\tapple pie\n")))
+    assert list(ds.docs_iter())[0] == tuple(first.split("\t")) and ds.n_docs == 2
