@@ -52,7 +52,8 @@ from lsr.data.readers import (
     text_field,
     unique_docs,
 )
-from lsr.storage.files import check_id, count_lines
+from lsr.storage.files import count_lines
+from lsr.storage.ids import check_id
 
 __all__ = ["TABLE_SUFFIXES", "Source", "SpecTables", "handles", "load_hf_dataset", "load_spec", "parse_spec"]
 

@@ -24,12 +24,10 @@ from lsr.storage.files import (
     arrow_strings,
     atomic_write,
     atomic_write_bytes,
-    check_id,
-    first_bad_arrow_id,
-    first_bad_id,
     iter_lines,
     to_numpy,
 )
+from lsr.storage.ids import check_id, first_bad_arrow_id, first_bad_id
 
 __all__ = [
     "Run",

@@ -25,7 +25,7 @@
 Text fields are stripped of surrounding whitespace; files may start with a UTF-8 BOM and use CRLF line
 ends. Duplicate doc ids, query ids or (query, doc) judgements raise ``ValueError`` naming the id, and
 so do ids that a run file cannot hold (empty, whitespace, control or invisible characters: see
-:func:`lsr.storage.files.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
+:func:`lsr.storage.ids.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
 """
 
 
@@ -52,7 +52,8 @@ from lsr.data.readers import (
     tsv_has_header,
     unique_docs,
 )
-from lsr.storage.files import check_id, count_lines
+from lsr.storage.files import count_lines
+from lsr.storage.ids import check_id
 from lsr.storage.provenance import file_origin
 
 # the dataset record and the file readers are defined in lsr.data.dataset / lsr.data.readers (which the

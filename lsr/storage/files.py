@@ -4,7 +4,7 @@ One gzip-aware opener and one atomic writer, so every module treats ``.gz`` and 
 writes the same way: a file lsr writes appears whole (temporary file, flushed and fsynced, renamed into
 place, the directory fsynced) with the permissions the user's umask gives new files, or not at all.
 Text is read as UTF-8 with an optional byte-order mark (BOM) and LF or CRLF line ends.
-``check_id`` / ``first_bad_id`` are the one rule for ids that go into run files.
+The one rule for ids that go into run files is ``lsr.storage.ids``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import os
 import re
 import shutil
 import tempfile
-import unicodedata
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,8 +26,8 @@ import numpy as np
 
 __all__ = ["OUT_OF_SPACE", "PathLike", "apply_umask", "arrow_strings", "atomic_directory", "atomic_write", "atomic_write_bytes",
            "atomic_write_text",
-           "check_id", "count_lines", "first_bad_arrow_id", "first_bad_id", "fsync_dir", "fsynced_write",
-           "id_problem", "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive",
+           "count_lines", "fsync_dir", "fsynced_write",
+           "iter_lines", "iter_tsv_pairs", "naming_full_disk", "open_binary", "open_text", "pid_alive",
            "read_json", "recover_directory",
            "remove_dead_temporaries", "remove_stale_temporaries", "to_numpy"]
 
@@ -166,66 +165,6 @@ def _short_write_errno(e: OSError, path: PathLike) -> int | None:
 
 # ---------------------------------------------------------------------------------------- ids
 _BOM = b"\xef\xbb\xbf"
-ID_RULE = ("ids in TREC / MS MARCO run and qrels files are whitespace-separated columns, so an id must be "
-           "non-empty and printable (no whitespace, control, invisible or unassigned characters); fix the id "
-           "in the input (e.g. replace those characters with '_')")
-
-
-def _clean(text: str) -> bool:
-    # str.isprintable() is False for every Unicode separator (Z*) but the ASCII space, and for every
-    # control, format (invisible), surrogate, private-use or unassigned code point (C*).
-    return text.isprintable() and " " not in text
-
-
-def id_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a query or document id in a run file, or None when it can."""
-    if not value:
-        return "is empty"
-    if _clean(value):
-        return None
-    pos, c = next((i, c) for i, c in enumerate(value) if not _clean(c))
-    category = unicodedata.category(c)
-    name = unicodedata.name(c, "control character" if category == "Cc" else f"category {category}").lower()
-    return f"contains U+{ord(c):04X} ({name}) at position {pos}"
-
-
-def check_id(value: str, what: str, where: str) -> None:
-    """Raise ValueError ``"<where>: <what> <value> <problem>; <rule and fix>"`` for an invalid id."""
-    problem = id_problem(value)
-    if problem is not None:
-        raise ValueError(f"{where}: {what} {value!r} {problem}; {ID_RULE}")
-
-
-def first_bad_id(ids: Sequence[str]) -> int | None:
-    """Position of the first id that fails :func:`id_problem`, or None; one C-level pass over all ids."""
-    if not ids:
-        return None
-    if all(ids) and _clean("".join(ids)):
-        return None
-    return next(i for i, v in enumerate(ids) if id_problem(v) is not None)
-
-
-def first_bad_arrow_id(ids: Any) -> int | None:
-    """:func:`first_bad_id` for a pyarrow string array: a numpy pass over Arrow's byte buffer vouches
-    for plain printable-ASCII ids without making Python strings; anything else is judged in Python."""
-    import pyarrow as pa
-
-    if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks()
-    n = len(ids)
-    if n == 0:
-        return None
-    if ids.null_count == 0 and ids.type in (pa.string(), pa.large_string()):
-        _, offsets_buf, data_buf = ids.buffers()
-        width = 8 if ids.type == pa.large_string() else 4
-        offsets = np.frombuffer(offsets_buf, np.int32 if width == 4 else np.int64, count=n + 1,
-                                offset=ids.offset * width)
-        data = np.frombuffer(data_buf, np.uint8)[offsets[0]:offsets[-1]] if data_buf is not None else np.empty(0)
-        if (offsets[1:] > offsets[:-1]).all() and ((data > 0x20) & (data < 0x7F)).all():
-            return None
-    return first_bad_id([v or "" for v in ids.to_pylist()])
-
-
 @contextlib.contextmanager
 def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[bytes]]:
     """Write a binary file atomically: into a temporary file next to ``path``, renamed on success.
