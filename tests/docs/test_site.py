@@ -1,7 +1,8 @@
 """The documentation site builds with ``mkdocs build --strict`` and says what the package and the results are.
 
 The build reads the docstrings statically (mkdocstrings + griffe), so it needs no GPU and imports nothing of
-lsr; it fetches nothing either (no social cards, no web fonts), so it runs on a CPU-only machine offline.
+lsr; it fetches nothing either (no social cards, no web fonts), so it runs on a CPU-only machine offline, and the
+built pages load nothing from the network when they are viewed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,37 @@ def test_the_reference_renders_the_public_api_and_each_stage_package(site: Path)
         html = (site / "reference" / page / "index.html").read_text(encoding="utf-8")
         # the package heading plus at least one documented member below it
         assert len(re.findall(r'class="doc doc-heading"', html)) >= 2, f"reference/{page} renders no member"
+
+
+# a tag that makes the browser fetch from another host: <script src>, <link href> (stylesheets, fonts, icons), <img src>
+EXTERNAL_LOAD = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//[^\"'\s>]+", re.IGNORECASE)
+
+
+def test_the_built_pages_load_nothing_from_the_network(site: Path) -> None:
+    """Offline, a page shows all it has: no script, stylesheet or font from another host, and no Mermaid diagram
+    (Material's bundle fetches mermaid.js from a CDN for an element of class "mermaid"; a fence it did not render
+    would show its source)."""
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 20
+    problems = []
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        name = page.relative_to(site).as_posix()
+        problems += [f"{name}: {m.group(0)}" for m in EXTERNAL_LOAD.finditer(html)]
+        if re.search(r'class="[^"]*\b(?:language-)?mermaid\b', html):
+            problems.append(f"{name}: a Mermaid block")
+    for css in site.rglob("*.css"):
+        problems += [f"{css.relative_to(site)}: {m.group(0)}"
+                     for m in re.finditer(r"@import\s+url\([\"']?(?:https?:)?//[^)]*\)", css.read_text(encoding="utf-8"))]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_mermaid_fence_in_the_pages() -> None:
+    """Diagrams are text blocks: a Mermaid fence renders only with mermaid.js, which Material loads from a CDN."""
+    fence = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*mermaid\b", re.MULTILINE)
+    hits = [str(p.relative_to(REPO)) for p in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+            if fence.search(p.read_text(encoding="utf-8"))]
+    assert not hits, hits
 
 
 def _text_files() -> list[Path]:
