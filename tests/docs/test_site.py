@@ -7,6 +7,7 @@ built pages load nothing from the network when they are viewed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -106,7 +107,43 @@ def test_the_result_files_the_docs_cite_exist() -> None:
     cited: set[str] = set()
     for page in [REPO / "README.md", *DOCS.rglob("*.md")]:
         text = page.read_text(encoding="utf-8")
-        cited |= set(re.findall(r"`((?:docs/bench/)?[a-z0-9-]+-(?:h100|h200|2xh100|cpu)\.jsonl?)`", text))
+        cited |= set(re.findall(r"`((?:docs/bench/)?[a-z0-9-]+-(?:(?:\d+x)?h[12]00|cpu)\.jsonl?)`", text))
     assert cited, "no result file is cited"
     missing = sorted(c for c in cited if not (DOCS / "bench" / Path(c).name).is_file())
     assert not missing, missing
+
+
+RESULT_FILE = re.compile(r"`((?:docs/bench/)?[a-z0-9-]+\.jsonl?)`")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _table_after(path: Path, heading: str) -> list[list[str]]:
+    """The cells of the rows of the first Markdown table after ``heading`` (header and rule rows left out)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = lines.index(heading)
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    rows = list(itertools.takewhile(lambda ln: ln.startswith("|"), lines[first:]))[2:]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_the_readme_numbers_are_the_performance_pages() -> None:
+    """Each row of the README's table names its result files, and its GPU / tree label and every number of its
+    lsr and baseline cells are those of the headline rows of docs/performance/index.md citing the same files."""
+    readme = _table_after(REPO / "README.md", "## What is measured")
+    headline = _table_after(DOCS / "performance" / "index.md", "## Headline numbers")
+    assert len(readme) >= 10 and all(len(row) == 4 for row in readme + headline)
+    problems = []
+    for what, lsr_cell, baseline, where in readme:
+        files = {Path(f).name for f in RESULT_FILE.findall(where)}
+        sources = [row for row in headline if files & {Path(f).name for f in RESULT_FILE.findall(row[3])}]
+        if not files or not sources:
+            problems.append(f"{what}: names no result file of a headline row ({where})")
+            continue
+        label = where.split("`")[0]
+        if any(row[3].split("`")[0] != label for row in sources):
+            problems.append(f"{what}: labelled {label!r}, the headline row {sources[0][3].split('`')[0]!r}")
+        quoted = {n for row in sources for n in NUMBER.findall(row[1] + " " + row[2])}
+        missing = [n for n in NUMBER.findall(lsr_cell + " " + baseline) if n not in quoted]
+        if missing:
+            problems.append(f"{what}: {missing} not in the headline row(s) citing {sorted(files)}")
+    assert not problems, "\n".join(problems)
