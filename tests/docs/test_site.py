@@ -7,7 +7,9 @@ built pages load nothing from the network when they are viewed.
 
 from __future__ import annotations
 
+import ast
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -147,3 +149,25 @@ def test_the_readme_numbers_are_the_performance_pages() -> None:
         if missing:
             problems.append(f"{what}: {missing} not in the headline row(s) citing {sorted(files)}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_notebooks_extra_names_what_the_notebooks_import() -> None:
+    """``pip install -e ".[notebooks]"`` brings every package the notebooks' cells and scripts/build_notebooks.py
+    import, and ipykernel, the kernel nbclient runs them in."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    named = {re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower().replace("_", "-") for req in extras.get("notebooks", [])}
+    sources = [ast.parse((REPO / "scripts" / "build_notebooks.py").read_text(encoding="utf-8"))]
+    for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        sources += [ast.parse("".join(c["source"])) for c in cells if c["cell_type"] == "code"]
+    imported = {alias.name.split(".")[0] for tree in sources for node in ast.walk(tree)
+                for alias in (node.names if isinstance(node, ast.Import) else [])}
+    imported |= {node.module.split(".")[0] for tree in sources for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    needed = {m for m in imported if m not in sys.stdlib_module_names and m != "lsr"} | {"ipykernel"}
+    assert {"matplotlib", "nbformat", "nbclient"} <= needed  # the scan sees the imports
+    assert needed <= named, f"the notebooks extra lacks {sorted(needed - named)}"
