@@ -188,6 +188,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     _check_json_out(args.json, [args.config, cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0]])
+    if args.check and cfg.evaluation.expected and not cfg.expected_holds():
+        on = cfg.evaluation.expected_on
+        raise UsageError(f"--check: the config's expected values were measured on {on.dataset} (split {on.split}), "
+                         f"not on {cfg.data.dataset} (split {cfg.data.split}); drop --check, or set evaluation.expected "
+                         "and evaluation.expected_on for this data")
     from lsr.parallel.topology import launch_rank
 
     result = run_pipeline(cfg, overwrite=args.overwrite)  # under torchrun: every rank, rank 0's result
