@@ -5,7 +5,8 @@ and ``triton.*``; the prelude checks that it really does) and TRITON_INTERPRET i
 machine; CUDA is hidden, so ``device: auto`` resolves to the CPU as it does there. What runs is the README's:
 the quickstart job (``lsr run configs/quickstart.yaml``, on a slice of SciFact), the same stages as separate
 commands (``lsr search --encoder splade``, ``lsr evaluate``), the README's Python snippet, and ``lsr serve``'s
-app answering one text query with the SPLADE encoder.
+app answering one text query with the SPLADE encoder. The module walk is quick (the fast subset keeps it); the
+others load the model and are marked slow.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def test_quickstart_job_and_its_stages_run_without_triton(tmp_path):
     assert ranked(tmp_path / "again.trec") == ranked(out / "run.trec") != []
 
 
+@pytest.mark.slow
 def test_readme_python_snippet_runs_without_triton():
     readme = REPO / "README.md"
     snippet = next(f.code for f in read_fences(readme) if f.language == "python" and "SpladeEncoder" in f.code)
@@ -112,6 +114,7 @@ def test_readme_python_snippet_runs_without_triton():
     assert docnos == "['d1', 'd2'" and float(scores.split(",")[0]) > float(scores.split(",")[1].rstrip("]"))
 
 
+@pytest.mark.slow
 def test_serve_answers_a_text_query_with_splade_without_triton(tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("httpx")
