@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lsr import __version__
-from lsr.cli_types import DEVICE_HELP, device, integer, ranged
+from lsr.cli_types import DEVICE_HELP, HelpFormatter, device, integer, ranged
 from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -198,6 +198,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     _check_json_out(args.json, [args.config, cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0]])
+    if args.check and cfg.evaluation.expected and not cfg.expected_holds():
+        on = cfg.evaluation.expected_on
+        raise UsageError(f"--check: the config's expected values were measured on {on.dataset} (split {on.split}), "
+                         f"not on {cfg.data.dataset} (split {cfg.data.split}); drop --check, or set evaluation.expected "
+                         "and evaluation.expected_on for this data")
     from lsr.parallel.topology import launch_rank
 
     result = run_pipeline(cfg, overwrite=args.overwrite)  # under torchrun: every rank, rank 0's result
@@ -230,7 +235,7 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
 def add_command(sub: argparse._SubParsersAction, name: str, text: str, func: Callable[[argparse.Namespace], int] | None = None,
              ) -> argparse.ArgumentParser:
     """A sub-command parser whose options show their defaults; ``func`` handles the parsed arguments."""
-    p = sub.add_parser(name, help=text, description=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
     if func is not None:
         p.set_defaults(func=func)
     return p
@@ -296,7 +301,7 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lsr", description="GPU learned sparse retrieval: encode, index, search, evaluate",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--version", action="version", version=f"lsr {__version__}")
     ap.add_argument("-v", "--verbose", action="store_true", help="log each step (and the traceback of an error)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")

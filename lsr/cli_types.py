@@ -13,12 +13,13 @@ config's ``search.backend``); ``--set section.key=value`` overrides a config key
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Callable
 
 from lsr.utils.devices import DEVICE_HELP, is_device_name
 from lsr.utils.ranges import NumberRange
 
-__all__ = ["DEVICE_HELP", "device", "integer", "number", "positive_float", "ranged"]
+__all__ = ["DEVICE_HELP", "HelpFormatter", "device", "integer", "number", "positive_float", "ranged"]
 
 
 def ranged(allowed: NumberRange) -> Callable[[str], int | float]:
@@ -56,3 +57,19 @@ def device(text: str) -> str:
     if not is_device_name(text):
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; use {DEVICE_HELP}")
     return text
+
+
+# a help text that says what its flag does by default: "(default: the checkpoint's)", "...; the default)", "off by default"
+STATES_DEFAULT = re.compile(r"\(default\b|\bthe default\b|\bby default\b", re.IGNORECASE)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with one default per flag: argparse's "(default: X)" is added only where it says something the help
+    does not, i.e. not where the help already states the default, not for a required flag or a switch, and not
+    for an unset value (None: the help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if (STATES_DEFAULT.search(action.help or "") or action.required or action.nargs == 0 or action.default is None
+                or action.default is argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)

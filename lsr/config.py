@@ -168,6 +168,10 @@ class EvaluationConfig:
     """Documented reference results {metric: value}; ``lsr run --check`` compares against them."""
     tolerance: float = at_least(0.005, 0)
     """Largest difference from ``expected`` that ``--check`` accepts."""
+    expected_on: DataConfig = field(default_factory=DataConfig)
+    """The data ``expected`` was measured on (``dataset``, ``split``); a run config file that gives ``expected``
+    without it measured them on its own ``data`` (before ``--set``). A run on other data records no expected
+    values and refuses ``--check``."""
 
     def missed(self, metrics: Mapping[str, float]) -> dict[str, tuple[float | None, float]]:
         """{metric: (measured or None, expected)} of the expected metrics ``metrics`` misses by more than
@@ -230,6 +234,18 @@ class RunConfig(ConfigSchema):
             raise ValueError(f"config.index.postings must be one of {', '.join(CHOICES)}, got {self.index.postings!r}")
         check_evaluation(self.evaluation)
         return self
+
+    def expected_holds(self) -> bool:
+        """Whether ``evaluation.expected`` was measured on this config's data (``evaluation.expected_on``; no
+        record of it: they were given together)."""
+        on, data = self.evaluation.expected_on, self.data
+        return on.dataset is None or (on.split == data.split and data.dataset is not None
+                                      and (on.dataset == data.dataset or _same_folder(on.dataset, data.dataset)))
+
+
+def _same_folder(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()
 
 
 def check_common(cfg: Any) -> None:
@@ -372,4 +388,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 schema: type[S] = RunConfig) -> S:  # type: ignore[assignment]
     """Read a YAML config of ``schema`` (RunConfig, or lsr.train's TrainConfig), or start from its defaults,
     apply ``--set section.key=value`` overrides and validate it."""
-    return config_from_dict(apply_overrides(read_yaml_config(path), overrides), schema)
+    data = read_yaml_config(path)
+    evaluation, measured_on = data.get("evaluation"), data.get("data")
+    if (schema is RunConfig and isinstance(evaluation, dict) and evaluation.get("expected")
+            and "expected_on" not in evaluation and isinstance(measured_on, dict)):
+        evaluation["expected_on"] = dict(measured_on)  # the file's own data, whatever --set changes
+    return config_from_dict(apply_overrides(data, overrides), schema)

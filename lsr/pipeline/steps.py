@@ -149,8 +149,10 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
             files["run_rerank"] = str(out / "rerank.trec")
             result_extra = {"metrics_first_stage": metrics}
             metrics = rerank_stage(cfg.rerank, first, dataset, device, out, cfg.evaluation.metrics)
+    # expected values hold only for the data they were measured on (a config run with --set data.dataset=...)
+    expected = dict(cfg.evaluation.expected) if cfg.expected_holds() else {}
     result = {"name": cfg.name, "dataset": cfg.data.dataset, "device": device, "metrics": metrics,
-              "expected": dict(cfg.evaluation.expected), "timings_s": timings, "n_docs": len(docnos),
+              "expected": expected, "timings_s": timings, "n_docs": len(docnos),
               "n_queries": len(queries), "files": files, **result_extra}
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result

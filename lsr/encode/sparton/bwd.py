@@ -25,147 +25,146 @@ with a stable torch.sort instead, so every gradient is bit-identical run to run.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from lsr.utils.kernels import INTERPRET
+from lsr.utils.kernels import INTERPRET, tl, triton
+
+if triton is not None:
+
+    @triton.jit
+    def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, live_ptr, S, V, stride_dy_b,
+                         COUNT: tl.constexpr, LIVE: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        """g = dY·exp(−Y)·[Y>0]; if LIVE: live[v // TILE] = 1 where some g != 0 (the dE kernel's vocabulary tiles, zeroed
+        before); if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
+        b = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < V
+        row = b.to(tl.int64) * V
+        y = tl.load(y32_ptr + row + offs, mask=ok, other=0.0)
+        dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
+        g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
+        tl.store(g_ptr + row + offs, g, mask=ok)
+        if LIVE:
+            tile_live = tl.max(tl.reshape((g != 0.0).to(tl.int32), [BLOCK // TILE, TILE]), axis=1)
+            tiles = tl.program_id(1) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)
+            tl.atomic_max(live_ptr + tiles, tile_live, mask=tile_live != 0)  # masked g is 0: no tile past V is set
+        if COUNT:
+            a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
+            tl.atomic_add(count_ptr + (b * S + a) // ROWS, 1, mask=ok & (g != 0.0))
 
 
-@triton.jit
-def _bwd_prep_kernel(dy_ptr, y32_ptr, arg_ptr, g_ptr, count_ptr, live_ptr, S, V, stride_dy_b,
-                     COUNT: tl.constexpr, LIVE: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    """g = dY·exp(−Y)·[Y>0]; if LIVE: live[v // TILE] = 1 where some g != 0 (the dE kernel's vocabulary tiles, zeroed
-    before); if COUNT: count[(b·S + argmax) // ROWS] += 1 for every g != 0."""
-    b = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < V
-    row = b.to(tl.int64) * V
-    y = tl.load(y32_ptr + row + offs, mask=ok, other=0.0)
-    dy = tl.load(dy_ptr + b.to(tl.int64) * stride_dy_b + offs, mask=ok, other=0.0).to(tl.float32)
-    g = tl.where(y > 0.0, dy * tl.exp(-y), 0.0)
-    tl.store(g_ptr + row + offs, g, mask=ok)
-    if LIVE:
-        tile_live = tl.max(tl.reshape((g != 0.0).to(tl.int32), [BLOCK // TILE, TILE]), axis=1)
-        tiles = tl.program_id(1) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)
-        tl.atomic_max(live_ptr + tiles, tile_live, mask=tile_live != 0)  # masked g is 0: no tile past V is set
-    if COUNT:
+    @triton.jit
+    def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, ROWS: tl.constexpr, TAG: tl.constexpr,
+                           BLOCK: tl.constexpr):
+        """Fast mode: i = cursor[group]++; (tagged v, g)[i] = (v | row-in-group << TAG, g) for g != 0, group and
+        row-in-group of r = b·S + argmax (the order inside a bucket varies, roughly ascending in v)."""
+        b = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < V
+        row = b.to(tl.int64) * V
+        g = tl.load(g_ptr + row + offs, mask=ok, other=0.0)
         a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
-        tl.atomic_add(count_ptr + (b * S + a) // ROWS, 1, mask=ok & (g != 0.0))
+        live = ok & (g != 0.0)
+        r = b * S + a
+        pos = tl.atomic_add(cursor_ptr + r // ROWS, 1, mask=live)
+        tl.store(vs_ptr + pos, offs | ((r % ROWS) << TAG), mask=live)
+        tl.store(gs_ptr + pos, g, mask=live)
 
 
-@triton.jit
-def _bwd_bucket_kernel(g_ptr, arg_ptr, cursor_ptr, vs_ptr, gs_ptr, S, V, ROWS: tl.constexpr, TAG: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """Fast mode: i = cursor[group]++; (tagged v, g)[i] = (v | row-in-group << TAG, g) for g != 0, group and
-    row-in-group of r = b·S + argmax (the order inside a bucket varies, roughly ascending in v)."""
-    b = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < V
-    row = b.to(tl.int64) * V
-    g = tl.load(g_ptr + row + offs, mask=ok, other=0.0)
-    a = tl.load(arg_ptr + row + offs, mask=ok, other=0)
-    live = ok & (g != 0.0)
-    r = b * S + a
-    pos = tl.atomic_add(cursor_ptr + r // ROWS, 1, mask=live)
-    tl.store(vs_ptr + pos, offs | ((r % ROWS) << TAG), mask=live)
-    tl.store(gs_ptr + pos, g, mask=live)
+    @triton.jit
+    def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v, INPUT_PRECISION: tl.constexpr,
+                       SPLIT_BF16: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+                       ROWS: tl.constexpr, TAG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dH[r, d-tile] = Σ_{i in bucket of r} g_i · E[v_i, d-tile] for the ROWS rows r = q·ROWS + t of group q.
+
+        The group's entries are one contiguous run, each v tagged with its row t (v | t << TAG); each chunk of BLOCK_N
+        entries is gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot (g folded
+        into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E): the weights go
+        in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA straight from the pipelined
+        load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
+        """
+        q = tl.program_id(0)
+        offs_r = q * ROWS + tl.arange(0, ROWS)
+        first = tl.load(off_ptr + q)
+        last = tl.load(off_ptr + q + 1)
+        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        offs_n = tl.arange(0, BLOCK_N)
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        for n0 in tl.range(first, last, BLOCK_N, num_stages=NUM_STAGES):
+            idx = n0 + offs_n
+            n_ok = idx < last
+            tagged = tl.load(vs_ptr + idx, mask=n_ok, other=0)
+            gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)  # 0 past the run: those columns add nothing
+            v = tagged & ((1 << TAG) - 1)
+            e = tl.load(e_ptr + v.to(tl.int64)[:, None] * stride_e_v + offs_d[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            hit = (tagged >> TAG)[None, :] == tl.arange(0, ROWS)[:, None]
+            w = tl.where(hit, gv[None, :], 0.0)
+            if SPLIT_BF16:
+                w_hi = w.to(tl.bfloat16)
+                w_lo = (w - w_hi.to(tl.float32)).to(tl.bfloat16)
+                if DOT_FP32:  # interpreter: its bf16 tl.dot is wrong (triton 3.9); fp32 of bf16 values is exact
+                    w_hi, w_lo, e = w_hi.to(tl.float32), w_lo.to(tl.float32), e.to(tl.float32)
+                acc = tl.dot(w_hi, e, acc)
+                acc = tl.dot(w_lo, e, acc)
+            else:
+                acc = tl.dot(w, e.to(tl.float32), acc, input_precision=INPUT_PRECISION)
+        out = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
+        tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=(offs_r < N_ROWS)[:, None] & d_ok[None, :])
 
 
-@triton.jit
-def _bwd_dh_kernel(e_ptr, vs_ptr, gs_ptr, off_ptr, dh_ptr, D, N_ROWS, stride_e_v, INPUT_PRECISION: tl.constexpr,
-                   SPLIT_BF16: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-                   ROWS: tl.constexpr, TAG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dH[r, d-tile] = Σ_{i in bucket of r} g_i · E[v_i, d-tile] for the ROWS rows r = q·ROWS + t of group q.
+    @triton.jit
+    def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, wide_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s,
+                       stride_de_v, HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, WIDE: tl.constexpr,
+                       BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v].
 
-    The group's entries are one contiguous run, each v tagged with its row t (v | t << TAG); each chunk of BLOCK_N
-    entries is gathered once and reduced into its rows with a one-hot [ROWS, BLOCK_N] x [BLOCK_N, BLOCK_D] dot (g folded
-    into the one-hot), so short and long buckets both keep loads in flight. SPLIT_BF16 (bf16 E): the weights go
-    in as bf16 hi + lo (g to ~16 bits; E exact) so the gathered tile feeds the MMA straight from the pipelined
-    load; otherwise E is converted to fp32 (ieee / 3xTF32 dot).
-    """
-    q = tl.program_id(0)
-    offs_r = q * ROWS + tl.arange(0, ROWS)
-    first = tl.load(off_ptr + q)
-    last = tl.load(off_ptr + q + 1)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    offs_n = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for n0 in tl.range(first, last, BLOCK_N, num_stages=NUM_STAGES):
-        idx = n0 + offs_n
-        n_ok = idx < last
-        tagged = tl.load(vs_ptr + idx, mask=n_ok, other=0)
-        gv = tl.load(gs_ptr + idx, mask=n_ok, other=0.0)  # 0 past the run: those columns add nothing
-        v = tagged & ((1 << TAG) - 1)
-        e = tl.load(e_ptr + v.to(tl.int64)[:, None] * stride_e_v + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        hit = (tagged >> TAG)[None, :] == tl.arange(0, ROWS)[:, None]
-        w = tl.where(hit, gv[None, :], 0.0)
-        if SPLIT_BF16:
-            w_hi = w.to(tl.bfloat16)
-            w_lo = (w - w_hi.to(tl.float32)).to(tl.bfloat16)
-            if DOT_FP32:  # interpreter: its bf16 tl.dot is wrong (triton 3.9); fp32 of bf16 values is exact
-                w_hi, w_lo, e = w_hi.to(tl.float32), w_lo.to(tl.float32), e.to(tl.float32)
-            acc = tl.dot(w_hi, e, acc)
-            acc = tl.dot(w_lo, e, acc)
-        else:
-            acc = tl.dot(w, e.to(tl.float32), acc, input_precision=INPUT_PRECISION)
-    out = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
-    tl.store(dh_ptr + out, acc.to(dh_ptr.dtype.element_ty), mask=(offs_r < N_ROWS)[:, None] & d_ok[None, :])
+        Launched twice, with narrow and with wide vocabulary tiles; only the launch whose WIDE equals the flag at
+        wide_ptr (set on the GPU from the gradient's density, no host sync) does anything.
+        Two batch rows per iteration, both gathers issued before either is used (twice the loads in flight).
+        A vocabulary tile without gradient in any row (live[tile] == 0: most of a trained head's vocabulary)
+        skips the loop and stores zeros; the test is once per program, so dense gradients pay nothing.
+        """
+        if tl.load(wide_ptr) == WIDE:
+            _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+                     HAS_DE, HAS_DB, BLOCK_V, BLOCK_D)
 
 
-@triton.jit
-def _bwd_de_kernel(h_ptr, g_ptr, arg_ptr, live_ptr, wide_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s,
-                   stride_de_v, HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, WIDE: tl.constexpr,
-                   BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dE[v-tile, d-tile] = Σ_b g[b, v] · H[b, argmax[b, v], d-tile] (b ascending); db[v] = Σ_b g[b, v].
-
-    Launched twice, with narrow and with wide vocabulary tiles; only the launch whose WIDE equals the flag at
-    wide_ptr (set on the GPU from the gradient's density, no host sync) does anything.
-    Two batch rows per iteration, both gathers issued before either is used (twice the loads in flight).
-    A vocabulary tile without gradient in any row (live[tile] == 0: most of a trained head's vocabulary)
-    skips the loop and stores zeros; the test is once per program, so dense gradients pay nothing.
-    """
-    if tl.load(wide_ptr) == WIDE:
-        _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
-                 HAS_DE, HAS_DB, BLOCK_V, BLOCK_D)
-
-
-@triton.jit
-def _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
-             HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_ok = offs_v < V
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    acc = tl.zeros([BLOCK_V, BLOCK_D], tl.float32)
-    g_sum = tl.zeros([BLOCK_V], tl.float32)
-    h_b = h_ptr  # advanced by 2·stride_h_b per iteration (pointer arithmetic is 64-bit)
-    if tl.load(live_ptr + tl.program_id(0)) != 0:
-        for b in range(0, B, 2):
-            ok1 = v_ok & (offs_v * 0 + b + 1 < B)  # (a tensor compare: the interpreter's b is a Python int)
-            g0 = tl.load(g_ptr + b * V + offs_v, mask=v_ok, other=0.0)  # B·V < 2**31 (checked by the launcher)
-            g1 = tl.load(g_ptr + (b + 1) * V + offs_v, mask=ok1, other=0.0)
-            g_sum += g0 + g1
-            if HAS_DE:
-                a0 = tl.load(arg_ptr + b * V + offs_v, mask=v_ok, other=0)
-                a1 = tl.load(arg_ptr + (b + 1) * V + offs_v, mask=ok1, other=0)
-                live0 = v_ok & (g0 != 0.0)  # g = 0: the H row is not needed
-                live1 = ok1 & (g1 != 0.0)
-                h0 = tl.load(h_b + a0.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
-                             mask=live0[:, None] & d_ok[None, :], other=0.0)
-                h1 = tl.load(h_b + stride_h_b + a1.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
-                             mask=live1[:, None] & d_ok[None, :], other=0.0)
-                acc += g0[:, None] * h0.to(tl.float32)
-                acc += g1[:, None] * h1.to(tl.float32)
-            h_b += 2 * stride_h_b
-    if HAS_DE:
-        tl.store(de_ptr + offs_v.to(tl.int64)[:, None] * stride_de_v + offs_d[None, :],
-                 acc.to(de_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
-    if HAS_DB:
-        if tl.program_id(1) == 0:
-            tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
+    @triton.jit
+    def _de_tile(h_ptr, g_ptr, arg_ptr, live_ptr, de_ptr, db_ptr, B, V, D, stride_h_b, stride_h_s, stride_de_v,
+                 HAS_DE: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+        offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+        v_ok = offs_v < V
+        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        acc = tl.zeros([BLOCK_V, BLOCK_D], tl.float32)
+        g_sum = tl.zeros([BLOCK_V], tl.float32)
+        h_b = h_ptr  # advanced by 2·stride_h_b per iteration (pointer arithmetic is 64-bit)
+        if tl.load(live_ptr + tl.program_id(0)) != 0:
+            for b in range(0, B, 2):
+                ok1 = v_ok & (offs_v * 0 + b + 1 < B)  # (a tensor compare: the interpreter's b is a Python int)
+                g0 = tl.load(g_ptr + b * V + offs_v, mask=v_ok, other=0.0)  # B·V < 2**31 (checked by the launcher)
+                g1 = tl.load(g_ptr + (b + 1) * V + offs_v, mask=ok1, other=0.0)
+                g_sum += g0 + g1
+                if HAS_DE:
+                    a0 = tl.load(arg_ptr + b * V + offs_v, mask=v_ok, other=0)
+                    a1 = tl.load(arg_ptr + (b + 1) * V + offs_v, mask=ok1, other=0)
+                    live0 = v_ok & (g0 != 0.0)  # g = 0: the H row is not needed
+                    live1 = ok1 & (g1 != 0.0)
+                    h0 = tl.load(h_b + a0.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                                 mask=live0[:, None] & d_ok[None, :], other=0.0)
+                    h1 = tl.load(h_b + stride_h_b + a1.to(tl.int64)[:, None] * stride_h_s + offs_d[None, :],
+                                 mask=live1[:, None] & d_ok[None, :], other=0.0)
+                    acc += g0[:, None] * h0.to(tl.float32)
+                    acc += g1[:, None] * h1.to(tl.float32)
+                h_b += 2 * stride_h_b
+        if HAS_DE:
+            tl.store(de_ptr + offs_v.to(tl.int64)[:, None] * stride_de_v + offs_d[None, :],
+                     acc.to(de_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok[None, :])
+        if HAS_DB:
+            if tl.program_id(1) == 0:
+                tl.store(db_ptr + offs_v, g_sum, mask=v_ok)
 
 
 _DH_ROWS = 16  # rows of dH a program of the dH kernel writes (a bucket of the sort is one such row group)

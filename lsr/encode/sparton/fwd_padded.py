@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import torch
 
-from lsr.encode.sparton.epilogue import store_head_row
 from lsr.encode.sparton.reference import check_kernel_inputs
 from lsr.utils.kernels import INTERPRET, fold_row_max, grouped_program_ids, tl, triton
 
@@ -41,6 +40,7 @@ def autotunes(B: int, S: int, V: int, blocks: dict | None = None, *, interpret: 
 
 
 if triton is not None:
+    from lsr.encode.sparton.epilogue import store_head_row  # a tl function: defined only where triton imports
 
     @triton.jit
     def _sparton_fwd_kernel(

@@ -32,8 +32,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
 from lsr.search.block_plan import terms_bucket
@@ -48,136 +46,138 @@ from lsr.search.kernels.topk import (
     torch_emit,
     torch_row_max,
 )
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 from lsr.utils.ragged import ragged_positions, segment_ids
 
 __all__ = ["check_block_args", "default_programs", "span_items", "torch_block_candidates", "triton_block_candidates"]
 
-_ROW = tl.constexpr(ROW)
-@triton.jit
-def _locate(c, total, tab_ptr, NT: tl.constexpr, LOG_NT: tl.constexpr, CHUNK: tl.constexpr):
-    """Runs of chunk numbers c [R]: (start position, end position, scaled weight, query row, valid).
+if triton is not None:
 
-    tab_ptr: the item's table, 5 fields of NT entries: 0 inclusive cumulative chunk count
-    (ascending), 1 run start, 2 run end, 3 float64 bits of w_query * scale, 4 query row g.
-    """
-    valid = c < total
-    lo = tl.zeros_like(c)
-    hi = tl.zeros_like(c) + NT
-    for _ in tl.static_range(LOG_NT + 1):    # first j with cum[j] > c
-        mid = (lo + hi) // 2
-        go = tl.load(tab_ptr + mid, mask=valid & (lo < hi), other=0) <= c
-        lo = tl.where((lo < hi) & go, mid + 1, lo)
-        hi = tl.where((lo < hi) & ~go, mid, hi)
-    j = tl.minimum(lo, NT - 1)
-    cum = tl.load(tab_ptr + j, mask=valid, other=0)
-    start = tl.load(tab_ptr + NT + j, mask=valid, other=0)
-    end = tl.load(tab_ptr + 2 * NT + j, mask=valid, other=0)
-    wqs = tl.load(tab_ptr + 3 * NT + j, mask=valid, other=0).to(tl.float64, bitcast=True)
-    g = tl.load(tab_ptr + 4 * NT + j, mask=valid, other=0)
-    n = (end - start + CHUNK - 1) // CHUNK
-    pos = start + (c - (cum - n)) * CHUNK
-    return pos, end, wqs, g, valid
+    _ROW = tl.constexpr(ROW)
+    @triton.jit
+    def _locate(c, total, tab_ptr, NT: tl.constexpr, LOG_NT: tl.constexpr, CHUNK: tl.constexpr):
+        """Runs of chunk numbers c [R]: (start position, end position, scaled weight, query row, valid).
 
-
-@triton.jit
-def _posting_cells(doc, w, doc0, SPAN: tl.constexpr, COMPACT: tl.constexpr):
-    """(cell offset in the span, real posting) of loaded postings: global doc ids with -1 padding, or
-    compact block-local ids with weight-0 padding (the span divides the block: the id's low bits)."""
-    if COMPACT:
-        return doc.to(tl.int64) & (SPAN - 1), w != 0
-    else:
-        return doc.to(tl.int64) - doc0, doc >= 0
+        tab_ptr: the item's table, 5 fields of NT entries: 0 inclusive cumulative chunk count
+        (ascending), 1 run start, 2 run end, 3 float64 bits of w_query * scale, 4 query row g.
+        """
+        valid = c < total
+        lo = tl.zeros_like(c)
+        hi = tl.zeros_like(c) + NT
+        for _ in tl.static_range(LOG_NT + 1):    # first j with cum[j] > c
+            mid = (lo + hi) // 2
+            go = tl.load(tab_ptr + mid, mask=valid & (lo < hi), other=0) <= c
+            lo = tl.where((lo < hi) & go, mid + 1, lo)
+            hi = tl.where((lo < hi) & ~go, mid, hi)
+        j = tl.minimum(lo, NT - 1)
+        cum = tl.load(tab_ptr + j, mask=valid, other=0)
+        start = tl.load(tab_ptr + NT + j, mask=valid, other=0)
+        end = tl.load(tab_ptr + 2 * NT + j, mask=valid, other=0)
+        wqs = tl.load(tab_ptr + 3 * NT + j, mask=valid, other=0).to(tl.float64, bitcast=True)
+        g = tl.load(tab_ptr + 4 * NT + j, mask=valid, other=0)
+        n = (end - start + CHUNK - 1) // CHUNK
+        pos = start + (c - (cum - n)) * CHUNK
+        return pos, end, wqs, g, valid
 
 
-@triton.jit
-def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
-                  q_indptr_ptr, q_terms_ptr, q_w_ptr, scale_ptr, inv_ptr, theta_ptr,
-                  item_q_ptr, item_span_ptr, item_out_ptr, n_items, out_stride_g,
-                  scratch_ptr, table_ptr, out_ptr, count_ptr, B,
-                  G: tl.constexpr, MAXQ: tl.constexpr, R: tl.constexpr, CHUNK: tl.constexpr,
-                  SPAN: tl.constexpr, RB: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr,
-                  LOG_NT: tl.constexpr, COMPACT: tl.constexpr):
-    pid = tl.program_id(0)
-    NT: tl.constexpr = G * MAXQ
-    slot = scratch_ptr + pid.to(tl.int64) * (G * SPAN)
-    tab = table_ptr + pid.to(tl.int64) * (5 * NT)
-    gi = tl.arange(0, G)
-    ii = tl.arange(0, MAXQ)
-    lane = tl.arange(0, CHUNK)
-    rows = tl.arange(0, RB)
-    for item in range(pid, n_items, tl.num_programs(0)):
-        q0 = tl.load(item_q_ptr + item)
-        span = tl.load(item_span_ptr + item)
-        out0 = tl.load(item_out_ptr + item)
-        doc0 = span.to(tl.int64) * SPAN
+    @triton.jit
+    def _posting_cells(doc, w, doc0, SPAN: tl.constexpr, COMPACT: tl.constexpr):
+        """(cell offset in the span, real posting) of loaded postings: global doc ids with -1 padding, or
+        compact block-local ids with weight-0 padding (the span divides the block: the id's low bits)."""
+        if COMPACT:
+            return doc.to(tl.int64) & (SPAN - 1), w != 0
+        else:
+            return doc.to(tl.int64) - doc0, doc >= 0
 
-        # ---- the item's runs, one per (query g, term i), numbered into one chunk sequence
-        q = q0 + gi
-        qok = q < B
-        qs = tl.load(q_indptr_ptr + q, mask=qok, other=0)
-        ql = tl.where(qok, tl.load(q_indptr_ptr + q + 1, mask=qok, other=0) - qs, 0)
-        tok = ii[None, :] < ql[:, None]
-        t = tl.load(q_terms_ptr + qs[:, None] + ii[None, :], mask=tok, other=0).to(tl.int64)
-        wq = tl.load(q_w_ptr + qs[:, None] + ii[None, :], mask=tok, other=0.0)
-        scale = tl.load(scale_ptr + q, mask=qok, other=1.0)
-        rs = tl.load(span_off_ptr + t * stride_so_t + span, mask=tok, other=0)
-        re = tl.load(span_off_ptr + t * stride_so_t + span + 1, mask=tok, other=0)
-        cum = tl.cumsum(tl.where(tok, (re - rs + CHUNK - 1) // CHUNK, 0), axis=1)
-        row_total = tl.max(cum, axis=1)
-        cum += (tl.cumsum(row_total, axis=0) - row_total)[:, None]
-        cell_tab = tab + gi[:, None] * MAXQ + ii[None, :]
-        tl.store(cell_tab, cum)
-        tl.store(cell_tab + NT, rs)
-        tl.store(cell_tab + 2 * NT, re)
-        tl.store(cell_tab + 3 * NT, (wq.to(tl.float64) * scale[:, None]).to(tl.int64, bitcast=True))
-        tl.store(cell_tab + 4 * NT, gi[:, None].to(tl.int64) + 0 * ii[None, :])
-        tl.debug_barrier()                                       # the table is read by every thread
 
-        # ---- accumulate R chunks per step; the next step's chunks are loaded one step ahead
-        c = tl.arange(0, R).to(tl.int64)
-        total = tl.sum(row_total, axis=0)
-        pos, end, wqs, gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
-        p = pos[:, None] + lane[None, :]
-        m = valid[:, None] & (p < end[:, None])
-        doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
-        w = tl.load(post_w_ptr + p, mask=m, other=0.0)
-        for _ in range(tl.cdiv(total, R)):
-            c += R
-            pos, end, n_wqs, n_gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
+    @triton.jit
+    def _block_kernel(post_doc_ptr, post_w_ptr, span_off_ptr, stride_so_t,
+                      q_indptr_ptr, q_terms_ptr, q_w_ptr, scale_ptr, inv_ptr, theta_ptr,
+                      item_q_ptr, item_span_ptr, item_out_ptr, n_items, out_stride_g,
+                      scratch_ptr, table_ptr, out_ptr, count_ptr, B,
+                      G: tl.constexpr, MAXQ: tl.constexpr, R: tl.constexpr, CHUNK: tl.constexpr,
+                      SPAN: tl.constexpr, RB: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr,
+                      LOG_NT: tl.constexpr, COMPACT: tl.constexpr):
+        pid = tl.program_id(0)
+        NT: tl.constexpr = G * MAXQ
+        slot = scratch_ptr + pid.to(tl.int64) * (G * SPAN)
+        tab = table_ptr + pid.to(tl.int64) * (5 * NT)
+        gi = tl.arange(0, G)
+        ii = tl.arange(0, MAXQ)
+        lane = tl.arange(0, CHUNK)
+        rows = tl.arange(0, RB)
+        for item in range(pid, n_items, tl.num_programs(0)):
+            q0 = tl.load(item_q_ptr + item)
+            span = tl.load(item_span_ptr + item)
+            out0 = tl.load(item_out_ptr + item)
+            doc0 = span.to(tl.int64) * SPAN
+
+            # ---- the item's runs, one per (query g, term i), numbered into one chunk sequence
+            q = q0 + gi
+            qok = q < B
+            qs = tl.load(q_indptr_ptr + q, mask=qok, other=0)
+            ql = tl.where(qok, tl.load(q_indptr_ptr + q + 1, mask=qok, other=0) - qs, 0)
+            tok = ii[None, :] < ql[:, None]
+            t = tl.load(q_terms_ptr + qs[:, None] + ii[None, :], mask=tok, other=0).to(tl.int64)
+            wq = tl.load(q_w_ptr + qs[:, None] + ii[None, :], mask=tok, other=0.0)
+            scale = tl.load(scale_ptr + q, mask=qok, other=1.0)
+            rs = tl.load(span_off_ptr + t * stride_so_t + span, mask=tok, other=0)
+            re = tl.load(span_off_ptr + t * stride_so_t + span + 1, mask=tok, other=0)
+            cum = tl.cumsum(tl.where(tok, (re - rs + CHUNK - 1) // CHUNK, 0), axis=1)
+            row_total = tl.max(cum, axis=1)
+            cum += (tl.cumsum(row_total, axis=0) - row_total)[:, None]
+            cell_tab = tab + gi[:, None] * MAXQ + ii[None, :]
+            tl.store(cell_tab, cum)
+            tl.store(cell_tab + NT, rs)
+            tl.store(cell_tab + 2 * NT, re)
+            tl.store(cell_tab + 3 * NT, (wq.to(tl.float64) * scale[:, None]).to(tl.int64, bitcast=True))
+            tl.store(cell_tab + 4 * NT, gi[:, None].to(tl.int64) + 0 * ii[None, :])
+            tl.debug_barrier()                                       # the table is read by every thread
+
+            # ---- accumulate R chunks per step; the next step's chunks are loaded one step ahead
+            c = tl.arange(0, R).to(tl.int64)
+            total = tl.sum(row_total, axis=0)
+            pos, end, wqs, gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
             p = pos[:, None] + lane[None, :]
             m = valid[:, None] & (p < end[:, None])
-            n_doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
-            n_w = tl.load(post_w_ptr + p, mask=m, other=0.0)
-            v = (w.to(tl.float32).to(tl.float64) * wqs[:, None]).to(tl.int64)   # = trunc(w_q * w_d * 2^e), exact
-            off, real = _posting_cells(doc, w, doc0, SPAN, COMPACT)
-            tl.atomic_add(slot + gr[:, None] * SPAN + off, v, mask=real, sem="relaxed")  # padding / masked
-            doc, w, wqs, gr = n_doc, n_w, n_wqs, n_gr
-        tl.debug_barrier()                                       # all adds land before the read-out
+            doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
+            w = tl.load(post_w_ptr + p, mask=m, other=0.0)
+            for _ in range(tl.cdiv(total, R)):
+                c += R
+                pos, end, n_wqs, n_gr, valid = _locate(c, total, tab, NT, LOG_NT, CHUNK)
+                p = pos[:, None] + lane[None, :]
+                m = valid[:, None] & (p < end[:, None])
+                n_doc = tl.load(post_doc_ptr + p, mask=m, other=-1)
+                n_w = tl.load(post_w_ptr + p, mask=m, other=0.0)
+                v = (w.to(tl.float32).to(tl.float64) * wqs[:, None]).to(tl.int64)   # = trunc(w_q * w_d * 2^e), exact
+                off, real = _posting_cells(doc, w, doc0, SPAN, COMPACT)
+                tl.atomic_add(slot + gr[:, None] * SPAN + off, v, mask=real, sem="relaxed")  # padding / masked
+                doc, w, wqs, gr = n_doc, n_w, n_wqs, n_gr
+            tl.debug_barrier()                                       # all adds land before the read-out
 
-        # ---- read out (and zero) each query's tile as [RB, 32] rows of docs; emit candidates
-        for gg in range(G):
-            rq = q0 + gg
-            if rq < B:                                           # rows past B never accumulated
-                inv = tl.load(inv_ptr + rq)
-                row_out = out_ptr + out0 + gg * out_stride_g
-                if not ROWMAX:
-                    theta = tl.load(theta_ptr + rq)
-                base = tl.zeros((), dtype=tl.int32)   # carried by the loop below: a tensor from the start
-                for c0 in range(0, SPAN, RB * _ROW):
-                    off = c0 + rows[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
-                    a_ptr = slot + gg * SPAN + off
-                    acc = tl.load(a_ptr, cache_modifier=".cg")  # L2: the atomics bypass L1
-                    tl.store(a_ptr, tl.zeros([RB, _ROW], dtype=tl.int64))
-                    s = from_fixed(acc, inv)
-                    keys = pack_key(s, doc0 + off)              # untouched cells: 0 -> key -1
-                    if ROWMAX:
-                        tl.store(row_out + c0 // _ROW + rows, row_max_keys(keys))
-                    else:
-                        base = emit_tile(keys, (keys >= 0) & (s >= theta), row_out, base, CAP)
-                if not ROWMAX:
-                    tl.store(count_ptr + (out0 + gg * out_stride_g) // CAP, base)
-        tl.debug_barrier()                                       # zeros and table reads finish first
+            # ---- read out (and zero) each query's tile as [RB, 32] rows of docs; emit candidates
+            for gg in range(G):
+                rq = q0 + gg
+                if rq < B:                                           # rows past B never accumulated
+                    inv = tl.load(inv_ptr + rq)
+                    row_out = out_ptr + out0 + gg * out_stride_g
+                    if not ROWMAX:
+                        theta = tl.load(theta_ptr + rq)
+                    base = tl.zeros((), dtype=tl.int32)   # carried by the loop below: a tensor from the start
+                    for c0 in range(0, SPAN, RB * _ROW):
+                        off = c0 + rows[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
+                        a_ptr = slot + gg * SPAN + off
+                        acc = tl.load(a_ptr, cache_modifier=".cg")  # L2: the atomics bypass L1
+                        tl.store(a_ptr, tl.zeros([RB, _ROW], dtype=tl.int64))
+                        s = from_fixed(acc, inv)
+                        keys = pack_key(s, doc0 + off)              # untouched cells: 0 -> key -1
+                        if ROWMAX:
+                            tl.store(row_out + c0 // _ROW + rows, row_max_keys(keys))
+                        else:
+                            base = emit_tile(keys, (keys >= 0) & (s >= theta), row_out, base, CAP)
+                    if not ROWMAX:
+                        tl.store(count_ptr + (out0 + gg * out_stride_g) // CAP, base)
+            tl.debug_barrier()                                       # zeros and table reads finish first
 
 
 def span_items(n_queries: int, spans: torch.Tensor, group: int, width: int) -> tuple[torch.Tensor, ...]:

@@ -31,12 +31,10 @@ interpreter.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.search.config import SearchConfig
 from lsr.search.kernels import row_topk_cuda, select_cuda
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 
 __all__ = ["BINS", "bucket_edge", "bucket_theta", "bucket_topk", "select_slots", "torch_bucket_levels"]
 
@@ -47,72 +45,74 @@ _BLOCK = 2048                 # keys per program of the histogram and gather ker
 _TILE = 128                   # keys per program of the ranking kernel
 
 
-@triton.jit
-def _hist_kernel(keys_ptr, C, hist_ptr, pick_ptr, LEVEL2: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    key = tl.load(keys_ptr + b * C + offs, mask=offs < C, other=-1)
-    ok = key >= 0
-    if LEVEL2:
-        ok = ok & ((key >> 50) == tl.load(pick_ptr + b))
-        digit = (key >> 38) & 4095
-    else:
-        digit = key >> 50
-    digit = tl.where(ok, digit, 0)
-    tl.atomic_add(hist_ptr + b * 4096 + digit, tl.full(digit.shape, 1, tl.int32), mask=ok, sem="relaxed")
+if triton is not None:
+
+    @triton.jit
+    def _hist_kernel(keys_ptr, C, hist_ptr, pick_ptr, LEVEL2: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        key = tl.load(keys_ptr + b * C + offs, mask=offs < C, other=-1)
+        ok = key >= 0
+        if LEVEL2:
+            ok = ok & ((key >> 50) == tl.load(pick_ptr + b))
+            digit = (key >> 38) & 4095
+        else:
+            digit = key >> 50
+        digit = tl.where(ok, digit, 0)
+        tl.atomic_add(hist_ptr + b * 4096 + digit, tl.full(digit.shape, 1, tl.int32), mask=ok, sem="relaxed")
 
 
-@triton.jit
-def _find_kernel(hist_ptr, k, pick_ptr, above_ptr, lo_ptr, total_ptr, theta_ptr, LEVEL2: tl.constexpr):
-    """Level 1: pick_ptr[b] = p1, above_ptr[b] = keys in buckets > p1. Level 2: lo, total, theta."""
-    b = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, 4096)
-    h = tl.load(hist_ptr + b * 4096 + d)
-    ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h          # keys in buckets >= d
-    above = tl.load(above_ptr + b) if LEVEL2 else 0
-    pick = tl.max(tl.where(ge >= k - above, d, -1), 0)  # -1: fewer than k keys
-    if LEVEL2:
-        p1 = tl.load(pick_ptr + b)
-        lo = tl.where(p1 >= 0, (p1 << 50) | (pick.to(tl.int64) << 38), 0)
-        total = above + tl.sum(tl.where(d >= pick, h, 0), 0)
-        bits = (lo >> 31).to(tl.int32)
-        theta = tl.where(p1 >= 0, bits.to(tl.float32, bitcast=True), 0.0)
-        tl.store(lo_ptr + b, lo)
-        tl.store(total_ptr + b, total)
-        tl.store(theta_ptr + b, theta)
-    else:
-        tl.store(pick_ptr + b, pick.to(tl.int64))
-        tl.store(above_ptr + b, tl.sum(tl.where(d > pick, h, 0), 0))
+    @triton.jit
+    def _find_kernel(hist_ptr, k, pick_ptr, above_ptr, lo_ptr, total_ptr, theta_ptr, LEVEL2: tl.constexpr):
+        """Level 1: pick_ptr[b] = p1, above_ptr[b] = keys in buckets > p1. Level 2: lo, total, theta."""
+        b = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, 4096)
+        h = tl.load(hist_ptr + b * 4096 + d)
+        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h          # keys in buckets >= d
+        above = tl.load(above_ptr + b) if LEVEL2 else 0
+        pick = tl.max(tl.where(ge >= k - above, d, -1), 0)  # -1: fewer than k keys
+        if LEVEL2:
+            p1 = tl.load(pick_ptr + b)
+            lo = tl.where(p1 >= 0, (p1 << 50) | (pick.to(tl.int64) << 38), 0)
+            total = above + tl.sum(tl.where(d >= pick, h, 0), 0)
+            bits = (lo >> 31).to(tl.int32)
+            theta = tl.where(p1 >= 0, bits.to(tl.float32, bitcast=True), 0.0)
+            tl.store(lo_ptr + b, lo)
+            tl.store(total_ptr + b, total)
+            tl.store(theta_ptr + b, theta)
+        else:
+            tl.store(pick_ptr + b, pick.to(tl.int64))
+            tl.store(above_ptr + b, tl.sum(tl.where(d > pick, h, 0), 0))
 
 
-@triton.jit
-def _gather_kernel(keys_ptr, C, lo_ptr, out_ptr, count_ptr, KMAX, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    key = tl.load(keys_ptr + b * C + offs, mask=offs < C, other=-1)
-    sel = (key >= 0) & (key >= tl.load(lo_ptr + b))
-    flag = sel.to(tl.int32)
-    base = tl.atomic_add(count_ptr + b, tl.sum(flag, 0), sem="relaxed")
-    pos = base + tl.cumsum(flag, 0) - 1
-    tl.store(out_ptr + b * KMAX + pos, key, mask=sel & (pos < KMAX))
+    @triton.jit
+    def _gather_kernel(keys_ptr, C, lo_ptr, out_ptr, count_ptr, KMAX, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        key = tl.load(keys_ptr + b * C + offs, mask=offs < C, other=-1)
+        sel = (key >= 0) & (key >= tl.load(lo_ptr + b))
+        flag = sel.to(tl.int32)
+        base = tl.atomic_add(count_ptr + b, tl.sum(flag, 0), sem="relaxed")
+        pos = base + tl.cumsum(flag, 0) - 1
+        tl.store(out_ptr + b * KMAX + pos, key, mask=sel & (pos < KMAX))
 
 
-@triton.jit
-def _rank_kernel(buf_ptr, count_ptr, out_ptr, KMAX, k, TILE: tl.constexpr, CH: tl.constexpr):
-    """out[b, r] = the gathered key of rank r (0 = largest) for r < k: each key's rank is the number of
-    gathered keys above it (keys are unique), so no sort is needed for the few thousand gathered keys."""
-    b = tl.program_id(0).to(tl.int64)
-    start = tl.program_id(1) * TILE
-    n = tl.minimum(tl.load(count_ptr + b), KMAX)
-    if start < n:
-        offs = start + tl.arange(0, TILE)
-        mine = tl.load(buf_ptr + b * KMAX + offs, mask=offs < n, other=-1)
-        rank = tl.zeros((TILE,), dtype=tl.int32)
-        for c0 in range(0, n, CH):
-            o = c0 + tl.arange(0, CH)
-            other = tl.load(buf_ptr + b * KMAX + o, mask=o < n, other=-1)
-            rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
-        tl.store(out_ptr + b * k + rank, mine, mask=(offs < n) & (rank < k))
+    @triton.jit
+    def _rank_kernel(buf_ptr, count_ptr, out_ptr, KMAX, k, TILE: tl.constexpr, CH: tl.constexpr):
+        """out[b, r] = the gathered key of rank r (0 = largest) for r < k: each key's rank is the number of
+        gathered keys above it (keys are unique), so no sort is needed for the few thousand gathered keys."""
+        b = tl.program_id(0).to(tl.int64)
+        start = tl.program_id(1) * TILE
+        n = tl.minimum(tl.load(count_ptr + b), KMAX)
+        if start < n:
+            offs = start + tl.arange(0, TILE)
+            mine = tl.load(buf_ptr + b * KMAX + offs, mask=offs < n, other=-1)
+            rank = tl.zeros((TILE,), dtype=tl.int32)
+            for c0 in range(0, n, CH):
+                o = c0 + tl.arange(0, CH)
+                other = tl.load(buf_ptr + b * KMAX + o, mask=o < n, other=-1)
+                rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+            tl.store(out_ptr + b * k + rank, mine, mask=(offs < n) & (rank < k))
 
 
 def _levels(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

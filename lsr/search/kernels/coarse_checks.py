@@ -21,56 +21,59 @@ the interpreter, edge values included.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT, coarse_floor, coarse_theta
 from lsr.search.kernels.topk import DOC_MASK, key_docs
+from lsr.utils.kernels import tl, triton
 
 __all__ = ["candidate_docs", "coarse_bounds", "coarse_verdicts", "torch_candidate_docs", "torch_coarse_bounds",
            "torch_coarse_verdicts"]
 
-_KEY_SHIFT = tl.constexpr(COARSE_KEY_SHIFT)
-_SHIFT = tl.constexpr(COARSE_SHIFT)
-_DOC_MASK = tl.constexpr(DOC_MASK)
-_ONE_MINUS_2_M50 = tl.constexpr(0x3FEFFFFFFFFFFFF8)   # the bits of float64 1 - 2**-50 (a float literal is float32)
+if triton is not None:
+
+    _KEY_SHIFT = tl.constexpr(COARSE_KEY_SHIFT)
+    _SHIFT = tl.constexpr(COARSE_SHIFT)
+    _DOC_MASK = tl.constexpr(DOC_MASK)
+    _ONE_MINUS_2_M50 = tl.constexpr(0x3FEFFFFFFFFFFFF8)   # the bits of float64 1 - 2**-50 (a float literal is float32)
 _BLOCK = 128
 _DOCS_BLOCK = 1024
 
 
-@triton.jit
-def _toward_zero(x):
-    """nextafter(x, 0) of float32 x > 0 (the caller masks the rest)."""
-    return (x.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
+if triton is not None:
+
+    @triton.jit
+    def _toward_zero(x):
+        """nextafter(x, 0) of float32 x > 0 (the caller masks the rest)."""
+        return (x.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
 
 
-@triton.jit
-def _theta_of(lo, inv):
-    """``coarse_theta``: the float32 score of int64 sum bits ``lo`` rounded down (lo >= 0, inv float64)."""
-    t = ((lo >> _KEY_SHIFT) << _SHIFT).to(tl.float64) * inv
-    t32 = t.to(tl.float32)
-    return tl.where(t32.to(tl.float64) > t, _toward_zero(t32), t32)
+    @triton.jit
+    def _theta_of(lo, inv):
+        """``coarse_theta``: the float32 score of int64 sum bits ``lo`` rounded down (lo >= 0, inv float64)."""
+        t = ((lo >> _KEY_SHIFT) << _SHIFT).to(tl.float64) * inv
+        t32 = t.to(tl.float32)
+        return tl.where(t32.to(tl.float64) > t, _toward_zero(t32), t32)
 
 
-@triton.jit
-def _floor_of(theta, scale, n_terms):
-    """``coarse_floor``: the least coarse sum of a doc whose float32 score reaches theta (> 0)."""
-    below = tl.where(theta > 0, _toward_zero(theta), 0.0)
-    factor = tl.full(theta.shape, _ONE_MINUS_2_M50, tl.int64).to(tl.float64, bitcast=True)
-    lim = below.to(tl.float64) * scale * factor
-    alo = tl.maximum(tl.minimum(lim, 4611686018427387904.0).to(tl.int64), 1)   # clamp(max=2**62), clamp_min(1)
-    alo = tl.where(theta > 0, alo, 1)
-    return (alo >> _SHIFT) - n_terms + 1
+    @triton.jit
+    def _floor_of(theta, scale, n_terms):
+        """``coarse_floor``: the least coarse sum of a doc whose float32 score reaches theta (> 0)."""
+        below = tl.where(theta > 0, _toward_zero(theta), 0.0)
+        factor = tl.full(theta.shape, _ONE_MINUS_2_M50, tl.int64).to(tl.float64, bitcast=True)
+        lim = below.to(tl.float64) * scale * factor
+        alo = tl.maximum(tl.minimum(lim, 4611686018427387904.0).to(tl.int64), 1)   # clamp(max=2**62), clamp_min(1)
+        alo = tl.where(theta > 0, alo, 1)
+        return (alo >> _SHIFT) - n_terms + 1
 
 
-@triton.jit
-def _bounds_kernel(edge_ptr, inv_ptr, scale_ptr, indptr_ptr, theta_ptr, floor_ptr, B, BLOCK: tl.constexpr):
-    q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = q < B
-    theta = _theta_of(tl.load(edge_ptr + q, mask=m, other=0), tl.load(inv_ptr + q, mask=m, other=1.0))
-    n_terms = tl.load(indptr_ptr + q + 1, mask=m, other=0) - tl.load(indptr_ptr + q, mask=m, other=0)
-    tl.store(theta_ptr + q, theta, mask=m)
-    tl.store(floor_ptr + q, _floor_of(theta, tl.load(scale_ptr + q, mask=m, other=1.0), n_terms), mask=m)
+    @triton.jit
+    def _bounds_kernel(edge_ptr, inv_ptr, scale_ptr, indptr_ptr, theta_ptr, floor_ptr, B, BLOCK: tl.constexpr):
+        q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = q < B
+        theta = _theta_of(tl.load(edge_ptr + q, mask=m, other=0), tl.load(inv_ptr + q, mask=m, other=1.0))
+        n_terms = tl.load(indptr_ptr + q + 1, mask=m, other=0) - tl.load(indptr_ptr + q, mask=m, other=0)
+        tl.store(theta_ptr + q, theta, mask=m)
+        tl.store(floor_ptr + q, _floor_of(theta, tl.load(scale_ptr + q, mask=m, other=1.0), n_terms), mask=m)
 
 
 def coarse_bounds(edge: torch.Tensor, inv_scale: torch.Tensor, scale: torch.Tensor,
@@ -94,31 +97,33 @@ def torch_coarse_bounds(edge: torch.Tensor, inv_scale: torch.Tensor, scale: torc
     return theta, coarse_floor(theta, scale, q_indptr)
 
 
-@triton.jit
-def _verdicts_kernel(top_ptr, W, kcol, counts_ptr, n_spans, cap, floor_ptr, reselect_ptr, inv_ptr, scale_ptr,
-                     indptr_ptr, redo_ptr, rescue_ptr, flags_ptr, full, short, SAMPLED: tl.constexpr,
-                     RESCUE_FLAG: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    worst = tl.zeros([BLOCK], dtype=tl.int32)
-    for s0 in range(0, n_spans, BLOCK):   # did any span's slots overflow?
-        s = s0 + tl.arange(0, BLOCK)
-        worst = tl.maximum(worst, tl.load(counts_ptr + b * n_spans + s, mask=s < n_spans, other=0))
-    n_terms = tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b)
-    # the k-th coarse key: k docs have coarse sums >= its sum, so every doc of the exact top k reaches lo_k
-    s_lo = _theta_of(tl.maximum(tl.load(top_ptr + b * W + kcol), 0), tl.load(inv_ptr + b))
-    lo_k = _floor_of(s_lo, tl.load(scale_ptr + b), n_terms)
-    last = tl.load(top_ptr + b * W + W - 1)
-    complete = (last < 0) | (full != 0) | ((last >> _KEY_SHIFT) < lo_k)
-    floor = tl.load(floor_ptr + b)
-    redo = (tl.max(worst, 0) > cap) | (floor < 1) | (tl.load(reselect_ptr + b).to(tl.int32) != 0)
-    if SAMPLED:
-        redo = redo | (floor > lo_k) | (short != 0)
-    rescue = (complete.to(tl.int32) == 0) & (redo.to(tl.int32) == 0)
-    tl.store(redo_ptr + b, redo)
-    tl.store(rescue_ptr + b, rescue)
-    tl.atomic_max(flags_ptr + 2, redo.to(tl.int32), sem="relaxed")
-    if RESCUE_FLAG:
-        tl.atomic_max(flags_ptr + 3, rescue.to(tl.int32), sem="relaxed")
+if triton is not None:
+
+    @triton.jit
+    def _verdicts_kernel(top_ptr, W, kcol, counts_ptr, n_spans, cap, floor_ptr, reselect_ptr, inv_ptr, scale_ptr,
+                         indptr_ptr, redo_ptr, rescue_ptr, flags_ptr, full, short, SAMPLED: tl.constexpr,
+                         RESCUE_FLAG: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        worst = tl.zeros([BLOCK], dtype=tl.int32)
+        for s0 in range(0, n_spans, BLOCK):   # did any span's slots overflow?
+            s = s0 + tl.arange(0, BLOCK)
+            worst = tl.maximum(worst, tl.load(counts_ptr + b * n_spans + s, mask=s < n_spans, other=0))
+        n_terms = tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b)
+        # the k-th coarse key: k docs have coarse sums >= its sum, so every doc of the exact top k reaches lo_k
+        s_lo = _theta_of(tl.maximum(tl.load(top_ptr + b * W + kcol), 0), tl.load(inv_ptr + b))
+        lo_k = _floor_of(s_lo, tl.load(scale_ptr + b), n_terms)
+        last = tl.load(top_ptr + b * W + W - 1)
+        complete = (last < 0) | (full != 0) | ((last >> _KEY_SHIFT) < lo_k)
+        floor = tl.load(floor_ptr + b)
+        redo = (tl.max(worst, 0) > cap) | (floor < 1) | (tl.load(reselect_ptr + b).to(tl.int32) != 0)
+        if SAMPLED:
+            redo = redo | (floor > lo_k) | (short != 0)
+        rescue = (complete.to(tl.int32) == 0) & (redo.to(tl.int32) == 0)
+        tl.store(redo_ptr + b, redo)
+        tl.store(rescue_ptr + b, rescue)
+        tl.atomic_max(flags_ptr + 2, redo.to(tl.int32), sem="relaxed")
+        if RESCUE_FLAG:
+            tl.atomic_max(flags_ptr + 3, rescue.to(tl.int32), sem="relaxed")
 
 
 def coarse_verdicts(top: torch.Tensor, k: int, n_cand: int, counts: torch.Tensor, cap: int, floor: torch.Tensor,
@@ -168,19 +173,21 @@ def torch_coarse_verdicts(top: torch.Tensor, k: int, n_cand: int, counts: torch.
     return redo, rescue, flags.to(torch.int32)
 
 
-@triton.jit
-def _docs_kernel(top_ptr, W, cand_ptr, C, rescue_ptr, out_ptr, HAS_RESCUE: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_top = j < W
-    key = tl.load(top_ptr + b * W + j, mask=in_top, other=-1)
-    if HAS_RESCUE:   # a rescued query reads its candidates (columns W..), the others their list
-        whole = (j * 0 + tl.load(rescue_ptr + b).to(tl.int32)) != 0   # as a block: masks must be blocks
-        in_cand = (j >= W) & (j < W + C) & whole
-        from_cand = tl.load(cand_ptr + b * C + (j - W), mask=in_cand, other=-1)
-        key = tl.where(in_top, tl.where(whole, -1, key), from_cand)
-    doc = tl.where(key >= 0, _DOC_MASK - (key & _DOC_MASK), -1)
-    tl.store(out_ptr + b * (W + C) + j, doc, mask=j < W + C)
+if triton is not None:
+
+    @triton.jit
+    def _docs_kernel(top_ptr, W, cand_ptr, C, rescue_ptr, out_ptr, HAS_RESCUE: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        in_top = j < W
+        key = tl.load(top_ptr + b * W + j, mask=in_top, other=-1)
+        if HAS_RESCUE:   # a rescued query reads its candidates (columns W..), the others their list
+            whole = (j * 0 + tl.load(rescue_ptr + b).to(tl.int32)) != 0   # as a block: masks must be blocks
+            in_cand = (j >= W) & (j < W + C) & whole
+            from_cand = tl.load(cand_ptr + b * C + (j - W), mask=in_cand, other=-1)
+            key = tl.where(in_top, tl.where(whole, -1, key), from_cand)
+        doc = tl.where(key >= 0, _DOC_MASK - (key & _DOC_MASK), -1)
+        tl.store(out_ptr + b * (W + C) + j, doc, mask=j < W + C)
 
 
 def candidate_docs(top: torch.Tensor, cand: torch.Tensor | None = None,

@@ -16,11 +16,9 @@ per-query candidate list ``doc_idx`` [B, C] (-1 = empty cell, scored 0).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.search.kernels.fixed import check_scales, from_fixed, to_fixed, torch_from_fixed, torch_to_fixed
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 from lsr.utils.ragged import ragged_positions
 
 __all__ = ["dense_queries", "torch_csr_scores", "triton_csr_scores"]
@@ -37,30 +35,32 @@ def dense_queries(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torc
     return out[:B]
 
 
-@triton.jit
-def _csr_kernel(doc_indptr_ptr, doc_terms_ptr, doc_w_ptr, qd_ptr, stride_qd_b, scale_ptr, inv_ptr,
-                cand_ptr, stride_cand_b, stride_cand_c, out_ptr, stride_out_b, B, C, n_docs,
-                BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cell = (rows < B)[:, None] & (cols < C)[None, :]
-    rows64 = rows.to(tl.int64)
-    doc = tl.load(cand_ptr + rows64[:, None] * stride_cand_b + cols[None, :].to(tl.int64) * stride_cand_c,
-                  mask=cell, other=-1).to(tl.int64)
-    valid = cell & (doc >= 0) & (doc < n_docs)
-    start = tl.load(doc_indptr_ptr + doc, mask=valid, other=0)
-    length = tl.load(doc_indptr_ptr + doc + 1, mask=valid, other=0) - start
-    scale = tl.load(scale_ptr + rows, mask=rows < B, other=1.0)
-    acc = tl.zeros([BLOCK_Q, BLOCK_C], dtype=tl.int64)
-    for r in range(tl.max(tl.max(length, axis=1), axis=0)):
-        m = r < length
-        term = tl.load(doc_terms_ptr + start + r, mask=m, other=0)
-        w = tl.load(doc_w_ptr + start + r, mask=m, other=0.0)
-        wq = tl.load(qd_ptr + rows64[:, None] * stride_qd_b + term, mask=m, other=0.0)
-        acc += to_fixed(wq, w, scale[:, None])  # wq = 0 for terms the query lacks: adds 0
-    inv = tl.load(inv_ptr + rows, mask=rows < B, other=1.0)
-    score = tl.where(valid, from_fixed(acc, inv[:, None]), 0.0)
-    tl.store(out_ptr + rows64[:, None] * stride_out_b + cols[None, :], score, mask=cell)
+if triton is not None:
+
+    @triton.jit
+    def _csr_kernel(doc_indptr_ptr, doc_terms_ptr, doc_w_ptr, qd_ptr, stride_qd_b, scale_ptr, inv_ptr,
+                    cand_ptr, stride_cand_b, stride_cand_c, out_ptr, stride_out_b, B, C, n_docs,
+                    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cell = (rows < B)[:, None] & (cols < C)[None, :]
+        rows64 = rows.to(tl.int64)
+        doc = tl.load(cand_ptr + rows64[:, None] * stride_cand_b + cols[None, :].to(tl.int64) * stride_cand_c,
+                      mask=cell, other=-1).to(tl.int64)
+        valid = cell & (doc >= 0) & (doc < n_docs)
+        start = tl.load(doc_indptr_ptr + doc, mask=valid, other=0)
+        length = tl.load(doc_indptr_ptr + doc + 1, mask=valid, other=0) - start
+        scale = tl.load(scale_ptr + rows, mask=rows < B, other=1.0)
+        acc = tl.zeros([BLOCK_Q, BLOCK_C], dtype=tl.int64)
+        for r in range(tl.max(tl.max(length, axis=1), axis=0)):
+            m = r < length
+            term = tl.load(doc_terms_ptr + start + r, mask=m, other=0)
+            w = tl.load(doc_w_ptr + start + r, mask=m, other=0.0)
+            wq = tl.load(qd_ptr + rows64[:, None] * stride_qd_b + term, mask=m, other=0.0)
+            acc += to_fixed(wq, w, scale[:, None])  # wq = 0 for terms the query lacks: adds 0
+        inv = tl.load(inv_ptr + rows, mask=rows < B, other=1.0)
+        score = tl.where(valid, from_fixed(acc, inv[:, None]), 0.0)
+        tl.store(out_ptr + rows64[:, None] * stride_out_b + cols[None, :], score, mask=cell)
 
 
 def triton_csr_scores(doc_indptr: torch.Tensor, doc_terms: torch.Tensor, doc_weights: torch.Tensor,

@@ -17,10 +17,8 @@ least as accurate as sequential float32 accumulation, and identical across kerne
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 
 __all__ = ["FIXED_BITS", "check_query_csr", "check_scales", "from_fixed", "query_scales", "to_fixed", "torch_from_fixed",
            "torch_to_fixed", "triton_query_scales"]
@@ -65,38 +63,40 @@ def query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch
     return torch.exp2(e), torch.exp2(-e)
 
 
-@triton.jit
-def _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK: tl.constexpr):
-    """float64 [BLOCK] bounds w_qt * max_scores[t] of the terms t0.. (0.0 past ``end``)."""
-    offs = t0 + tl.arange(0, BLOCK)
-    mask = offs < end
-    term = tl.load(terms_ptr + offs, mask=mask, other=0)
-    return tl.load(weights_ptr + offs, mask=mask, other=0.0).to(tl.float64) * \
-        tl.load(max_ptr + term, mask=mask, other=0.0).to(tl.float64)
+if triton is not None:
+
+    @triton.jit
+    def _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK: tl.constexpr):
+        """float64 [BLOCK] bounds w_qt * max_scores[t] of the terms t0.. (0.0 past ``end``)."""
+        offs = t0 + tl.arange(0, BLOCK)
+        mask = offs < end
+        term = tl.load(terms_ptr + offs, mask=mask, other=0)
+        return tl.load(weights_ptr + offs, mask=mask, other=0.0).to(tl.float64) * \
+            tl.load(max_ptr + term, mask=mask, other=0.0).to(tl.float64)
 
 
-@triton.jit
-def _query_scales_kernel(indptr_ptr, terms_ptr, weights_ptr, max_ptr, scale_ptr, inv_ptr, BLOCK: tl.constexpr):
-    """One query per program: ``query_scales``'s float64 steps in the same order (so the same bits; float64
-    division is IEEE round-to-nearest in Triton)."""
-    q = tl.program_id(0)
-    start = tl.load(indptr_ptr + q)
-    end = tl.load(indptr_ptr + q + 1)
-    m = tl.zeros((), dtype=tl.float64)
-    for t0 in range(start, end, BLOCK):
-        m = tl.maximum(m, tl.max(_term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK), 0))
-    denom = tl.maximum(m, 1e-300)
-    total = tl.zeros((), dtype=tl.int64)
-    for t0 in range(start, end, BLOCK):
-        bound = _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK)
-        total += tl.sum(tl.math.ceil(bound / denom * 1099511627776.0).to(tl.int64), 0)   # * 2**40; 0 past end
-    upper = m * total.to(tl.float64) / 1099511627776.0
-    # frexp's exponent from the bits (0 for 0.0; subnormals clamp to the same e below as frexp's)
-    biased = (upper.to(tl.int64, bitcast=True) >> 52) & 2047
-    exp = tl.where(upper > 0, biased - 1022, 0)
-    e = tl.minimum(tl.maximum(61 - exp, -1000), 1000)
-    tl.store(scale_ptr + q, ((e + 1023) << 52).to(tl.float64, bitcast=True))
-    tl.store(inv_ptr + q, ((1023 - e) << 52).to(tl.float64, bitcast=True))
+    @triton.jit
+    def _query_scales_kernel(indptr_ptr, terms_ptr, weights_ptr, max_ptr, scale_ptr, inv_ptr, BLOCK: tl.constexpr):
+        """One query per program: ``query_scales``'s float64 steps in the same order (so the same bits; float64
+        division is IEEE round-to-nearest in Triton)."""
+        q = tl.program_id(0)
+        start = tl.load(indptr_ptr + q)
+        end = tl.load(indptr_ptr + q + 1)
+        m = tl.zeros((), dtype=tl.float64)
+        for t0 in range(start, end, BLOCK):
+            m = tl.maximum(m, tl.max(_term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK), 0))
+        denom = tl.maximum(m, 1e-300)
+        total = tl.zeros((), dtype=tl.int64)
+        for t0 in range(start, end, BLOCK):
+            bound = _term_bounds(terms_ptr, weights_ptr, max_ptr, t0, end, BLOCK)
+            total += tl.sum(tl.math.ceil(bound / denom * 1099511627776.0).to(tl.int64), 0)   # * 2**40; 0 past end
+        upper = m * total.to(tl.float64) / 1099511627776.0
+        # frexp's exponent from the bits (0 for 0.0; subnormals clamp to the same e below as frexp's)
+        biased = (upper.to(tl.int64, bitcast=True) >> 52) & 2047
+        exp = tl.where(upper > 0, biased - 1022, 0)
+        e = tl.minimum(tl.maximum(61 - exp, -1000), 1000)
+        tl.store(scale_ptr + q, ((e + 1023) << 52).to(tl.float64, bitcast=True))
+        tl.store(inv_ptr + q, ((1023 - e) << 52).to(tl.float64, bitcast=True))
 
 
 def triton_query_scales(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,
@@ -122,16 +122,20 @@ def torch_from_fixed(acc: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor
     return (acc.to(torch.float64) * inv_scale).to(torch.float32)
 
 
-@triton.jit
-def to_fixed(w_query, w_doc, scale):
-    """int64 contribution of one posting: exact float64 product, scaled, truncated toward zero."""
-    return (w_query.to(tl.float64) * w_doc.to(tl.float64) * scale).to(tl.int64)
+if triton is not None:
+
+    @triton.jit
+    def to_fixed(w_query, w_doc, scale):
+        """int64 contribution of one posting: exact float64 product, scaled, truncated toward zero."""
+        return (w_query.to(tl.float64) * w_doc.to(tl.float64) * scale).to(tl.int64)
 
 
-@triton.jit
-def from_fixed(acc, inv_scale):
-    """float32 score of an int64 sum (``inv_scale`` = 2**-e, float64)."""
-    return (acc.to(tl.float64) * inv_scale).to(tl.float32)
+    @triton.jit
+    def from_fixed(acc, inv_scale):
+        """float32 score of an int64 sum (``inv_scale`` = 2**-e, float64)."""
+        return (acc.to(tl.float64) * inv_scale).to(tl.float32)
+else:  # pragma: no cover - no triton: the tl helpers other kernel modules import exist, unusable
+    to_fixed = from_fixed = None
 
 
 def check_query_csr(q_indptr: torch.Tensor, q_terms: torch.Tensor, q_weights: torch.Tensor,

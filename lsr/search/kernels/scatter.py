@@ -15,8 +15,6 @@ Two accumulators (``fixed``):
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.search.kernels.fixed import (
     check_query_csr,
@@ -26,46 +24,48 @@ from lsr.search.kernels.fixed import (
     torch_from_fixed,
     torch_to_fixed,
 )
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 from lsr.utils.ragged import ragged_positions, segment_ids
 
 __all__ = ["torch_scatter_scores", "triton_scatter_scores"]
 
 
-@triton.jit
-def _scatter_kernel(post_doc_ptr, post_w_ptr, offsets_ptr, plen_ptr,
-                    q_row_ptr, q_terms_ptr, q_w_ptr, scale_ptr,
-                    acc_ptr, stride_acc_b, n_split,
-                    CHUNK: tl.constexpr, FIXED: tl.constexpr):
-    entry = tl.program_id(0)        # one non-zero of the query CSR = one (query, term)
-    split = tl.program_id(1)        # long lists are cut into n_split interleaved slices
-    row = tl.load(q_row_ptr + entry).to(tl.int64)
-    term = tl.load(q_terms_ptr + entry).to(tl.int64)
-    wq = tl.load(q_w_ptr + entry)
-    start = tl.load(offsets_ptr + term)
-    length = tl.load(plen_ptr + term)
-    lane = tl.arange(0, CHUNK)
-    out_row = acc_ptr + row * stride_acc_b
-    if FIXED:
-        scale = tl.load(scale_ptr + row)
-    for c0 in range(split * CHUNK, length, n_split * CHUNK):
-        m = c0 + lane < length
-        doc = tl.load(post_doc_ptr + start + c0 + lane, mask=m, other=-1)
-        w = tl.load(post_w_ptr + start + c0 + lane, mask=m, other=0.0)
-        ok = doc >= 0                   # -1 = segment padding
+if triton is not None:
+
+    @triton.jit
+    def _scatter_kernel(post_doc_ptr, post_w_ptr, offsets_ptr, plen_ptr,
+                        q_row_ptr, q_terms_ptr, q_w_ptr, scale_ptr,
+                        acc_ptr, stride_acc_b, n_split,
+                        CHUNK: tl.constexpr, FIXED: tl.constexpr):
+        entry = tl.program_id(0)        # one non-zero of the query CSR = one (query, term)
+        split = tl.program_id(1)        # long lists are cut into n_split interleaved slices
+        row = tl.load(q_row_ptr + entry).to(tl.int64)
+        term = tl.load(q_terms_ptr + entry).to(tl.int64)
+        wq = tl.load(q_w_ptr + entry)
+        start = tl.load(offsets_ptr + term)
+        length = tl.load(plen_ptr + term)
+        lane = tl.arange(0, CHUNK)
+        out_row = acc_ptr + row * stride_acc_b
         if FIXED:
-            tl.atomic_add(out_row + doc, to_fixed(wq, w, scale), mask=ok, sem="relaxed")
-        else:
-            tl.atomic_add(out_row + doc, wq * w, mask=ok, sem="relaxed")
+            scale = tl.load(scale_ptr + row)
+        for c0 in range(split * CHUNK, length, n_split * CHUNK):
+            m = c0 + lane < length
+            doc = tl.load(post_doc_ptr + start + c0 + lane, mask=m, other=-1)
+            w = tl.load(post_w_ptr + start + c0 + lane, mask=m, other=0.0)
+            ok = doc >= 0                   # -1 = segment padding
+            if FIXED:
+                tl.atomic_add(out_row + doc, to_fixed(wq, w, scale), mask=ok, sem="relaxed")
+            else:
+                tl.atomic_add(out_row + doc, wq * w, mask=ok, sem="relaxed")
 
 
-@triton.jit
-def _fixed_to_float_kernel(acc_ptr, inv_ptr, out_ptr, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cols < N
-    acc = tl.load(acc_ptr + row * N + cols, mask=m, other=0)
-    tl.store(out_ptr + row * N + cols, from_fixed(acc, tl.load(inv_ptr + row)), mask=m)
+    @triton.jit
+    def _fixed_to_float_kernel(acc_ptr, inv_ptr, out_ptr, N, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = cols < N
+        acc = tl.load(acc_ptr + row * N + cols, mask=m, other=0)
+        tl.store(out_ptr + row * N + cols, from_fixed(acc, tl.load(inv_ptr + row)), mask=m)
 
 
 def triton_scatter_scores(post_doc: torch.Tensor, post_w: torch.Tensor, offsets: torch.Tensor,

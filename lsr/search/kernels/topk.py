@@ -23,11 +23,9 @@ point of the selection family is ``lsr.search.select``.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from lsr.search.kernels.row_topk_cuda import row_topk
-from lsr.utils.kernels import check_tensor
+from lsr.utils.kernels import check_tensor, tl, triton
 
 __all__ = [
     "DOC_MASK",
@@ -52,8 +50,11 @@ __all__ = [
 
 ROW = 32                      # docs per row maximum (one warp's worth)
 DOC_MASK = (1 << 31) - 1      # doc ids are int32, so 31 bits hold them
-_DOC_MASK = tl.constexpr(DOC_MASK)
-_ROW = tl.constexpr(ROW)
+
+if triton is not None:
+
+    _DOC_MASK = tl.constexpr(DOC_MASK)
+    _ROW = tl.constexpr(ROW)
 
 
 # ----------------------------------------------------------------------------------- keys (torch)
@@ -130,53 +131,57 @@ def torch_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int,
 
 
 # ----------------------------------------------------------------------------------- device helpers
-@triton.jit
-def pack_key(score, doc):
-    """int64 key of float32 ``score`` and integer ``doc`` (-1 where score <= 0)."""
-    bits = score.to(tl.int32, bitcast=True).to(tl.int64)
-    key = (bits << 31) | (_DOC_MASK - doc.to(tl.int64))
-    return tl.where(score > 0, key, -1)
+if triton is not None:
+
+    @triton.jit
+    def pack_key(score, doc):
+        """int64 key of float32 ``score`` and integer ``doc`` (-1 where score <= 0)."""
+        bits = score.to(tl.int32, bitcast=True).to(tl.int64)
+        key = (bits << 31) | (_DOC_MASK - doc.to(tl.int64))
+        return tl.where(score > 0, key, -1)
 
 
-@triton.jit
-def emit_tile(keys, ok, out_ptr, base, CAP: tl.constexpr):
-    """Append ``keys`` where ``ok`` (row-major order) to the slots ``out_ptr[base...]``.
+    @triton.jit
+    def emit_tile(keys, ok, out_ptr, base, CAP: tl.constexpr):
+        """Append ``keys`` where ``ok`` (row-major order) to the slots ``out_ptr[base...]``.
 
-    keys int64 / ok bool [A, 32] (a run of 32 * A consecutive docs: row-major = ascending doc);
-    out_ptr: scalar pointer to slot 0; base: int32 scalar. Slots >= CAP are dropped (the returned
-    count still includes them). Returns base + count.
-    """
-    okc = ok.to(tl.int32)
-    per_row = tl.sum(okc, axis=1)
-    total = tl.sum(per_row, axis=0)
-    if total > 0:  # most tiles hold no candidate: skip the scans
-        pos = base + (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(okc, axis=1) - 1
-        tl.store(out_ptr + pos, keys, mask=ok & (pos < CAP))
-    return base + total
-
-
-@triton.jit
-def row_max_keys(keys):
-    """[A, 32] int64 keys -> [A]: the best key of every run of 32 docs."""
-    return tl.max(keys, axis=1)
+        keys int64 / ok bool [A, 32] (a run of 32 * A consecutive docs: row-major = ascending doc);
+        out_ptr: scalar pointer to slot 0; base: int32 scalar. Slots >= CAP are dropped (the returned
+        count still includes them). Returns base + count.
+        """
+        okc = ok.to(tl.int32)
+        per_row = tl.sum(okc, axis=1)
+        total = tl.sum(per_row, axis=0)
+        if total > 0:  # most tiles hold no candidate: skip the scans
+            pos = base + (tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(okc, axis=1) - 1
+            tl.store(out_ptr + pos, keys, mask=ok & (pos < CAP))
+        return base + total
 
 
-@triton.jit
-def _pack_kernel(scores_ptr, docs_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    key = pack_key(tl.load(scores_ptr + i, mask=m, other=0.0), tl.load(docs_ptr + i, mask=m, other=-1))
-    tl.store(out_ptr + i, key, mask=m)
+    @triton.jit
+    def row_max_keys(keys):
+        """[A, 32] int64 keys -> [A]: the best key of every run of 32 docs."""
+        return tl.max(keys, axis=1)
 
 
-@triton.jit
-def _unpack_kernel(keys_ptr, scores_ptr, docs_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    key = tl.load(keys_ptr + i, mask=m, other=-1)
-    bits = tl.minimum(tl.maximum(key >> 31, 0), _DOC_MASK).to(tl.int32)
-    tl.store(scores_ptr + i, tl.where(key >= 0, bits.to(tl.float32, bitcast=True), 0.0), mask=m)
-    tl.store(docs_ptr + i, tl.where(key >= 0, _DOC_MASK - (key & _DOC_MASK), -1), mask=m)
+    @triton.jit
+    def _pack_kernel(scores_ptr, docs_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        key = pack_key(tl.load(scores_ptr + i, mask=m, other=0.0), tl.load(docs_ptr + i, mask=m, other=-1))
+        tl.store(out_ptr + i, key, mask=m)
+
+
+    @triton.jit
+    def _unpack_kernel(keys_ptr, scores_ptr, docs_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n
+        key = tl.load(keys_ptr + i, mask=m, other=-1)
+        bits = tl.minimum(tl.maximum(key >> 31, 0), _DOC_MASK).to(tl.int32)
+        tl.store(scores_ptr + i, tl.where(key >= 0, bits.to(tl.float32, bitcast=True), 0.0), mask=m)
+        tl.store(docs_ptr + i, tl.where(key >= 0, _DOC_MASK - (key & _DOC_MASK), -1), mask=m)
+else:  # pragma: no cover - no triton: the tl helpers other kernel modules import exist, unusable
+    pack_key = emit_tile = row_max_keys = None
 
 
 _PACK_BLOCK = 1024
@@ -206,23 +211,25 @@ def triton_unpack_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------- dense selection
-@triton.jit
-def _select_kernel(scores_ptr, stride_s_b, theta_ptr, out_ptr, count_ptr, N, n_chunks,
-                   CHUNK: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    A: tl.constexpr = CHUNK // _ROW
-    a = tl.arange(0, A)
-    cols = chunk * CHUNK + a[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
-    s = tl.load(scores_ptr + row * stride_s_b + cols, mask=cols < N, other=0.0)
-    keys = pack_key(s, cols)
-    if ROWMAX:
-        tl.store(out_ptr + row * (n_chunks * A) + chunk * A + a, row_max_keys(keys))
-    else:
-        theta = tl.load(theta_ptr + row)
-        slot = row * n_chunks + chunk
-        cnt = emit_tile(keys, (keys >= 0) & (s >= theta), out_ptr + slot * CAP, 0, CAP)
-        tl.store(count_ptr + slot, cnt)
+if triton is not None:
+
+    @triton.jit
+    def _select_kernel(scores_ptr, stride_s_b, theta_ptr, out_ptr, count_ptr, N, n_chunks,
+                       CHUNK: tl.constexpr, CAP: tl.constexpr, ROWMAX: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        A: tl.constexpr = CHUNK // _ROW
+        a = tl.arange(0, A)
+        cols = chunk * CHUNK + a[:, None] * _ROW + tl.arange(0, _ROW)[None, :]
+        s = tl.load(scores_ptr + row * stride_s_b + cols, mask=cols < N, other=0.0)
+        keys = pack_key(s, cols)
+        if ROWMAX:
+            tl.store(out_ptr + row * (n_chunks * A) + chunk * A + a, row_max_keys(keys))
+        else:
+            theta = tl.load(theta_ptr + row)
+            slot = row * n_chunks + chunk
+            cnt = emit_tile(keys, (keys >= 0) & (s >= theta), out_ptr + slot * CAP, 0, CAP)
+            tl.store(count_ptr + slot, cnt)
 
 
 def triton_select(scores: torch.Tensor, theta: torch.Tensor | None, chunk: int = 1024,
