@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,10 +51,22 @@ def check_compatible(query_meta: Mapping[str, Any] | None, index_meta: Mapping[s
     if not query_meta or not index_meta:
         return
     diffs = [f"{k}: queries {query_meta[k]!r} vs index {index_meta[k]!r}" for k in ENCODER_IDENTITY_KEYS
-             if k in query_meta and k in index_meta and query_meta[k] != index_meta[k]]
+             if k in query_meta and k in index_meta and not _same_identity(query_meta[k], index_meta[k])]
     if diffs:
         raise ValueError("queries and index were encoded differently (" + "; ".join(diffs) + "); "
                          "encode the queries with the index's encoder")
+
+
+def _same_identity(a: Any, b: Any) -> bool:
+    """Equal values, or two spellings of one local model folder (``data/models/x`` and its absolute path)."""
+    if a == b:
+        return True
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    try:
+        return os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def check_request(queries: SparseVectors, k: int, query_metadata: Mapping[str, Any] | None, index: Any) -> int:

@@ -161,6 +161,19 @@ def test_encoder_metadata_is_checked():
     searcher.search(queries, k=3, query_metadata={"kind": "bm25", "vocab_hash": "x"})
 
 
+def test_two_spellings_of_one_model_folder_are_one_encoder(tmp_path, monkeypatch):
+    """An index encoded with ``models/m`` searched with the folder's absolute path (or ``./models/m``) is the same
+    encoder; another folder is not."""
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    index_meta = {"kind": "splade", "model": "models/m"}
+    for spelling in (str(tmp_path / "models" / "m"), "./models/m", "models/../models/m"):
+        check_compatible({"kind": "splade", "model": spelling}, index_meta)
+    with pytest.raises(ValueError, match="model"):
+        check_compatible({"kind": "splade", "model": "models/other"}, index_meta)
+
+
 def test_exact_topk_orders_ties_by_id():
     g = torch.Generator().manual_seed(int.from_bytes(np.random.bytes(2), "little"))
     B, n, k = 6, 300, 17
