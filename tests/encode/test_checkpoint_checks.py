@@ -118,6 +118,7 @@ def test_a_vocab_size_that_does_not_fit_the_weights_is_refused(models, tmp_path,
             f'set "vocab_size": {rows} in its config.json')
 
 
+@pytest.mark.slow  # a fresh interpreter per case (~12 s): stderr must be the one error line, nothing else
 @pytest.mark.parametrize("kind, key, needle", [
     ("llama", "lm_head.weight", "lacks the LM head"),
     ("bert", "cls.predictions.bias", "lacks the MLM head"),
