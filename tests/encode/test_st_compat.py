@@ -199,3 +199,18 @@ def test_st_checkpoint_on_cuda(checkpoints, name):
     for kind in ("query", "document"):
         ours, theirs = getattr(enc, f"encode_{kind}")(TEXTS), getattr(ref, f"encode_{kind}")(TEXTS).cpu()
         assert_same_vectors(ours, theirs)
+
+
+def test_a_token_weight_table_shorter_than_the_tokenizer_is_refused(checkpoints, tmp_path):
+    """The inference-free query route's table must have a row for every id its tokenizer emits."""
+    from safetensors.torch import load_file, save_file
+
+    bad = _copy_with_modules(checkpoints["inference_free"], tmp_path / "short",
+                             json.loads((checkpoints["inference_free"] / "modules.json").read_text()))
+    (weights,) = [p for p in bad.rglob("model.safetensors") if list(load_file(str(p))) == ["weight"]]
+    table = load_file(str(weights))["weight"]
+    save_file({"weight": table[:-3].contiguous()}, str(weights))
+    with pytest.raises(ValueError, match=f"the tokenizer has {table.shape[0]} tokens but the token weight "
+                                         f"table has {table.shape[0] - 3} rows") as e:
+        SpladeEncoder.from_pretrained(bad, device="cpu")
+    assert str(e.value).startswith(str(weights.parent)) and "\n" not in str(e.value)

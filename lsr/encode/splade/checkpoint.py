@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from lsr.encode.backbone.varlen_body import VarlenBody
+from lsr.encode.splade.load_checks import CheckpointError, check_vocabulary, load_model
 from lsr.encode.tokenize.pool import TokenizerPool, load_tokenizer, tokenize_function
 
 __all__ = ["NO_LIMIT", "MaskedLMTower", "TextTokenizer", "downloads_off", "mask_terms", "resolve_dtype",
@@ -170,10 +171,13 @@ class MaskedLMTower:
         self.name = name
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(name, **kw)
         auto = getattr(transformers, self.auto_class)
-        try:
-            model = auto.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, **kw)
+        try:  # missing or mis-shaped weights are refused, tied heads recognised: lsr.encode.splade.load_checks
+            model = load_model(auto, name, dtype=dtype, attn_implementation=attn_implementation, **kw)
+        except CheckpointError:
+            raise
         except (ValueError, ImportError):  # this architecture has no such attention implementation
-            model = auto.from_pretrained(name, dtype=dtype, **kw)
+            model = load_model(auto, name, dtype=dtype, **kw)
+        check_vocabulary(name, self.tokenizer, model.get_input_embeddings().weight.shape[0])
         model.to(device).eval()
         decoder = model.get_output_embeddings()
         if not isinstance(decoder, nn.Linear):

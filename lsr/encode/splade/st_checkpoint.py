@@ -31,6 +31,7 @@ import torch
 
 from lsr.encode.splade.causal import load_tower
 from lsr.encode.splade.checkpoint import NO_LIMIT, MaskedLMTower, downloads_off, tokenizer_facts
+from lsr.encode.splade.load_checks import check_vocabulary
 
 __all__ = ["Route", "StCheckpoint", "StaticTower", "activate", "find_st_folder", "load_route", "load_st_towers",
            "pool_logits", "read_st_checkpoint"]
@@ -190,6 +191,8 @@ class StaticTower:
         self.table = _load_weight(path).to(device=device, dtype=torch.float32)
         if self.table.ndim != 1 or not bool(torch.isfinite(self.table).all()) or bool((self.table < 0).any()):
             raise ValueError(f"{path}: the token weight table must be a finite, non-negative [vocab] vector")
+        check_vocabulary(str(path), self.tokenizer, self.table.shape[0], "the token weight table",
+                         "use the tokenizer saved with this table, or give the table one weight per token id")
         self.vocab, self.pad_id, self.max_positions = tokenizer_facts(self.tokenizer, self.table.shape[0])
 
     def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
