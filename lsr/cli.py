@@ -378,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if e.code is None else e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
+    from lsr.parallel.watchdog import report_as
+
+    report_as(f"lsr {args.command}")   # the line a distributed job's heartbeat prints, should a rank stop
     try:
         _check_output_flags(args)
         return int(args.func(args) or 0)

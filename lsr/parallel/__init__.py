@@ -3,6 +3,10 @@
 * ``topology``: process-group setup (gloo on CPUs, NCCL on GPUs; ``process_group`` joins and leaves it),
   rank / world / device of this process, ``agree`` (a step that fails on one rank fails on all), the
   collective timeout (``LSR_DIST_TIMEOUT``).
+* ``agreement``: the one agreement at the start of every job: each rank's fingerprint of its index,
+  documents, inputs, settings and output folder, compared in one collective (``RanksDisagree``).
+* ``watchdog``: every rank's heartbeat: a stopped rank found within ``LSR_DIST_HEARTBEAT`` seconds, and no rank
+  left running or stopped when a job ends; ``joblock``: one encoding at a time in a vector folder.
 * ``sharded_index``: ``ShardedIndex``, a collection split into contiguous partitions in one folder;
   ``build_sharded_index`` builds it in one process or on every rank.
 * ``sharded_search``: ``ShardedSearcher``, the partitions searched in turn on one device with an exact merge.

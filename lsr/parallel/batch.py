@@ -13,7 +13,8 @@ for byte (same scores per document: see ``lsr.parallel.search``). The gather goe
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,7 +31,7 @@ from lsr.sparse import SparseVectors
 from lsr.utils.host_copy import copy_to_host
 
 __all__ = ["BatchHits", "ShardedHits", "index_doc_count", "index_partition_count", "load_rank_index",
-           "search_batch", "search_sharded"]
+           "rank_index_job", "search_batch", "search_sharded"]
 
 GATHER_BYTES = 1 << 30  # rank 0's receive buffers per gather call
 
@@ -134,14 +135,30 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
     return out
 
 
+@contextmanager
+def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str, Any]
+                   ) -> Iterator[tuple[ShardedIndex, torch.device]]:
+    """The start of a search job on every rank of a torchrun job (collective): join the process group (left on
+    exit unless the caller had joined), agree on the index and ``settings`` (the search options; one
+    collective, ``lsr.parallel.agreement``), load this rank's partitions. Yields (them, this rank's device)."""
+    from lsr.parallel.agreement import agreement, index_parts, settings_part
+
+    with process_group(device) as dev:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with agreement("read the index") as parts:
+            parts += [*index_parts(index), settings_part("search settings", settings)]
+        with agree("load its partitions"):
+            mine = load_rank_index(index, rank, world)
+        yield mine, dev
+
+
 def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: int, device: str, *,
                    backend: str = "auto", stream: bool | None = None, query_batch: int | None = None,
                    query_metadata: Mapping[str, Any] | None = None) -> ShardedHits | None:
     """Exact top-k of ``queries`` over an index folder: a sharded one in one process (``ShardedSearcher``),
-    or a sharded or plain one on every rank of a torchrun job (``search_batch``; collective: it joins the
-    process group and leaves it when done unless the caller had joined; rank 0 passes the queries, encoded
-    on ``rank_device(device)``, and the others None). Returns the hits where the queries were given, None
-    on the other ranks. ``stream``: as ``ShardedSearcher``."""
+    or a sharded or plain one on every rank of a torchrun job (``rank_index_job``, then ``search_batch``; rank
+    0 passes the queries, encoded on ``rank_device(device)``, and the others None). Returns the hits where the
+    queries were given, None on the other ranks. ``stream``: as ``ShardedSearcher``."""
     if not is_distributed():
         if queries is None:
             raise ValueError("search_sharded needs the queries outside a torchrun job")
@@ -149,10 +166,8 @@ def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: i
         searcher = ShardedSearcher(sharded, device, backend, stream=stream)
         scores, doc_idx = searcher.search(queries, k=k, query_batch=query_batch, query_metadata=query_metadata)
         return ShardedHits(scores, doc_idx, sharded.docnos)
-    with process_group(device) as dev:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        with agree("load its partitions"):
-            mine = load_rank_index(index, rank, world)
+    settings = {"k": k, "backend": backend, "stream": stream, "query_batch": query_batch}
+    with rank_index_job(index, device, settings) as (mine, dev):
         hits = search_batch(mine, queries, k, dev, backend=backend, stream=stream, query_batch=query_batch,
                             query_metadata=query_metadata)
         return ShardedHits(hits.scores, hits.doc_idx, mine.docnos) if hits is not None else None

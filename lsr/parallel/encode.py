@@ -9,6 +9,10 @@ that window (the window's sort and batches are the same); the rank that finishes
 writes that shard with the bytes one process writes; at the end rank 0 moves the shards into OUT and
 writes its manifest: the result is the folder one process writes, file for file, for any world size.
 
+The ranks first agree on the plan (the document count and settings) and the folder (``lsr.parallel.agreement``),
+and rank 0 holds ``OUT/.lsr-encode.lock`` for the whole job (``lsr.parallel.joblock``): a second job into the
+same folder is refused before it touches it.
+
 Resume: finished units and shards stay in ``OUT/.lsr-encode/``; a restart with any world size (one process
 too, through ``encode_corpus_distributed`` or ``lsr encode``) encodes only the rest. An unfinished
 single-process folder is taken over the same way.
@@ -17,6 +21,7 @@ single-process folder is taken over the same way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -28,7 +33,9 @@ from lsr.data.dataset import Dataset
 from lsr.encode.base import Encoder
 from lsr.encode.corpus import DISTRIBUTED_WORK, CorpusRun, check_windows, encode_corpus, vector_metadata
 from lsr.encode.stream import FIRST_WINDOW
+from lsr.parallel.agreement import agreement, output_part, settings_part
 from lsr.parallel.encode_units import EncodeWork, UnitWriter, claimed_windows
+from lsr.parallel.joblock import FolderLock
 from lsr.storage.files import remove_dead_temporaries
 from lsr.storage.shards import MANIFEST, read_manifest
 
@@ -96,12 +103,36 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
     plan = {"n_docs": n_docs, "shard_rows": shard_rows, "sort_window": check_windows(shard_rows, sort_window),
             "first_window": first_window, "vocab_size": encoder.vocab_size,
             "metadata": vector_metadata(encoder, doc_top_k), "origin": origin}
-    work = EncodeWork(out, plan)
+    work, lock, taken = EncodeWork(out, plan), FolderLock(out), False
+    with agreement("plan the encoding") as parts:  # (a library caller's documents: their count and settings)
+        # not compared: where the documents and the model were read (paths that may differ between hosts)
+        facts = {k: v for k, v in plan["metadata"].items() if k not in ("model", "query_model")}
+        parts += [settings_part("encoding plan", {**{k: v for k, v in plan.items() if k != "origin"}, "metadata": facts}),
+                  output_part(out)]
     with _agreed(f"open the output folder {out}"):
         if rank == 0:
-            _start_job(work, resume)
-    if not work.root.is_dir():  # complete already
-        return read_manifest(out)
+            taken = lock.acquire()  # one job at a time: a second one is refused before it touches the folder
+            try:
+                _start_job(work, resume)
+            except BaseException:
+                if taken:
+                    lock.release()
+                raise
+    try:
+        if work.root.is_dir():  # (else complete already)
+            _run_units(encoder, docs, work, settings, prefetch, show_progress_bar, stats)
+    finally:
+        if taken:
+            lock.release()
+    return read_manifest(out)
+
+
+def _run_units(encoder: Encoder, docs: Iterable[tuple[str, str]], work: EncodeWork, settings: dict[str, Any],
+               prefetch: int, show_progress_bar: bool, stats: dict[str, Any] | None) -> None:
+    """Every rank: its units, then the shards nobody wrote; rank 0 publishes the folder (each step agreed)."""
+    from lsr.parallel.topology import rank_and_size
+
+    rank, world = rank_and_size()
     with _agreed("encode the documents"):
         try:
             _encode_units(encoder, docs, work, settings, prefetch, show_progress_bar and rank == 0, stats)
@@ -112,10 +143,9 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
         for k in range(rank, work.n_shards, world):
             if not work.shard_done(k):
                 work.merge_shard(k)
-    with _agreed(f"publish the vectors in {out}"):
+    with _agreed(f"publish the vectors in {work.out}"):
         if rank == 0:
             work.publish()
-    return read_manifest(out)
 
 
 def _encode_units(encoder: Encoder, docs: Iterable[tuple[str, str]], work: EncodeWork, settings: dict[str, Any],
@@ -162,13 +192,15 @@ def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: Encod
     the same documents (checked before a new fit replaces the saved one). ``encoder``'s batch_size,
     shard_rows, doc_top_k and tokenize_workers set the encoding.
     """
-    from lsr.parallel.topology import agree, built_on_rank0, process_group
+    from lsr.parallel.agreement import agreement, config_parts, corpus_part, output_part
+    from lsr.parallel.topology import agree, built_on_rank0, process_group, rank_and_size
     from lsr.pipeline.steps import corpus_settings, open_encoder
 
     out = Path(out_dir)
     fit = encoder.kind == "bm25" and not encoder.model
     with process_group(device) as dev:
-        with agree("check where the documents come from"):
+        with agreement("check where the documents come from") as parts:  # the ranks agree before any work
+            parts += [corpus_part(dataset), output_part(out), *config_parts({"encoder": dataclasses.asdict(encoder)})]
             if (out / MANIFEST).exists():
                 from lsr.storage.provenance import check_same_origin
 
@@ -186,5 +218,13 @@ def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: Encod
 
             return LexicalEncoder.load(out / "encoder")
 
-        enc = built_on_rank0(build, load, "the encoder", rank0_only=fit)
-        return encode_dataset_distributed(enc, dataset, out, **corpus_settings(encoder, dataset.docs_origin))
+        lock, taken = FolderLock(out), False
+        with agree(f"lock the output folder {out}"):  # before the fit saves into it: a second job is refused here
+            if rank_and_size()[0] == 0:
+                taken = lock.acquire()
+        try:
+            enc = built_on_rank0(build, load, "the encoder", rank0_only=fit)
+            return encode_dataset_distributed(enc, dataset, out, **corpus_settings(encoder, dataset.docs_origin))
+        finally:
+            if taken:
+                lock.release()

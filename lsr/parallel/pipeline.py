@@ -1,5 +1,7 @@
 """``lsr run`` on every rank of a torchrun job: the steps of ``lsr.pipeline`` spread over the ranks.
 
+* the ranks agree on what they use (``lsr.parallel.agreement``: the config, the documents, the encoder's and
+  other input files by content, the output folder by path) in one collective before any work;
 * rank 0 alone checks and claims the output folder (``lsr.storage.provenance``) and fits BM25 statistics; the
   other ranks follow once it has (they load the fit it saved);
 * every rank encodes its slice of the documents into the run's ``doc_vectors`` folder
@@ -27,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lsr.config import RunConfig
+from lsr.parallel.agreement import agreement, config_parts, corpus_part
 from lsr.parallel.encode import encode_dataset_distributed
 from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, process_group
 from lsr.pipeline.steps import (
@@ -65,12 +68,13 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
     with process_group(resolve_device(cfg.device)) as device:
         dev = str(device)
         rank, world = dist.get_rank(), dist.get_world_size()
-        with agree("read the config and the dataset"):
+        with agreement("read the config and the dataset") as parts:  # the ranks agree before any work
             cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, world)))
             from lsr.data.sources import load_dataset
 
             dataset = load_dataset(cfg.data.dataset, cfg.data.split)
             check_job_partitions(cfg, dataset, cfg.index.partitions)
+            parts += [corpus_part(dataset), *config_parts(cfg.to_dict(), covered=("data.dataset",))]
         with agree("claim the output folder"):
             if rank == 0:  # rank 0 decides, the others follow
                 claim_output(cfg, dataset, Path(cfg.output), overwrite)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lsr.parallel.agreement import agreement, index_parts, settings_part
 from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
 from lsr.parallel.plan import rank_role, slice_bounds
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
@@ -62,6 +63,13 @@ class DistributedSearcher:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = device
         self._comm = comm_device()
+        with agreement("read the index") as parts:  # the same index (by content) and options on every rank
+            held = {"backend": backend, "max_memory_bytes": max_memory_bytes, "stream": stream}
+            if isinstance(index, ShardedIndex):
+                held |= {"partitions": index.n_partitions, "documents": index.n_docs, "vocabulary": index.vocab_size}
+            else:
+                parts += index_parts(index)
+            parts.append(settings_part("search settings", held))
         with agree("load its partitions"):
             if isinstance(index, ShardedIndex):  # built in memory by this rank (its partitions loaded)
                 self.role = rank_role(index.n_partitions, self.rank, self.world_size)

@@ -97,7 +97,14 @@ def build_sharded_index(vectors: SparseVectors | str | os.PathLike, n_partitions
     from lsr.parallel.topology import is_distributed, process_group
 
     if is_distributed():
+        from lsr.parallel.agreement import agreement, content_part, output_part, settings_part
+
         with process_group(device) as dev:
+            with agreement("read the vectors") as parts:  # the ranks agree before any work
+                parts += [settings_part("index settings", {"partitions": n_partitions, **build_kwargs}),
+                          output_part(out, "index folder")]
+                if not isinstance(vectors, SparseVectors):
+                    parts.append(content_part("vectors", vectors))
             ShardedIndex.build(vectors, n_partitions, out, device=str(dev), **build_kwargs)
     else:
         ShardedIndex.build(vectors, n_partitions, out, device=device, **build_kwargs)

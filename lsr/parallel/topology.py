@@ -5,14 +5,18 @@ ranks may share one GPU (a test of the multi-GPU code on one card: NCCL refuses 
 through gloo, staging the small collective tensors in host memory).
 
 Every collective waits at most ``LSR_DIST_TIMEOUT`` seconds (default 1800) for the other ranks: a rank that
-stopped or hung (not one that died: torchrun's agent ends the job at once then) makes the others fail after
-that long with one error naming the setting (``process_group``), instead of waiting forever. The wait must
-cover the longest stretch one rank works alone between two collectives (encoding its slice, building its
-partitions), hence the long default; search-only jobs can set it to a minute or two.
+hung (not one that died: torchrun's agent ends the job at once then) makes the others fail after that long
+with one error naming the setting (``process_group``), instead of waiting forever. The wait must cover the
+longest stretch one rank works alone between two collectives (encoding its slice, building its partitions),
+hence the long default; search-only jobs can set it to a minute or two. A rank that stopped (SIGSTOP, a frozen
+host) is found sooner, by the heartbeat every rank runs from joining to leaving (``lsr.parallel.watchdog``,
+``LSR_DIST_HEARTBEAT`` seconds, default 60); ``leave_distributed`` ends it, when it runs on this host, if this
+rank leaves with an error.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,11 +27,14 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "agree", "broadcast_text", "built_on_rank0", "collective_backend",
-           "collective_timeout", "comm_device", "init_distributed", "is_distributed", "launch_rank", "process_group",
-           "rank_and_size", "rank_device"]
+           "collective_timeout", "comm_device", "init_distributed", "is_distributed", "launch_rank", "leave_distributed",
+           "process_group", "rank_and_size", "rank_device"]
 
 TIMEOUT_ENV = "LSR_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800.0
+
+log = logging.getLogger(__name__)
+_watch: dict[str, Any] = {"dog": None, "groups": 0}   # this process's heartbeat, and the groups it has joined
 
 
 def is_distributed() -> bool:
@@ -100,7 +107,9 @@ def _timeout_error(e: BaseException) -> RuntimeError:
 
 
 def init_distributed(device: str) -> torch.device:
-    """Join the process group torchrun describes and return this rank's device."""
+    """Join the process group torchrun describes (and start this rank's heartbeat) and return this rank's device."""
+    from lsr.parallel.watchdog import heartbeat_timeout
+
     cuda = str(device).startswith("cuda")
     if cuda:
         dev = _local_gpu()
@@ -108,10 +117,33 @@ def init_distributed(device: str) -> torch.device:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
+        heartbeat = heartbeat_timeout()   # a bad setting fails before the join
         backend = collective_backend(device)
         kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout()), **kw)
+        _watch["groups"] += 1   # every rank joins its job's groups in the same order: the same number on each
+        if heartbeat is not None and dist.get_world_size() > 1 and "MASTER_ADDR" in os.environ:
+            from lsr.parallel.watchdog import Watchdog
+
+            try:
+                _watch["dog"] = Watchdog(dist.get_rank(), dist.get_world_size(), _watch["groups"], heartbeat)
+            except Exception as e:  # noqa: BLE001 - the job runs on without it (the collective timeout still holds)
+                log.warning("no heartbeat for this rank (%s: %s): a stopped rank is found by %s only",
+                            type(e).__name__, e, TIMEOUT_ENV)
     return dev
+
+
+def leave_distributed(failed: bool = False) -> None:
+    """Leave the process group ``init_distributed`` joined: stop the heartbeat (telling the others this rank
+    left) and destroy the group. ``failed``: this rank leaves with an error, so its peers on this host that are
+    stopped are ended first (nothing else would: a stopped process outlives torchrun)."""
+    dog, _watch["dog"] = _watch["dog"], None
+    if dog is not None:
+        if failed:
+            dog.end_stopped_peers()
+        dog.leave()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @contextmanager
@@ -122,11 +154,13 @@ def process_group(device: str) -> Iterator[torch.device]:
     joined = not dist.is_initialized()
     try:
         dev = init_distributed(device)
+        failed = True
         try:
             yield dev
+            failed = False
         finally:
-            if joined and dist.is_initialized():
-                dist.destroy_process_group()
+            if joined:
+                leave_distributed(failed)
     except Exception as e:
         if _timed_out(e):
             raise _timeout_error(e) from e

@@ -74,17 +74,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     from lsr.parallel.topology import is_distributed
 
-    if is_sharded(args.index) or is_distributed():  # a sharded index, or any index on every rank of a torchrun job
+    if is_distributed():  # any index on every rank of a torchrun job
+        return _search_on_ranks(args, device)
+    if is_sharded(args.index):
         from lsr.parallel.batch import index_doc_count, search_sharded
-        from lsr.parallel.topology import launch_rank, rank_device
 
         args.k = run_depth(args.k, index_doc_count(args.index))
-        lead = launch_rank() == 0  # reads the queries and writes the run
-        queries, meta = _queries_from_args(args, rank_device(device)) if lead else (None, None)
+        queries, meta = _queries_from_args(args, device)
         hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
                               stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta)
-        if hits is None:
-            return 0
         return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
@@ -92,6 +90,26 @@ def cmd_search(args: argparse.Namespace) -> int:
     scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
     return _write_run(args, queries, index.docnos, scores, doc_idx)
+
+
+def _search_on_ranks(args: argparse.Namespace, device: str) -> int:
+    """``lsr search`` under torchrun: the ranks agree on the index and the options before any work
+    (``rank_index_job``), rank 0 reads (or encodes) the queries, every rank searches its share, rank 0 writes."""
+    from lsr.parallel.batch import rank_index_job, search_batch
+    from lsr.parallel.topology import agree, launch_rank
+    from lsr.search.searcher import run_depth
+
+    stream = {"auto": None, "yes": True, "no": False}[args.stream]
+    queries, meta = None, None
+    with rank_index_job(args.index, device, {"k": args.k, "backend": args.backend, "stream": stream}) as (mine, dev):
+        args.k = run_depth(args.k, mine.n_docs)
+        with agree("read the queries"):
+            if launch_rank() == 0:  # reads the queries and writes the run
+                queries, meta = _queries_from_args(args, str(dev))
+        hits = search_batch(mine, queries, args.k, dev, backend=args.backend, stream=stream, query_metadata=meta)
+    if hits is None:
+        return 0
+    return _write_run(args, queries, mine.docnos, hits.scores, hits.doc_idx)
 
 
 def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> int:

@@ -76,7 +76,7 @@ class Trainer:
     """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        from lsr.parallel.topology import init_distributed, is_distributed
+        from lsr.parallel.topology import init_distributed, is_distributed, leave_distributed
         from lsr.pipeline import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
@@ -88,10 +88,15 @@ class Trainer:
         self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
             if is_distributed() else (0, 1)
         try:
+            if self.world > 1:  # the job's one agreement: the same config, inputs and output on every rank
+                from lsr.parallel.agreement import agreement, config_parts
+
+                with agreement("read the config and its inputs") as parts:
+                    parts += config_parts(cfg.to_dict())
             self._setup()
         except BaseException:
             if self.joined:  # every rank fails here together (each step is agreed on)
-                torch.distributed.destroy_process_group()
+                leave_distributed(failed=True)
             raise
 
     def _setup(self) -> None:
@@ -365,12 +370,17 @@ class Trainer:
         before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
         if self.cfg.optim.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        failed = True
         try:
-            return self._run()
+            path = self._run()
+            failed = False
+            return path
         finally:  # a process-wide switch: leave it as it was
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
             if self.joined:
-                torch.distributed.destroy_process_group()
+                from lsr.parallel.topology import leave_distributed
+
+                leave_distributed(failed)
 
     def _run(self) -> Path:
         cfg, final = self.cfg, self.out / "model"

@@ -4,6 +4,7 @@ output folder is the single-process one byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -142,11 +143,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _torchrun(nproc: int, argv: list[str]) -> subprocess.Popen:
+def _torchrun(nproc: int, argv: list[str], **env: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.2", "-m", "lsr", *argv]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **env)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _shards_done(folder: Path, n: int, job: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Wait until ``job``'s encoding into ``folder`` has written ``n`` shards (it is mid-way)."""
+    shards, deadline = folder / DISTRIBUTED_WORK / "shards", time.monotonic() + timeout_s
+    while not (shards.is_dir() and len(list(shards.glob("*.json"))) >= n):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
 
 
 def _scifact(folder: Path, data_dir: Path, n: int) -> str:
@@ -167,10 +176,7 @@ def test_a_killed_rank_ends_the_job_and_one_process_resumes_it(tmp_path, data_di
     ds = _scifact(tmp_path / "ds", data_dir, 2000)
     args = ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu"]
     job = _torchrun(2, [*args, "--out", str(tmp_path / "dist")])
-    shards, deadline = tmp_path / "dist" / DISTRIBUTED_WORK / "shards", time.monotonic() + 120
-    while not (shards.is_dir() and len(list(shards.glob("*.json"))) >= 5):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-        time.sleep(0.05)
+    _shards_done(tmp_path / "dist", 5, job)
     ranks = _children(job.pid)
     assert sorted(ranks) == [0, 1]
     os.kill(ranks[1], signal.SIGKILL)
@@ -210,3 +216,39 @@ def test_three_ranks_finish_a_killed_single_process_encoding(tmp_path, data_dir)
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert _files(tmp_path / "dist") == _files(tmp_path / "one")
     assert kept == json.loads(manifest.read_text())["shards"][:len(kept)]
+
+
+@pytest.mark.slow
+def test_a_second_torchrun_encode_into_a_busy_folder_is_refused(tmp_path, data_dir):
+    """Two torchrun encodes into one folder: the second is refused with one line naming the first's rank 0
+    (pid and host) before it touches the folder; the first finishes undisturbed (the folder one process
+    writes, no lock or working folder left)."""
+    from lsr.cli import main
+
+    ds = _scifact(tmp_path / "ds", data_dir, 2000)
+    args = ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu"]
+    first, ranks = _torchrun(2, [*args, "--out", str(tmp_path / "dist")]), {}
+    try:
+        _shards_done(tmp_path / "dist", 2, first)
+        ranks = _children(first.pid)
+        for pid in ranks.values():  # the first job is paused (not ended) while the second starts: however fast
+            os.kill(pid, signal.SIGSTOP)  # it is, it is still at work when the second one looks
+        second = _torchrun(2, [*args, "--out", str(tmp_path / "dist")])
+        _, err = second.communicate(timeout=180)
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGCONT)
+        out, first_err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+        for pid in ranks.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert second.returncode != 0
+    errors = [ln for ln in err.splitlines() if ln.startswith("lsr encode: error: ")]
+    assert len(errors) == 2, err[-3000:]   # one line per rank
+    assert any(f"{tmp_path / 'dist'} is being written by another job (pid {ranks[0]} on host " in e for e in errors), errors
+    assert any("another rank failed to lock the output folder" in e for e in errors), errors
+    assert first.returncode == 0, first_err[-3000:]
+    assert out.endswith("(2000 documents in 100 shards)\n")
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert _files(tmp_path / "dist") == _files(tmp_path / "one")   # (rglob: no lock, no .lsr-encode left)

@@ -1,9 +1,11 @@
-"""Faults in a distributed job: a stopped rank ends the others after ``LSR_DIST_TIMEOUT`` with one line naming
-the setting; a killed rank ends the torchrun job at once (its agent stops the other ranks); a bad setting is
-one line."""
+"""Faults in a distributed job: a stopped rank is found by the heartbeat within ``LSR_DIST_HEARTBEAT`` seconds
+and ended with the job, or ends the others after ``LSR_DIST_TIMEOUT`` (the shorter), with one line naming the
+setting, and outlives no rank; a killed rank ends the torchrun job at once (its agent stops the other ranks);
+a bad setting is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from lsr.storage.shards import write_vectors
 from lsr.testing import free_port, random_collection
 from tests.conftest import REPO
 
-TIMEOUT_S = 3
+TIMEOUT_S, HEARTBEAT_S = 3, 5
 
 
 def _data(tmp: Path) -> None:
@@ -81,6 +83,8 @@ def test_a_stopped_rank_ends_the_others_after_the_timeout(tmp_path):
     try:
         ctx.processes[0].join(timeout=120)
         assert ctx.processes[0].exitcode == 0, "rank 0 did not end"
+        ctx.processes[1].join(timeout=30)
+        stalled = ctx.processes[1].exitcode
     finally:
         for p in ctx.processes:
             p.kill()
@@ -88,15 +92,18 @@ def test_a_stopped_rank_ends_the_others_after_the_timeout(tmp_path):
     rc, err = (tmp_path / "rank0.txt").read_text().split("\n", 1)
     assert rc == "1" and err.count("\n") == 1 and f"LSR_DIST_TIMEOUT={TIMEOUT_S}" in err, err
     assert err.startswith("lsr search: error: another rank did not answer within")
+    assert stalled == -signal.SIGKILL   # the stopped rank does not outlive the job: rank 0 ended it as it left
 
 
-def test_a_bad_timeout_setting_is_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("name", "says"), [("LSR_DIST_TIMEOUT", "is not a positive number of seconds"),
+                                            ("LSR_DIST_HEARTBEAT", "is not a number of seconds (0 turns")])
+def test_a_bad_timeout_setting_is_one_line(tmp_path, monkeypatch, capsys, name, says):
     _data(tmp_path)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LSR_DIST_TIMEOUT", "soon")
+    monkeypatch.setenv(name, "soon")
     assert main(_search_argv(tmp_path, "x.trec")) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "LSR_DIST_TIMEOUT='soon' is not a positive number of seconds" in err
+    assert err.count("\n") == 1 and f"{name}='soon' {says}" in err, err
 
 
 def _children(pid: int) -> list[int]:
@@ -143,3 +150,36 @@ def test_a_killed_rank_ends_the_torchrun_job(tmp_path):
     assert job.returncode != 0 and took < 60, (job.returncode, took)
     assert "SIGKILL" in out and "rank" in out, out[-2000:]
     assert not (tmp_path / "run.trec").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_a_stopped_rank_is_found_by_the_heartbeat_and_no_rank_outlives_the_job(tmp_path, data_dir):
+    """torchrun, 2 gloo ranks encoding: rank 1 is SIGSTOPped mid-job. Within seconds of LSR_DIST_HEARTBEAT (not
+    after LSR_DIST_TIMEOUT) the job ends non-zero with one line naming the stopped rank, and no rank is left,
+    running or stopped; nothing is published."""
+    from tests.parallel.test_distributed_encode import _alive, _children, _scifact, _shards_done, _torchrun
+
+    ds = _scifact(tmp_path / "ds", data_dir, 2000)
+    job = _torchrun(2, ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu", "--out",
+                        str(tmp_path / "vec")], LSR_DIST_HEARTBEAT=str(HEARTBEAT_S), LSR_DIST_TIMEOUT="900")
+    ranks: dict[int, int] = {}
+    try:
+        _shards_done(tmp_path / "vec", 3, job)
+        ranks = _children(job.pid)
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = job.communicate(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        job.kill()
+        for pid in ranks.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert job.returncode != 0 and took < HEARTBEAT_S + 45, (job.returncode, took)
+    errors = [ln for ln in err.splitlines() if ln.startswith("lsr encode: error: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert errors[0].startswith(f"lsr encode: error: rank 1 (pid {ranks[1]} on host "), errors
+    assert f"sent no heartbeat for {HEARTBEAT_S} s: it is stopped (e.g. SIGSTOP) or hung" in errors[0], errors
+    assert not [r for r, pid in ranks.items() if _alive(pid)]   # none left running, none left stopped
+    assert not (tmp_path / "vec" / "manifest.json").exists()
