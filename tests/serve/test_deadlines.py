@@ -160,8 +160,9 @@ def test_a_request_past_its_own_deadline_gets_503(bm25, monkeypatch):
     ("hang:2", "names replica 2; this server has replicas 0 to 1"),
     ("hang:0:-1", "the seconds of 'hang:0:-1' must be a finite number >= 0"),
 ])
-def test_a_bad_fault_hook_value_is_one_line_naming_it(bm25, monkeypatch, capsys, value, message):
+def test_a_bad_fault_hook_value_is_one_line_naming_it(tmp_path, monkeypatch, capsys, value, message):
+    """Refused before anything loads (the index here does not exist, and is not what the error names)."""
     monkeypatch.setenv("LSR_SERVE_FAULT", value)
-    assert main(["serve", "--index", str(bm25["index"]), "--devices", "cpu,cpu", "--port", "1"]) == 1
+    assert main(["serve", "--index", str(tmp_path / "no-index"), "--devices", "cpu,cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("lsr serve: error: LSR_SERVE_FAULT=") and message in err and len(err.splitlines()) == 1
