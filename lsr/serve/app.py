@@ -5,8 +5,10 @@ Endpoints:
 * ``POST /search``: ``{"queries": [text, ...]}``, ``{"query": text}`` or ``{"vectors": [{term: weight}, ...]}``
   (keys: tokens of the encoder's vocabulary when the server has one, else term ids), optional ``"k"``;
   answers ``{"results": [{"docnos": [...], "scores": [...]}, ...]}``, one entry per query, best first.
+  An optional ``"timeout_ms"`` shortens the request's deadline (the server's ``request_timeout_s``).
 * ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder, and each replica
-  (device, ready, queue depth, the error that stopped it); "degraded" while some replica has failed.
+  (device, ready, hung, queue depth, the error that stopped it); "degraded" (HTTP 200) while some replica has
+  failed or is past its batch deadline, "unavailable" (HTTP 503) while none can take requests.
 * ``GET /stats``: requests, queries, batches, mean batch size, latency quantiles, queue depth, the mean ms
   per batch of each stage in the worker thread (``stage_ms_mean``: tokenize, encode, search, answers, json) and
   the garbage collector's collections and pauses per generation (``gc``) and the search's CUDA graph captures
@@ -15,8 +17,11 @@ Endpoints:
 
 Every error is a JSON object ``{"error": "one line"}`` with a 4xx code for a bad request (400 malformed body,
 404/405 wrong route, 408 a body that stops arriving, 413 too many queries or too large a body, 422 invalid
-values) and 500 for a failure on the server; never a
-traceback. Search work runs in the batcher's worker thread, never on the event loop.
+values), 500 for a failure on the server and 503 with ``Retry-After`` for a request that no replica answered
+within its deadline or that no replica can take (all hung); never a traceback. Search work runs in the batcher's
+worker thread, never on the event loop. ``/docs``, ``/redoc`` and ``/openapi.json`` exist only with
+``openapi=True``. A request the HTTP parser cannot read gets the same one-line JSON from ``lsr serve``
+(``lsr.serve.protocol``).
 """
 
 # no ``from __future__ import annotations``: FastAPI reads the endpoints' annotations (Request, imported
@@ -25,7 +30,6 @@ import asyncio
 import gc
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
@@ -33,11 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lsr.serve.batcher import ClientGone, DynamicBatcher
-from lsr.serve.engine import RequestError, SearchEngine
+from lsr.serve.batcher import ClientGone, DynamicBatcher, within
+from lsr.serve.body import RequestError, decode_json, request_timeout, shorten
+from lsr.serve.engine import SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
-from lsr.serve.limits import check_batching
-from lsr.serve.replicas import ReplicaSet, parse_devices, visible_devices
+from lsr.serve.limits import check_batching, check_deadlines
+from lsr.serve.replicas import ReplicaSet, Unavailable, parse_devices, visible_devices
 
 __all__ = ["BodyLimits", "create_app"]
 
@@ -45,10 +50,10 @@ log = logging.getLogger(__name__)
 SERVE_EXTRA_HINT = "pip install lsr-gpu[serve]"
 
 
-def _error(status: int, message: str) -> Any:
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": _shorten(str(message), 500)}, status_code=status)
+    return JSONResponse({"error": shorten(str(message), 500)}, status_code=status, headers=headers)
 
 
 def _thread_init(device: str) -> Any:
@@ -73,7 +78,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
                max_wait_ms: float = 2.0, k: int = 1000, max_k: int | None = None, backend: str = "auto",
                pad_batches: bool | None = None, warmup: bool = True, pipeline: bool = False,
                freeze_gc: bool = True, body_limits: BodyLimits | None = None, devices: str | Sequence[str] | None = None,
-               engine_factory: Callable[[str], SearchEngine] | None = None) -> Any:
+               engine_factory: Callable[[str], SearchEngine] | None = None, request_timeout_s: float = 30.0,
+               batch_timeout_s: float | None = 10.0, openapi: bool = False) -> Any:
     """The search server as a FastAPI app (serve it with uvicorn: ``lsr serve``).
 
     Args:
@@ -99,6 +105,13 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             None: the one ``device``.
         engine_factory: builds a replica's ``SearchEngine`` for a device name (default: ``SearchEngine(index,
             model, device=..., ...)`` with the arguments above); for engines of one's own.
+        request_timeout_s: how long a request waits for its answer once its body arrived (a request's
+            ``timeout_ms`` may shorten it); past it: 503 with Retry-After.
+        batch_timeout_s: how long one batch may run on a replica's device; past it the replica counts as hung:
+            it leaves the dispatch until the batch returns, and its requests go to another replica (503 where
+            none is left). None: no batch deadline.
+        openapi: serve FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` (off: the search port describes
+            nothing it does not need to).
     """
     try:
         from fastapi import FastAPI, Request
@@ -109,6 +122,7 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
         raise ImportError(f"serving needs FastAPI and uvicorn ({e}): {SERVE_EXTRA_HINT}") from e
 
     check_batching(max_batch, max_wait_ms)  # before loading anything
+    check_deadlines(request_timeout_s, batch_timeout_s)
     if devices is not None and device != "auto":
         raise ValueError(f"give device ({device!r}) or devices ({devices!r}), not both")
     names = [device] if devices is None else visible_devices(parse_devices(devices))
@@ -120,7 +134,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             engine.warmup(max_batch)
         return engine
 
-    replicas = ReplicaSet.start(names, make_engine, lambda e: _make_batcher(e, max_batch, max_wait_ms, pipeline))
+    replicas = ReplicaSet.start(names, make_engine,
+                                lambda e: _make_batcher(e, max_batch, max_wait_ms, pipeline, batch_timeout_s))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's own protocol
@@ -135,7 +150,8 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
             if getattr(app.state, "gc", None) is not None:
                 app.state.gc.close()
 
-    app = FastAPI(title="lsr search", lifespan=lifespan)
+    docs = {} if openapi else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="lsr search", lifespan=lifespan, **docs)
     # the first replica's engine and batcher: what a one-device server has (its benchmarks and tests read them)
     app.state.engine, app.state.batcher, app.state.replicas = replicas.first.engine, replicas.first.batcher, replicas
 
@@ -152,8 +168,9 @@ def create_app(index: str | Path | Any, model: str | Path | None = None, *, devi
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "; ".join(str(e.get("msg", e)) for e in exc.errors()))
 
-    _add_routes(app, replicas, body_limits or BodyLimits(), {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                                                            "pipeline": pipeline, "freeze_gc": freeze_gc})
+    _add_routes(app, replicas, body_limits or BodyLimits(), {
+        "max_batch": max_batch, "max_wait_ms": max_wait_ms, "pipeline": pipeline, "freeze_gc": freeze_gc,
+        "request_timeout_s": request_timeout_s, "batch_timeout_s": batch_timeout_s})
     return app
 
 
@@ -182,12 +199,7 @@ async def _read_body(request: Any, limits: BodyLimits) -> Any:
         return True
 
     try:
-        # asyncio.timeout (3.11+) runs read() in this task; wait_for would start a task per request
-        if hasattr(asyncio, "timeout"):
-            async with asyncio.timeout(limits.timeout_s):
-                complete = await read()
-        else:
-            complete = await asyncio.wait_for(read(), limits.timeout_s)
+        complete = await within(read(), limits.timeout_s)
         if not complete:
             return _error(413, f"the body exceeds {max_bytes} bytes")
     except (asyncio.TimeoutError, TimeoutError):
@@ -223,34 +235,12 @@ def _hung_up(receive: Callable[[], Any]) -> Callable[[], bool]:
     return gone
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):   # JSON allows repeats and would keep the last one silently
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"the key {dup!r} is given twice in one object")
-    return out
-
-
-def _decode(engine: SearchEngine, body: bytes) -> Any:
-    """JSON body -> the engine's parsed request; RequestError for a malformed or invalid one."""
-    try:
-        payload = json.loads(body, object_pairs_hook=_unique_keys)
-    except RecursionError:  # e.g. 100,000 '[': the decoder recurses once per level
-        raise RequestError(f"the body nests arrays or objects too deeply (Python's limit is "
-                           f"{sys.getrecursionlimit()} levels); send e.g. {_EXAMPLE}", 400) from None
-    except ValueError as e:  # malformed JSON, invalid UTF-8 (UnicodeDecodeError), a number of > 4300 digits
-        raise RequestError(f"the body is not valid JSON ({_shorten(str(e))}); send e.g. {_EXAMPLE}", 400) from None
-    return engine.parse(payload)
-
-
-_EXAMPLE = '{"query": "...", "k": 10}'
-
-
-def _shorten(text: str, limit: int = 200) -> str:
-    """One line of at most ``limit`` characters (a decoder message can quote a megabyte of the body)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _decode(engine: SearchEngine, body: bytes, limit_s: float) -> tuple[Any, float]:
+    """JSON body -> the engine's parsed request and the seconds it may wait for its answer (``timeout_ms`` within
+    ``limit_s``); RequestError for a malformed or invalid one."""
+    payload = decode_json(body)
+    timeout_s = request_timeout(payload, limit_s)
+    return engine.parse(payload), timeout_s
 
 
 def _compiled() -> dict[str, int]:
@@ -266,9 +256,10 @@ def _compiled() -> dict[str, int]:
             "cuda_kernel_variants": block_cuda.compiled_variants() if block_cuda is not None else 0}
 
 
-def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipeline: bool) -> DynamicBatcher:
+def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipeline: bool,
+                  batch_timeout_s: float | None) -> DynamicBatcher:
     """The dynamic batcher over ``engine``: every step of a batch in the device thread, or (``pipeline``)
-    tokenizing and answering on a second host thread."""
+    tokenizing and answering on a second host thread; ``batch_timeout_s``: its batch deadline."""
 
     def prepare(requests: list[Any]) -> Any:  # host thread: tokenize (and pack) the batch's texts
         return engine.prepare_batch(requests, {})
@@ -286,14 +277,15 @@ def _make_batcher(engine: SearchEngine, max_batch: int, max_wait_ms: float, pipe
 
     batcher = DynamicBatcher(engine.search_batch if pipeline else process, max_batch=max_batch,
                              max_wait_ms=max_wait_ms, thread_init=_thread_init(str(engine.searcher.device)),
-                             prepare=prepare if pipeline else None, finish=finish if pipeline else None)
+                             prepare=prepare if pipeline else None, finish=finish if pipeline else None,
+                             batch_timeout_s=batch_timeout_s)
     return batcher
 
 
 def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict[str, Any]) -> None:
     """POST /search, GET /health and GET /stats."""
     from fastapi import Request
-    from fastapi.responses import Response
+    from fastapi.responses import JSONResponse, Response
     from starlette.routing import Route
 
     async def search(request: Request) -> Response:
@@ -302,15 +294,22 @@ def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict
             return body
         engine = replicas.first.engine   # every replica parses alike (same index, encoder and limits)
         try:   # a large body is decoded off the event loop (it would hold /health and every other request)
-            parsed = _decode(engine, body) if len(body) < DECODE_INLINE_BYTES else \
-                await asyncio.to_thread(_decode, engine, body)
+            parsed, timeout_s = _decode(engine, body, config["request_timeout_s"]) \
+                if len(body) < DECODE_INLINE_BYTES else \
+                await asyncio.to_thread(_decode, engine, body, config["request_timeout_s"])
         except RequestError as e:
             return _error(e.status, str(e))
         try:
-            body = await replicas.submit(parsed, parsed.n_queries, gone=_hung_up(request.receive))
+            body = await within(replicas.submit(parsed, parsed.n_queries, gone=_hung_up(request.receive)), timeout_s)
         except ClientGone:  # nobody reads the answer (uvicorn sends nothing on a closed connection)
             log.info("client disconnected while its request was queued; it was not searched")
             return Response(status_code=499)
+        except (TimeoutError, asyncio.TimeoutError):
+            log.warning("a request was not answered within its deadline of %g s", timeout_s)
+            return _unavailable(f"no answer within the request's deadline of {timeout_s:g} s (its timeout_ms, or "
+                                f"the server's --request-timeout); the server is {replicas.status()} (GET /health)")
+        except Unavailable as e:
+            return _unavailable(f"{e}; GET /health lists the replicas")
         except Exception as e:  # noqa: BLE001 - the client gets one line, the log has the rest
             log.error("search failed: %s: %s", type(e).__name__, e)
             return _error(500, f"search failed: {type(e).__name__}: {e}")
@@ -321,10 +320,12 @@ def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict
     app.router.routes.append(Route("/search", search, methods=["POST"]))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": replicas.status(), **replicas.first.engine.describe(), **config,
-                "device": ",".join(r.device for r in replicas.replicas),
-                "replicas": [r.describe() for r in replicas.replicas]}
+    async def health() -> Response:
+        status = replicas.status()   # "unavailable" answers 503: a load balancer sends its requests elsewhere
+        return JSONResponse({"status": status, **replicas.first.engine.describe(), **config,
+                             "device": ",".join(r.device for r in replicas.replicas),
+                             "replicas": [r.describe() for r in replicas.replicas]},
+                            status_code=503 if status == "unavailable" else 200)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -334,6 +335,13 @@ def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict
         watch = getattr(app.state, "gc", None)
         return {**totals, **config, "query_graphs": per[0]["query_graphs"], "replicas": per,
                 "gc": watch.as_dict() if watch is not None else None, "compiled": _compiled()}
+
+
+RETRY_AFTER_S = 1  # a 503's advice: a hung replica may be back by then (its batch returned), or a load has passed
+
+
+def _unavailable(message: str) -> Any:
+    return _error(503, message, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _query_graphs(engine: SearchEngine) -> dict[str, Any] | None:

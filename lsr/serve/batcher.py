@@ -14,11 +14,17 @@ device thread takes them in order.
 A request whose caller stopped waiting before its batch was formed is dropped, not searched: its future was
 cancelled (the awaiting task was), or its ``gone`` check (the server's: the HTTP client hung up) says so. The
 check runs once, when the request is taken from the queue, so a busy server does not search for nobody.
+
+Batch deadline (``batch_timeout_s``): a batch whose device work has not returned within it means a hung device.
+Its requests, those queued behind it and those submitted while it overruns get ``DeviceHung`` at once (for the
+caller to send elsewhere: ``lsr.serve.replicas``); ``hung`` says so until the device thread returns, and the
+batcher then takes requests again. A thread cannot be stopped from outside, so the overdue batch keeps its thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections import deque
@@ -27,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "ClientGone", "DynamicBatcher"]
+__all__ = ["BatchStats", "ClientGone", "DeviceHung", "DynamicBatcher", "within"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,32 @@ LATENCY_WINDOW = 10_000  # requests whose latency the quantiles describe (the mo
 
 class ClientGone(Exception):
     """The request's client hung up while it waited in the queue; it was dropped from its batch, not searched."""
+
+
+class DeviceHung(RuntimeError):
+    """The batcher's device has not finished a batch within the batch deadline: the request was not answered
+    (it may be sent to another device)."""
+
+
+async def within(awaitable: Any, seconds: float) -> Any:
+    """``await awaitable``, or TimeoutError (the awaitable cancelled) once ``seconds`` have passed."""
+    if hasattr(asyncio, "timeout"):  # 3.11+: runs in this task; wait_for would start a task per call
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+@dataclass(frozen=True)
+class _Overdue:
+    """A batch past its deadline: when it started on the device, its queries, the deadline it missed."""
+
+    since: float
+    queries: int
+    limit_s: float
+
+    def describe(self) -> str:
+        return (f"a batch of {self.queries} queries has run {time.monotonic() - self.since:.1f} s on the device, "
+                f"past the {self.limit_s:g} s batch deadline (the device hangs?)")
 
 
 @dataclass
@@ -126,11 +158,12 @@ class DynamicBatcher:
         thread_init: run once in the worker thread (e.g. select the CUDA device).
         prepare, finish: a batch's host work before and after ``process``, run in a second thread; given
             either, two batches are in flight at once (see the module doc).
+        batch_timeout_s: the batch deadline (see the module doc); None: none.
     """
 
     def __init__(self, process: Callable[[Any], Any], max_batch: int = 64, max_wait_ms: float = 2.0,
                  thread_init: Callable[[], None] | None = None, prepare: Callable[[list[Any]], Any] | None = None,
-                 finish: Callable[[Any], list[Any]] | None = None) -> None:
+                 finish: Callable[[Any], list[Any]] | None = None, batch_timeout_s: float | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
@@ -146,11 +179,20 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
+        self.batch_timeout_s = batch_timeout_s
+        # set on the event loop when a batch misses its deadline; cleared by the thread when the step returns
+        self._overdue: _Overdue | None = None
+        self._overdue_step: concurrent.futures.Future | None = None
 
     @property
     def queue_depth(self) -> int:
         """Requests waiting for a batch (not counting the batch on the device)."""
         return len(self._pending)
+
+    @property
+    def hung(self) -> str | None:
+        """While a batch overruns the batch deadline, what overruns (one line); else None."""
+        return self._overdue.describe() if self._overdue is not None else None
 
     async def submit(self, item: Any, size: int = 1, gone: Callable[[], bool] | None = None) -> Any:
         """Queue ``item`` (``size`` queries) and wait for its result; the batch's exception if it failed.
@@ -206,10 +248,17 @@ class DynamicBatcher:
                 if not job.future.done():
                     job.future.set_exception(RuntimeError("the server is shutting down"))
 
-    async def _chain(self, items: list[Any]) -> tuple[list[Any], float]:
+    async def _chain(self, items: list[Any], steps: list[concurrent.futures.Future] | None = None,
+                     ) -> tuple[list[Any], float]:
         """prepare (host thread), process (device thread), finish (host thread) of one batch: the results and
-        the seconds ``process`` took."""
-        run = self._loop.run_in_executor
+        the seconds ``process`` took. ``steps`` gets each thread step's future as it is submitted."""
+
+        async def run(executor: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+            step = executor.submit(fn, *args)   # as run_in_executor does, keeping the thread's own future
+            if steps is not None:
+                steps.append(step)
+            return await asyncio.wrap_future(step)
+
         state = await run(self._host, self.prepare, items) if self.prepare is not None else items
         state, busy_s = await run(self._executor, _timed, self.process, state)
         results = await run(self._host, self.finish, state) if self.finish is not None else state
@@ -217,23 +266,66 @@ class DynamicBatcher:
 
     async def _run(self, batch: list[_Job]) -> tuple[list[Any], float]:
         """Results of the batch and its device seconds; where the batch fails, each request alone, so that one
-        request the parser let through cannot fail the others (an item's outcome is then its exception)."""
+        request the parser let through cannot fail the others (an item's outcome is then its exception). Past the
+        batch deadline (or while an earlier batch overruns it) the outcomes are DeviceHung."""
         try:
-            return await self._chain([j.item for j in batch])
+            return await self._in_time([j.item for j in batch], sum(j.size for j in batch))
+        except DeviceHung as e:
+            return [e] * len(batch), 0.0
         except Exception as e:  # noqa: BLE001 - reported to the requests, the worker goes on
             log.error("a batch of %d requests failed (%s: %s)", len(batch), type(e).__name__, e)
             if len(batch) == 1:
                 return [e], 0.0
         outcomes: list[Any] = []
         busy = 0.0
-        for job in batch:
+        for i, job in enumerate(batch):
             try:
-                results, busy_s = await self._chain([job.item])
+                results, busy_s = await self._in_time([job.item], job.size)
                 outcomes.extend(results)
                 busy += busy_s
+            except DeviceHung as e:
+                return outcomes + [e] * (len(batch) - i), busy
             except Exception as e:  # noqa: BLE001
                 outcomes.append(e)
         return outcomes, busy
+
+    async def _in_time(self, items: list[Any], queries: int) -> tuple[list[Any], float]:
+        """``_chain(items)`` within the batch deadline; DeviceHung past it (the batch goes on in its thread, and
+        the batcher takes requests again when that step returns) or while an earlier batch overruns."""
+        if self._overdue is not None:
+            raise DeviceHung(self.hung)
+        if self.batch_timeout_s is None:
+            return await self._chain(items)
+        steps: list[concurrent.futures.Future] = []
+        task = self._loop.create_task(self._chain(items, steps))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.batch_timeout_s)  # does not cancel the task
+        except asyncio.CancelledError:  # the server is closing: the batch goes with it
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its outcome goes nowhere: no warning
+        if self._overdue is None:   # (else this batch waited behind the overdue one: that one says when it returns)
+            self._overdue = _Overdue(time.monotonic() - self.batch_timeout_s, queries, self.batch_timeout_s)
+            log.error("%s; its requests and the queued ones are answered elsewhere until it returns", self.hung)
+            # the thread step it waits in (its callback runs in that thread when it returns), else the task
+            self._overdue_step = steps[-1] if steps else None
+            (steps[-1] if steps else task).add_done_callback(self._returned)
+        error = DeviceHung(self.hung)
+        while self._pending:   # queued behind a hung device: answered elsewhere now, not after it returns
+            job = self._pending.popleft()
+            if not job.future.done():
+                job.future.set_exception(error)
+        raise error
+
+    def _returned(self, step: Any) -> None:
+        """The overdue batch's thread step returned (called in that thread, or at once where it had): the batcher
+        takes requests again; the batch's results went nowhere."""
+        overdue, self._overdue, self._overdue_step = self._overdue, None, None
+        if overdue is not None:
+            log.warning("the batch of %d queries past its deadline returned after %.1f s; the device takes requests "
+                        "again", overdue.queries, time.monotonic() - overdue.since)
 
     def _live_head(self) -> _Job | None:
         """The first queued request that someone still waits for; the dropped ones before it leave the queue."""
@@ -274,8 +366,12 @@ class DynamicBatcher:
                 break
         return batch
 
-    async def close(self) -> None:
-        """Stop the worker (queued requests get a RuntimeError) and the thread."""
+    async def close(self, overdue_wait_s: float = 2.0) -> None:
+        """Stop the worker (queued requests get a RuntimeError) and the thread; a batch past its deadline is
+        waited for ``overdue_wait_s`` at most (a hung device may never return)."""
+        overdue = self._overdue_step
+        if overdue is not None:
+            await asyncio.wait({asyncio.wrap_future(overdue)}, timeout=overdue_wait_s)
         for task in [self._task, *self._inflight]:
             if task is not None and not task.done():
                 task.cancel()
@@ -287,6 +383,9 @@ class DynamicBatcher:
             job = self._pending.popleft()
             if not job.future.done():
                 job.future.set_exception(RuntimeError("the server is shutting down"))
-        self._executor.shutdown(wait=True)
+        still_hung = self._overdue is not None
+        if still_hung:
+            log.error("closing while %s: its thread is left running", self.hung)
+        self._executor.shutdown(wait=not still_hung, cancel_futures=still_hung)
         if self._host is not None:
-            self._host.shutdown(wait=True)
+            self._host.shutdown(wait=not still_hung, cancel_futures=still_hung)

@@ -7,7 +7,7 @@ from typing import Any
 
 from lsr.cli_types import integer, ranged
 from lsr.config import SEARCH_BACKENDS
-from lsr.serve.limits import MAX_BATCH, MAX_WAIT_MS, SWITCH_INTERVAL_MS
+from lsr.serve.limits import BATCH_TIMEOUT_S, MAX_BATCH, MAX_WAIT_MS, REQUEST_TIMEOUT_S, SWITCH_INTERVAL_MS
 from lsr.serve.replicas import DEVICES_HELP, parse_devices
 
 __all__ = ["cmd_serve", "register"]
@@ -39,6 +39,14 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--switch-interval-ms", type=ranged(SWITCH_INTERVAL_MS), default=0.5,
                    help="the interpreter's thread switch interval: the event loop and the search thread share the "
                         "GIL, and Python's default of 5 ms lets one wait that long for it (scripts/bench_serve.py measures it)")
+    p.add_argument("--request-timeout", type=ranged(REQUEST_TIMEOUT_S), default=30.0, metavar="SECONDS",
+                   help="how long a request waits for its answer once its body arrived (a request's timeout_ms may "
+                        "shorten it); past it: 503 with Retry-After")
+    p.add_argument("--batch-timeout", type=ranged(BATCH_TIMEOUT_S), default=10.0, metavar="SECONDS",
+                   help="how long one batch may run on a device: past it the replica counts as hung, leaves the "
+                        "dispatch until the batch returns, its requests go to another replica and /health says degraded")
+    p.add_argument("--openapi", action="store_true", help="also serve FastAPI's /docs, /redoc and /openapi.json on the "
+                   "search port")
     add_device_arg(p)
     p.add_argument("--devices", type=_devices, default=None,
                    help="serve from several devices behind the one endpoint, one index replica and query encoder each "
@@ -70,12 +78,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import sys
 
     from lsr.serve.app import create_app
+    from lsr.serve.protocol import json_error_protocol
 
     sys.setswitchinterval(args.switch_interval_ms / 1000)
 
     app = create_app(args.index, args.model, device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      k=args.k, max_k=max_k, backend=args.backend, warmup=not args.no_warmup,
-                     pipeline=args.pipeline, freeze_gc=not args.no_freeze_gc, devices=args.devices)
+                     pipeline=args.pipeline, freeze_gc=not args.no_freeze_gc, devices=args.devices,
+                     request_timeout_s=args.request_timeout, batch_timeout_s=args.batch_timeout, openapi=args.openapi)
     health = app.state.engine.describe()
     runner = app.state.engine.query_runner()
     graphs = f", {runner.describe()['held']} query-encoder CUDA graphs" if runner is not None and runner.graphs else ""
@@ -83,7 +93,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = devices[0] if len(devices) == 1 else f"{len(devices)} replicas ({','.join(devices)})"
     print(f"serving {health['n_docs']} documents on {where} ({health['backend']}; encoder: "
           f"{health['encoder'] or 'none, pre-encoded vectors'}{graphs}) at http://{args.host}:{args.port} "
-          f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms)", flush=True)
-    # a client that holds its connection open cannot keep the server from stopping past this
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+          f"(max batch {args.max_batch}, max wait {args.max_wait_ms} ms, deadlines: request {args.request_timeout:g} s, "
+          f"batch {args.batch_timeout:g} s)", flush=True)
+    # a client that holds its connection open cannot keep the server from stopping past this; a request the
+    # HTTP parser cannot read is answered in the server's JSON (lsr.serve.protocol)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10,
+                http=json_error_protocol())
     return 0

@@ -17,7 +17,6 @@ A batch runs in three steps that the batcher may put on two threads: ``prepare_b
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,20 +27,13 @@ import numpy as np
 import torch
 
 from lsr.search.searcher import run_depth
+from lsr.serve.body import LongInt, RequestError, show_value
 from lsr.sparse import SparseVectors, weight_limit
 
 __all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "Batch", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
 
 MAX_QUERIES_PER_REQUEST = 4096
 _FIELDS = ("queries", "query", "vectors")
-
-
-class RequestError(ValueError):
-    """A bad request: ``status`` is the HTTP code (400 malformed, 413 too large, 422 invalid values)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -181,7 +173,7 @@ class SearchEngine:
 
     def _parse_k(self, k: Any) -> int:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_k:
-            raise RequestError(f"'k' must be an integer in [1, {self.max_k}], got {json.dumps(k)[:40]}")
+            raise RequestError(f"'k' must be an integer in [1, {self.max_k}], got {show_value(k)}")
         return k
 
     @staticmethod
@@ -205,9 +197,13 @@ class SearchEngine:
     def _parse_row(self, i: int, row: dict) -> tuple[np.ndarray, np.ndarray]:
         """One vector's (term ids int32 ascending, weights float32 > 0), or RequestError naming the problem."""
         weights = list(row.values())
-        if not set(map(type, weights)) <= {int, float}:  # bool is not a weight
+        types = set(map(type, weights))
+        if LongInt in types:   # too many digits for int(): beyond float32, refused below as not finite
+            weights = [float(w) if type(w) is LongInt else w for w in weights]
+            types = set(map(type, weights))
+        if not types <= {int, float}:  # bool is not a weight
             bad = next(w for w in weights if type(w) not in (int, float))
-            raise RequestError(f"vector {i}: weights must be numbers, got {json.dumps(bad)[:40]}")
+            raise RequestError(f"vector {i}: weights must be numbers, got {show_value(bad)}")
         try:
             with np.errstate(over="ignore"):  # beyond float32: inf, refused below
                 w = np.asarray(weights, dtype=np.float32) if weights else np.zeros(0, np.float32)

@@ -5,6 +5,12 @@ yet answered; ties rotate, so an idle server spreads its requests). Every replic
 the same code, so a request's answer does not depend on the replica that served it (exact top-k, ties by doc
 index).
 
+A replica whose batch overruns the batch deadline (``DynamicBatcher``'s ``batch_timeout_s``: a hung device)
+leaves the dispatch at once: that batch's requests and those queued on it are sent to another replica, and
+when no replica is left they fail with ``Unavailable`` (the server answers 503). Unlike a failed replica it
+comes back when its device thread returns; a hung last replica leaves the dispatch too (``status`` is then
+"unavailable"). ``LSR_SERVE_FAULT`` (``lsr.serve.faults``) makes replicas hang for tests and drills.
+
 A replica that fails a request which another replica then answers is broken (a lost device, a failed kernel):
 it marks itself unhealthy with the error and gets no more requests, and the request is answered by the other.
 A request that fails on every healthy replica is the request's own fault: the caller gets its error and every
@@ -21,15 +27,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lsr.serve.batcher import LATENCY_WINDOW, BatchStats, ClientGone, DynamicBatcher
+from lsr.serve.batcher import LATENCY_WINDOW, BatchStats, ClientGone, DeviceHung, DynamicBatcher
+from lsr.serve.faults import Hang, hangs_from_env
 
-__all__ = ["DEVICES_HELP", "Replica", "ReplicaSet", "combined_stats", "device_context",
+__all__ = ["DEVICES_HELP", "Replica", "ReplicaSet", "Unavailable", "combined_stats", "device_context",
            "parse_devices", "visible_devices"]
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,10 @@ def device_context(device: str) -> contextlib.AbstractContextManager:
     return torch.cuda.device(torch.device(device))
 
 
+class Unavailable(RuntimeError):
+    """No replica can take the request now: every one is hung (past its batch deadline) or has failed it."""
+
+
 @dataclass
 class Replica:
     """One device's engine and batcher, with its health and the queries it has in flight."""
@@ -95,10 +107,18 @@ class Replica:
     in_flight: int = 0            # queries submitted to this replica and not answered yet
     failed_at: float | None = None
 
+    @property
+    def serving(self) -> bool:
+        """Whether it takes requests: not failed, and no batch past its deadline."""
+        return self.healthy and self.batcher.hung is None
+
     def describe(self) -> dict[str, Any]:
-        """/health's entry: device, whether it takes requests, its queue and the error that stopped it."""
-        return {"replica": self.number, "device": self.device, "ready": self.healthy, "healthy": self.healthy,
-                "queue_depth": self.batcher.queue_depth, "in_flight_queries": self.in_flight, "error": self.error}
+        """/health's entry: device, whether it takes requests, whether it is hung, its queue and the error that
+        stopped it (or what overruns the batch deadline)."""
+        hung = self.batcher.hung
+        return {"replica": self.number, "device": self.device, "ready": self.serving, "healthy": self.serving,
+                "hung": hung is not None, "queue_depth": self.batcher.queue_depth,
+                "in_flight_queries": self.in_flight, "error": self.error or hung}
 
 
 @dataclass
@@ -107,13 +127,16 @@ class ReplicaSet:
 
     replicas: list[Replica]
     _turn: int = field(default=0, repr=False)
+    _release: threading.Event = field(default_factory=threading.Event, repr=False)  # ends LSR_SERVE_FAULT hangs
 
     @classmethod
     def start(cls, devices: Sequence[str], make_engine: Callable[[str], Any],
               make_batcher: Callable[[Any], DynamicBatcher]) -> ReplicaSet:
         """Build (and warm up, as ``make_engine`` does) one replica per device, one after the other: CUDA graph
         capture on one GPU must not overlap work on another. A replica that cannot start stops the server with
-        an error naming its device (better than serving on fewer GPUs than asked for)."""
+        an error naming its device (better than serving on fewer GPUs than asked for). ``LSR_SERVE_FAULT``'s hangs
+        (``lsr.serve.faults``) are applied to the batchers here."""
+        hangs, release = hangs_from_env(len(devices)), threading.Event()   # a bad value: before anything loads
         replicas = []
         for number, device in enumerate(devices):
             try:
@@ -123,8 +146,12 @@ class ReplicaSet:
                 if len(devices) == 1:
                     raise
                 raise _renamed(e, f"replica {number} on {device} did not start: {e}") from e
-            replicas.append(Replica(number, str(engine.searcher.device), engine, make_batcher(engine)))
-        return cls(replicas)
+            batcher = make_batcher(engine)
+            if number in hangs:
+                log.warning("LSR_SERVE_FAULT: replica %d on %s hangs in every batch", number, device)
+                batcher.process = Hang(batcher.process, hangs[number], release)
+            replicas.append(Replica(number, str(engine.searcher.device), engine, batcher))
+        return cls(replicas, _release=release)
 
     @property
     def first(self) -> Replica:
@@ -134,23 +161,27 @@ class ReplicaSet:
         return [r for r in self.replicas if r.healthy]
 
     def pick(self, exclude: Sequence[Replica] = ()) -> Replica | None:
-        """The healthy replica (not in ``exclude``) with the fewest queries in flight; ties go round in turn."""
+        """The serving replica (not in ``exclude``) with the fewest queries in flight; ties go round in turn."""
         n = len(self.replicas)
         start, self._turn = self._turn, (self._turn + 1) % n
-        candidates = [r for r in self.replicas if r.healthy and r not in exclude]
+        candidates = [r for r in self.replicas if r.serving and r not in exclude]
         if not candidates:
             return None
         return min(candidates, key=lambda r: (r.in_flight, (r.number - start) % n))
 
     async def submit(self, item: Any, size: int = 1, gone: Callable[[], bool] | None = None) -> Any:
-        """The item's result from the least-loaded healthy replica; where a replica fails it, the next one (and
-        the failed replica, once another answered, is marked unhealthy). The last error where every healthy
-        replica failed; ``ClientGone`` as the batcher raises it."""
+        """The item's result from the least-loaded serving replica; where a replica fails it, the next one (and
+        the failed replica, once another answered, is marked unhealthy); where a replica hangs (DeviceHung), the
+        next one. The last error where every healthy replica failed; ``Unavailable`` where none is left to try
+        and no replica failed it (all hung); ``ClientGone`` as the batcher raises it."""
         failed: list[tuple[Replica, Exception]] = []
         while True:
             replica = self.pick(exclude=[r for r, _ in failed])
-            if replica is None:   # every healthy replica failed it (there is always one: the last is never marked)
-                raise failed[-1][1]
+            if replica is None:
+                errors = [e for _, e in failed if not isinstance(e, DeviceHung)]
+                if errors:   # every replica that ran it failed it (the last healthy one is never marked)
+                    raise errors[-1]
+                raise Unavailable(self._why_unavailable())
             replica.in_flight += size
             try:
                 result = await replica.batcher.submit(item, size, gone)
@@ -162,8 +193,14 @@ class ReplicaSet:
             finally:
                 replica.in_flight -= size
             for broken, error in failed:  # they failed what this one answered: the replica is at fault
-                self.mark_unhealthy(broken, error)
+                if not isinstance(error, DeviceHung):   # a hung one is out of dispatch until it returns
+                    self.mark_unhealthy(broken, error)
             return result
+
+    def _why_unavailable(self) -> str:
+        why = [f"replica {r.number} on {r.device}: {r.error or r.batcher.hung or 'it hung on this request'}"
+               for r in self.replicas]
+        return "no replica can take the request (" + "; ".join(why) + ")"
 
     def mark_unhealthy(self, replica: Replica, error: Exception) -> None:
         """Take ``replica`` out of the dispatch with ``error`` as the reason (never the last healthy one)."""
@@ -174,8 +211,10 @@ class ReplicaSet:
                                               replica.number, replica.device, replica.error)
 
     def status(self) -> str:
-        """"ok" (every replica healthy) or "degraded" (some have failed; at least one serves)."""
-        return "ok" if len(self.healthy()) == len(self.replicas) else "degraded"
+        """"ok" (every replica serves), "degraded" (some have failed or hang; at least one serves) or
+        "unavailable" (none serves: every one hangs)."""
+        serving = sum(r.serving for r in self.replicas)
+        return "ok" if serving == len(self.replicas) else "degraded" if serving else "unavailable"
 
     def stats(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The totals over every replica (``BatchStats.as_dict`` keys plus the summed queue depth) and each
@@ -186,6 +225,7 @@ class ReplicaSet:
         return totals, per
 
     async def close(self) -> None:
+        self._release.set()   # LSR_SERVE_FAULT's hangs end: their threads return
         for r in self.replicas:
             await r.batcher.close()
 

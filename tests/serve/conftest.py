@@ -58,3 +58,25 @@ def reference(app, vectors, k: int) -> list[dict]:
         keep = d >= 0
         out.append({"docnos": [engine.index.docnos[j] for j in d[keep]], "scores": s[keep].tolist()})
     return out
+
+
+def http(port: int, path: str, body: dict | bytes | None = None, timeout: float = 60) -> tuple[int, dict, dict]:
+    """One request to a server on 127.0.0.1:``port`` (POST when there is a body): the status, the headers
+    (lower-case names) and the JSON answer, whatever the status."""
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, json.loads(e.read())
+
+
+def run_hits(run: dict, qid: str) -> dict:
+    """`lsr search`'s hits of one query as the server answers them: docnos and float32 scores, best first."""
+    import numpy as np
+
+    return {"docnos": list(run[qid]), "scores": np.float32(list(run[qid].values())).tolist()}

@@ -153,7 +153,8 @@ BAD = [
     (b"[" * 100_000, 400, "nests arrays or objects too deeply"),
     (b"[" * 1_000_000, 400, "nests arrays or objects too deeply"),        # decoded off the event loop
     (b'{"query": ' + b"[" * 5000, 400, "nests arrays or objects too deeply"),
-    (b'{"query": "a", "k": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),  # beyond int()'s 4300 digits
+    (b'{"query": "a", "k": ' + b"9" * 5000 + b"}", 422, "'k' must be an integer in [1, 1000], got an integer of "
+     "5000 digits"),   # beyond int()'s 4300 digits: refused by the range, not with sys.set_int_max_str_digits()
     (b'{"query": "a", "k": 1e999}', 422, "'k' must be an integer"),
     (b'{"query": "a", "k": -Infinity}', 422, "'k' must be an integer"),
     (b'{"query": "a", "k": 99999999999999999999999}', 422, "'k' must be an integer"),
@@ -493,6 +494,9 @@ def test_serve_without_the_extra_names_it(monkeypatch, capsys, bm25):
     ("--max-wait-ms", "inf", "must be a number in [0, 60000], got inf"),
     ("--max-batch", "0", "must be an integer in [1, 65536], got 0"),
     ("--switch-interval-ms", "0", "must be a number in (0, 1000], got 0"),
+    ("--request-timeout", "0", "must be a number in (0, 3600], got 0"),
+    ("--batch-timeout", "nan", "must be a number in (0, 3600], got nan"),
+    ("--batch-timeout", "-1", "must be a number in (0, 3600], got -1"),
     ("--k", "-3", "must be >= 1, got -3"),
     ("--max-k", "2.5", "expected an integer (>= 1), got '2.5'"),
 ])
@@ -507,6 +511,10 @@ def test_serve_rejects_bad_options(capsys, bm25):
         create_app(bm25["index"], device="cpu", max_batch=0)
     with pytest.raises(ValueError, match=r"max_wait_ms must be a number in \[0, 60000\], got nan"):
         create_app(bm25["index"], device="cpu", max_wait_ms=float("nan"))
+    with pytest.raises(ValueError, match=r"request_timeout_s must be a number in \(0, 3600\], got 0"):
+        create_app(bm25["index"], device="cpu", request_timeout_s=0)
+    with pytest.raises(ValueError, match=r"batch_timeout_s must be a number in \(0, 3600\], got inf"):
+        create_app(bm25["index"], device="cpu", batch_timeout_s=float("inf"))
     assert main(["serve", "--index", str(bm25["index"]), "--k", "5000", "--max-k", "100"]) == 2
     assert "--k (5000) must lie in [1, --max-k=100]" in capsys.readouterr().err
 
