@@ -5,10 +5,13 @@
 
 What it takes care of, so that no caller does it its own way:
 
-* **The device's own stream.** ``torch.cuda.graph``'s default capture stream is one per process, made on the
-  device of the first capture; capturing another GPU's work on it fails (serving replicas on several GPUs, a
-  searcher on ``cuda:1`` after one on ``cuda:0``). The capture runs on a new stream of ``device`` that first
-  waits for the device's current stream, and the current stream waits for it afterwards.
+* **One capture stream per device.** ``torch.cuda.graph``'s default capture stream is one per process, made on
+  the device of the first capture; capturing another GPU's work on it fails (serving replicas on several GPUs, a
+  searcher on ``cuda:1`` after one on ``cuda:0``). Each device gets one stream of its own, kept for the process,
+  and one capture at a time runs on it: graphs that share a memory pool reuse each other's freed blocks only
+  when they were captured on the same stream (the allocator hands a block back only to its own stream), so a
+  new stream per capture made a shared pool hold as much as private pools. The capture stream first waits for
+  the device's current stream, and the current stream waits for it afterwards.
 * **Thread-local capture errors.** Other threads may use their GPUs meanwhile (serving replicas are threads of
   one process); the ``global`` mode would fail their calls while this one captures.
 * **No device sync and no cache flush.** ``torch.cuda.graph`` synchronises the device and empties the
@@ -25,6 +28,7 @@ What it takes care of, so that no caller does it its own way:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,6 +37,10 @@ import torch
 __all__ = ["GraphCaptureError", "capture_graph"]
 
 T = TypeVar("T")
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}   # device index -> its capture stream
+_LOCKS: dict[int, threading.Lock] = {}        # device index -> one capture at a time on that stream
+_BOOK = threading.Lock()
 
 
 class GraphCaptureError(RuntimeError):
@@ -49,10 +57,25 @@ def capture_graph(body: Callable[[], T], device: torch.device | str, *, pool: An
     once. Raises ``GraphCaptureError`` (the CUDA generator restored, no capture left open) when the capture fails.
     """
     device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side, lock = _capture_stream(index)
+    with lock:
+        return _capture_on(side, body, torch.device("cuda", index), pool, warm_up)
+
+
+def _capture_stream(index: int) -> tuple[torch.cuda.Stream, threading.Lock]:
+    with _BOOK:
+        if index not in _STREAMS:
+            _STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+            _LOCKS[index] = threading.Lock()
+        return _STREAMS[index], _LOCKS[index]
+
+
+def _capture_on(side: torch.cuda.Stream, body: Callable[[], T], device: torch.device, pool: Any,
+                warm_up: bool) -> tuple[torch.cuda.CUDAGraph, T]:
     main = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
     side.wait_stream(main)
-    generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    generator = torch.cuda.default_generators[device.index]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         if warm_up:

@@ -102,11 +102,12 @@ def test_gpu_block_graphs_share_one_pool():
 
     import lsr.search.graphs as sg
     from lsr.benchmarks.synth import synth_docs, synth_queries
-    docs = synth_docs(100_000, device="cuda")
-    queries = synth_queries(80, device="cuda")
+    docs = synth_docs(200_000, device="cuda")
+    queries = synth_queries(400, device="cuda")
     eager = EAGER
-    # batches whose temporaries outgrow the allocator's segments (small ones hide what sharing saves)
-    sizes = (8, 16, 32, 48, 64)
+    # large batches, whose temporaries (candidate slots) dominate what a graph keeps: at B <= 64 on a small index
+    # the graphs keep little else than their outputs, and five private pools hold what one shared pool holds
+    sizes = (64, 128, 192, 256, 384)
     held = {}
 
     def pool_bytes(graphs) -> int:   # the segments of the pools these graphs were captured into
@@ -116,11 +117,12 @@ def test_gpu_block_graphs_share_one_pool():
         return sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) in pools)
 
     for shared in (False, True):
-        graphed = BLOCK.replace(graph_shared_pool=shared)
+        graphed = BLOCK.replace(graph_shared_pool=shared, graph_bytes=1 << 40)   # (none dropped)
         index = build_index(docs, 2048)
         for B in sizes:   # kernels compiled and tuned before any capture
             gpu_search(index, queries[:B], 1000, eager)
-        for B in sizes:
+        for B in sizes:   # batches above graph_capture_at_once are captured at their second search
+            gpu_search(index, queries[:B], 1000, graphed)
             gpu_search(index, queries[:B], 1000, graphed)
         graphs = sg.graph_cache(index)
         assert all(g is not None for g in graphs.graphs.values()) and len(graphs.graphs) == len(sizes)
