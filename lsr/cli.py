@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from lsr import __version__
 from lsr.cli_types import DEVICE_HELP, HelpFormatter, device, integer, ranged
@@ -91,7 +91,6 @@ def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from lsr.data.sources import load_dataset
-    from lsr.parallel.encode import encode_dataset_distributed
     from lsr.pipeline import resolve_device
     from lsr.storage.shards import write_vectors
 
@@ -117,7 +116,24 @@ def cmd_encode(args: argparse.Namespace) -> int:
         if launch_rank() == 0:
             print(f"document vectors in {out} ({manifest['n_rows']} documents in {len(manifest['shards'])} shards)")
         return 0
+    from lsr.parallel.joblock import FolderLock
+
     enc = encoder_from_args(args, device)
+    lock = FolderLock(out)
+    taken = lock.acquire()   # a job writing this folder refuses us here, before a BM25 fit replaces its encoder
+    try:
+        _encode_documents_here(enc, ds, out, args)
+    finally:
+        if taken:
+            lock.release()
+    print(f"document vectors in {out}")
+    return 0
+
+
+def _encode_documents_here(enc: Encoder, ds: Any, out: Path, args: argparse.Namespace) -> None:
+    """``lsr encode`` of documents in this one process (the folder's lock held)."""
+    from lsr.parallel.encode import encode_dataset_distributed
+
     if (out / "manifest.json").exists():  # before a new BM25 fit replaces the one these vectors were made with
         from lsr.storage.provenance import check_same_origin
         from lsr.storage.shards import read_manifest
@@ -131,8 +147,6 @@ def cmd_encode(args: argparse.Namespace) -> int:
     encode_dataset_distributed(enc, ds, out, batch_size=args.batch_size, shard_rows=args.shard_rows, resume=True,
                                doc_top_k=args.doc_top_k, tokenize_workers=args.tokenize_workers,
                                origin=ds.docs_origin)
-    print(f"document vectors in {out}")
-    return 0
 
 
 def _check_encode_out(out: Path, args: argparse.Namespace) -> None:

@@ -252,3 +252,23 @@ def test_a_second_torchrun_encode_into_a_busy_folder_is_refused(tmp_path, data_d
     assert out.endswith("(2000 documents in 100 shards)\n")
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert _files(tmp_path / "dist") == _files(tmp_path / "one")   # (rglob: no lock, no .lsr-encode left)
+
+
+def test_a_single_process_encode_into_a_busy_folder_is_refused_before_the_fit(tmp_path, data_dir, capsys):
+    """A one-process ``lsr encode`` (BM25, fitted here) into a folder another job holds is refused with one line
+    before its fit saves ``OUT/encoder`` over the other job's."""
+    from lsr.cli import main
+
+    ds, out = _scifact(tmp_path / "ds", data_dir, 50), tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from lsr.parallel.joblock import FolderLock; "
+                               "FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(out)],
+                              env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc = main(["encode", "--dataset", ds, "--encoder", "bm25", "--device", "cpu", "--out", str(out)])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "is being written by another job" in err[0], err
+    assert not (out / "encoder").exists()
