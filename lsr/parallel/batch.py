@@ -141,7 +141,8 @@ def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str,
     """The start of a search job on every rank of a torchrun job (collective): join the process group (left on
     exit unless the caller had joined), agree on the index and ``settings`` (the search options; one
     collective, ``lsr.parallel.agreement``), load this rank's partitions. Yields (them, this rank's device)."""
-    from lsr.parallel.agreement import agreement, index_parts, settings_part
+    from lsr.parallel.agreement import agreement, settings_part
+    from lsr.parallel.index_identity import index_parts
 
     with process_group(device) as dev:
         rank, world = dist.get_rank(), dist.get_world_size()

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lsr.parallel.agreement import agreement, index_parts, settings_part
+from lsr.parallel.agreement import agreement, settings_part
 from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
+from lsr.parallel.index_identity import index_parts
 from lsr.parallel.plan import rank_role, slice_bounds
 from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists

@@ -1,4 +1,4 @@
-"""The device names lsr accepts, checked in one place: the CLI's ``--device`` (``lsr.cli_types``), the run
+"""The device names lsr accepts, checked in one place: the CLI's ``--device`` (``lsr.cli.args``), the run
 config's ``device`` (``lsr.config``), ``resolve_device`` and the searchers' ``device`` argument, so a typo such
 as ``"gpu"`` gets the same one-line answer everywhere instead of torch's parser error."""
 

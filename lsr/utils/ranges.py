@@ -1,4 +1,4 @@
-"""The allowed values of a numeric option, in one place for the command line (``lsr.cli_types``) and the config
+"""The allowed values of a numeric option, in one place for the command line (``lsr.cli.args``) and the config
 (``lsr.config``): an out-of-range value is refused with one line naming the value and the range
 ("must be an integer in [1, 65535], got 99999"); the caller adds the flag or key."""
 

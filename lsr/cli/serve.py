@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lsr.cli_types import integer, ranged
+from lsr.cli.args import integer, ranged
 from lsr.config import SEARCH_BACKENDS
 from lsr.serve.limits import BATCH_TIMEOUT_S, MAX_BATCH, MAX_WAIT_MS, REQUEST_TIMEOUT_S, SWITCH_INTERVAL_MS
 from lsr.serve.replicas import DEVICES_HELP, parse_devices
@@ -14,7 +14,7 @@ __all__ = ["cmd_serve", "register"]
 
 
 def register(sub: Any, command: Any) -> None:
-    from lsr.cli import add_device_arg
+    from lsr.cli.args import add_device_arg
 
     p = command(sub, "serve", "serve an index over HTTP/JSON with dynamic batching (POST /search, GET /health, /stats)")
     p.add_argument("--index", required=True, help="index directory written by lsr index")
@@ -62,7 +62,7 @@ def _devices(text: str) -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from lsr.cli import UsageError
+    from lsr.errors import UsageError
 
     try:
         import fastapi  # noqa: F401

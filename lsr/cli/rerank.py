@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from lsr.cli_types import DEVICE_HELP, device, integer
+from lsr.cli.args import DEVICE_HELP, device, integer
 from lsr.config import MAXSIM_IMPLS
 
 __all__ = ["cmd_rerank", "default_cache_dir", "register"]
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction, command) -> None:
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
-    from lsr.cli import UsageError
+    from lsr.errors import UsageError
     from lsr.storage.provenance import check_not_inside
 
     if Path(args.out).exists() and not args.overwrite:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from lsr.cli_types import DEVICE_HELP, device, positive_float
+from lsr.cli.args import DEVICE_HELP, device, positive_float
 
 _HELP_VOCAB = ("vocab.txt, tokenizer folder or fitted BM25 encoder folder (lexical.json) giving the term strings "
                "(default: the model folder in the index metadata, else decimal term ids)")

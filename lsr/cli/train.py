@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from lsr.cli_types import DEVICE_HELP, device
+from lsr.cli.args import DEVICE_HELP, device
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lsr.cli import UsageError
+    from lsr.errors import UsageError
     from lsr.parallel.topology import is_distributed, launch_rank
     from lsr.train.config import load_train_config
     from lsr.train.graph_step import plan_train_step

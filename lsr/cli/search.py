@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lsr.cli import UsageError, add_encoder_args, check_bm25_model, encoder_from_args
-from lsr.cli_types import integer, positive_float
+from lsr.cli.args import add_encoder_args, check_bm25_model, encoder_from_args, integer, positive_float
 from lsr.config import SEARCH_BACKENDS
+from lsr.errors import UsageError
 
 __all__ = ["cmd_search", "register"]
 
