@@ -120,8 +120,12 @@ def init_distributed(device: str) -> torch.device:
         heartbeat = heartbeat_timeout()   # a bad setting fails before the join
         backend = collective_backend(device)
         kw: dict[str, Any] = {"device_id": dev} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout()), **kw)
         _watch["groups"] += 1   # every rank joins its job's groups in the same order: the same number on each
+        timeout = timedelta(seconds=collective_timeout())
+        store = _rank0_store(_watch["groups"], timeout)
+        if store is not None:
+            kw |= {"store": store, "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+        dist.init_process_group(backend, timeout=timeout, **kw)
         if heartbeat is not None and dist.get_world_size() > 1 and "MASTER_ADDR" in os.environ:
             from lsr.parallel.watchdog import Watchdog
 
@@ -131,6 +135,41 @@ def init_distributed(device: str) -> torch.device:
                 log.warning("no heartbeat for this rank (%s: %s): a stopped rank is found by %s only",
                             type(e).__name__, e, TIMEOUT_ENV)
     return dev
+
+
+def _rank0_store(generation: int, timeout: timedelta) -> Any:
+    """Without torchrun's agent store (ranks started with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE, e.g. by
+    torch.multiprocessing): rank 0's TCPStore for this process's ``generation``-th group, made here, or another
+    rank's client of it; None under torchrun's agent store or without those variables (torch's env:// then).
+
+    Why: a process that joins its next group right after leaving one (``lsr search`` leaves its group when done)
+    could reach rank 0's previous store while rank 0 has not closed it yet, and wait in it for ranks that never
+    come. Rank 0 writes the generation into its new store; a client that finds another generation was connected
+    to the old one, and connects again."""
+    import time
+
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" or not all(
+            k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        return None
+    host, port, rank, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"]), int(env["WORLD_SIZE"])
+    if rank == 0:
+        # waits for every rank to connect, as torch's env:// store does (a rank that never comes times out here)
+        store = dist.TCPStore(host, port, world, True, timeout=timeout, wait_for_workers=True)
+        store.set("lsr/generation", str(generation))
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        store = dist.TCPStore(host, port, world, False, timeout=timeout)
+        try:
+            if store.get("lsr/generation").decode() == str(generation):
+                return store
+        except RuntimeError:   # the old store closed under the request: connect again
+            pass
+        del store
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0's store at {host}:{port} is still the one of an earlier group")
+        time.sleep(0.05)
 
 
 def leave_distributed(failed: bool = False) -> None:
