@@ -138,9 +138,9 @@ def init_distributed(device: str) -> torch.device:
 
 
 def _rank0_store(generation: int, timeout: timedelta) -> Any:
-    """Without torchrun's agent store (ranks started with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE, e.g. by
+    """Outside torchrun (ranks started with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE, e.g. by
     torch.multiprocessing): rank 0's TCPStore for this process's ``generation``-th group, made here, or another
-    rank's client of it; None under torchrun's agent store or without those variables (torch's env:// then).
+    rank's client of it; None under torchrun or without those variables (torch's env:// rendezvous then).
 
     Why: a process that joins its next group right after leaving one (``lsr search`` leaves its group when done)
     could reach rank 0's previous store while rank 0 has not closed it yet, and wait in it for ranks that never
@@ -149,9 +149,8 @@ def _rank0_store(generation: int, timeout: timedelta) -> Any:
     import time
 
     env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" or not all(
-            k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
-        return None
+    if "TORCHELASTIC_RUN_ID" in env or not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        return None   # (under torchrun its rendezvous makes the store, as it always has)
     host, port, rank, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"]), int(env["WORLD_SIZE"])
     if rank == 0:
         # waits for every rank to connect, as torch's env:// store does (a rank that never comes times out here)
