@@ -47,6 +47,7 @@ from lsr.train.config import LossConfig, TrainConfig, cuda_graph_refused
 from lsr.train.data import Example, TrainData
 from lsr.train.model import TrainableEncoder
 from lsr.utils.cuda_graphs import GraphCaptureError, capture_graph
+from lsr.utils.plans import Plan, Step
 
 __all__ = ["DOC_BUCKET", "GraphStep", "StepInputs", "StepPlan", "doc_width", "plan_train_step"]
 
@@ -58,14 +59,17 @@ _OUTPUTS = ("loss", *LOSS_PARTS, "nnz_q", "nnz_d", "grad_norm")  # the output ve
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepPlan(Plan):
     """The training step's route: ``graph`` (CUDA graphs) or eager, and why."""
 
     graph: bool
     reason: str
 
-    def __str__(self) -> str:
-        return f"training step: {'CUDA graph' if self.graph else 'eager'} ({self.reason})"
+    def title(self) -> str:
+        return "train plan"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        return (Step("step", "CUDA graph" if self.graph else "eager", self.reason),)
 
 
 def plan_train_step(cfg: TrainConfig, device: torch.device | str, distributed: bool) -> StepPlan:

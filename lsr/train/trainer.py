@@ -388,7 +388,7 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         if self.rank == 0:
-            log.info("%s", self.step_plan)
+            log.info("%s", self.step_plan.summary())
         self.model.train()
         metrics: dict[str, float] = {}
         sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None

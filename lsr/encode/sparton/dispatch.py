@@ -48,6 +48,7 @@ from lsr.encode.sparton.reference import (
     torch_sparton_head,
 )
 from lsr.utils.kernels import BACKENDS, INTERPRET, triton, use_triton
+from lsr.utils.plans import Plan, Step
 
 __all__ = ["DEFAULT_DISPATCH", "RESIDENT_MIN_WAVES", "VARIANTS", "HeadFacts", "SpartonDispatch", "SpartonPlan",
            "explain_sparton_head", "packed_tokens_sparton_head", "plan_head", "sparton_head"]
@@ -86,15 +87,18 @@ class HeadFacts:
 
 
 @dataclass(frozen=True)
-class SpartonPlan:
+class SpartonPlan(Plan):
     """The forward that runs (one of ``VARIANTS``), why, and what computes the gradient."""
 
     variant: str
     reason: str
     backward: str
 
-    def __str__(self) -> str:
-        return f"sparton head: {self.variant} ({self.reason}); backward: {self.backward}"
+    def title(self) -> str:
+        return "sparton head plan"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        return Step("forward", self.variant, self.reason), Step("backward", self.backward)
 
 
 @functools.lru_cache(maxsize=None)
