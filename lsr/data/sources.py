@@ -53,8 +53,8 @@ from lsr.data.readers import (
     unique_docs,
 )
 from lsr.storage.files import count_lines
-from lsr.utils.ids import check_id
 from lsr.storage.provenance import file_origin
+from lsr.utils.ids import check_id
 
 # the dataset record and the file readers are defined in lsr.data.dataset / lsr.data.readers (which the
 # other sources import too) and named here as well: this module is where users look for them
