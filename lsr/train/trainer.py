@@ -77,7 +77,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         from lsr.parallel.topology import init_distributed, is_distributed, leave_distributed
-        from lsr.pipeline import resolve_device
+        from lsr.utils.devices import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
