@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["FailureMemory", "describe_failures", "failure_memory", "failures", "memories", "per_device", "reset_failures"]
+__all__ = ["FailureMemory", "describe_failures", "failure_memory", "failures", "failures_block", "memories", "per_device", "reset_failures"]
 
 T = TypeVar("T")
 
@@ -106,6 +106,12 @@ def failures() -> dict[str, str]:
 def describe_failures() -> list[str]:
     """One line per disabled route (``FailureMemory.describe``): empty when nothing failed."""
     return [m.describe() for m in memories() if m.failed]
+
+
+def failures_block() -> str:
+    """What an ``--explain`` output ends with: the routes this process disabled, one line each ("" when none)."""
+    lines = describe_failures()
+    return "\n".join(["disabled in this process:", *(f"  {line}" for line in lines)]) if lines else ""
 
 
 def reset_failures() -> None:
