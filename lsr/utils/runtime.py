@@ -18,6 +18,12 @@ never leaks into the next test.
 ``per_device(name, index, make)`` is the process's one object of a kind per GPU (a capture stream and its lock, a
 copy stream): made on first use, kept for the process. This module imports nothing heavy (no torch): the
 registry must be readable where torch cannot be imported.
+
+Module-level state that stays beside its owner, because it decides no route: compiled kernels and pure memos
+(``functools.cache`` in ``lsr.search.kernels``, the CIFF message classes, the plan and stemmer ``lru_cache``s),
+the per-index caches of a search, the CPU head's transposed weights (keyed by the weight, dropped with it), the
+``gc.freeze`` flag of ``lsr.serve.gcwatch``, the watchdog's command name, and the capture counts of
+``lsr.utils.cuda_graphs``.
 """
 
 from __future__ import annotations
