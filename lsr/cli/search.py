@@ -143,6 +143,10 @@ def _explain_search(args: argparse.Namespace) -> int:
     print(plan_batch(index_partition_count(args.index), world, len(queries)))
     searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
     print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
+    from lsr.utils.runtime import failures_block
+
+    if failures_block():   # the routes this process disabled (loading and encoding the queries ran kernels)
+        print(failures_block())
     return 0
 
 
