@@ -26,9 +26,11 @@
   graph capture encountered unexpectedly". ``capture_end`` also stops the allocator's recording into the graph's
   pool only when it completes: left recording, the next capture into a shared pool fails in ``capture_begin``
   ("already recording to mempool_id"), after marking the generator again. So where ``capture_begin``, the body
-  or ``capture_end`` raises, the recording into the pool is ended and one tiny capture is made that completes,
-  which clears the mark on the generator's own state (graphs captured earlier hold that state object; draws
-  inside a capture never move its offset, so the draws after are those of a process that tried no capture).
+  or ``capture_end`` raises, the recording into the pool is ended where torch's private binding allows it, and one
+  tiny capture is made that completes, which clears the mark on the generator's own state (graphs captured
+  earlier hold that state object; draws inside a capture never move its offset, so the draws after are those of
+  a process that tried no capture). On the H200's torch 2.11 the pool stayed recorded into after a capture with
+  a host sync all the same, so a ``GraphSet`` takes a new pool after a failed capture.
 
 ``GraphSet`` is what each owner keeps: its graphs by key, least recently used first, within a count and a byte
 bound (``GraphPolicy``); one memory pool and one lock for all of them where the policy shares the pool (a caller
@@ -79,7 +81,7 @@ def capture_graph(body: Callable[[], T], device: torch.device | str, *, pool: An
     ``warm_up`` runs the body once eagerly first, on the same stream, so that every kernel is compiled and tuned
     outside the capture. ``pool`` is a ``torch.cuda.graph_pool_handle()`` shared by graphs that never run at
     once (None: a pool of the graph's own). Raises ``GraphCaptureError`` when the capture fails, with the CUDA
-    generator and the allocator as before it (see the module doc); a device that is not CUDA is such a failure.
+    generator as before it (see the module doc; the pool may stay unusable: ``GraphSet`` then takes another); a device that is not CUDA is such a failure.
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -264,7 +266,14 @@ class GraphSet(Generic[G]):
             with self.lock:   # no graph of this pool runs while another is captured into it
                 if self.pool is None and torch.cuda.is_available():
                     self.pool = torch.cuda.graph_pool_handle()
-                return capture(self.pool)
+                try:
+                    return capture(self.pool)
+                except Exception:
+                    # the next capture takes a new pool: torch versions differ in whether a failed capture ends
+                    # the allocator's recording into its pool, and a pool still recorded into refuses every later
+                    # capture ("already recording to mempool_id"); the graphs kept hold their old pool alive
+                    self.pool = None
+                    raise
         except Exception as e:  # noqa: BLE001 - a capture problem must not fail the caller: it runs eagerly
             self.memory.record(e, stacklevel=4)
             return None

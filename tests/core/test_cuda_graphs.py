@@ -97,15 +97,24 @@ def test_graph_set_bounds_per_lookup_defers_and_clears():
 
 
 @pytest.mark.gpu
-def test_gpu_a_capture_into_a_pool_after_a_failed_one_works_and_random_draws_too():
-    """A failed capture's pool is still being recorded into unless the recording is ended: the next capture into
-    the same shared pool then failed in capture_begin ("already recording to mempool_id"), after marking the
-    generator capturing, and every later random draw failed (the query encoder's retry without extraction)."""
+def test_gpu_a_graph_set_captures_after_a_failed_capture_and_random_draws_work():
+    """A failed capture into a set's shared pool could leave that pool recorded into: every later capture of the
+    set then failed in capture_begin ("already recording to mempool_id"), after marking the generator capturing,
+    and every later random draw failed (the query encoder's retry without extraction). The set takes a new pool
+    after a failure; the graph of the next key captures, replays, and random initialisation works."""
     x = torch.ones(16, device="cuda")
-    pool = torch.cuda.graph_pool_handle()
-    with pytest.raises(GraphCaptureError):
-        capture_graph(_syncs(x), "cuda", pool=pool)
-    graph, out = capture_graph(lambda: x * 3, "cuda", pool=pool)
+    memory = FailureMemory("tests.graphs.gpu", "a test capture", "eager")
+    graphs = GraphSet(memory)
+
+    def graph_of(body):
+        return lambda pool: SimpleNamespace(pair=capture_graph(body, "cuda", pool=pool))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert graphs.lookup("syncs", graph_of(_syncs(x))) is None and memory.failed
+    kept = graphs.lookup("times3", graph_of(lambda: x * 3))
+    assert kept is not None
+    graph, out = kept.pair
     x.fill_(2.0)
     graph.replay()
     assert out.tolist() == [6.0] * 16
