@@ -3,12 +3,12 @@
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
 captured graph removes that host cost. Larger batches gain too: between the two passes the host launches ~40
 small kernels slower than the GPU runs them, so an eager large batch leaves the GPU idle for part of its time
-(graphs up to ``SearchConfig.graph_max_batch``, the Searcher's batch; the measurements are in
-docs/performance/search.md). Graphs are cached per index (``GraphCache``), the least recently used dropped beyond
-``graph_cache`` graphs or ``graph_bytes`` of memory they keep by estimate (a large batch's graph keeps its
-candidate slots).
+(graphs up to ``SearchConfig.graphs.max_batch``, the Searcher's batch; the measurements are in
+docs/performance/search.md). Graphs are cached per index (a ``GraphCache`` in ``lsr.search.index_cache``), the least
+recently used dropped beyond ``graphs.cache`` graphs or ``graphs.bytes`` of memory they keep by estimate (a large
+batch's graph keeps its candidate slots).
 
-With ``graph_shared_pool`` (the default) the graphs of one index share one memory pool and one lock, as
+With ``graphs.shared_pool`` (the default) the graphs of one index share one memory pool and one lock, as
 ``lsr.encode.splade.query_graphs`` does: safe because a caller replays a graph and copies what it keeps under that
 lock, so no graph's memory is read after another graph of the index ran; one pool holds a fraction of what
 private pools hold, with the same bits as the eager path (docs/performance/search.md).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -30,10 +29,9 @@ import torch
 from lsr.utils.cuda_graphs import capture_graph
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lsr.index.inverted import InvertedIndex
-    from lsr.search.config import SearchConfig
+    from lsr.search.config import GraphTuning
 
-__all__ = ["ChunkGraph", "GraphCache", "cached_chunk_graph", "captures", "graph_cache", "trim_graphs"]
+__all__ = ["ChunkGraph", "GraphCache", "captures", "trim_graphs"]
 
 ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
@@ -86,15 +84,15 @@ class GraphCache:
                 self.pool = torch.cuda.graph_pool_handle()
             return self._capture(body, B, n_terms, device, pool=self.pool, lock=self.lock)
 
-    def lookup(self, body: ChunkBody, B: int, n_terms: int, key: Hashable, cfg: SearchConfig,
+    def lookup(self, body: ChunkBody, B: int, n_terms: int, key: Hashable, cfg: GraphTuning,
                device: torch.device) -> Any:
         """The cached graph for ``key`` (``trim_graphs`` drops the least recently used); None where the caller runs
-        eagerly: the first search of a batch above ``cfg.graph_capture_at_once`` queries, every later one whose
+        eagerly: the first search of a batch above ``cfg.capture_at_once`` queries, every later one whose
         graph was captured once and dropped since (recapturing shapes that evict each other from the memory budget
         would cost a warm-up run and a capture a search), and every search with a key whose capture failed. Safe
         for several threads: the bookkeeping runs under its own lock (a capture, which takes milliseconds, outside
         it; two threads may then capture one key, and the later one is kept)."""
-        large = B > cfg.graph_capture_at_once
+        large = B > cfg.capture_at_once
         with self.book:
             if key in self.graphs:
                 self.graphs.move_to_end(key)
@@ -104,11 +102,11 @@ class GraphCache:
             if captured is not False:
                 self.seen[key] = bool(captured)
                 self.seen.move_to_end(key)
-                while len(self.seen) > cfg.graph_shapes_seen:
+                while len(self.seen) > cfg.shapes_seen:
                     self.seen.popitem(last=False)
                 return None
         try:
-            graph = self.capture(body, B, n_terms, device, cfg.graph_shared_pool)
+            graph = self.capture(body, B, n_terms, device, cfg.shared_pool)
         except Exception as e:  # noqa: BLE001 - a capture problem must not fail the search
             warnings.warn(f"CUDA graph capture of the block path failed ({type(e).__name__}: {e}); "
                           "running it eagerly", RuntimeWarning, stacklevel=4)
@@ -116,30 +114,18 @@ class GraphCache:
         with self.book:
             self.graphs[key] = graph
             self.graphs.move_to_end(key)
-            trim_graphs(self.graphs, cfg.graph_cache, cfg.graph_bytes)   # keeps the newest: this one
+            trim_graphs(self.graphs, cfg.cache, cfg.bytes)   # keeps the newest: this one
             if large:
                 self.seen[key] = True   # captured: once dropped, the shape runs eagerly
         return graph
 
 
-_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CAPTURES = [0]
 
 
 def captures() -> int:
     """Block-path graphs captured (or tried) in this process: a server's count after warm-up should not grow."""
     return _CAPTURES[0]
-
-
-def graph_cache(index: InvertedIndex) -> GraphCache:
-    """The graph cache of ``index`` (made at its first use)."""
-    return _GRAPHS.setdefault(index, GraphCache())
-
-
-def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable,
-                       cfg: SearchConfig) -> ChunkGraph | None:
-    """``graph_cache(index).lookup(...)``: the block route's graph for ``key``, or None (run eagerly)."""
-    return graph_cache(index).lookup(body, B, n_terms, key, cfg, index.device)
 
 
 def trim_graphs(graphs: OrderedDict[Hashable, Any], max_graphs: int, max_bytes: int) -> None:
