@@ -30,7 +30,7 @@ from lsr.utils.schema import at_least, check_type, check_value, choice, type_hin
 
 __all__ = ["HEAD_IMPLS", "MAXSIM_IMPLS", "MOVED_KEYS", "ConfigSchema", "DataConfig", "EncoderConfig",
            "EvaluationConfig", "IndexConfig", "InputsConfig", "RerankConfig", "RunConfig", "apply_overrides",
-           "config_from_dict", "load_config", "read_yaml_config"]
+           "config_from_dict", "load_config", "read_yaml_config", "search_config_from_overrides"]
 
 HEAD_IMPLS = ("auto", "triton", "torch")     # the Sparton head's implementation (auto: Triton on CUDA)
 MAXSIM_IMPLS = ("auto", "triton", "torch")   # the MaxSim kernel's implementation (auto: Triton on CUDA)
@@ -252,7 +252,9 @@ MOVED_KEYS = {"search.query_vectors": "inputs.query_vectors", "search.query_scal
 def _unknown(base: Any, unknown: list[str], where: str) -> ValueError:
     """The error for unknown keys: the known ones, and the section a misplaced key belongs to."""
     fields = dataclasses.fields(base)
-    hints = [f"{f.name}.{key}" for key in unknown for f in fields if dataclasses.is_dataclass(getattr(base, f.name))
+    prefix = where.removeprefix("config").lstrip(".")
+    prefix += "." if prefix else ""
+    hints = [f"{prefix}{f.name}.{key}" for key in unknown for f in fields if dataclasses.is_dataclass(getattr(base, f.name))
              and key in {s.name for s in dataclasses.fields(getattr(base, f.name))}]
     hint = f"; did you mean {', '.join(hints)}?" if hints else ""
     return ValueError(f"unknown key(s) in {where}: {unknown} (known: {sorted(f.name for f in fields)}){hint}")
@@ -314,6 +316,16 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except yaml.YAMLError:
             raise ValueError(f"--set {item}: the value is not valid YAML (quote strings: key='[x')") from None
     return data
+
+
+def search_config_from_overrides(overrides: Sequence[str], base: SearchConfig | None = None) -> SearchConfig:
+    """A ``SearchConfig`` from ``--set search.<key>=<value>`` strings (``lsr search``), checked like a run config's
+    ``search:`` section."""
+    data = apply_overrides({}, overrides)
+    others = sorted(set(data) - {"search"})
+    if others:
+        raise ValueError(f"--set {others[0]}...: only search.<key> can be set here (e.g. search.route=block)")
+    return _build(base or SearchConfig(), data.get("search") or {}, "search")
 
 
 def read_yaml_config(path: str | Path | None) -> dict[str, Any]:

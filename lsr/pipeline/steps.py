@@ -81,7 +81,7 @@ def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any
     from lsr.interop.anserini import read_anserini_queries
 
     if vocab is None:
-        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / search.vocab: "
+        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / inputs.vocab: "
                          "vocab.txt or a tokenizer folder); for text topics (qid<TAB>text) give the encoder (--model)")
     return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
@@ -111,13 +111,13 @@ def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dic
 
 
 def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
-    if cfg.search.query_vectors:
-        vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
-        queries = load_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)
+    if cfg.inputs.query_vectors:
+        vocab = cfg.inputs.vocab or (encoder.vocab if encoder is not None else None)
+        queries = load_query_vectors(cfg.inputs.query_vectors, vocab, cfg.inputs.query_scale)
         keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
         return (queries[keep] if keep is not None and len(keep) < len(queries) else queries), None
     if encoder is None:
-        raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
+        raise ValueError("inputs.doc_vectors needs inputs.query_vectors too (no encoder is configured)")
     qids = list(dataset.queries)
     return encoder.encode_query([dataset.queries[q] for q in qids], ids=qids), encoder.describe()
 
@@ -164,7 +164,7 @@ _DERIVED = ("encoder", "doc_vectors")  # reused by a later run of the job, so th
 
 def job_origin(cfg: RunConfig, dataset: Any) -> dict[str, Any]:
     """What the job's documents are: the pre-encoded vectors, or the dataset's record of its source."""
-    return ({"doc_vectors": str(Path(cfg.search.doc_vectors).resolve())} if cfg.search.doc_vectors
+    return ({"doc_vectors": str(Path(cfg.inputs.doc_vectors).resolve())} if cfg.inputs.doc_vectors
             else dict(dataset.docs_origin))
 
 
@@ -176,8 +176,8 @@ def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> di
 
     from lsr.storage.provenance import check_not_inside, check_same_origin
 
-    check_not_inside(out, [cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
-                           cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
+    check_not_inside(out, [cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0], cfg.inputs.doc_vectors,
+                           cfg.inputs.query_vectors, cfg.inputs.vocab, cfg.encoder.model], "output folder")
     origin = job_origin(cfg, dataset)
     marker = out / _MARKER
     if marker.is_file():
@@ -224,7 +224,7 @@ def read_doc_vectors(path: str, vocab: str | None) -> Any:
     if p.is_dir():
         return read_vectors(p)
     if vocab is None:
-        raise ValueError("pre-encoded JSON document vectors need search.vocab (vocab.txt or a tokenizer folder)")
+        raise ValueError("pre-encoded JSON document vectors need inputs.vocab (vocab.txt or a tokenizer folder)")
     from lsr.interop.anserini import read_anserini_documents
 
     return read_anserini_documents(p, vocab)
@@ -233,7 +233,7 @@ def read_doc_vectors(path: str, vocab: str | None) -> Any:
 def check_job_partitions(cfg: RunConfig, dataset: Any, n_partitions: int) -> None:
     """Refuse more partitions than the dataset's documents before any encoding (when the dataset knows its
     size and the job encodes it)."""
-    if n_partitions > 1 and dataset.n_docs is not None and not cfg.search.doc_vectors:
+    if n_partitions > 1 and dataset.n_docs is not None and not cfg.inputs.doc_vectors:
         from lsr.parallel.sharded_index import check_partition_count
 
         check_partition_count(dataset.n_docs, n_partitions, cfg.data.dataset)

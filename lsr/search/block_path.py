@@ -37,7 +37,6 @@ from lsr.search.kernels.coarse_checks import (
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.topk import ROW
 from lsr.search.select import bucket_edge, bucket_theta, bucket_topk, pack, row_topk, unpack
-from lsr.search.work_items import span_work_items
 from lsr.utils.ragged import segment_ids
 
 __all__ = ["block_search"]
@@ -127,7 +126,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, plan.span)
     # pass 1: row maxima of sampled spans -> theta (the exact pass: a lower bound of the k-th score)
     width = plan.span // ROW
-    items1 = span_work_items(plan, B, plan.n_sample, plan.n_spans, plan.group, width, dev)
+    items1 = _items(plan, B, plan.n_sample, plan.n_spans, plan.group, width, dev)
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
     maxima, _ = plan.launch(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of the floor rank, checked in _coarse_pass2
@@ -139,7 +138,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     theta = bucket_theta(maxima.view(B, -1), plan.k)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
-    items2 = span_work_items(plan, B, plan.n_spans, plan.n_spans, plan.group, cap, dev)
+    items2 = _items(plan, B, plan.n_spans, plan.n_spans, plan.group, cap, dev)
     cand, counts = plan.launch(*args, items2, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, plan.n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; the overflow fallback rescores it
@@ -147,6 +146,12 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     best, reselect = bucket_topk(cand, plan.k, slots=plan.selection.slots, by_rank=plan.selection.by_rank)
     return ChunkResult(best, over, theta, args, None, None, cand, reselect, _flags(over, reselect, None, None),
                        unpack(best, plan.fused), (items1, items2))
+
+
+def _items(plan: BlockPlan, *key) -> tuple[torch.Tensor, ...]:
+    """A pass's work items from the plan's index cache (``IndexCache.work_items``; ``key``: B, n_items, n_spans,
+    group, width, device)."""
+    return plan.cache.work_items(plan.caches, plan.graphs.max_batch, *key)
 
 
 def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
@@ -173,7 +178,7 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dic
     B = indptr.numel() - 1
     c = plan.coarse   # c.sampled: theta came from a pass-1 key above the k-th
     n_spans, cap = c.offsets.shape[1] - 1, c.cap
-    items = span_work_items(plan, B, n_spans, n_spans, 1, cap, indptr.device)
+    items = _items(plan, B, n_spans, n_spans, 1, cap, indptr.device)
     cand, counts = plan.launch(*args._replace(span_off=c.offsets, span=c.span), items, B * n_spans * cap, cap=cap,
                                coarse_lo=floor, **kw)
     cand = cand.view(B, -1)

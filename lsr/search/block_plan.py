@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -20,19 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.search.config import CacheTuning, GraphTuning
     from lsr.search.index_cache import IndexCache
+    from lsr.search.scorers import SpanScorer
 
-__all__ = ["BlockPlan", "ChunkResult", "CoarsePlan", "QueryCSR", "Repairs", "ScoreArgs", "Selection", "Settled",
-           "SpanScorer", "terms_bucket"]
-
-# a span scorer (lsr.search.kernels.block.triton_block_candidates, its torch twin or
-# lsr.search.kernels.block_cuda.cuda_block_candidates) with its tuning bound
-SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def terms_bucket(max_terms: int) -> int:
-    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
-    return max(64, 1 << max(0, max_terms - 1).bit_length())
-
+__all__ = ["BlockPlan", "ChunkResult", "CoarsePlan", "QueryCSR", "Repairs", "ScoreArgs", "Selection", "Settled"]
 
 class QueryCSR(NamedTuple):
     """Queries as CSR on the index's device: int64 [B+1], int32 [nnz], float32 [nnz].
@@ -94,7 +84,7 @@ class BlockPlan:
     span: int                  # docs per work item of pass 1 and the exact pass 2
     group: int                 # queries per work item
     span_off: torch.Tensor     # int64 [V, n_spans + 1] span offsets for ``span``
-    max_terms: int             # query-length bucket (``block_planner.terms_bound``): one compile and one CUDA
+    max_terms: int             # query-length bucket (``kernels.terms_bucket`` of ``block_planner.terms_bound``): one compile and one CUDA
                                # graph per bucket; a graph's term buffer holds n_queries x it
     n_sample: int              # spans scored by pass 1
     cap: int                   # candidate slots per (query, span) in the exact pass 2

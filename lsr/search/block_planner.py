@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lsr.index.compact import COMPACT
-from lsr.search.block_plan import BlockPlan, CoarsePlan, Selection, SpanScorer
-from lsr.search.scorers import SCORER_NAMES, SCORERS, Scorer, scorer, why_not
+from lsr.search.block_plan import BlockPlan, CoarsePlan, Selection
+from lsr.search.scorers import SCORER_NAMES, SCORERS, Scorer, SpanScorer, scorer, why_not
 from lsr.utils.plans import Step
 
 if TYPE_CHECKING:  # pragma: no cover

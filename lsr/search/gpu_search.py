@@ -20,9 +20,9 @@ import torch
 from lsr.search.block_path import block_search
 from lsr.search.block_plan import QueryCSR, Repairs
 from lsr.search.config import SearchConfig
+from lsr.search.index_cache import index_cache
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.kernels.scatter import triton_scatter_scores
-from lsr.search.index_cache import index_cache
 from lsr.search.plan import SearchPlan, plan_search
 from lsr.search.select import triton_topk
 from lsr.utils.kernels import INTERPRET

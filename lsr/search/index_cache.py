@@ -18,10 +18,13 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from lsr.search.graphs import GraphCache
-from lsr.search.work_items import ItemsCache
+from lsr.search.work_items import ItemsCache, make_span_items
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from lsr.index.inverted import InvertedIndex
+    from lsr.search.config import CacheTuning
 
 __all__ = ["IndexCache", "RunCounts", "index_cache"]
 
@@ -71,6 +74,18 @@ class IndexCache:
             while len(self._plans) > size:
                 self._plans.popitem(last=False)
         return plan
+
+    def work_items(self, caches: CacheTuning, graph_max_batch: int, B: int, n_items: int, n_spans: int, group: int,
+                   width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The work items of one pass (``work_items.make_span_items``): batches up to ``caches.items_max_batch``
+        from the small-batch cache, up to ``graph_max_batch`` from the large-batch one (``items_large`` entries of
+        up to ``items_large_bytes``), made afresh for batches no graph holds."""
+        key = (B, n_items, n_spans, group, width, device)
+        if B <= caches.items_max_batch:
+            return self.items_small.get(key, caches.items_small)
+        if B <= graph_max_batch:
+            return self.items_large.get(key, caches.items_large, caches.items_large_bytes)
+        return make_span_items(*key)
 
     def plan_keys(self) -> list[Hashable]:
         """The keys (batch size, k, config, query-length bucket) of the cached plans, least recently used first."""

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from lsr.index.compact import COMPACT
-from lsr.search.block_plan import BlockPlan, terms_bucket
+from lsr.search.block_plan import BlockPlan
 from lsr.search.config import SearchConfig
 from lsr.search.index_cache import index_cache
+from lsr.search.kernels import terms_bucket
 from lsr.utils.plans import Plan, Step
 
 if TYPE_CHECKING:  # pragma: no cover

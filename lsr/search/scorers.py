@@ -17,14 +17,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lsr.index.inverted import InvertedIndex
-    from lsr.search.block_plan import SpanScorer
-    from lsr.search.config import SearchConfig
+    import torch
 
-__all__ = ["SCORERS", "SCORER_NAMES", "Scorer", "scorer", "why_not"]
+    from lsr.index.inverted import InvertedIndex
+
+__all__ = ["SCORERS", "SCORER_NAMES", "Scorer", "SpanScorer", "scorer", "why_not"]
+
+# a lsr.search.config.SearchConfig: that module imports this one (the scorer names are its ``scorer`` choices), so
+# this one names it only here
+SearchConfig = Any
+# a span scorer's launcher with its tuning bound: (doc_ids, scores, span_off, indptr, terms, weights, scale,
+# inv_scale, span, items, out_size, **pass keywords) -> (keys, counts or None), as
+# lsr.search.kernels.block.triton_block_candidates
+SpanScorer = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
 
 
 @dataclass(frozen=True)

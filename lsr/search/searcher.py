@@ -30,9 +30,9 @@ from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.index_cache import index_cache
 from lsr.search.plan import SearchPlan, choose_backend, query_batch, torch_plan
-from lsr.utils.plans import Step
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
+from lsr.utils.plans import Step
 
 __all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk", "run_depth"]
 

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from lsr.search.kernels.block import span_items
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.search.block_plan import BlockPlan
-
-__all__ = ["ItemsCache", "make_span_items", "span_work_items"]
+__all__ = ["ItemsCache", "make_span_items"]
 
 
 def make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                     device: torch.device) -> tuple[torch.Tensor, ...]:
     """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal)."""
+    from lsr.search.kernels.block import span_items  # here: the torch backend (no items) loads no kernel module
+
     spans = (torch.arange(n_items, device=device) * n_spans) // n_items
     return span_items(B, spans, group, width)
 
@@ -57,17 +54,3 @@ class ItemsCache:
     def cache_clear(self) -> None:
         with self.lock:
             self.entries.clear()
-
-
-def span_work_items(plan: BlockPlan, B: int, n_items: int, n_spans: int, group: int, width: int,
-                    device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The work items of one pass (``make_span_items``) from the plan's index cache: batches up to
-    ``caches.items_max_batch`` from its small-batch cache, up to ``graphs.max_batch`` from its large-batch one
-    (``items_large`` entries of up to ``items_large_bytes``), made afresh for batches no graph holds."""
-    key = (B, n_items, n_spans, group, width, device)
-    tuning, cache = plan.caches, plan.cache
-    if B <= tuning.items_max_batch:
-        return cache.items_small.get(key, tuning.items_small)
-    if B <= plan.graphs.max_batch:
-        return cache.items_large.get(key, tuning.items_large, tuning.items_large_bytes)
-    return make_span_items(*key)
