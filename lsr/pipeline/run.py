@@ -72,11 +72,15 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
         searcher = open_searcher(index, device=device, config=cfg.search)
-        scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs),
-                                          query_metadata=query_meta)
+        k = run_depth(cfg.search.k, index.n_docs)
+        queries = queries.to(device)
+        explain = getattr(searcher, "explain", None)   # one index: the plan its first batch follows, for the record
+        plan = explain(queries, k) if explain is not None else None
+        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_meta)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device)
+    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device,
+                         search_plan=None if plan is None else plan.describe())
 
 
 def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:

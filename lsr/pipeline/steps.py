@@ -123,9 +123,9 @@ def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[
 
 
 def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str], topk: tuple[Any, Any],
-                  timings: dict[str, float], device: str) -> dict[str, Any]:
-    """Write run.trec / run.msmarco.tsv, evaluate (and rerank when configured), write metrics.json;
-    returns the job's result."""
+                  timings: dict[str, float], device: str, search_plan: str | None = None) -> dict[str, Any]:
+    """Write run.trec / run.msmarco.tsv, evaluate (and rerank when configured), write metrics.json (with the
+    ``search_plan`` the search followed, where given: ``SearchPlan.describe()``); returns the job's result."""
     import pyarrow as pa
 
     from lsr.data import runs
@@ -154,6 +154,8 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
     result = {"name": cfg.name, "dataset": cfg.data.dataset, "device": device, "metrics": metrics,
               "expected": expected, "timings_s": timings, "n_docs": len(docnos),
               "n_queries": len(queries), "files": files, **result_extra}
+    if search_plan is not None:
+        result["search_plan"] = search_plan
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
 
