@@ -114,7 +114,7 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     coarse sum >= the query's floor), takes the best k + margin coarse keys, rescores them exactly and
     keeps the top k. That list holds the exact top k when it also holds every doc whose coarse sum reaches
     the floor of the k-th coarse key's score (k docs score at least that). For large k, theta comes from a
-    pass-1 key above the k-th (``CoarseSpans.floor_rank``: far fewer candidates), which is checked the same way: the
+    pass-1 key above the k-th (``CoarsePlan.floor_rank``: far fewer candidates), which is checked the same way: the
     query's floor must not exceed that floor. A query where a check fails, or whose coarse slots
     overflowed, is flagged for the exact pass 2.
     """

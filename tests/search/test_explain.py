@@ -15,7 +15,7 @@ from lsr.search import SearchConfig, Searcher, open_searcher
 from lsr.search.gpu_search import gpu_search
 from lsr.search.index_cache import index_cache
 from lsr.sparse import SparseVectors
-from lsr.testing import random_dense_rows, seeded_generator
+from lsr.testing import assert_exact_topk, float64_scores, random_dense_rows, seeded_generator
 from tests.conftest import DEV
 
 rand_vectors = functools.partial(random_dense_rows, device=DEV)
@@ -164,3 +164,70 @@ def test_cli_search_explain_prints_the_plan_and_writes_nothing(case, tmp_path, c
     assert main(argv) == 2
     assert "--out is required" in capsys.readouterr().err
     assert main(argv + ["--out", str(run)]) == 0 and run.exists()
+
+
+def ran_as_planned(searcher: Searcher, queries: SparseVectors, k: int) -> tuple[dict[str, str], dict]:
+    """(the printed plan's steps, what the search then ran: ``IndexCache.ran`` per step) of one search, on a cleared
+    cache (the plan is made afresh)."""
+    cache = index_cache(searcher.index)
+    cache.clear()
+    plan = searcher.explain(queries, k)
+    got = searcher.search(queries, k)
+    ran = {step: cache.ran.choices(step) for step in ("route", "span scorer", "pass 2", "rescoring", "cuda graph")}
+    return lines(plan), {"plan": plan, "ran": ran, "result": got}
+
+
+# every route a CPU runs under the interpreter, forced through the config: (config, the plan's route and scorer,
+# pass 2 coarse or not)
+ROUTES = [(SearchConfig(backend="torch"), "torch-reference", None, None),
+          (SearchConfig(backend="gpu", route="dense-scatter"), "dense-scatter", None, None),
+          (SearchConfig(backend="gpu", route="block", scorer="triton", triton={"span": 64}), "block", "triton", False),
+          (SearchConfig(backend="gpu", route="block", scorer="torch", triton={"span": 64}, coarse={"enabled": False}),
+           "block", "torch", False),
+          (SearchConfig(backend="gpu", route="block", scorer="torch", triton={"span": 64},
+                        coarse={"span": 128, "min_batch": 1}), "block", "torch", True)]
+
+
+@pytest.mark.parametrize("cfg, route, scorer, coarse", ROUTES)
+def test_every_route_forced_by_config_runs_as_explained(case, cfg, route, scorer, coarse):
+    """What ``explain`` names is what the search runs (the executors' own counts, ``IndexCache.ran``), and its
+    result is the float64 reference's top k."""
+    docs, queries, index = case
+    q, k = queries[:7], 8
+    steps, got = ran_as_planned(Searcher(index, config=cfg), q, k)
+    ran = got["ran"]
+    assert steps["route"].startswith(route) and ran["route"] == {route: 1}
+    assert_exact_topk(*got["result"], float64_scores(q, docs), k)
+    if scorer is None:
+        assert ran["span scorer"] == {} and ran["pass 2"] == {} and "span scorer" not in steps
+        return
+    assert got["plan"].scorer == scorer and steps["span scorer"].startswith(f"{scorer}, span 64")
+    assert set(ran["span scorer"]) == {scorer} and ran["span scorer"][scorer] >= 2, "pass 1 and pass 2 launched"
+    assert steps["pass 2"].startswith("coarse" if coarse else "exact") and ("coarse" in ran["pass 2"]) == coarse
+    assert ran["rescoring"] == ({"triton csr": 1} if coarse else {}), steps.get("rescoring")
+    assert steps["cuda graph"].startswith("no") and set(ran["cuda graph"]) == {"eager"}
+
+
+@pytest.mark.gpu
+def test_gpu_scorers_and_graphs_run_as_explained():
+    """On a GPU: the CUDA scorer (coarse and exact pass 2), the Triton one, and CUDA graphs replayed or not, each
+    forced through the config, run as ``explain`` names them, with the float64 reference's top k."""
+    from lsr.benchmarks.synth import synth_docs, synth_queries
+    docs = synth_docs(40_000, device="cuda")
+    index = InvertedIndex.build(docs, device="cuda", block_size=8192, postings="float32")
+    q, k = synth_queries(24, device="cuda"), 100
+    ref = float64_scores(q, docs)
+    for cfg, scorer, coarse, replay in [
+            (SearchConfig(route="block", coarse={"min_batch": 1}), "cuda", True, True),
+            (SearchConfig(route="block", coarse={"enabled": False}, graphs={"enabled": False}), "cuda", False, False),
+            (SearchConfig(route="block", scorer="triton"), "triton", False, True),
+            (SearchConfig(route="block", scorer="torch", graphs={"enabled": True}), "torch", True, False)]:
+        searcher = Searcher(index, config=cfg)
+        steps, got = ran_as_planned(searcher, q, k)
+        ran = got["ran"]
+        assert got["plan"].scorer == scorer and set(ran["span scorer"]) == {scorer}
+        assert steps["pass 2"].startswith("coarse" if coarse else "exact") and ("coarse" in ran["pass 2"]) == coarse
+        assert steps["cuda graph"].startswith("replayed" if replay else "no")
+        searcher.search(q, k)   # a small batch is captured at its first search: the second replays it
+        assert ("replayed" in index_cache(index).ran.choices("cuda graph")) == replay, steps["cuda graph"]
+        assert_exact_topk(*got["result"], ref, k)
