@@ -47,7 +47,7 @@ from lsr.encode.sparton.reference import (
     torch_packed_tokens_head,
     torch_sparton_head,
 )
-from lsr.utils.kernels import BACKENDS, INTERPRET, triton, use_triton
+from lsr.utils.kernels import INTERPRET, KERNEL_IMPLS, triton, use_triton
 
 __all__ = ["DEFAULT_DISPATCH", "RESIDENT_MIN_WAVES", "VARIANTS", "HeadFacts", "SpartonDispatch", "SpartonPlan",
            "explain_sparton_head", "packed_tokens_sparton_head", "plan_head", "sparton_head"]
@@ -161,7 +161,7 @@ def _forced(facts: HeadFacts, backend: str, variant: str) -> SpartonPlan:
     """The plan for ``variant=`` (raises where it cannot run these inputs)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be 'auto' or one of {', '.join(VARIANTS)}; got {variant!r}")
-    if backend not in BACKENDS:
+    if backend not in KERNEL_IMPLS:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if variant in _TRITON_VARIANTS:
         if backend == "torch":
