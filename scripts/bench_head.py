@@ -207,9 +207,10 @@ def bert_case(args, rows, deadline, B: int = 320, S: int = 512) -> None:
 
 
 def tuned_configs() -> dict:
-    from lsr.encode.sparton import DEFAULT_DISPATCH, fwd_padded
+    from lsr.encode.sparton import fwd_padded
+    from lsr.utils.runtime import failures
 
-    out = {"sparton failures": dict(DEFAULT_DISPATCH.failed)}
+    out = {"failures": failures()}   # every route disabled in this process (the head's, the backbone's, graphs)
     for i, tuner in enumerate(fwd_padded.autotuners()):
         for k, v in getattr(tuner, "cache", {}).items():
             out[f"tuner{i} {k}"] = str(v)

@@ -37,7 +37,6 @@ without ``gather_across_devices``; samples/s and the ratio W / 1 (OUT/bench_trai
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
 import time
@@ -48,10 +47,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_steps import batch_ids, cleanup, is_oom, spladeish_loss, st_loss_step
+
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, time_calls
 from lsr.encode.sparton import torch_sparton_head
 from lsr.testing import SAMPLE_TEXTS, calibrate_sparsity
-from lsr.train import losses
 
 REPO = Path(__file__).resolve().parents[1]
 IMPLS = ("lsr", "torch_head", "st")  # also: lsr_compile, st_compile (torch.compile of the backbone), lsr_graph
@@ -81,16 +81,6 @@ def save_random_model(name: str, quick: bool, folder: Path) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
-
-
-def batch_ids(B: int, length: int, vocab: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(B * 7919 + length + seed * 104729)
-    ids = torch.randint(1000, min(vocab, 30000), (B, length), generator=g)
-    return {"input_ids": ids.to(device), "attention_mask": torch.ones(B, length, dtype=torch.long, device=device)}
-
-
-def spladeish_loss(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    return losses.info_nce(q, d) + 5e-4 * losses.flops(q) + 1e-3 * losses.flops(d)
 
 
 def lsr_step(folder: Path, device: str, head_impl: str, checkpointing: bool, compile: bool = False
@@ -165,23 +155,6 @@ def st_step(folder: Path, device: str, doc_len: int, checkpointing: bool, compil
     return st_loss_step(model, loss_fn, device)
 
 
-def st_loss_step(model: Any, loss_fn: Any, device: str | torch.device) -> Callable[[dict, dict], None]:
-    """One sentence-transformers training step over ``loss_fn`` (bf16 autocast on CUDA, AdamW as lsr's)."""
-    from lsr.train.model import adamw_kernel
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(device))
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=str(device).startswith("cuda"))
-
-    def step(q: dict, d: dict) -> None:
-        opt.zero_grad(set_to_none=True)
-        with amp:
-            out = loss_fn([dict(q), dict(d)], None)
-        loss = sum(out.values()) if isinstance(out, dict) else out
-        loss.backward()
-        opt.step()
-    return step
-
-
 def build(impl: str, folder: Path, args: argparse.Namespace, checkpointing: bool) -> Callable[[dict, dict], None]:
     if impl == "lsr_graph":
         return lsr_graph_step(folder, args.device, checkpointing)
@@ -189,17 +162,6 @@ def build(impl: str, folder: Path, args: argparse.Namespace, checkpointing: bool
     if impl.startswith("st"):
         return st_step(folder, args.device, args.doc_len, checkpointing, compile)
     return lsr_step(folder, args.device, "torch" if impl == "torch_head" else "auto", checkpointing, compile)
-
-
-def cleanup() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
 def fits(step: Callable, B: int, vocab: int, args: argparse.Namespace) -> bool:

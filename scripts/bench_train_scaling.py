@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train_steps import batch_ids, cleanup, is_oom, spladeish_loss, st_loss_step  # noqa: E402
+
 from lsr.benchmarks.harness import PeakMemory, quantiles, time_calls  # noqa: E402
 
 SCALING_IMPLS = ("lsr", "lsr_gather", "st", "st_gather")
 
 
 def lsr_ddp_step(folder: Path, device: torch.device, world: int, gather: bool) -> Callable[[dict, dict], None]:
-    from bench_train import spladeish_loss
-
     from lsr.encode.splade.encoder import SpladeEncoder
     from lsr.train.distributed import gather_rows
     from lsr.train.model import TrainableEncoder, adamw_kernel
@@ -60,7 +60,6 @@ def lsr_ddp_step(folder: Path, device: torch.device, world: int, gather: bool) -
 
 def st_ddp_step(folder: Path, device: torch.device, world: int, gather: bool, doc_len: int
                 ) -> Callable[[dict, dict], None]:
-    from bench_train import st_loss_step
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
@@ -91,7 +90,6 @@ def _slowest(value: float) -> float:
 def measure(impl: str, folder: Path, device: torch.device, args: argparse.Namespace, vocab: int) -> dict:
     """One implementation on this rank: its step built, warmed up and timed; the row (rank 0's view)."""
     import torch.distributed as dist
-    from bench_train import batch_ids, cleanup, is_oom
 
     world, rank = dist.get_world_size(), dist.get_rank()
     gather = impl.endswith("_gather")

@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_train import batch_ids, build, model_config, profile_steps, save_random_model  # noqa: E402
+from bench_train import build, model_config, profile_steps, save_random_model  # noqa: E402
+from train_steps import batch_ids  # noqa: E402
 
 from lsr.benchmarks.harness import format_table, quantiles  # noqa: E402
 

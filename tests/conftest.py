@@ -59,3 +59,14 @@ def poison():
     with poisoned_allocations():
         yield
 
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_memories():
+    """Every test starts with no route disabled: one test's failure (a capture, an optional kernel) never changes
+    another's route (lsr.utils.runtime)."""
+    from lsr.utils.runtime import reset_failures
+
+    reset_failures()
+    yield
+    reset_failures()

@@ -125,7 +125,7 @@ def check_bm25_model(args: argparse.Namespace, what: str) -> None:
 
 
 def encoder_from_args(args: argparse.Namespace, device: str) -> Encoder:
-    from lsr.pipeline import open_encoder
+    from lsr.encode.factory import open_encoder
 
     return open_encoder(encoder_config(args), device)
 

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from lsr.data.sources import load_dataset
-    from lsr.pipeline import resolve_device
     from lsr.storage.shards import write_vectors
+    from lsr.utils.devices import resolve_device
 
     device = resolve_device(args.device)
     ds = load_dataset(args.dataset, args.split)

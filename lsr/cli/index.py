@@ -12,7 +12,7 @@ from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS
 
 def cmd_index(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
-    from lsr.pipeline import resolve_device
+    from lsr.utils.devices import resolve_device
 
     device = resolve_device(args.device)
     if args.partitions is not None:  # under torchrun every rank builds its partitions on its own device

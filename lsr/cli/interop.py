@@ -25,7 +25,7 @@ def cmd_export_ciff(args: argparse.Namespace) -> int:
 
 def cmd_import_ciff(args: argparse.Namespace) -> int:
     from lsr.interop.ciff import import_ciff
-    from lsr.pipeline import resolve_device
+    from lsr.utils.devices import resolve_device
 
     device = resolve_device(args.device) if args.index else "cpu"
     info = import_ciff(args.ciff, args.out, index=args.index, vocab=args.vocab, scale=args.scale, device=device,

@@ -22,7 +22,7 @@ __all__ = ["add_command", "build_parser", "main"]
 # the stage libraries are imported when a command runs (``lsr --help`` stays fast).
 COMMAND_MODULES: tuple[str, ...] = ("lsr.cli.encode", "lsr.cli.index", "lsr.cli.search", "lsr.cli.evaluate",
                                     "lsr.cli.run", "lsr.cli.interop", "lsr.cli.serve", "lsr.cli.train",
-                                    "lsr.cli.rerank")
+                                    "lsr.cli.rerank", "lsr.cli.doctor")
 _OUTPUT_FLAGS = ("out", "json", "cache")   # the flags that name something a command writes
 
 

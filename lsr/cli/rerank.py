@@ -64,10 +64,10 @@ def rerank_to_file(run_path: str, model: str, dataset: str, out: str, *, k: int 
     """Read a run, rerank it (see ``lsr.rerank.rerank.rerank_run``), write a TREC run; returns the query count."""
     from lsr.data import runs
     from lsr.data.sources import load_dataset
-    from lsr.pipeline import resolve_device
     from lsr.rerank.cache import DocEmbeddingCache
     from lsr.rerank.encoder import ColbertEncoder
     from lsr.rerank.rerank import rerank_run
+    from lsr.utils.devices import resolve_device
 
     first = runs.read_run(run_path)
     ds = load_dataset(dataset, split)

@@ -23,7 +23,7 @@ def _queries_from_args(args: argparse.Namespace, device: str):
     """(query vectors, encoder description or None) of ``lsr search --queries``: a vector folder, a TSV file
     (Anserini token queries with ``--vocab``; text topics ``qid<TAB>text`` to encode with ``--model``), or a
     dataset whose queries to encode."""
-    from lsr.pipeline import load_query_vectors
+    from lsr.interop.vectors import is_vector_folder, read_query_vectors, recorded_encoder
 
     qpath = Path(args.queries)
     if qpath.is_file() and args.model and not args.vocab:   # text topics for the given encoder
@@ -31,17 +31,13 @@ def _queries_from_args(args: argparse.Namespace, device: str):
 
         topics = read_topics_tsv(qpath)
         return _encode_queries(args, device, topics)
-    if qpath.exists() and (qpath.is_file() or (qpath / "manifest.json").exists()):
+    if qpath.is_file() or is_vector_folder(qpath):
         if args.model:
             held = "Anserini token queries (--vocab)" if qpath.is_file() else "a query vector folder"
             raise UsageError(f"--queries {qpath} holds {held}, already encoded; --model encodes text queries: "
                              "drop one of them")
-        meta = None
-        if qpath.is_dir():   # the encoder lsr encode --what queries recorded: checked against the index's, as below
-            from lsr.storage.shards import read_manifest
-
-            meta = read_manifest(qpath).get("metadata")
-        return load_query_vectors(args.queries, args.vocab, args.query_scale), meta
+        # the encoder lsr encode --what queries recorded is checked against the index's, as for encoded queries
+        return read_query_vectors(qpath, args.vocab, args.query_scale), recorded_encoder(qpath)
     from lsr.data.sources import load_dataset
 
     return _encode_queries(args, device, load_dataset(args.queries, args.split).queries)
@@ -71,9 +67,9 @@ def _search_config(args: argparse.Namespace):
 def cmd_search(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
     from lsr.parallel.sharded_index import is_sharded
-    from lsr.pipeline import resolve_device
     from lsr.search.searcher import Searcher, run_depth
     from lsr.storage.provenance import check_not_inside
+    from lsr.utils.devices import resolve_device
 
     config = _search_config(args)
     if args.explain:
@@ -145,8 +141,8 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     from lsr.parallel.plan import plan_batch
     from lsr.parallel.sharded_index import ShardedIndex, is_sharded
     from lsr.parallel.topology import launch_rank
-    from lsr.pipeline import resolve_device
     from lsr.search.searcher import Searcher, run_depth
+    from lsr.utils.devices import resolve_device
 
     if launch_rank() != 0:  # under torchrun one rank prints the plan; nothing is searched
         return 0
@@ -162,6 +158,10 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     print(plan_batch(index_partition_count(args.index), world, len(queries)))
     searcher = Searcher(index, device=device, config=config)
     print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
+    from lsr.utils.runtime import failures_block
+
+    if failures_block():   # the routes this process disabled (loading and encoding the queries ran kernels)
+        print(failures_block())
     return 0
 
 

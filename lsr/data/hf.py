@@ -53,7 +53,7 @@ from lsr.data.readers import (
     unique_docs,
 )
 from lsr.storage.files import count_lines
-from lsr.storage.ids import check_id
+from lsr.utils.ids import check_id
 
 __all__ = ["TABLE_SUFFIXES", "Source", "SpecTables", "handles", "load_hf_dataset", "load_spec", "parse_spec"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from lsr.data.dataset import LOCAL_HINT, OFFLINE_VARS, Dataset, DatasetUnavailableError, DocsIter, Qrels
 from lsr.data.readers import check_new, qrels_from_rows
-from lsr.storage.ids import check_id
+from lsr.utils.ids import check_id
 
 __all__ = ["ir_docs", "load_ir_dataset"]
 

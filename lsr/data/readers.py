@@ -1,6 +1,6 @@
 """Readers of the files a dataset is made of: topics (TSV, BEIR JSONL), qrels (TREC, BEIR) and document streams.
 
-Every reader checks ids as it reads them (``lsr.storage.ids.check_id``: ids a run file can hold) and
+Every reader checks ids as it reads them (``lsr.utils.ids.check_id``: ids a run file can hold) and
 refuses duplicates, naming the file and line.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from lsr.data.dataset import DocsIter, Qrels
 from lsr.storage.files import PathLike, iter_lines, iter_tsv_pairs, open_binary, open_text
-from lsr.storage.ids import check_id
+from lsr.utils.ids import check_id
 
 __all__ = ["DOC_HEADER_IDS", "QUERY_HEADER_IDS", "check_new", "iter_json_objects", "iter_tsv_rows", "json_type",
            "qrels_from_rows", "read_beir_qrels", "read_beir_queries", "read_jsonl", "read_qrels", "read_topics_tsv",

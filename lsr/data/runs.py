@@ -27,7 +27,7 @@ from lsr.storage.files import (
     iter_lines,
     to_numpy,
 )
-from lsr.storage.ids import check_id, first_bad_arrow_id, first_bad_id
+from lsr.utils.ids import check_id, first_bad_arrow_id, first_bad_id
 
 __all__ = [
     "Run",

@@ -25,7 +25,7 @@
 Text fields are stripped of surrounding whitespace; files may start with a UTF-8 BOM and use CRLF line
 ends. Duplicate doc ids, query ids or (query, doc) judgements raise ``ValueError`` naming the id, and
 so do ids that a run file cannot hold (empty, whitespace, control or invisible characters: see
-:func:`lsr.storage.ids.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
+:func:`lsr.utils.ids.check_id`): queries and qrels when the dataset is loaded, documents as they are read.
 """
 
 
@@ -53,8 +53,8 @@ from lsr.data.readers import (
     unique_docs,
 )
 from lsr.storage.files import count_lines
-from lsr.storage.ids import check_id
 from lsr.storage.provenance import file_origin
+from lsr.utils.ids import check_id
 
 # the dataset record and the file readers are defined in lsr.data.dataset / lsr.data.readers (which the
 # other sources import too) and named here as well: this module is where users look for them

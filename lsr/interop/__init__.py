@@ -2,10 +2,11 @@
 
 * ``anserini``: Anserini / Pyserini JsonVectorCollection documents and pre-encoded query files (token
   repeated or weighted, ``.gz`` accepted) to and from ``SparseVectors``.
+* ``vectors``: pre-encoded vectors given by path (lsr folders, Anserini queries, pyserini documents): the one
+  place that decides which format a path holds (``read_query_vectors``, ``read_doc_vectors``).
 * ``pyterrier``: PyTerrier indexer / retriever / encoder transformers (import it explicitly: needs PyTerrier).
-* ``hf_datasets``: ``hf:ORG/NAME`` and Parquet / JSONL datasets (used by :func:`lsr.data.sources.load_dataset`).
-* ``ir_datasets_source``: ir_datasets ids as datasets, offline-safe (used by :func:`lsr.data.sources.load_dataset`).
-* ``ciff``: CIFF import / export (needs protobuf); ``cli``: ``lsr export-ciff`` / ``lsr import-ciff``.
+* ``ciff``: CIFF import / export (needs protobuf; ``ciff_wire``, ``ciff_reader``, ``ciff_postings``), behind
+  ``lsr export-ciff`` / ``lsr import-ciff``.
 """
 
 from lsr.interop.anserini import *  # noqa: F403 - the package re-exports the Anserini adapters

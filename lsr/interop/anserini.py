@@ -34,7 +34,7 @@ import numpy as np
 from lsr.data.readers import json_type
 from lsr.sparse import SparseVectors
 from lsr.storage.files import PathLike, atomic_write, iter_lines, iter_tsv_pairs
-from lsr.storage.ids import check_id
+from lsr.utils.ids import check_id
 
 __all__ = [
     "ANSERINI_QUERY_SCALE",

@@ -24,7 +24,7 @@ import numpy as np
 from lsr.interop.ciff_postings import decode_postings, split_postings_field
 from lsr.interop.ciff_wire import lsr_description, messages, parse_message, read_frame
 from lsr.sparse import SparseVectors
-from lsr.storage.ids import check_id, first_bad_id
+from lsr.utils.ids import check_id, first_bad_id
 
 __all__ = ["read_checked"]
 

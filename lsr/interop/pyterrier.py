@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from lsr.search.config import BACKENDS
-from lsr.utils.devices import DEVICE_HELP, is_device_name
+from lsr.utils.devices import DEVICE_HELP, is_device_name, resolve_device
 from lsr.utils.ranges import BLOCK_SIZES, NumberRange
 
 __all__ = ["LsrEncoderTransformer", "LsrIndex", "LsrIndexer", "LsrRetriever", "doc_encoder", "get_corpus_iter",
@@ -64,7 +64,7 @@ def _resolve_encoder(encoder: Any, device: str | None) -> Any:
     if not isinstance(encoder, str):
         return encoder
     from lsr.config import EncoderConfig
-    from lsr.pipeline import build_encoder, resolve_device
+    from lsr.encode.factory import build_encoder
 
     return build_encoder(EncoderConfig(kind="splade", model=encoder), resolve_device(device))
 
@@ -195,7 +195,6 @@ class LsrIndexer(pt.Indexer):
         from lsr.encode.corpus import encode_corpus
         from lsr.index.build import DEFAULT_BLOCK_SIZE
         from lsr.index.inverted import InvertedIndex
-        from lsr.pipeline import resolve_device
 
         if self.path.exists() and not self.overwrite:
             raise FileExistsError(f"{self.path} exists: choose another path or pass overwrite=True")
@@ -252,7 +251,6 @@ class LsrRetriever(pt.Transformer):
         """The lsr Searcher over the loaded index (loaded on first use, then kept)."""
         if self._searcher is None:
             from lsr.index.inverted import InvertedIndex
-            from lsr.pipeline import resolve_device
             from lsr.search.searcher import Searcher
 
             device = resolve_device(self.device)

@@ -192,9 +192,9 @@ def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: Encod
     the same documents (checked before a new fit replaces the saved one). ``encoder``'s batch_size,
     shard_rows, doc_top_k and tokenize_workers set the encoding.
     """
+    from lsr.encode.factory import corpus_settings, open_encoder
     from lsr.parallel.agreement import agreement, config_parts, corpus_part, output_part
     from lsr.parallel.topology import agree, built_on_rank0, process_group, rank_and_size
-    from lsr.pipeline.steps import corpus_settings, open_encoder
 
     out = Path(out_dir)
     fit = encoder.kind == "bm25" and not encoder.model

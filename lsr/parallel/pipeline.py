@@ -29,21 +29,21 @@ from typing import Any
 import torch.distributed as dist
 
 from lsr.config import RunConfig
+from lsr.encode.factory import corpus_settings
+from lsr.interop.vectors import is_vector_folder, read_doc_vectors
 from lsr.parallel.agreement import agreement, config_parts, corpus_part
 from lsr.parallel.encode import encode_dataset_distributed
 from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, process_group
 from lsr.pipeline.steps import (
     check_job_partitions,
     claim_output,
-    corpus_settings,
     doc_encoder,
     encode_queries,
     job_origin,
-    read_doc_vectors,
-    resolve_device,
     timed_step,
     write_results,
 )
+from lsr.utils.devices import resolve_device
 
 __all__ = ["job_partitions", "run_pipeline_distributed"]
 
@@ -91,7 +91,7 @@ def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, fl
         if cfg.inputs.doc_vectors:
             with agree("read the document vectors"):
                 given = Path(cfg.inputs.doc_vectors)
-                vectors = given if given.is_dir() else read_doc_vectors(cfg.inputs.doc_vectors, cfg.inputs.vocab)
+                vectors = given if is_vector_folder(given) else read_doc_vectors(given, cfg.inputs.vocab)
             return vectors, None, None
         encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
                                  lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lsr.utils.env import env_seconds
+
 __all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "agree", "broadcast_text", "built_on_rank0", "collective_backend",
            "collective_timeout", "comm_device", "init_distributed", "is_distributed", "launch_rank", "leave_distributed",
            "process_group", "rank_and_size", "rank_device"]
@@ -81,17 +83,7 @@ def rank_device(device: str) -> str:
 
 def collective_timeout() -> float:
     """Seconds a collective waits for the other ranks: ``LSR_DIST_TIMEOUT``, default 1800 (torch's own)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds (unset it for the default "
-                         f"{DEFAULT_TIMEOUT_S:g})")
-    return seconds
+    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
 
 
 def _timed_out(e: BaseException) -> bool:

@@ -37,6 +37,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from lsr.utils.env import env_seconds
+
 __all__ = ["DEFAULT_HEARTBEAT_S", "HEARTBEAT_ENV", "ProcessId", "Watchdog", "heartbeat_timeout", "report_as"]
 
 HEARTBEAT_ENV = "LSR_DIST_HEARTBEAT"
@@ -56,19 +58,7 @@ def report_as(command: str) -> None:
 def heartbeat_timeout() -> float | None:
     """Seconds without a heartbeat after which a rank is judged stopped: ``LSR_DIST_HEARTBEAT``, default 60;
     None when set to 0 (no heartbeat)."""
-    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_HEARTBEAT_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if seconds == 0:
-        return None
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{HEARTBEAT_ENV}={raw!r} is not a number of seconds (0 turns the heartbeat off; unset it "
-                         f"for the default {DEFAULT_HEARTBEAT_S:g})")
-    return seconds
+    return env_seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S, off="the heartbeat")
 
 
 def _proc_stat(pid: int) -> list[str] | None:

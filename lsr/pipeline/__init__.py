@@ -2,8 +2,9 @@
 
 * ``run``: ``run_pipeline(cfg)``, the job in one process; under torchrun it hands the job to
   ``lsr.parallel.pipeline`` (every rank runs it, every rank returns rank 0's result).
-* ``steps``: the steps both jobs share: devices and encoders, the output folder's claim, pre-encoded
-  vectors, the queries, the run files and metrics.
+* ``steps``: the steps both jobs share: the documents' encoder, the output folder's claim, the queries, the
+  run files and metrics (encoders come from ``lsr.encode.factory``, pre-encoded vectors from
+  ``lsr.interop.vectors``).
 
 ``lsr.parallel.pipeline`` imports ``steps`` and ``run`` imports ``lsr.parallel.pipeline`` (only under
 torchrun), so neither job module imports the other.
@@ -12,21 +13,6 @@ torchrun), so neither job module imports the other.
 from __future__ import annotations
 
 from lsr.pipeline.run import run_pipeline
-from lsr.pipeline.steps import (
-    build_encoder,
-    claim_output,
-    corpus_settings,
-    doc_encoder,
-    encode_queries,
-    job_origin,
-    load_query_vectors,
-    open_encoder,
-    read_doc_vectors,
-    resolve_device,
-    timed_step,
-    write_results,
-)
+from lsr.pipeline.steps import claim_output, doc_encoder, encode_queries, job_origin, timed_step, write_results
 
-__all__ = ["build_encoder", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
-           "load_query_vectors", "open_encoder", "read_doc_vectors", "resolve_device", "run_pipeline", "timed_step",
-           "write_results"]
+__all__ = ["claim_output", "doc_encoder", "encode_queries", "job_origin", "run_pipeline", "timed_step", "write_results"]

@@ -11,17 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from lsr.config import RunConfig
-from lsr.pipeline.steps import (
-    check_job_partitions,
-    claim_output,
-    corpus_settings,
-    doc_encoder,
-    encode_queries,
-    read_doc_vectors,
-    resolve_device,
-    timed_step,
-    write_results,
-)
+from lsr.encode.factory import corpus_settings
+from lsr.interop.vectors import read_doc_vectors
+from lsr.pipeline.steps import check_job_partitions, claim_output, doc_encoder, encode_queries, timed_step, write_results
+from lsr.utils.devices import resolve_device
 
 __all__ = ["run_pipeline"]
 

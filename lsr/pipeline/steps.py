@@ -1,6 +1,7 @@
 """The steps of ``lsr run`` that the one-process job (``lsr.pipeline.run``) and the torchrun job
-(``lsr.parallel.pipeline``) share: devices and encoders, the output folder's claim, pre-encoded vectors,
-the queries, and the run files and metrics.
+(``lsr.parallel.pipeline``) share: the documents' encoder (BM25 fitted once per corpus), the output folder's
+claim, the queries, and the run files and metrics. The encoder itself comes from ``lsr.encode.factory``,
+pre-encoded vectors from ``lsr.interop.vectors``.
 
 Nothing here joins or talks to a process group: the torchrun job decides which rank runs which step.
 """
@@ -15,12 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lsr.config import EncoderConfig, RunConfig
+from lsr.config import RunConfig
+from lsr.encode.factory import build_encoder
+from lsr.interop.vectors import read_query_vectors
 from lsr.storage.files import atomic_write_text
-from lsr.utils.devices import resolve_device
 
-__all__ = ["build_encoder", "check_job_partitions", "claim_output", "corpus_settings", "doc_encoder", "encode_queries", "job_origin",
-           "load_query_vectors", "open_encoder", "read_doc_vectors", "resolve_device", "timed_step",
+__all__ = ["check_job_partitions", "claim_output", "doc_encoder", "encode_queries", "job_origin", "timed_step",
            "write_results"]
 
 log = logging.getLogger("lsr")
@@ -34,56 +35,6 @@ def timed_step(name: str, timings: dict[str, float]) -> Iterator[None]:
     yield
     timings[name] = round(time.perf_counter() - t0, 3)
     log.info("%s done in %.2fs", name, timings[name])
-
-
-def build_encoder(cfg: EncoderConfig, device: str) -> Any:
-    """Instantiate the configured encoder (a BM25 encoder is returned unfitted)."""
-    if cfg.kind == "bm25":
-        from lsr.encode.bm25.lexical import LexicalEncoder
-
-        return LexicalEncoder(k1=cfg.k1, b=cfg.b)
-    if cfg.kind == "splade":
-        if not cfg.model:
-            raise ValueError("encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
-        from lsr.encode.splade.encoder import SpladeEncoder
-
-        return SpladeEncoder.from_pretrained(cfg.model, device=device, dtype=cfg.dtype, query_model=cfg.query_model,
-                                             max_length_query=cfg.max_length_query,
-                                             max_length_doc=cfg.max_length_doc, doc_top_k=cfg.doc_top_k,
-                                             backend=cfg.head, compile=cfg.compile, attention=cfg.attention)
-    raise ValueError(f"unknown encoder.kind {cfg.kind!r} (use 'bm25' or 'splade')")
-
-
-def open_encoder(cfg: EncoderConfig, device: str) -> Any:
-    """The encoder ``lsr encode`` / ``lsr search`` use: for BM25 a ``model`` is the folder of a fitted encoder
-    (loaded); anything else as ``build_encoder`` (BM25 unfitted)."""
-    if cfg.kind == "bm25" and cfg.model:
-        from lsr.encode.bm25.lexical import LexicalEncoder
-
-        return LexicalEncoder.load(cfg.model)
-    return build_encoder(cfg, device)
-
-
-def corpus_settings(cfg: EncoderConfig, origin: dict[str, Any]) -> dict[str, Any]:
-    """The ``encode_corpus`` settings of a job's documents (one process or every rank): resumed, and recorded
-    with ``origin`` so that the vectors are never reused for other documents."""
-    return {"batch_size": cfg.batch_size, "shard_rows": cfg.shard_rows, "resume": True, "doc_top_k": cfg.doc_top_k,
-            "tokenize_workers": cfg.tokenize_workers, "origin": origin}
-
-
-def load_query_vectors(path: str, vocab: Any, scale: float | None = None) -> Any:
-    """Pre-encoded queries: an lsr vector directory or an Anserini ``qid\\ttok tok ...`` file."""
-    from lsr.storage.shards import read_vectors
-
-    p = Path(path)
-    if p.is_dir():
-        return read_vectors(p)
-    from lsr.interop.anserini import read_anserini_queries
-
-    if vocab is None:
-        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / inputs.vocab: "
-                         "vocab.txt or a tokenizer folder); for text topics (qid<TAB>text) give the encoder (--model)")
-    return read_anserini_queries(p, vocab, **({} if scale is None else {"scale": scale}))
 
 
 def doc_encoder(cfg: RunConfig, dataset: Any, out: Path, origin: dict[str, Any], device: str, fit: bool = True) -> Any:
@@ -113,7 +64,7 @@ def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dic
 def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
     if cfg.inputs.query_vectors:
         vocab = cfg.inputs.vocab or (encoder.vocab if encoder is not None else None)
-        queries = load_query_vectors(cfg.inputs.query_vectors, vocab, cfg.inputs.query_scale)
+        queries = read_query_vectors(cfg.inputs.query_vectors, vocab, cfg.inputs.query_scale)
         keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
         return (queries[keep] if keep is not None and len(keep) < len(queries) else queries), None
     if encoder is None:
@@ -216,20 +167,6 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any])
     encoder.save(path)
     atomic_write_text(recorded, json.dumps(origin, indent=1))
     return encoder
-
-
-def read_doc_vectors(path: str, vocab: str | None) -> Any:
-    """Pre-encoded documents: an lsr vector directory, or pyserini JSON vectors with their ``vocab``."""
-    from lsr.storage.shards import read_vectors
-
-    p = Path(path)
-    if p.is_dir():
-        return read_vectors(p)
-    if vocab is None:
-        raise ValueError("pre-encoded JSON document vectors need inputs.vocab (vocab.txt or a tokenizer folder)")
-    from lsr.interop.anserini import read_anserini_documents
-
-    return read_anserini_documents(p, vocab)
 
 
 def check_job_partitions(cfg: RunConfig, dataset: Any, n_partitions: int) -> None:

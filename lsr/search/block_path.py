@@ -81,7 +81,7 @@ def _coarse_bounds(plan: BlockPlan, maxima: torch.Tensor, args: ScoreArgs) -> tu
 
 def _search_chunk(plan: BlockPlan, queries: QueryCSR,
                   trace: list[Repairs] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph up to graph_max_batch queries),
+    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph where the plan says),
     then the fallback chain (``lsr.search.fallbacks``)."""
     B = queries.indptr.numel() - 1
     body = functools.partial(_score_chunk, plan)

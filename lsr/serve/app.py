@@ -43,6 +43,7 @@ from lsr.serve.engine import SearchEngine
 from lsr.serve.gcwatch import GcWatch, frozen
 from lsr.serve.limits import check_batching, check_deadlines
 from lsr.serve.replicas import ReplicaSet, Unavailable, parse_devices, visible_devices
+from lsr.utils.runtime import failures
 
 __all__ = ["BodyLimits", "create_app"]
 
@@ -334,7 +335,8 @@ def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict
             entry["query_graphs"] = _query_graphs(replica.engine)
         watch = getattr(app.state, "gc", None)
         return {**totals, **config, "query_graphs": per[0]["query_graphs"], "replicas": per,
-                "gc": watch.as_dict() if watch is not None else None, "compiled": _compiled()}
+                "gc": watch.as_dict() if watch is not None else None, "compiled": _compiled(),
+                "disabled": failures()}   # the routes this process disabled, and why (lsr.utils.runtime)
 
 
 RETRY_AFTER_S = 1  # a 503's advice: a hung replica may be back by then (its batch returned), or a load has passed

@@ -110,8 +110,8 @@ class SearchEngine:
     def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 1000,
                  max_k: int | None = None, backend: str = "auto", pad_batches: bool | None = None) -> None:
         from lsr.index.inverted import InvertedIndex
-        from lsr.pipeline import resolve_device
         from lsr.search.searcher import Searcher, check_compatible
+        from lsr.utils.devices import resolve_device
 
         max_k = max(k, 1000) if max_k is None else max_k
         if not 1 <= k <= max_k:

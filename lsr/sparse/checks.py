@@ -3,7 +3,7 @@
 Inputs are range-checked before they are narrowed (int64 term ids to int32, float64 weights to
 float32), so an out-of-range value raises instead of wrapping. Weights are bounded by
 :func:`weight_limit` so that no dot product of two vectors can overflow float32, and ids must be
-ids a run file can hold (:func:`lsr.storage.ids.check_id`). Validation runs on the tensors' device
+ids a run file can hold (:func:`lsr.utils.ids.check_id`). Validation runs on the tensors' device
 without Python loops over rows; every error names the first offending row.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lsr.storage.ids import check_id, first_bad_id
+from lsr.utils.ids import check_id, first_bad_id
 
 __all__ = ["MAX_VOCAB_SIZE", "TensorLike", "as_tensor", "check_fits", "check_vocab_size", "range_error",
            "validate_csr", "weight_limit"]

@@ -1,6 +1,6 @@
 """What lsr writes to disk and how: atomic files, Parquet vector shards, provenance.
 
-* ``files``: the gzip-aware openers, id checks, and the atomic writers every reader and writer shares.
+* ``files``: the gzip-aware openers and the atomic writers every reader and writer shares.
 * ``vector_format``: the vector directory format: names, manifest checks, Arrow table <-> ``SparseVectors``.
 * ``shards``: reading vector directories (whole, by shard, by row range) and ``write_vectors``.
 * ``shard_writer``: ``ShardWriter``, writing a vector directory shard by shard, resumably.

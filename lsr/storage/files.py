@@ -4,7 +4,7 @@ One gzip-aware opener and one atomic writer, so every module treats ``.gz`` and 
 writes the same way: a file lsr writes appears whole (temporary file, flushed and fsynced, renamed into
 place, the directory fsynced) with the permissions the user's umask gives new files, or not at all.
 Text is read as UTF-8 with an optional byte-order mark (BOM) and LF or CRLF line ends.
-The one rule for ids that go into run files is ``lsr.storage.ids``.
+The one rule for ids that go into run files is ``lsr.utils.ids``.
 """
 
 from __future__ import annotations
@@ -163,7 +163,6 @@ def _short_write_errno(e: OSError, path: PathLike) -> int | None:
     return errno.ENOSPC
 
 
-# ---------------------------------------------------------------------------------------- ids
 _BOM = b"\xef\xbb\xbf"
 @contextlib.contextmanager
 def atomic_write_bytes(path: PathLike, replace: bool = True) -> Iterator[IO[bytes]]:

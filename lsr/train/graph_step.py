@@ -25,7 +25,8 @@ masked in attention and in the head, so the loss is the eager step's up to round
 The first batch of a shape is the warm-up: it runs as a real step on a side stream (compiling, autotuning,
 creating the optimizer state), then the capture records the next ones (capturing runs nothing). A host sync
 left in the step (a backbone whose compiled forward still reads a value back), which no capture can hold, is
-found there by CUDA's sync check: the steps then run uncaptured, with a warning.
+found there by CUDA's sync check: the steps then run uncaptured, with a warning in the log, as they do where a
+capture fails for another reason (the failure memory ``train.graph_step`` of ``lsr.utils.runtime`` keeps why).
 A non-finite loss skips the update inside the graph (the fused AdamW's ``found_inf``), as the eager step
 raises before stepping; the trainer then raises on the loss it reads.
 """
@@ -46,26 +47,34 @@ from lsr.train.batch_loss import LOSS_PARTS, LossInputs, loss_inputs, loss_terms
 from lsr.train.config import LossConfig, TrainConfig, cuda_graph_refused
 from lsr.train.data import Example, TrainData
 from lsr.train.model import TrainableEncoder
-from lsr.utils.cuda_graphs import GraphCaptureError, capture_graph
+from lsr.utils.cuda_graphs import GraphSet, capture_graph
+from lsr.utils.plans import Plan, Step
+from lsr.utils.runtime import failure_memory
 
-__all__ = ["DOC_BUCKET", "GraphStep", "StepInputs", "StepPlan", "doc_width", "plan_train_step"]
+__all__ = ["CAPTURE_FAILED", "DOC_BUCKET", "GraphStep", "StepInputs", "StepPlan", "doc_width", "plan_train_step"]
 
 log = logging.getLogger("lsr.train")
 
 DOC_BUCKET = 64  # document widths are multiples of this: few graphs, little padding
 _INPUTS = ("q_ids", "q_mask", "d_ids", "d_mask", "exclude", "teacher")  # a shape's device input tensors
 _OUTPUTS = ("loss", *LOSS_PARTS, "nnz_q", "nnz_d", "grad_norm")  # the output vector's entries
+# (silent: the trainer's log says it, where a training run's messages go)
+CAPTURE_FAILED = failure_memory("train.graph_step", "capturing the training step as CUDA graphs",
+                                "the steps run uncaptured", warn=False)
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepPlan(Plan):
     """The training step's route: ``graph`` (CUDA graphs) or eager, and why."""
 
     graph: bool
     reason: str
 
-    def __str__(self) -> str:
-        return f"training step: {'CUDA graph' if self.graph else 'eager'} ({self.reason})"
+    def title(self) -> str:
+        return "train plan"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        return (Step("step", "CUDA graph" if self.graph else "eager", self.reason),)
 
 
 def plan_train_step(cfg: TrainConfig, device: torch.device | str, distributed: bool) -> StepPlan:
@@ -116,12 +125,10 @@ class StepInputs:
 
 @dataclass
 class _Slots:
-    """The device tensors one shape's step reads (written in place before each run) and its graph's output."""
+    """The device tensors one shape's step reads (written in place before each run)."""
 
     tensors: dict[str, torch.Tensor]
     loss: LossInputs
-    out: torch.Tensor | None = None
-    graph: torch.cuda.CUDAGraph | None = None
 
 
 class GraphStep:
@@ -149,14 +156,15 @@ class GraphStep:
             # GradScaler's protocol: the fused AdamW leaves weights, moments and step count as they were
             # where ``found_inf`` is non-zero (an eager step raises before stepping on such a loss)
             optimizer.found_inf = self.skip
-        self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        # (graph, output vector) per shape, all in one memory pool: they never run at once, so their temporaries share it
+        self.cache: GraphSet[tuple[torch.cuda.CUDAGraph, torch.Tensor]] = GraphSet(CAPTURE_FAILED)
         self.uncapturable: str | None = None  # why the step cannot be captured (found by the warm-up), or None
         self._slots: dict[tuple, _Slots] = {}
 
     @property
     def captured(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """The (query ids, document ids) shapes that have a graph, in capture order."""
-        return [shape for shape, slots in self._slots.items() if slots.graph is not None]
+        return [shape for shape in self.cache if self.cache.graphs.get(shape) is not None]
 
     # ------------------------------------------------------------------ texts -> tensors (host)
     def batch_inputs(self, data: TrainData, batch: list[Example], step: int) -> tuple[StepInputs, int]:
@@ -203,24 +211,28 @@ class GraphStep:
             slots.tensors[name].copy_(value, non_blocking=True)
         self.flops_weights.copy_(torch.tensor([float(inputs.loss.w_q), float(inputs.loss.w_d)]), non_blocking=True)
         self._set_lr(lr)
-        if slots.graph is not None:
-            slots.graph.replay()
-            return slots.out
+        if inputs.shape in self.cache:
+            captured = self.cache.get(inputs.shape)
+            if captured is None:   # its capture failed
+                return self._compute(slots)
+            captured[0].replay()
+            return captured[1]
         other_size = self.graph_batch is not None and inputs.q_ids.shape[0] != self.graph_batch
         if not self.graphs or other_size or self.uncapturable is not None:
             return self._compute(slots)
         out = self._warm_up(slots)
         if self.uncapturable is None:
-            self._capture(slots)
+            self._capture(inputs.shape, slots)
         return out
 
-    def _capture(self, slots: _Slots) -> None:
-        try:  # (the warm-up ran the step already: no second eager run)
-            slots.graph, slots.out = capture_graph(lambda: self._compute(slots), self.device, pool=self.pool,
-                                                   warm_up=False)
-        except GraphCaptureError as e:
-            raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
-                               "set optim.cuda_graph: off") from e
+    def _capture(self, shape: tuple, slots: _Slots) -> None:
+        """The shape's graph (the warm-up ran the step already: no second eager run); a failure is remembered, and
+        the shape's steps run uncaptured."""
+        captured = self.cache.lookup(shape, lambda pool: capture_graph(lambda: self._compute(slots), self.device,
+                                                                       pool=pool, warm_up=False))
+        if captured is None:
+            log.warning("capturing the training step as a CUDA graph failed (%s): it runs uncaptured",
+                        CAPTURE_FAILED.why)
 
     def _new_slots(self, inputs: StepInputs) -> _Slots:
         tensors = {k: torch.empty_like(v, device=self.device) for k, v in inputs.named().items()}
@@ -253,6 +265,7 @@ class GraphStep:
                 self._forward_backward(slots)
             except RuntimeError as e:
                 self.uncapturable = " ".join(str(e).split())
+                CAPTURE_FAILED.record(f"the step syncs with the host: {self.uncapturable}")
                 log.warning("the training step syncs with the host (%s): it runs uncaptured, without CUDA graphs",
                             self.uncapturable)
             finally:

@@ -77,7 +77,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         from lsr.parallel.topology import init_distributed, is_distributed, leave_distributed
-        from lsr.pipeline import resolve_device
+        from lsr.utils.devices import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
         if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
@@ -388,7 +388,7 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         if self.rank == 0:
-            log.info("%s", self.step_plan)
+            log.info("%s", self.step_plan.summary())
         self.model.train()
         metrics: dict[str, float] = {}
         sched, evaluates = cfg.schedule, cfg.eval_data.dataset is not None

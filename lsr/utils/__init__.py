@@ -1,6 +1,8 @@
 """Small helpers every stage shares.
 
 * ``devices``: the device names lsr accepts, checked in one place, and ``resolve_device`` ("auto" -> cuda / cpu).
+* ``env``: settings read from environment variables (``env_seconds``: timeouts in seconds).
+* ``ids``: the one rule for query and document ids that go into run files (``check_id``, ``first_bad_id``).
 * ``ragged``: index arithmetic on ragged (CSR-like) layouts.
 * ``kernels``: the optional Triton import, backend choice and launcher argument checks.
 * ``lazy``: PEP 562 lazy exports for package ``__init__`` modules.

@@ -10,8 +10,8 @@ They share this record so that one ``--explain`` can print any of them, and seve
       backend    gpu    (auto: CUDA device, triton imports)
       route      block  (auto: 8,841,823 docs)
 
-A plan subclasses ``Plan`` and returns its title and its ``Step`` rows; ``describe`` / ``str`` format them and
-``explain`` composes several plans into one text.
+A plan subclasses ``Plan`` and returns its title and its ``Step`` rows; ``describe`` / ``str`` format them (``summary``: on
+one line, for logs) and ``explain`` composes several plans into one text.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class Plan:
         lines = [self.title()]
         lines += [f"  {s.name:<{width}}  {s.choice}" + (f"  ({s.why})" if s.why else "") for s in steps]
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The plan on one line (for logs): ``title: name choice (why); name choice``."""
+        parts = [f"{s.name} {s.choice}" + (f" ({s.why})" if s.why else "") for s in self.plan_steps()]
+        return f"{self.title()}: " + "; ".join(parts) if parts else self.title()
 
     def __str__(self) -> str:
         return self.describe()

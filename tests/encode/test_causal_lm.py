@@ -124,7 +124,7 @@ def test_bidirectional_attention_matches_a_hand_built_mask_and_is_saved(decoders
 def test_explain_names_the_body_and_head_routes(decoders, tiny_bert):
     plan = load(decoders["llama"]).explain("doc", 8)
     assert plan.body == "hf-padded" and "decoder LLM, causal attention" in plan.body_reason
-    assert plan.head.variant == "torch" and "LlamaForCausalLM" in str(plan) and "sparton head" in str(plan)
+    assert plan.head.variant == "torch" and "LlamaForCausalLM" in str(plan) and "\n  head      torch  (" in str(plan)
     trained = SpladeEncoder.from_pretrained(decoders["llama"], device="cpu", backend="auto").explain(train=True)
     assert trained.head.variant == "torch" and trained.head.backward == "torch autograd"
     bert = SpladeEncoder.from_pretrained(tiny_bert, device="cpu", varlen=True).explain("query", 4)

@@ -123,13 +123,13 @@ def test_graphs_are_dropped_when_the_weights_change():
     enc = SpladeEncoder.from_pretrained(MODEL, device="cpu", varlen=True)
     runner = QueryGraphs(enc, graphs=False)
     runner._drop_stale_graphs()
-    runner._cache[(1, 16)] = None  # a captured graph's place
+    runner.cache.graphs[(1, 16)] = None  # a captured graph's place
     runner._drop_stale_graphs()
-    assert list(runner._cache) == [(1, 16)]  # unchanged weights keep it
+    assert list(runner.cache) == [(1, 16)]  # unchanged weights keep it
     with torch.no_grad():
         enc._towers["query"].model.bert.encoder.layer[0].attention.self.query.weight.mul_(1.5)  # in place
     runner._drop_stale_graphs()
-    assert not runner._cache
+    assert not len(runner.cache)
 
 
 def test_cpu_default_keeps_the_padded_path():
@@ -201,7 +201,7 @@ def test_gpu_graphs_equal_the_bucketed_eager_run_bit_for_bit():
         assert got.device.type == "cuda" and got.equal(want), f"{len(texts)} texts"
         again = enc.encode_query(texts, device_output=True)  # a replay of the same graph
         assert again.equal(got)
-    assert runner.failures == [] and all(g is not None and g.out[2] is not None for g in runner._cache.values())
+    assert runner.failures == [] and all(g is not None and g.out[2] is not None for g in runner.cache.graphs.values())
     long = (SCIFACT * 2)[:65]  # beyond the largest bucket: the unbucketed path, equal in both
     assert enc.encode_query(long).equal(eager.encode_query(long))
     with torch.no_grad():  # new weights (in place): the graphs captured with the old ones are dropped
@@ -230,7 +230,7 @@ def test_gpu_server_answers_equal_searcher_with_graphs(tmp_path):
     engine = SearchEngine(index, MODEL, device="cuda", k=10)
     engine.warmup(16)
     runner = engine.encoder.query_runner()
-    assert runner.graphs and len(runner._cache) > 0
+    assert runner.graphs and len(runner.cache.held()) > 0
     for texts in (SCIFACT[:1], SCIFACT[:7], SCIFACT[10:26]):
         answers = engine.run_batch([SearchRequest([t], None, 10) for t in texts])
         vectors = engine.encoder.encode_query(texts)

@@ -53,7 +53,7 @@ def gpu(B: int, S: int, V: int, *, cap=(9, 0), sms: int = 132, dtype=BF16, D: in
 def test_plan_names_the_variant_and_why(facts, kw, variant, reason):
     plan = plan_head(facts, **kw)
     assert isinstance(plan, SpartonPlan) and plan.variant == variant and reason in plan.reason
-    assert str(plan).startswith(f"sparton head: {variant} (") and "backward: " in str(plan)
+    assert str(plan).startswith(f"sparton head plan\n  forward   {variant}  (") and "\n  backward  " in str(plan)
     assert ("none" in plan.backward) is (not facts.needs_grad)
 
 

@@ -16,7 +16,7 @@ from lsr.data import sources as data
 from lsr.interop.anserini import load_vocab, read_anserini_documents, read_anserini_queries
 from lsr.sparse import SparseVectors, weight_limit
 from lsr.storage.files import count_lines
-from lsr.storage.ids import check_id, first_bad_arrow_id, first_bad_id, id_problem
+from lsr.utils.ids import check_id, first_bad_arrow_id, first_bad_id, id_problem
 
 BOM = "\ufeff"
 BAD_IDS = ["", "a b", "a\tb", "a\u00a0b", "a\u2028b", "a\u2029b", "a\x00b", "a\x1fb", "a\x85b", "a\u200bb",

@@ -144,17 +144,17 @@ def test_trim_graphs_keeps_count_and_bytes_within_bounds():
     memory; failed captures (None) count no bytes, and the newest graph stays even when it alone is over."""
     from collections import OrderedDict
 
-    import lsr.search.graphs as sg
+    from lsr.utils.cuda_graphs import trim_graphs
     graphs = OrderedDict()
     for key, size in (("a", 10), ("b", None), ("c", 30), ("d", 20)):
         graphs[key] = None if size is None else SimpleNamespace(bytes=size)
-        sg.trim_graphs(graphs, 3, 100)
+        trim_graphs(graphs, 3, 100)
     assert list(graphs) == ["b", "c", "d"]        # four entries: the oldest dropped
     graphs["e"] = SimpleNamespace(bytes=60)       # 110 bytes: over the budget
-    sg.trim_graphs(graphs, 3, 100)
+    trim_graphs(graphs, 3, 100)
     assert list(graphs) == ["d", "e"]             # b (count) then c (bytes) dropped
     graphs["f"] = SimpleNamespace(bytes=500)      # alone over the budget: kept, everything older dropped
-    sg.trim_graphs(graphs, 3, 100)
+    trim_graphs(graphs, 3, 100)
     assert list(graphs) == ["f"]
 
 

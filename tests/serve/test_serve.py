@@ -378,6 +378,7 @@ def test_uvicorn_on_loopback_under_the_closed_loop_client(bm25):
     assert stats["freeze_gc"] is True and stats["gc"]["collections"][2] >= 1 and stats["gc"]["frozen"] > 1000
     assert sorted(stats["compiled"]) == ["cuda_kernel_variants", "search_graph_captures"]
     assert all(isinstance(n, int) and n >= 0 for n in stats["compiled"].values())
+    assert stats["disabled"] == {}   # no route of this process failed
     assert load["errors"] == 0 and load["ok"] > 0 and len(load["latencies_ms"]) == load["ok"]
     assert load["client_gc_full"] >= 0
     ref = reference(app, app.state.engine.encoder.encode_query(TEXTS[:16]), 5)

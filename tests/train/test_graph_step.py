@@ -68,7 +68,7 @@ def test_auto_is_eager_on_a_cpu_and_graph_on_one_gpu(tiny_model, varied, tmp_pat
     cfg = config(tiny_model, varied, tmp_path / "o")
     assert cfg.optim.cuda_graph == "auto"
     plan = plan_train_step(cfg, "cpu", distributed=False)
-    assert not plan.graph and "the device is cpu" in str(plan) and str(plan).startswith("training step: eager")
+    assert not plan.graph and "the device is cpu" in str(plan) and str(plan).startswith("train plan\n  step  eager")
     plan = plan_train_step(cfg, "cuda", distributed=False)  # (a plan reads the device's name only)
     assert plan.graph and "CUDA graph" in str(plan)
     assert "torchrun" in plan_train_step(cfg, "cuda", distributed=True).reason
@@ -78,8 +78,8 @@ def test_auto_is_eager_on_a_cpu_and_graph_on_one_gpu(tiny_model, varied, tmp_pat
     assert not trainer.step_plan.graph and trainer.graph_step is None
     with caplog.at_level("INFO", logger="lsr.train"):
         trainer.run()
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training step:")]
-    assert said == ["training step: eager (optim.cuda_graph=auto: off, the device is cpu (CUDA graphs need a GPU))"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train plan:")]
+    assert said == ["train plan: step eager (optim.cuda_graph=auto: off, the device is cpu (CUDA graphs need a GPU))"]
 
 
 @pytest.mark.parametrize("key, value, why", [

@@ -34,7 +34,6 @@ as a 16-bit GEMM and a separate tanh GELU: no faster; set ``gelu_epilogue=False`
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,10 +50,12 @@ from lsr.encode.backbone.packed_attention import (
     torch_varlen_attention,
 )
 from lsr.utils.ragged import ragged_positions
+from lsr.utils.runtime import failure_memory
 
-__all__ = ["VarlenBody", "flash_varlen_attention", "pack_batch", "pack_tokens", "torch_varlen_attention", "varlen_attention"]
+__all__ = ["FLASH_FAILED", "VarlenBody", "flash_varlen_attention", "pack_batch", "pack_tokens", "torch_varlen_attention", "varlen_attention"]
 
-_FLASH_BROKEN: list[str] = []  # why the flash call failed once (then the twin is used)
+FLASH_FAILED = failure_memory("encode.flash_attention", "varlen_body: flash attention",
+                              "using the sdpa twin")  # e.g. a torch build without flash attention
 
 
 def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -68,7 +69,7 @@ def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 
 def _flash_ok(q: torch.Tensor) -> bool:
-    if _FLASH_BROKEN or q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+    if FLASH_FAILED.failed or q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     return q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and torch.cuda.get_device_capability(q.device)[0] >= 8
 
@@ -87,10 +88,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if _flash_ok(q):
         try:
             return flash_varlen_attention(q, k, v, cu_seqlens, max_len)
-        except RuntimeError as e:  # e.g. a torch build without flash attention
-            _FLASH_BROKEN.append(f"{type(e).__name__}: {str(e)[:300]}")
-            warnings.warn(f"varlen_body: flash attention failed ({_FLASH_BROKEN[0]}); using the sdpa twin",
-                          stacklevel=2)
+        except RuntimeError as e:
+            FLASH_FAILED.record(e)
     return torch_varlen_attention(q, k, v, cu_seqlens, max_len)
 
 

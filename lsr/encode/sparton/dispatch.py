@@ -23,7 +23,6 @@ runs those rows, bit-identical). ``sparton_head`` / ``explain_sparton_head`` use
 from __future__ import annotations
 
 import functools
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +47,10 @@ from lsr.encode.sparton.reference import (
     torch_sparton_head,
 )
 from lsr.utils.kernels import INTERPRET, KERNEL_IMPLS, triton, use_triton
+from lsr.utils.plans import Plan, Step
+from lsr.utils.runtime import FailureMemory, failure_memory
 
-__all__ = ["DEFAULT_DISPATCH", "RESIDENT_MIN_WAVES", "VARIANTS", "HeadFacts", "SpartonDispatch", "SpartonPlan",
+__all__ = ["DEFAULT_DISPATCH", "RESIDENT_FAILED", "RESIDENT_MIN_WAVES", "VARIANTS", "HeadFacts", "SpartonDispatch", "SpartonPlan",
            "explain_sparton_head", "packed_tokens_sparton_head", "plan_head", "sparton_head"]
 
 VARIANTS = ("torch", "cpu_tiled", "padded", "resident", "packed")
@@ -58,6 +59,9 @@ _INFERENCE_ONLY = ("cpu_tiled", "packed")
 # the resident kernel runs one program per 128-row vocabulary tile: with few waves of them (30522 rows: 1.8 on an
 # H100) the idle SMs of the last one cost what the resident tile saves (docs/performance/head.md)
 RESIDENT_MIN_WAVES = 8
+_RESIDENT = ("sparton: the resident-tile forward", "using the tl kernel")
+# the process's memory of a resident kernel that failed to compile (Gluon is experimental), DEFAULT_DISPATCH's
+RESIDENT_FAILED = failure_memory("encode.sparton.resident", *_RESIDENT)
 
 
 @dataclass(frozen=True)
@@ -86,15 +90,18 @@ class HeadFacts:
 
 
 @dataclass(frozen=True)
-class SpartonPlan:
+class SpartonPlan(Plan):
     """The forward that runs (one of ``VARIANTS``), why, and what computes the gradient."""
 
     variant: str
     reason: str
     backward: str
 
-    def __str__(self) -> str:
-        return f"sparton head: {self.variant} ({self.reason}); backward: {self.backward}"
+    def title(self) -> str:
+        return "sparton head plan"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        return Step("forward", self.variant, self.reason), Step("backward", self.backward)
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,21 +188,29 @@ def _forced(facts: HeadFacts, backend: str, variant: str) -> SpartonPlan:
 
 
 class SpartonDispatch:
-    """Plans and runs the head's forwards; remembers a resident kernel that failed to compile (``failed``) and counts
-    the variants it ran (``runs``).
+    """Plans and runs the head's forwards; remembers a resident kernel that failed to compile (``resident_failed``,
+    ``failed``) and counts the variants it ran (``runs``).
 
     Args:
         min_waves: the resident kernel needs at least this many waves of vocabulary tiles per SM.
         resident_forward: the resident rows' forward (default ``fwd_resident.resident_fwd``); a stand-in lets
             tests drive the fallback without a Hopper GPU.
+        resident_failed: where the resident kernel's failure is remembered (default: a memory of this dispatch's
+            own; ``DEFAULT_DISPATCH`` uses the process's ``RESIDENT_FAILED``, which ``lsr doctor`` lists).
     """
 
-    def __init__(self, *, min_waves: int = RESIDENT_MIN_WAVES,
-                 resident_forward: Callable[..., None] | None = None) -> None:
+    def __init__(self, *, min_waves: int = RESIDENT_MIN_WAVES, resident_forward: Callable[..., None] | None = None,
+                 resident_failed: FailureMemory | None = None) -> None:
         self.min_waves = min_waves
-        self.failed: dict[str, str] = {}  # variant -> why it failed in this process
+        self.resident_failed = resident_failed or FailureMemory(RESIDENT_FAILED.name, *_RESIDENT)
         self.runs: Counter[str] = Counter()  # variant -> calls planned with it (what ran, for reports and tests)
         self._resident_forward = resident_forward or fwd_resident.resident_fwd
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Variant -> why it failed in this process (what ``plan_head`` avoids)."""
+        why = self.resident_failed.why
+        return {} if why is None else {"resident": why}
 
     def plan(self, facts: HeadFacts, *, backend: str = "auto", variant: str = "auto",
              packed: bool = False) -> SpartonPlan:
@@ -208,15 +223,13 @@ class SpartonDispatch:
                       arg: torch.Tensor | None) -> bool:
         """``fwd_padded.RowsForward`` through the resident kernel: True when it wrote the rows; False (the tl kernel
         writes them) once it has failed, which it remembers and warns about once."""
-        if "resident" in self.failed:
+        if self.resident_failed.failed:
             return False
         try:
             self._resident_forward(hidden, weight, bias, lengths, rows_ok, y, y32, arg)
             return True
         except Exception as e:  # noqa: BLE001 - Gluon is experimental: an API change must not break the head
-            self.failed["resident"] = f"{type(e).__name__}: {str(e)[:300]}"
-            warnings.warn(f"sparton: the resident-tile forward failed ({self.failed['resident']}); "
-                          "using the tl kernel", stacklevel=3)
+            self.resident_failed.record(e, stacklevel=3)
             return False
 
     def head(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: torch.Tensor | None,
@@ -249,7 +262,7 @@ def _autocast_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.
     return hidden, weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
 
 
-DEFAULT_DISPATCH = SpartonDispatch()
+DEFAULT_DISPATCH = SpartonDispatch(resident_failed=RESIDENT_FAILED)
 
 
 def sparton_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

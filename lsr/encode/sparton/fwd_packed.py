@@ -36,14 +36,13 @@ dispatch's rule for packing a padded batch; the backend-choosing heads are ``dis
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from lsr.encode.sparton.reference import check_head_args, refuse_grad
 from lsr.utils.kernels import INTERPRET, grouped_program_ids, tl, triton
+from lsr.utils.runtime import failure_memory
 
-__all__ = ["PACK_MAX_FILL", "TILE_T", "packing_pays", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
+__all__ = ["PACK_MAX_FILL", "TMA_FAILED", "TILE_T", "packing_pays", "triton_packed_sparton_fwd", "triton_packed_tokens_fwd"]
 
 TILE_T = 128          # packed tokens per tile (the tuned configs' BLOCK_T)
 PACK_MAX_FILL = 0.8   # pack only when real tokens fill at most this share of the padded kernel's tiles
@@ -146,12 +145,13 @@ if triton is not None:
                                        c.num_stages, c.kwargs["GROUP_T"]) in _SHAPES]
 
     # Re-running a config while tuning is harmless: an atomic max of the same values is idempotent.
-    # TMA loads (Hopper, triton >= 3.4) where they compile, else plain loads (_TMA_BROKEN remembers).
+    # TMA loads (Hopper, triton >= 3.4) where they compile, else plain loads (TMA_FAILED remembers).
     _TMA_TUNER, _PLAIN_TUNER = (triton.autotune(_configs(tma), key=["V", "D"],
                                                 prune_configs_by={"early_config_prune": _prune})(_packed_fwd_kernel)
                                 for tma in (True, False))
 
-_TMA_BROKEN: list[str] = []   # why the TMA configs failed to compile here, once they have
+TMA_FAILED = failure_memory("encode.sparton.packed_tma", "sparton_packed: the TMA configs",
+                            "falling back to plain loads")   # (compiled only where triton has tensor descriptors)
 
 
 def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -240,7 +240,7 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
             _packed_fwd_kernel[grid](*args((None, None)), **flags, **blocks, **launch)
         else:
             grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V, meta["BLOCK_V"]),)  # noqa: E731
-            tma = (not _TMA_BROKEN and torch.cuda.get_device_capability(dev)[0] >= 9
+            tma = (not TMA_FAILED.failed and torch.cuda.get_device_capability(dev)[0] >= 9
                    and (D * src.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0)
             if tma:  # a packed copy [T, D] (cheap next to the head) so that H tiles are TMA boxes, not gathers
                 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -251,9 +251,7 @@ def _packed_fwd(src: torch.Tensor, tok_row: torch.Tensor | None, seg: torch.Tens
                 try:
                     _TMA_TUNER[grid](*args(descs), **flags)
                 except Exception as e:  # noqa: BLE001 - compiler failure of the optional TMA family
-                    _TMA_BROKEN.append(f"{type(e).__name__}: {str(e)[:300]}")
-                    warnings.warn(f"sparton_packed: TMA configs failed ({_TMA_BROKEN[0]}); falling back to plain loads",
-                                  stacklevel=2)
+                    TMA_FAILED.record(e)
                     tma = False
             if not tma:
                 _PLAIN_TUNER[grid](*args((None, None)), **flags)

@@ -17,20 +17,29 @@ runs from the saved (y32, argmax) in ``bwd``; the autograd function is in ``auto
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from lsr.encode.sparton.reference import check_kernel_inputs
 from lsr.utils.kernels import INTERPRET, fold_row_max, grouped_program_ids, tl, triton
+from lsr.utils.runtime import failure_memory
 
-__all__ = ["AUTOTUNE_MIN_ELEMENTS", "RowsForward", "autotuners", "autotunes", "triton_sparton_fwd"]
+__all__ = ["AUTOTUNE_MIN_ELEMENTS", "FAMILY_FAILED", "RowsForward", "autotuners", "autotunes", "triton_sparton_fwd"]
 
 AUTOTUNE_MIN_ELEMENTS = 2**25  # B·S·V from which the launcher autotunes and splits rows (smaller: one fixed config)
 # a forward for the rows without holes: (hidden, weight, bias, lengths, rows_ok, y, y32, arg) -> True when it wrote
 # them, False to leave them to the tl kernel
 RowsForward = Callable[..., bool]
+
+# the optional config families, best first; a family that fails to compile on the installed triton is remembered and
+# the next one runs (the last, plain loads, always compiles: its failure is raised)
+FAMILY_FAILED = {
+    "tma": failure_memory("encode.sparton.padded_tma", "sparton: the TMA config family of the forward",
+                          "falling back to flattened loops"),
+    "flat": failure_memory("encode.sparton.padded_flat", "sparton: the flattened-loop config family of the forward",
+                           "falling back to plain loops"),
+}
 
 
 def autotunes(B: int, S: int, V: int, blocks: dict | None = None, *, interpret: bool = INTERPRET) -> bool:
@@ -129,7 +138,7 @@ if triton is not None:
 
     # TMA loads (triton >= 3.4 tensor descriptors) and loop flattening (tl.range(flatten=True), >= 3.3)
     # are tried first; if a family fails to compile on this triton the launcher drops to the next
-    _FWD_TUNERS = [_tuner(_configs("tma")), _tuner(_configs("flat")), _tuner(_configs("plain"))]
+    _FWD_TUNERS = {family: _tuner(_configs(family)) for family in ("tma", "flat", "plain")}
 
 
 def triton_sparton_fwd(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -212,20 +221,25 @@ def _tma_descriptors(hidden: torch.Tensor, weight: torch.Tensor, big: bool, bloc
 def autotuners() -> list:
     """The autotuned kernels of the config families that still compile here, first the one in use (benchmarks
     record their caches)."""
-    return list(_FWD_TUNERS) if triton is not None else []
+    if triton is None:
+        return []
+    return [tuner for family, tuner in _FWD_TUNERS.items() if not _family_failed(family)]
+
+
+def _family_failed(family: str) -> bool:
+    return family in FAMILY_FAILED and FAMILY_FAILED[family].failed
 
 
 def _launch_tuned(grid, args: tuple, flags: dict) -> None:
     """Launch the autotuned forward with the first config family that compiles on the installed triton."""
-    while True:
+    for family, tuner in _FWD_TUNERS.items():
+        if _family_failed(family):
+            continue
+        memory = FAMILY_FAILED.get(family)
         try:
-            _FWD_TUNERS[0][grid](*args, **flags)
+            tuner[grid](*args, **flags)
             return
         except Exception as e:  # noqa: BLE001 - compiler failure of an optional config family
-            if len(_FWD_TUNERS) == 1:
+            if memory is None:   # plain loads: nothing to fall back to
                 raise
-            warnings.warn(f"sparton: a forward config family failed ({type(e).__name__}: {str(e)[:300]}); "
-                          "falling back", stacklevel=2)
-            _FWD_TUNERS.pop(0)
-
-
+            memory.record(e, stacklevel=3)

@@ -19,11 +19,13 @@ import torch
 
 from lsr.sparse import SparseVectors
 from lsr.utils.ragged import ragged_positions
+from lsr.utils.runtime import failure_memory, per_device
 
-__all__ = ["CountedRows", "PendingVectors", "VectorsBuilder", "rows_to_input_order", "to_csr"]
+__all__ = ["STATIC_NONZERO_FAILED", "CountedRows", "PendingVectors", "VectorsBuilder", "rows_to_input_order", "to_csr"]
 
-_STATIC_NONZERO: list[bool] = []  # [False] once torch.nonzero_static failed on CUDA (torch < 2.6)
-_COPY_STREAMS: dict[int, torch.cuda.Stream] = {}
+# (silent: expected on torch < 2.6, and the fall-back costs one host sync a batch)
+STATIC_NONZERO_FAILED = failure_memory("encode.nonzero_static", "torch.nonzero_static on CUDA",
+                                       "torch.nonzero runs (one host sync a batch)", warn=False)
 ASYNC_MIN_NNZ = 1 << 18  # smaller results (~700 passages) are copied to the host at once
 
 
@@ -74,11 +76,11 @@ class CountedRows:
 
 def _nonzero(y: torch.Tensor, total: int) -> torch.Tensor:
     """torch.nonzero(y), which has ``total`` rows, without its host sync where torch can (CUDA, torch >= 2.6)."""
-    if y.is_cuda and not _STATIC_NONZERO:
+    if y.is_cuda and not STATIC_NONZERO_FAILED.failed:
         try:
             return torch.nonzero_static(y, size=total)
-        except (NotImplementedError, AttributeError):  # no CUDA kernel (or no such op) in this torch
-            _STATIC_NONZERO.append(False)
+        except (NotImplementedError, AttributeError) as e:  # no CUDA kernel (or no such op) in this torch
+            STATIC_NONZERO_FAILED.record(e)
     return torch.nonzero(y)
 
 
@@ -106,9 +108,7 @@ def rows_to_input_order(counts: torch.Tensor, indices: torch.Tensor, values: tor
 
 def _copy_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _COPY_STREAMS:
-        _COPY_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _COPY_STREAMS[index]
+    return per_device("encode.copy_stream", index, lambda: torch.cuda.Stream(device=index))
 
 
 class PendingVectors:

@@ -31,6 +31,7 @@ from lsr.encode.sparton import (
 from lsr.encode.splade.checkpoint import MaskedLMTower, mask_terms
 from lsr.encode.splade.st_checkpoint import StaticTower, activate, pool_logits
 from lsr.encode.tokenize.batching import TokenBatch
+from lsr.utils.plans import Plan, Step
 
 __all__ = ["TORCH_HEAD_BYTES", "EncodePlan", "encode_batch", "head_weights", "plan_encode", "uses_packed_body"]
 
@@ -95,7 +96,7 @@ def encode_batch(tower: MaskedLMTower | StaticTower, batch: TokenBatch, *, devic
 
 
 @dataclass(frozen=True)
-class EncodePlan:
+class EncodePlan(Plan):
     """The routes one batch of a tower takes: the body (``"static"``, ``"padding-free"`` or ``"hf-padded"``), why,
     and the head's ``SpartonPlan`` (None for a static tower)."""
 
@@ -104,9 +105,14 @@ class EncodePlan:
     body_reason: str
     head: SpartonPlan | None
 
-    def __str__(self) -> str:
-        head = "none (token weight table)" if self.head is None else str(self.head)
-        return f"{self.architecture}: body: {self.body} ({self.body_reason}); {head}"
+    def title(self) -> str:
+        return f"encode plan: {self.architecture}"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        body = (Step("body", self.body, self.body_reason),)
+        if self.head is None:
+            return (*body, Step("head", "none", "a token weight table"))
+        return (*body, Step("head", self.head.variant, self.head.reason), Step("backward", self.head.backward))
 
 
 def _body_route(tower: MaskedLMTower, varlen: bool | None, device: torch.device, dtype: torch.dtype,

@@ -28,8 +28,6 @@ the real texts come first); a batch whose vectors hold more falls back to ``nonz
 from __future__ import annotations
 
 import threading
-import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,14 +40,20 @@ from lsr.encode.splade.checkpoint import MaskedLMTower
 from lsr.encode.splade.extract import to_csr
 from lsr.encode.splade.st_checkpoint import StaticTower, activate
 from lsr.sparse import SparseVectors
-from lsr.utils.cuda_graphs import capture_graph
+from lsr.utils.cuda_graphs import GraphPolicy, GraphSet, capture_graph
+from lsr.utils.runtime import failure_memory
 
-__all__ = ["GRAPH_CACHE", "MAX_SLOTS", "ROW_CAP", "TOKEN_BUCKETS", "QueryEncoder", "QueryGraphs", "QueryPack",
+__all__ = ["CAPTURE_FAILED", "EXTRACT_FAILED", "GRAPH_CACHE", "MAX_SLOTS", "ROW_CAP", "TOKEN_BUCKETS", "QueryEncoder", "QueryGraphs", "QueryPack",
            "pack_queries", "slot_bucket", "token_bucket"]
 
 MAX_SLOTS = 64       # texts per graph batch (the server's default max_batch); larger batches run eagerly
 ROW_CAP = 1024       # terms per text slot the in-graph extraction holds (more: nonzero after the replay)
 GRAPH_CACHE = 96     # graphs kept per encoder (least recently used dropped)
+
+CAPTURE_FAILED = failure_memory("encode.query_graphs", "a CUDA graph capture of the query encoder",
+                                "the batches of that bucket run eagerly (same bits)", category=RuntimeWarning)
+EXTRACT_FAILED = failure_memory("encode.query_graphs.extract", "the in-graph extraction (nonzero_static) of a query "
+                                "bucket", "its terms are extracted after the replay", category=RuntimeWarning)
 
 
 def _token_buckets(first: int = 16, last: int = 4096, step: int = 16) -> tuple[int, ...]:
@@ -205,9 +209,9 @@ class QueryGraphs:
         # capture's warm-up on an all-zero input drives out of bounds (a device-side assert, seen on an H100)
         capturable = self.device.type == "cuda" and encoder.dtype in (torch.float16, torch.bfloat16)
         self.graphs = capturable if graphs is None else bool(graphs) and capturable
-        self._cache: OrderedDict[tuple[int, int], _Graph | None] = OrderedDict()
+        # one shared pool: the runner's lock serialises every replay and copy
+        self.cache: GraphSet[_Graph] = GraphSet(CAPTURE_FAILED, GraphPolicy(max_graphs=GRAPH_CACHE))
         self._lock = threading.Lock()
-        self._pool = None
         self._summary = torch.empty(2 * MAX_SLOTS, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self._done = torch.cuda.Event() if self.device.type == "cuda" else None
         self.failures: list[str] = []  # why captures failed (the batches of those buckets run eagerly)
@@ -216,7 +220,7 @@ class QueryGraphs:
     def describe(self) -> dict[str, Any]:
         """Whether graphs are on, how many are held (per text slots) and why captures failed (if any)."""
         held: dict[str, int] = {}
-        for (slots, _), graph in list(self._cache.items()):
+        for (slots, _), graph in list(self.cache.graphs.items()):
             if graph is not None:
                 held[str(slots)] = held.get(str(slots), 0) + 1
         return {"graphs": self.graphs, "held": sum(held.values()), "held_by_slots": held,
@@ -281,7 +285,7 @@ class QueryGraphs:
         params = [*tower.model.parameters(), tower.weight] + ([tower.bias] if tower.bias is not None else [])
         weights = tuple((p.data_ptr(), p._version) for p in params)
         if weights != self._captured_with:
-            self._cache.clear()
+            self.cache.clear()
             self._captured_with = weights
 
     def _run(self, packed: QueryPack) -> tuple[torch.Tensor, ...]:
@@ -295,24 +299,24 @@ class QueryGraphs:
         return _Body(self.encoder, *body_args, row_cap=self.row_cap)(buf)
 
     def _graph(self, key: tuple[int, int], body_args: tuple[int, int, int]) -> _Graph | None:
-        if key not in self._cache:
-            self._cache[key] = None
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            for extract in (True, False):  # without the extraction where nonzero_static cannot be captured
-                try:
-                    self._cache[key] = _Graph(_Body(self.encoder, *body_args, extract=extract, row_cap=self.row_cap),
-                                              3 * key[1] + body_args[2] + 1, self.device, self._pool)
-                    break
-                except Exception as e:  # noqa: BLE001 - a capture problem must not fail the encoding
-                    self.failures.append(f"{key} extract={extract}: {type(e).__name__}: {str(e)[:300]}")
-                    if len(self.failures) == 1:
-                        warnings.warn(f"CUDA graph capture of the query encoder failed ({self.failures[0]})",
-                                      RuntimeWarning, stacklevel=4)
-            while len(self._cache) > GRAPH_CACHE:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return self._cache[key]
+        return self.cache.lookup(key, lambda pool: self._capture(key, body_args, pool))
+
+    def _capture(self, key: tuple[int, int], body_args: tuple[int, int, int], pool: Any) -> _Graph:
+        """The bucket's graph; without the extraction where nonzero_static cannot be captured. Raises where neither
+        can be captured (the cache records it: the bucket runs eagerly)."""
+        try:
+            return self._new_graph(key, body_args, pool, extract=True)
+        except Exception as e:  # noqa: BLE001 - retried without the extraction, then recorded by the cache
+            EXTRACT_FAILED.record(e)
+        return self._new_graph(key, body_args, pool, extract=False)
+
+    def _new_graph(self, key: tuple[int, int], body_args: tuple[int, int, int], pool: Any, extract: bool) -> _Graph:
+        body = _Body(self.encoder, *body_args, extract=extract, row_cap=self.row_cap)
+        try:
+            return _Graph(body, 3 * key[1] + body_args[2] + 1, self.device, pool)
+        except Exception as e:
+            self.failures.append(f"{key} extract={extract}: {type(e).__name__}: {str(e)[:300]}")
+            raise
 
     def warmup(self, max_batch: int = MAX_SLOTS, tokens_per_text: tuple[int, int] = (3, 24)) -> int:
         """Capture the graphs of the buckets that batches of up to ``max_batch`` texts of ``tokens_per_text``
@@ -325,6 +329,8 @@ class QueryGraphs:
             keys |= {(slot_bucket(n), token_bucket(t)) for t in range(n * lo, n * min(hi, max_len) + 1)}
         with self._lock, torch.inference_mode():
             self._drop_stale_graphs()
-            for slots, tokens in sorted(k for k in keys if k[1] is not None):
+            # the largest buckets first: the shared pool grows to the largest graph's temporaries once, and the
+            # smaller graphs captured after reuse those freed blocks (in ascending order each capture outgrows them)
+            for slots, tokens in sorted((k for k in keys if k[1] is not None), reverse=True):
                 self._graph((slots, tokens), (slots, tokens, n_sequences(slots, tokens, max_len)))
-        return sum(g is not None for g in self._cache.values())
+        return len(self.cache.held())
