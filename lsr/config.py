@@ -16,9 +16,6 @@ accepts. ``configs/*.yaml`` are examples, each with the metrics it is expected t
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,35 +23,20 @@ from typing import Any, TypeVar
 
 import yaml
 
+from lsr.search.config import SearchConfig
 from lsr.utils.devices import DEVICE_HELP, is_device_name
 from lsr.utils.ranges import BLOCK_SIZES, PARTITIONS, WORKERS, NumberRange
+from lsr.utils.schema import at_least, check_type, check_value, choice, type_hints, within
 
-__all__ = ["HEAD_IMPLS", "MAXSIM_IMPLS", "SEARCH_BACKENDS", "ConfigSchema", "DataConfig", "EncoderConfig",
-           "EvaluationConfig", "IndexConfig", "RerankConfig", "RunConfig", "SearchConfig", "apply_overrides",
-           "at_least", "choice", "config_from_dict", "load_config", "read_yaml_config", "within"]
+__all__ = ["HEAD_IMPLS", "MAXSIM_IMPLS", "MOVED_KEYS", "ConfigSchema", "DataConfig", "EncoderConfig",
+           "EvaluationConfig", "IndexConfig", "InputsConfig", "RerankConfig", "RunConfig", "apply_overrides",
+           "config_from_dict", "load_config", "read_yaml_config", "search_config_from_overrides"]
 
-SEARCH_BACKENDS = ("auto", "torch", "gpu")   # the Searcher's: torch ops, or the GPU kernels (auto: gpu on CUDA)
 HEAD_IMPLS = ("auto", "triton", "torch")     # the Sparton head's implementation (auto: Triton on CUDA)
 MAXSIM_IMPLS = ("auto", "triton", "torch")   # the MaxSim kernel's implementation (auto: Triton on CUDA)
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 
 S = TypeVar("S", bound="ConfigSchema")
-
-
-def choice(default: str | None, options: Sequence[str]) -> Any:
-    """A field whose value must be one of ``options`` (None passes where the type allows it)."""
-    return field(default=default, metadata={"choices": tuple(options)})
-
-
-def at_least(default: float | None, minimum: float) -> Any:
-    """A field whose value must be >= ``minimum`` (None passes where the type allows it)."""
-    return within(default, NumberRange(low=minimum))
-
-
-def within(default: float | None, allowed: NumberRange) -> Any:
-    """A field whose value must lie in ``allowed`` (None passes where the type allows it); the field's type
-    decides int or float, ``allowed`` its bounds."""
-    return field(default=default, metadata={"range": allowed})
 
 
 @dataclass(frozen=True)
@@ -119,15 +101,9 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
-class SearchConfig:
-    """How queries are searched (``lsr.search.Searcher``), and pre-encoded inputs."""
+class InputsConfig:
+    """Pre-encoded vectors a run searches instead of encoding them (``lsr.pipeline``)."""
 
-    k: int = at_least(1000, 1)
-    """Results per query (at most the index's documents)."""
-    query_batch: int | None = at_least(None, 1)
-    """Queries per search call; None: the Searcher's own."""
-    backend: str = choice("auto", SEARCH_BACKENDS)
-    """auto (gpu on CUDA, else torch), torch (torch ops) or gpu (lsr's GPU kernels; on a CPU under TRITON_INTERPRET=1)."""
     query_vectors: str | None = None
     """Pre-encoded queries: Anserini TSV(.gz) or an lsr vector directory."""
     query_scale: float | None = None
@@ -218,6 +194,7 @@ class RunConfig(ConfigSchema):
     data: DataConfig = field(default_factory=DataConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
@@ -228,7 +205,7 @@ class RunConfig(ConfigSchema):
         enc = self.encoder
         if not self.data.dataset:
             raise ValueError("config.data.dataset is required (an ir_datasets id or a local folder)")
-        if enc.kind == "splade" and not enc.model and not self.search.doc_vectors:
+        if enc.kind == "splade" and not enc.model and not self.inputs.doc_vectors:
             raise ValueError("config.encoder.kind=splade needs encoder.model (a Hugging Face id or a local path)")
         if self.index.postings not in CHOICES:
             raise ValueError(f"config.index.postings must be one of {', '.join(CHOICES)}, got {self.index.postings!r}")
@@ -266,49 +243,18 @@ def check_evaluation(evaluation: EvaluationConfig, where: str = "config.evaluati
         raise ValueError(f"{where}: {e}") from None
 
 
-def _check_type(value: Any, hint: Any, where: str) -> Any:
-    """``value`` if it has the type ``hint`` (int accepted for float, a string for a list of strings), else a
-    ValueError naming ``where``."""
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for option in options:
-        if option is type(None) and value is None:
-            return value
-        base = typing.get_origin(option) or option
-        if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):   # YAML's .nan / .inf: every comparison with them passes or fails silently
-                raise ValueError(f"{where} must be a finite number, got {value!r}")
-            return float(value)
-        if base is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if base in (str, bool) and isinstance(value, base):
-            return value
-        if base is tuple and isinstance(value, str):
-            return (value,)
-        if base is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        if base is Mapping and isinstance(value, Mapping) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
-            return {str(k): float(v) for k, v in value.items()}
-    names = {type(None): "null", tuple: "a list of strings", Mapping: "a mapping of names to finite numbers"}
-    want = " or ".join(names.get(typing.get_origin(o) or o, getattr(o, "__name__", str(o))) for o in options)
-    raise ValueError(f"{where} must be {want}, got {value!r}")
-
-
-def _check_value(value: Any, f: dataclasses.Field, kind: type, where: str) -> None:
-    """``value`` (already of the field's type ``kind``) against the field's choices or range."""
-    options, allowed = f.metadata.get("choices"), f.metadata.get("range")
-    if options is not None and value is not None and value not in options:
-        raise ValueError(f"{where} must be one of {', '.join(options)}, got {value!r}")
-    if allowed is not None and value is not None:
-        why = dataclasses.replace(allowed, kind=kind).problem(value)
-        if why is not None:
-            raise ValueError(f"{where} {why}")
+MOVED_KEYS = {"search.query_vectors": "inputs.query_vectors", "search.query_scale": "inputs.query_scale",
+              "search.doc_vectors": "inputs.doc_vectors", "search.vocab": "inputs.vocab",
+              "search.query_batch": "search.batches.size"}
+"""Keys of earlier configs and where they are now: such a key is refused with one line naming its new place."""
 
 
 def _unknown(base: Any, unknown: list[str], where: str) -> ValueError:
     """The error for unknown keys: the known ones, and the section a misplaced key belongs to."""
     fields = dataclasses.fields(base)
-    hints = [f"{f.name}.{key}" for key in unknown for f in fields if dataclasses.is_dataclass(getattr(base, f.name))
+    prefix = where.removeprefix("config").lstrip(".")
+    prefix += "." if prefix else ""
+    hints = [f"{prefix}{f.name}.{key}" for key in unknown for f in fields if dataclasses.is_dataclass(getattr(base, f.name))
              and key in {s.name for s in dataclasses.fields(getattr(base, f.name))}]
     hint = f"; did you mean {', '.join(hints)}?" if hints else ""
     return ValueError(f"unknown key(s) in {where}: {unknown} (known: {sorted(f.name for f in fields)}){hint}")
@@ -320,17 +266,21 @@ def _build(base: Any, data: Any, where: str) -> Any:
         raise ValueError(f"{where} must be a mapping of keys to values, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(base)}
     unknown = sorted(set(data) - set(fields))
+    for key in unknown:
+        moved = MOVED_KEYS.get(f"{where}.{key}".removeprefix("config."))
+        if moved is not None:
+            raise ValueError(f"{where}.{key} is now {moved}: rename the key")
     if unknown:
         raise _unknown(base, unknown, where)
-    hints = typing.get_type_hints(type(base))
+    hints = type_hints(type(base))
     changes = {}
     for key, value in data.items():
         current = getattr(base, key)
         if dataclasses.is_dataclass(current):   # a section: its schema's defaults, then the given keys
             changes[key] = _build(current, {} if value is None else value, f"{where}.{key}")
             continue
-        value = _check_type(value, hints[key], f"{where}.{key}")
-        _check_value(value, fields[key], type(value), f"{where}.{key}")
+        value = check_type(value, hints[key], f"{where}.{key}")
+        check_value(value, fields[key], type(value), f"{where}.{key}")
         changes[key] = value
     return dataclasses.replace(base, **changes)
 
@@ -366,6 +316,16 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except yaml.YAMLError:
             raise ValueError(f"--set {item}: the value is not valid YAML (quote strings: key='[x')") from None
     return data
+
+
+def search_config_from_overrides(overrides: Sequence[str], base: SearchConfig | None = None) -> SearchConfig:
+    """A ``SearchConfig`` from ``--set search.<key>=<value>`` strings (``lsr search``), checked like a run config's
+    ``search:`` section."""
+    data = apply_overrides({}, overrides)
+    others = sorted(set(data) - {"search"})
+    if others:
+        raise ValueError(f"--set {others[0]}...: only search.<key> can be set here (e.g. search.route=block)")
+    return _build(base or SearchConfig(), data.get("search") or {}, "search")
 
 
 def read_yaml_config(path: str | Path | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Benchmark exact top-k search on the GPU: lsr's gpu backend routes against the seed and torch baselines.
 
     PYTHONPATH=. python scripts/bench_search.py --out OUT [--sizes 100k,1m,8.8m] [--batches 1,64,500]
-        [--ks 10,1000] [--queries synth,real] [--terms random,real] [--npz VECTORS.npz] [--sweep "span=2048,rows=32;rows=8,per_sm=4"]
+        [--ks 10,1000] [--queries synth,real] [--terms random,real] [--npz VECTORS.npz] [--sweep "triton.span=2048,triton.rows=32;triton.rows=8,triton.per_sm=4"]
         [--postings float32,compact]
 
 Documents: lsr.benchmarks.synth (seeded, generated on the GPU) or --npz CSR vectors (keys doc_indptr, doc_terms,
@@ -38,6 +38,7 @@ from lsr.benchmarks.synth import (
     synth_queries,
     synth_stats,
 )
+from lsr.config import search_config_from_overrides
 from lsr.index.compact import decode_postings
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
@@ -105,7 +106,7 @@ def check_exact(scores: torch.Tensor, docs: torch.Tensor, ref: torch.Tensor, k: 
 
 # the block route's tuning for small batches, whatever the batch size (the lsr-block-small rows and the sweeps)
 AUTO = SearchConfig()
-SMALL_BATCH_TUNING = {"rows": 8, "num_warps": 4, "per_sm": 8, "coarse_sample_every": 32}
+SMALL_BATCH = SearchConfig(route="block", triton={"rows": 8, "num_warps": 4, "per_sm": 8}, coarse={"sample_every": 32})
 
 
 def lsr_method(cfg: SearchConfig):
@@ -116,9 +117,9 @@ def lsr_method(cfg: SearchConfig):
 
 
 # lsr-auto without CUDA graphs: every kernel launched from Python (the previous small-batch path)
-lsr_eager = lsr_method(SearchConfig(graphs=False))
+lsr_eager = lsr_method(SearchConfig(graphs={"enabled": False}))
 # the block route on the Triton kernel (L2 atomics) with its default tuning: the previous default
-triton_block = lsr_method(SearchConfig(route="block", kernel="triton"))
+triton_block = lsr_method(SearchConfig(route="block", scorer="triton"))
 
 
 def seed_scatter(index, q, k, chunk=128):
@@ -163,25 +164,18 @@ class Spmm:
 def label(cfg: SearchConfig) -> str:
     """Short name of a block config: the CUDA kernel's span, warps/CTA, chunks/step; the Triton kernel's
     span, group, rows x chunk, programs/SM, warps."""
-    if cfg.kernel == "cuda":
-        pass2 = f"coarse s{cfg.coarse_span} b>={cfg.coarse_min_batch}" if cfg.coarse else "exact"
-        return f"blk-cuda s{cfg.cuda_span} w{cfg.cuda_warps} {pass2}"
-    return f"blk-{cfg.kernel} s{cfg.span} g{cfg.group} r{cfg.rows}x{cfg.chunk} p{cfg.per_sm} w{cfg.num_warps}"
+    if cfg.scorer == "cuda":
+        pass2 = f"coarse s{cfg.coarse.span} b>={cfg.coarse.min_batch}" if cfg.coarse.enabled else "exact"
+        return f"blk-cuda s{cfg.cuda.span} w{cfg.cuda.warps} {pass2}"
+    t = cfg.triton
+    return f"blk-{cfg.scorer} s{t.span} g{t.group} r{t.rows}x{t.chunk} p{t.per_sm} w{t.num_warps}"
 
 
 def parse_sweep(s: str) -> list[SearchConfig]:
-    """Block-route configs of ``--sweep`` ("key=value,...;..."): the fields given, the small-batch tuning for the
-    batch-dependent ones not given, and the defaults for the rest."""
-    out = []
-    for item in filter(None, (x.strip() for x in s.split(";"))):
-        kw = {}
-        for kv in item.split(","):
-            key, val = kv.split("=")
-            key, val = key.strip(), val.strip()
-            value = int(val) if val.lstrip("-").isdigit() else val
-            kw[key] = bool(value) if isinstance(getattr(SearchConfig, key, None), bool) else value   # coarse=0
-        out.append(SearchConfig(**{"route": "block", **SMALL_BATCH_TUNING, **kw}))
-    return out
+    """Block-route configs of ``--sweep`` ("key=value,...;...", the keys of ``lsr search --set search.<key>``): the
+    keys given, the small-batch tuning for the batch-dependent ones not given, and the defaults for the rest."""
+    return [search_config_from_overrides([f"search.{kv.strip()}" for kv in item.split(",")], SMALL_BATCH)
+            for item in filter(None, (x.strip() for x in s.split(";")))]
 
 
 def main() -> None:
@@ -352,7 +346,7 @@ def run_methods(results: Results, index, qsets, ctx) -> None:
     args, N = ctx["args"], ctx["N"]
     methods = {"lsr-auto": lsr_method(AUTO), "lsr-block": lsr_method(SearchConfig(route="block")),
                "lsr-block-triton": triton_block, "lsr-eager": lsr_eager,
-               "lsr-block-small": lsr_method(SearchConfig(route="block", **SMALL_BATCH_TUNING)),
+               "lsr-block-small": lsr_method(SMALL_BATCH),
                "lsr-scatter": lsr_method(SearchConfig(route="dense-scatter")),
                "seed-scatter": seed_scatter, "spare": Spare(ctx["compact"])}
     wanted = {"auto": "lsr-auto", "block": "lsr-block", "triton": "lsr-block-triton", "eager": "lsr-eager", "small": "lsr-block-small", "scatter": "lsr-scatter",

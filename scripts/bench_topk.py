@@ -10,7 +10,8 @@ it), records the input of every selection the search makes (``bucket_topk`` / ``
 ``torch.topk`` / ``torch.kthvalue`` call), and times on those very inputs (inside a CUDA graph, as the
 block path runs them):
 
-* top k: ``topk`` (torch, the reference), ``sort`` (a full sort, then the first k), ``bucket_topk``, ``row_topk``
+* top k: ``topk`` (torch, the reference), ``sort`` (a full sort, then the first k), ``bucket_topk_rank`` /
+  ``bucket_topk_sort`` (the bucket selection's two last steps, the plan's ``Selection``), ``row_topk``
   (lsr.search.kernels.row_topk_cuda: one CTA a row sorts it in shared memory; rows up to 4,096 keys),
   ``unsorted+sort`` (an unsorted topk, then a sort of its k keys), ``chunk{C}`` (top k of every C-key slice
   of the row, then top k of those: exact, keys are unique);
@@ -47,7 +48,7 @@ from lsr.search.config import SearchConfig
 from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels import row_topk_cuda
 from lsr.search.kernels.topk import key_scores
-from lsr.search.select import bucket_theta, bucket_topk, row_topk
+from lsr.search.select import bucket_theta, bucket_topk, row_topk, select_slots
 
 TOPK, KTHVALUE = torch.topk, torch.kthvalue
 THETA_SLACK = 2.0 ** -15   # bucket_theta's largest relative distance below the k-th score
@@ -118,7 +119,8 @@ def variants(op: str, x: torch.Tensor, k: int, sorted_: bool,
         return out
     out = {"topk": lambda: TOPK(x, k, dim=1, sorted=sorted_).values,
            "sort": lambda: torch.sort(x, dim=1, descending=True).values[:, :k],
-           "bucket_topk": lambda: bucket_topk(x, k)[0]}
+           "bucket_topk_rank": lambda: bucket_topk(x, k, slots=select_slots(k), by_rank=True)[0],
+           "bucket_topk_sort": lambda: bucket_topk(x, k, slots=select_slots(k), by_rank=False)[0]}
     if row_topk_cuda.usable(x):
         out["row_topk"] = lambda: row_topk_cuda.cuda_row_topk(x, k)
     if sorted_:
@@ -182,7 +184,8 @@ def main() -> None:
     for case in args.cases.split(","):
         name, B, k = case.split(":")
         B, k = int(B), int(k)
-        cfg = SearchConfig(route="block", graphs=False)   # eager: every call runs (and is recorded) each time
+        # eager: every call runs (and is recorded) each time
+        cfg = SearchConfig(route="block", graphs={"enabled": False})
         calls = record_calls(lambda: gpu_search(index, qsets[name][:B], k, cfg))
         for i, (op, x, kk, sorted_) in enumerate(calls):
             fns = variants(op, x, kk, sorted_, chunks)

@@ -46,8 +46,8 @@ def wrap(mod, name):
         marks.setdefault(name, time.perf_counter())
         return f(*a, **kw)
     setattr(mod, name, g)
-for mod, name in ((gs, "execution_plan"), (gs, "query_csr"), (gs, "block_search"), (bp, "_search_chunk"),
-                  (bp, "cached_chunk_graph"), (bp, "settle")):
+for mod, name in ((gs, "plan_search"), (gs, "query_csr"), (gs, "block_search"), (bp, "_search_chunk"),
+                  (gr.GraphCache, "lookup"), (bp, "settle")):
     wrap(mod, name)
 orig = gr.ChunkGraph.__call__
 def call(self, *a):

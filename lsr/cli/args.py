@@ -1,7 +1,7 @@
 """argparse value types of lsr's commands: a bad value exits 2 with argparse's one-line message naming the
 flag, the value and the allowed range ("argument --port: must be an integer in [1, 65535], got 99999") before
 any work starts. Every numeric flag is a ``ranged(NumberRange)`` (``integer`` and ``number`` are its short
-forms); the config's ``--set`` values are checked against the same ranges (``lsr.config.within``).
+forms); the config's ``--set`` values are checked against the same ranges (``lsr.utils.schema.within``).
 
 A flag names one thing in every command that has it: ``--dataset`` a dataset to read, ``--queries`` the
 queries to search (vectors, topics or a dataset; ``lsr encode --what queries`` encodes a dataset's

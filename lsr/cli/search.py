@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lsr.cli.args import add_encoder_args, check_bm25_model, encoder_from_args, integer, positive_float
-from lsr.config import SEARCH_BACKENDS
 from lsr.errors import UsageError
+from lsr.search.config import BACKENDS
 
 __all__ = ["cmd_search", "register"]
 
@@ -50,16 +50,30 @@ def _encode_queries(args: argparse.Namespace, device: str, queries: dict[str, st
     return enc.encode_query([queries[q] for q in qids], ids=qids), enc.describe()
 
 
+def _search_config(args: argparse.Namespace):
+    """The command's ``SearchConfig``: ``--set search.<key>=<value>`` over the defaults, then ``--k`` and
+    ``--backend`` where given (``args.k`` and ``args.backend`` are set from it)."""
+    from lsr.config import search_config_from_overrides
+
+    try:
+        cfg = search_config_from_overrides(args.set or ())
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    cfg = cfg.replace(**{key: value for key, value in (("k", args.k), ("backend", args.backend)) if value is not None})
+    args.k, args.backend = cfg.k, cfg.backend
+    return cfg
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
     from lsr.parallel.sharded_index import is_sharded
-    from lsr.search.config import SearchConfig
     from lsr.search.searcher import Searcher, run_depth
     from lsr.storage.provenance import check_not_inside
     from lsr.utils.devices import resolve_device
 
+    config = _search_config(args)
     if args.explain:
-        return _explain_search(args)
+        return _explain_search(args, config)
     if args.out is None:
         raise UsageError("--out is required: the run file to write (or pass --explain to print the search plan only)")
     check_not_inside(args.out, [args.index, args.queries, args.vocab], "--out")
@@ -71,24 +85,25 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.parallel.topology import is_distributed
 
     if is_distributed():  # any index on every rank of a torchrun job
-        return _search_on_ranks(args, device)
+        return _search_on_ranks(args, device, config)
     if is_sharded(args.index):
         from lsr.parallel.batch import index_doc_count, search_sharded
 
         args.k = run_depth(args.k, index_doc_count(args.index))
         queries, meta = _queries_from_args(args, device)
         hits = search_sharded(args.index, queries, args.k, device, backend=args.backend,
-                              stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta)
+                              stream={"auto": None, "yes": True, "no": False}[args.stream], query_metadata=meta,
+                              config=config)
         return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
     queries, query_meta = _queries_from_args(args, device)
-    scores, doc_idx = Searcher(index, device=device, config=SearchConfig(backend=args.backend)).search(
+    scores, doc_idx = Searcher(index, device=device, config=config).search(
         queries.to(device), k=args.k, query_metadata=query_meta)
     return _write_run(args, queries, index.docnos, scores, doc_idx)
 
 
-def _search_on_ranks(args: argparse.Namespace, device: str) -> int:
+def _search_on_ranks(args: argparse.Namespace, device: str, config: Any) -> int:
     """``lsr search`` under torchrun: the ranks agree on the index and the options before any work
     (``rank_index_job``), rank 0 reads (or encodes) the queries, every rank searches its share, rank 0 writes."""
     from lsr.parallel.batch import rank_index_job, search_batch
@@ -102,7 +117,8 @@ def _search_on_ranks(args: argparse.Namespace, device: str) -> int:
         with agree("read the queries"):
             if launch_rank() == 0:  # reads the queries and writes the run
                 queries, meta = _queries_from_args(args, str(dev))
-        hits = search_batch(mine, queries, args.k, dev, backend=args.backend, stream=stream, query_metadata=meta)
+        hits = search_batch(mine, queries, args.k, dev, backend=args.backend, stream=stream, query_metadata=meta,
+                            config=config)
     if hits is None:
         return 0
     return _write_run(args, queries, mine.docnos, hits.scores, hits.doc_idx)
@@ -118,14 +134,13 @@ def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> in
     return 0
 
 
-def _explain_search(args: argparse.Namespace) -> int:
+def _explain_search(args: argparse.Namespace, config: Any) -> int:
     """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
     from lsr.index.inverted import InvertedIndex
     from lsr.parallel.batch import index_partition_count
     from lsr.parallel.plan import plan_batch
     from lsr.parallel.sharded_index import ShardedIndex, is_sharded
     from lsr.parallel.topology import launch_rank
-    from lsr.search.config import SearchConfig
     from lsr.search.searcher import Searcher, run_depth
     from lsr.utils.devices import resolve_device
 
@@ -141,7 +156,7 @@ def _explain_search(args: argparse.Namespace) -> int:
     queries, _ = _queries_from_args(args, device)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks of this torchrun job (1 outside one)
     print(plan_batch(index_partition_count(args.index), world, len(queries)))
-    searcher = Searcher(index, device=device, config=SearchConfig(backend=args.backend))
+    searcher = Searcher(index, device=device, config=config)
     print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
     from lsr.utils.runtime import failures_block
 
@@ -157,14 +172,19 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
     p.add_argument("--out", help="run file to write (required unless --explain)")
-    p.add_argument("--k", type=integer(1), default=1000, help="results per query (at most the index's documents)")
+    p.add_argument("--k", type=integer(1), default=None,
+                   help="results per query, at most the index's documents (default: search.k, 1000)")
     p.add_argument("--format", choices=("trec", "msmarco"), default="trec", help="run file format")
     p.add_argument("--tag", default="lsr", help="run tag (TREC format)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     p.add_argument("--vocab", help="vocab.txt or tokenizer folder for Anserini token queries")
     p.add_argument("--query-scale", type=positive_float, default=None, help="Anserini query quantisation scale")
-    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
-                   help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="search backend: torch ops, or lsr's GPU kernels (default: search.backend, auto: gpu on "
+                        "CUDA)")
+    p.add_argument("--set", action="append", metavar="search.KEY=VALUE",
+                   help="set a search key, e.g. search.route=block, search.scorer=triton, search.triton.span=1024 "
+                        "(repeatable; every key: lsr.search.config)")
     p.add_argument("--explain", action="store_true",
                    help="print the plan: how the ranks of a torchrun job share the index and the queries, and the "
                         "search plan of the first query batch (backend, route, kernels, passes, fallbacks, each "

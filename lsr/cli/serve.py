@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lsr.cli.args import integer, ranged
-from lsr.config import SEARCH_BACKENDS
+from lsr.search.config import BACKENDS
 from lsr.serve.limits import BATCH_TIMEOUT_S, MAX_BATCH, MAX_WAIT_MS, REQUEST_TIMEOUT_S, SWITCH_INTERVAL_MS
 from lsr.serve.replicas import DEVICES_HELP, parse_devices
 
@@ -28,7 +28,7 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--k", type=integer(1), default=1000, help="hits per query when a request does not give k")
     p.add_argument("--max-k", type=integer(1), default=None, help="the largest k a request may ask for (default: "
                    "max(--k, 1000))")
-    p.add_argument("--backend", default="auto", choices=SEARCH_BACKENDS,
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="search backend: torch ops, or lsr's GPU kernels (auto: gpu on CUDA)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling and capturing before serving")
     p.add_argument("--pipeline", action="store_true", help="tokenize and build answers on a second thread, "

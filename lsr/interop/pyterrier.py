@@ -35,7 +35,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import numpy as np
 import pandas as pd
 
-from lsr.config import SEARCH_BACKENDS
+from lsr.search.config import BACKENDS
 from lsr.utils.devices import DEVICE_HELP, is_device_name, resolve_device
 from lsr.utils.ranges import BLOCK_SIZES, NumberRange
 
@@ -240,8 +240,8 @@ class LsrRetriever(pt.Transformer):
             raise ValueError("the BM25 encoder is not fitted: index with LsrIndex(...).indexer(encoder) first "
                              "(it fits the encoder) or load a fitted one with LexicalEncoder.load(dir)")
         _check_count("k", k)
-        if backend not in SEARCH_BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(SEARCH_BACKENDS)}, got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if device is not None and not (isinstance(device, str) and is_device_name(device)):
             raise ValueError(f"device must be None or {DEVICE_HELP}, got {device!r}")
         self.lsr_index, self.encoder, self.k, self.device, self.backend = index, encoder, k, device, backend

@@ -6,7 +6,7 @@
   ``JsonVectorCollection`` vectors.
 
 The token formats need their vocabulary (``vocab``: vocab.txt, a tokenizer folder, a token list or mapping;
-see :mod:`lsr.interop.anserini`). ``lsr run`` (``search.query_vectors`` / ``search.doc_vectors``), its torchrun
+see :mod:`lsr.interop.anserini`). ``lsr run`` (``inputs.query_vectors`` / ``inputs.doc_vectors``), its torchrun
 job and ``lsr search --queries`` read pre-encoded vectors through these functions only.
 """
 
@@ -43,7 +43,7 @@ def read_query_vectors(path: str | os.PathLike, vocab: Any = None, scale: float 
 
         return read_vectors(p)
     if vocab is None:
-        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / search.vocab: "
+        raise ValueError(f"{p} is read as Anserini token queries: give their vocabulary (--vocab / inputs.vocab: "
                          "vocab.txt or a tokenizer folder); for text topics (qid<TAB>text) give the encoder (--model)")
     from lsr.interop.anserini import read_anserini_queries
 
@@ -60,7 +60,7 @@ def read_doc_vectors(path: str | os.PathLike, vocab: Any = None) -> SparseVector
 
         return read_vectors(p)
     if vocab is None:
-        raise ValueError(f"{p} is read as pyserini JSON document vectors: give their vocabulary (search.vocab: "
+        raise ValueError(f"{p} is read as pyserini JSON document vectors: give their vocabulary (inputs.vocab: "
                          "vocab.txt or a tokenizer folder)")
     from lsr.interop.anserini import read_anserini_documents
 

@@ -26,6 +26,7 @@ from lsr.parallel.plan import BatchPlan, plan_batch, rank_role, slice_bounds
 from lsr.parallel.sharded_index import ShardedIndex, is_sharded, read_sharded_manifest
 from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
+from lsr.search.config import SearchConfig
 from lsr.search.searcher import check_request
 from lsr.sparse import SparseVectors
 from lsr.utils.host_copy import copy_to_host
@@ -80,10 +81,12 @@ def load_rank_index(path: str | os.PathLike, rank: int, world_size: int, verify:
 
 def search_batch(index: ShardedIndex, queries: SparseVectors | None, k: int, device: str | torch.device, *,
                  backend: str = "auto", stream: bool | None = None, query_batch: int | None = None,
-                 query_metadata: Mapping[str, Any] | None = None) -> BatchHits | None:
+                 query_metadata: Mapping[str, Any] | None = None,
+                 config: SearchConfig | None = None) -> BatchHits | None:
     """Exact top-k of rank 0's ``queries`` (the others pass None) over the whole collection; collective, in
-    a joined process group. ``index`` holds this rank's partitions (``load_rank_index``). Returns the merged
-    hits on rank 0 (CPU tensors [B, k]), None on the other ranks."""
+    a joined process group. ``index`` holds this rank's partitions (``load_rank_index``); ``config``: every
+    partition's ``SearchConfig`` (``backend`` overrides its backend). Returns the merged hits on rank 0 (CPU
+    tensors [B, k]), None on the other ranks."""
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = comm_device()
     refusal = None
@@ -98,7 +101,7 @@ def search_batch(index: ShardedIndex, queries: SparseVectors | None, k: int, dev
     plan = plan_batch(index.n_partitions, world, len(queries))
     mine = plan.query_range(rank)
     with agree("search its queries"):  # one agreement for the whole job, none per batch
-        searcher = ShardedSearcher(index, device, backend, stream=stream)
+        searcher = ShardedSearcher(index, device, backend, stream=stream, config=config)
         local = searcher.search(queries[mine.start:mine.stop], k, query_batch, show_progress_bar=False)
     merged = _gather_merge_to_rank0(local, plan, k, comm, index.n_docs)
     return BatchHits(*merged, plan) if merged is not None else None
@@ -155,20 +158,22 @@ def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str,
 
 def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: int, device: str, *,
                    backend: str = "auto", stream: bool | None = None, query_batch: int | None = None,
-                   query_metadata: Mapping[str, Any] | None = None) -> ShardedHits | None:
+                   query_metadata: Mapping[str, Any] | None = None,
+                   config: SearchConfig | None = None) -> ShardedHits | None:
     """Exact top-k of ``queries`` over an index folder: a sharded one in one process (``ShardedSearcher``),
     or a sharded or plain one on every rank of a torchrun job (``rank_index_job``, then ``search_batch``; rank
     0 passes the queries, encoded on ``rank_device(device)``, and the others None). Returns the hits where the
-    queries were given, None on the other ranks. ``stream``: as ``ShardedSearcher``."""
+    queries were given, None on the other ranks. ``stream``: as ``ShardedSearcher``; ``config``: as
+    ``search_batch``."""
     if not is_distributed():
         if queries is None:
             raise ValueError("search_sharded needs the queries outside a torchrun job")
         sharded = ShardedIndex.load(index)
-        searcher = ShardedSearcher(sharded, device, backend, stream=stream)
+        searcher = ShardedSearcher(sharded, device, backend, stream=stream, config=config)
         scores, doc_idx = searcher.search(queries, k=k, query_batch=query_batch, query_metadata=query_metadata)
         return ShardedHits(scores, doc_idx, sharded.docnos)
     settings = {"k": k, "backend": backend, "stream": stream, "query_batch": query_batch}
     with rank_index_job(index, device, settings) as (mine, dev):
         hits = search_batch(mine, queries, k, dev, backend=backend, stream=stream, query_batch=query_batch,
-                            query_metadata=query_metadata)
+                            query_metadata=query_metadata, config=config)
         return ShardedHits(hits.scores, hits.doc_idx, mine.docnos) if hits is not None else None

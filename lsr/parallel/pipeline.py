@@ -88,10 +88,10 @@ def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, fl
     """(the document vectors: a folder or SparseVectors, the encoder or None, the vectors' metadata)."""
     out, origin = Path(cfg.output), job_origin(cfg, dataset)
     with timed_step("encode documents", timings):
-        if cfg.search.doc_vectors:
+        if cfg.inputs.doc_vectors:
             with agree("read the document vectors"):
-                given = Path(cfg.search.doc_vectors)
-                vectors = given if is_vector_folder(given) else read_doc_vectors(given, cfg.search.vocab)
+                given = Path(cfg.inputs.doc_vectors)
+                vectors = given if is_vector_folder(given) else read_doc_vectors(given, cfg.inputs.vocab)
             return vectors, None, None
         encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
                                  lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
@@ -122,7 +122,7 @@ def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any
             queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):  # every rank its slice of the queries, gathered once on rank 0
         hits = search_batch(index, queries, run_depth(cfg.search.k, index.n_docs), dev, backend=cfg.search.backend,
-                            query_batch=cfg.search.query_batch, query_metadata=query_meta)
+                            query_metadata=query_meta, config=cfg.search)
     result = None
     with agree("write the run and metrics"):
         if rank == 0:

@@ -50,8 +50,8 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     encoder = None
     with timed_step("encode documents", timings):
         doc_meta = None
-        if cfg.search.doc_vectors:
-            docs = read_doc_vectors(cfg.search.doc_vectors, cfg.search.vocab)
+        if cfg.inputs.doc_vectors:
+            docs = read_doc_vectors(cfg.inputs.doc_vectors, cfg.inputs.vocab)
         else:
             encoder = doc_encoder(cfg, dataset, out, origin, device)
             # a complete folder is reused only when written with the same encoder settings (encode_corpus checks)
@@ -64,12 +64,16 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     with timed_step("encode queries", timings):
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
-        searcher = open_searcher(index, device=device, backend=cfg.search.backend)
-        scores, doc_idx = searcher.search(queries.to(device), k=run_depth(cfg.search.k, index.n_docs),
-                                          query_batch=cfg.search.query_batch, query_metadata=query_meta)
+        searcher = open_searcher(index, device=device, config=cfg.search)
+        k = run_depth(cfg.search.k, index.n_docs)
+        queries = queries.to(device)
+        explain = getattr(searcher, "explain", None)   # one index: the plan its first batch follows, for the record
+        plan = explain(queries, k) if explain is not None else None
+        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_meta)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device)
+    return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device,
+                         search_plan=None if plan is None else plan.describe())
 
 
 def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:

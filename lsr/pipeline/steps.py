@@ -62,21 +62,21 @@ def encode_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dic
 
 
 def _job_queries(cfg: RunConfig, dataset: Any, encoder: Any) -> tuple[Any, dict[str, Any] | None]:
-    if cfg.search.query_vectors:
-        vocab = cfg.search.vocab or (encoder.vocab if encoder is not None else None)
-        queries = read_query_vectors(cfg.search.query_vectors, vocab, cfg.search.query_scale)
+    if cfg.inputs.query_vectors:
+        vocab = cfg.inputs.vocab or (encoder.vocab if encoder is not None else None)
+        queries = read_query_vectors(cfg.inputs.query_vectors, vocab, cfg.inputs.query_scale)
         keep = [i for i, q in enumerate(queries.ids) if q in dataset.queries] if dataset.queries else None
         return (queries[keep] if keep is not None and len(keep) < len(queries) else queries), None
     if encoder is None:
-        raise ValueError("search.doc_vectors needs search.query_vectors too (no encoder is configured)")
+        raise ValueError("inputs.doc_vectors needs inputs.query_vectors too (no encoder is configured)")
     qids = list(dataset.queries)
     return encoder.encode_query([dataset.queries[q] for q in qids], ids=qids), encoder.describe()
 
 
 def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str], topk: tuple[Any, Any],
-                  timings: dict[str, float], device: str) -> dict[str, Any]:
-    """Write run.trec / run.msmarco.tsv, evaluate (and rerank when configured), write metrics.json;
-    returns the job's result."""
+                  timings: dict[str, float], device: str, search_plan: str | None = None) -> dict[str, Any]:
+    """Write run.trec / run.msmarco.tsv, evaluate (and rerank when configured), write metrics.json (with the
+    ``search_plan`` the search followed, where given: ``SearchPlan.describe()``); returns the job's result."""
     import pyarrow as pa
 
     from lsr.data import runs
@@ -105,6 +105,8 @@ def write_results(cfg: RunConfig, dataset: Any, queries: Any, docnos: list[str],
     result = {"name": cfg.name, "dataset": cfg.data.dataset, "device": device, "metrics": metrics,
               "expected": expected, "timings_s": timings, "n_docs": len(docnos),
               "n_queries": len(queries), "files": files, **result_extra}
+    if search_plan is not None:
+        result["search_plan"] = search_plan
     atomic_write_text(out / "metrics.json", json.dumps(result, indent=1))
     return result
 
@@ -115,7 +117,7 @@ _DERIVED = ("encoder", "doc_vectors")  # reused by a later run of the job, so th
 
 def job_origin(cfg: RunConfig, dataset: Any) -> dict[str, Any]:
     """What the job's documents are: the pre-encoded vectors, or the dataset's record of its source."""
-    return ({"doc_vectors": str(Path(cfg.search.doc_vectors).resolve())} if cfg.search.doc_vectors
+    return ({"doc_vectors": str(Path(cfg.inputs.doc_vectors).resolve())} if cfg.inputs.doc_vectors
             else dict(dataset.docs_origin))
 
 
@@ -127,8 +129,8 @@ def claim_output(cfg: RunConfig, dataset: Any, out: Path, overwrite: bool) -> di
 
     from lsr.storage.provenance import check_not_inside, check_same_origin
 
-    check_not_inside(out, [cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0], cfg.search.doc_vectors,
-                           cfg.search.query_vectors, cfg.search.vocab, cfg.encoder.model], "output folder")
+    check_not_inside(out, [cfg.data.dataset, cfg.data.dataset.rsplit(":", 1)[0], cfg.inputs.doc_vectors,
+                           cfg.inputs.query_vectors, cfg.inputs.vocab, cfg.encoder.model], "output folder")
     origin = job_origin(cfg, dataset)
     marker = out / _MARKER
     if marker.is_file():
@@ -170,7 +172,7 @@ def _fit_lexical(encoder: Any, dataset: Any, path: Path, origin: dict[str, Any])
 def check_job_partitions(cfg: RunConfig, dataset: Any, n_partitions: int) -> None:
     """Refuse more partitions than the dataset's documents before any encoding (when the dataset knows its
     size and the job encodes it)."""
-    if n_partitions > 1 and dataset.n_docs is not None and not cfg.search.doc_vectors:
+    if n_partitions > 1 and dataset.n_docs is not None and not cfg.inputs.doc_vectors:
         from lsr.parallel.sharded_index import check_partition_count
 
         check_partition_count(dataset.n_docs, n_partitions, cfg.data.dataset)

@@ -7,14 +7,15 @@ with all its docs >= theta. The exact top-k of the candidates is the answer. Mem
 B * n_spans * cap * 8 bytes, never [B, N].
 
 The span scorer is the CUDA kernel (``kernels.block_cuda``, shared-memory accumulation, NVRTC-compiled)
-where it can run, else the Triton kernel (``kernels.block``); the plan chooses (``SearchConfig.kernel`` forces
-one). Both give the same bits. With the CUDA kernel, both passes may sum coarse 16-bit fixed point (one shared
+where it can run, else the Triton kernel (``kernels.block``); the plan chooses from the registry
+``lsr.search.scorers`` (``SearchConfig.scorer`` forces one). Both give the same bits. With the CUDA kernel, both passes may sum coarse 16-bit fixed point (one shared
 atomic per posting, two docs a word) and rescore the best k + margin docs exactly (``kernels.rescore_cuda``). What
 happens when a pass could not be sure is the fallback chain of ``lsr.search.fallbacks``. docs/performance/search.md
 explains each choice.
 
-Everything a chunk of queries needs comes from one ``BlockPlan`` (``lsr.search.block_plan``); nothing here
-re-decides a route.
+Everything a chunk of queries runs comes from one ``BlockPlan`` (``lsr.search.block_plan``, made by
+``lsr.search.block_planner``): the scorer, the passes, the selection, graph or eager. Nothing here decides again;
+what ran is noted in the index's ``IndexCache.ran``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 
 from lsr.search.block_plan import BlockPlan, ChunkResult, QueryCSR, Repairs, ScoreArgs
 from lsr.search.fallbacks import exact_scores, repair, settle
-from lsr.search.graphs import cached_chunk_graph
 from lsr.search.kernels.coarse_checks import (
     candidate_docs,
     coarse_bounds,
@@ -37,7 +37,6 @@ from lsr.search.kernels.coarse_checks import (
 from lsr.search.kernels.fixed import triton_query_scales
 from lsr.search.kernels.topk import ROW
 from lsr.search.select import bucket_edge, bucket_theta, bucket_topk, pack, row_topk, unpack
-from lsr.search.work_items import span_work_items
 from lsr.utils.ragged import segment_ids
 
 __all__ = ["block_search"]
@@ -49,7 +48,8 @@ def block_search(plan: BlockPlan, queries: QueryCSR,
 
     ``trace``: a list that gets one ``Repairs`` record per chunk (what the fallback chain did)."""
     B = queries.indptr.numel() - 1
-    group, step, k, dev = plan.cfg.group, plan.chunk, plan.k, queries.indptr.device
+    group, step, k, dev = plan.group, plan.chunk, plan.k, queries.indptr.device
+    plan.cache.ran.note("route", "block")
     if group == 1 and B <= step:  # the common case: one chunk, queries in their own order
         return _search_chunk(plan, queries, trace)
     order = _work_order(plan, queries) if group > 1 else torch.arange(B, device=dev)
@@ -81,22 +81,25 @@ def _coarse_bounds(plan: BlockPlan, maxima: torch.Tensor, args: ScoreArgs) -> tu
 
 def _search_chunk(plan: BlockPlan, queries: QueryCSR,
                   trace: list[Repairs] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph up to graph_max_batch queries),
+    """(scores [B, k], doc_idx [B, k]) of one chunk: both passes (as a CUDA graph where the plan says),
     then the fallback chain (``lsr.search.fallbacks``)."""
     B = queries.indptr.numel() - 1
-    cfg = plan.cfg
     body = functools.partial(_score_chunk, plan)
     settled = None
-    # a chunk of a larger batch may hold more terms than its share of the plan's bound (the mean length where
-    # the CUDA kernel scores): such a chunk runs eagerly, as a graph's term buffer holds B x plan.max_terms
-    if (cfg.graphs and queries.indptr.is_cuda and B <= cfg.graph_max_batch
-            and queries.terms.numel() <= B * plan.max_terms and not torch.cuda.is_current_stream_capturing()):
-        graph = cached_chunk_graph(plan.index, body, B, B * plan.max_terms, plan.graph_key(B), cfg)
+    # the plan says replay; a chunk of a larger batch may still hold more terms than its share of the plan's bound
+    # (the mean length, for a scorer that reads any length): such a chunk runs eagerly, as a graph's term buffer
+    # holds B x plan.max_terms; so does a chunk searched inside a caller's own capture
+    if (plan.replay and queries.terms.numel() <= B * plan.max_terms
+            and not torch.cuda.is_current_stream_capturing()):
+        graph = plan.cache.graphs.lookup(body, B, B * plan.max_terms, plan.graph_key(B), plan.graphs,
+                                         plan.index.device)
         if graph is not None:
             with graph.lock:
                 settled = settle(plan, graph(*queries), True)
+            plan.cache.ran.note("cuda graph", "replayed")
     if settled is None:
         settled = settle(plan, body(*queries), False)
+        plan.cache.ran.note("cuda graph", "eager")
     return repair(plan, queries, settled, _exact_pass, trace)
 
 
@@ -111,36 +114,44 @@ def _score_chunk(plan: BlockPlan, indptr: torch.Tensor, terms: torch.Tensor, wei
     coarse sum >= the query's floor), takes the best k + margin coarse keys, rescores them exactly and
     keeps the top k. That list holds the exact top k when it also holds every doc whose coarse sum reaches
     the floor of the k-th coarse key's score (k docs score at least that). For large k, theta comes from a
-    pass-1 key above the k-th (``CoarseSpans.floor_rank``: far fewer candidates), which is checked the same way: the
+    pass-1 key above the k-th (``CoarsePlan.floor_rank``: far fewer candidates), which is checked the same way: the
     query's floor must not exceed that floor. A query where a check fails, or whose coarse slots
     overflowed, is flagged for the exact pass 2.
     """
     B = indptr.numel() - 1
     dev = indptr.device
-    cfg, index = plan.cfg, plan.index
+    index, ran = plan.index, plan.cache.ran
     scale, inv = triton_query_scales(indptr, terms, weights, index.max_scores)
-    kw = {"group": cfg.group, "max_terms": plan.max_terms}
-    args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, cfg.span)
+    kw = {"group": plan.group, "max_terms": plan.max_terms}
+    args = ScoreArgs(index.doc_ids, index.scores, plan.span_off, indptr, terms, weights, scale, inv, plan.span)
     # pass 1: row maxima of sampled spans -> theta (the exact pass: a lower bound of the k-th score)
-    width = cfg.span // ROW
-    items1 = span_work_items(B, plan.n_sample, plan.n_spans, cfg.group, width, dev, cfg)
+    width = plan.span // ROW
+    items1 = _items(plan, B, plan.n_sample, plan.n_spans, plan.group, width, dev)
     coarse = plan.coarse is not None   # then pass 1 also runs on coarse sums: a slightly lower theta, faster
-    maxima, _ = plan.scorer(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
+    maxima, _ = plan.launch(*args, items1, B * plan.n_sample * width, **(dict(kw, coarse_rows=True) if coarse else kw))
     if coarse:   # row maxima of coarse sums; the key of the floor rank, checked in _coarse_pass2
+        ran.note("pass 2", "coarse")
         theta, floor = _coarse_bounds(plan, maxima.view(B, -1), args)
         best, redo, rescue, cand, items2, flags = _coarse_pass2(plan, args, floor, kw)
         return ChunkResult(best, None, theta, args, redo, rescue, cand, None, flags, unpack(best, plan.fused), (items1, items2))
+    ran.note("pass 2", "exact")
     theta = bucket_theta(maxima.view(B, -1), plan.k)
     # pass 2: every span, docs >= theta into cap slots
     cap = plan.cap
-    items2 = span_work_items(B, plan.n_spans, plan.n_spans, cfg.group, cap, dev, cfg)
-    cand, counts = plan.scorer(*args, items2, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
+    items2 = _items(plan, B, plan.n_spans, plan.n_spans, plan.group, cap, dev)
+    cand, counts = plan.launch(*args, items2, B * plan.n_spans * cap, theta=theta, cap=cap, **kw)
     over = counts.view(B, plan.n_spans) > cap
     # an overflowed (query, span) holds only its first cap docs: drop them; the overflow fallback rescores it
     cand = cand.view(B, plan.n_spans, cap).masked_fill_(over.unsqueeze(2), -1).view(B, -1)
-    best, reselect = bucket_topk(cand, plan.k, **_select_tuning(cfg))
+    best, reselect = bucket_topk(cand, plan.k, slots=plan.selection.slots, by_rank=plan.selection.by_rank)
     return ChunkResult(best, over, theta, args, None, None, cand, reselect, _flags(over, reselect, None, None),
                        unpack(best, plan.fused), (items1, items2))
+
+
+def _items(plan: BlockPlan, *key) -> tuple[torch.Tensor, ...]:
+    """A pass's work items from the plan's index cache (``IndexCache.work_items``; ``key``: B, n_items, n_spans,
+    group, width, device)."""
+    return plan.cache.work_items(plan.caches, plan.graphs.max_batch, *key)
 
 
 def _flags(*masks: torch.Tensor | None) -> torch.Tensor:
@@ -165,18 +176,18 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dic
     """
     indptr, scale, inv, k = args.indptr, args.scale, args.inv_scale, plan.k
     B = indptr.numel() - 1
-    cspan, coff, _, sampled, cap, margin = plan.coarse   # sampled: theta came from a pass-1 key above the k-th
-    n_spans = coff.shape[1] - 1
-    items = span_work_items(B, n_spans, n_spans, 1, cap, indptr.device, plan.cfg)
-    cand, counts = plan.scorer(*args._replace(span_off=coff, span=cspan), items, B * n_spans * cap, cap=cap,
+    c = plan.coarse   # c.sampled: theta came from a pass-1 key above the k-th
+    n_spans, cap = c.offsets.shape[1] - 1, c.cap
+    items = _items(plan, B, n_spans, n_spans, 1, cap, indptr.device)
+    cand, counts = plan.launch(*args._replace(span_off=c.offsets, span=c.span), items, B * n_spans * cap, cap=cap,
                                coarse_lo=floor, **kw)
     cand = cand.view(B, -1)
-    top, reselect = bucket_topk(cand, min(k + margin, cand.shape[1]), **_select_tuning(plan.cfg))   # reselect: redo
+    top, reselect = bucket_topk(cand, c.selection.keep, slots=c.selection.slots,
+                                by_rank=c.selection.by_rank)   # reselect: redo
     # a flagged query is rescored on every one of its candidates instead of its list (which is among them: one
-    # copy of each doc), in the same launch as the other queries' lists, when the candidates are few. Not with a
-    # sampled floor: its lists are long and rarely incomplete, and the rescoring would widen to every candidate
-    settle_here = cand.numel() <= plan.cfg.rescue_cells and not sampled
-    fused = plan.fused
+    # copy of each doc), in the same launch as the other queries' lists, where the plan says (few candidates)
+    settle_here = c.settle_in_chunk
+    sampled, fused = c.sampled, plan.fused
     verdicts = coarse_verdicts if fused else torch_coarse_verdicts
     redo, rescue, flags = verdicts(top, k, cand.shape[1], counts.view(B, n_spans), cap, floor, reselect, inv, scale,
                                    indptr, sampled, not settle_here)
@@ -184,8 +195,3 @@ def _coarse_pass2(plan: BlockPlan, args: ScoreArgs, floor: torch.Tensor, kw: dic
     queries = QueryCSR(args.indptr, args.terms, args.weights)
     exact = pack(exact_scores(plan, queries, scale, inv, docs), docs, fused)   # -1: score 0
     return row_topk(exact, k), redo, None if settle_here else rescue, cand, items, flags
-
-
-def _select_tuning(cfg) -> dict[str, int | None]:
-    """The bucket selection's tuning from the config (``select.bucket_topk``'s keywords)."""
-    return {"slots": cfg.select_slots, "rank_max_b": cfg.rank_max_b, "rank_max_k": cfg.rank_max_k}

@@ -1,13 +1,14 @@
 """The records of the block route (``lsr.search.block_path``): what its helpers pass around.
 
-``BlockPlan`` (built by ``lsr.search.plan``) holds what every query chunk of one search shares; ``ScoreArgs``,
+``BlockPlan`` (built by ``lsr.search.block_planner``) holds what every query chunk of one search runs, with
+``CoarsePlan`` and ``Selection`` for its passes; ``ScoreArgs``,
 ``ChunkResult`` and ``Settled`` are the stages of one chunk; ``Repairs`` is what the fallback chain
 (``lsr.search.fallbacks``) did to a chunk, for a caller that asks (``trace``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -17,20 +18,11 @@ from lsr.utils.ragged import ragged_positions
 
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
-    from lsr.search.config import SearchConfig
+    from lsr.search.config import CacheTuning, GraphTuning
+    from lsr.search.index_cache import IndexCache
+    from lsr.search.scorers import SpanScorer
 
-__all__ = ["BlockPlan", "ChunkResult", "CoarseSpans", "QueryCSR", "Repairs", "ScoreArgs", "Settled", "SpanScorer",
-           "terms_bucket"]
-
-# a span scorer (lsr.search.kernels.block.triton_block_candidates, its torch twin or
-# lsr.search.kernels.block_cuda.cuda_block_candidates) with its tuning bound
-SpanScorer = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def terms_bucket(max_terms: int) -> int:
-    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
-    return max(64, 1 << max(0, max_terms - 1).bit_length())
-
+__all__ = ["BlockPlan", "ChunkResult", "CoarsePlan", "QueryCSR", "Repairs", "ScoreArgs", "Selection", "Settled"]
 
 class QueryCSR(NamedTuple):
     """Queries as CSR on the index's device: int64 [B+1], int32 [nnz], float32 [nnz].
@@ -51,9 +43,22 @@ class QueryCSR(NamedTuple):
         return QueryCSR(ip, self.terms[src].contiguous(), self.weights[src].contiguous())
 
 
-class CoarseSpans(NamedTuple):
+class Selection(NamedTuple):
+    """The plan's bucket selection of the best keys of candidate rows (``lsr.search.kernels.bucket_select``)."""
+
+    keep: int          # keys kept a row (k, or k + margin on the coarse route)
+    slots: int         # gather slots a row
+    by_rank: bool      # the gathered keys ranked by counting (few rows), else sorted (``row_topk``)
+
+    def describe(self) -> str:
+        return f"bucket levels + gather + {'rank kernel' if self.by_rank else 'row sort'}, {self.slots} slots"
+
+
+@dataclass(frozen=True)
+class CoarsePlan:
     """The coarse passes' plan: pass 2's span and span offsets, the pass-1 key rank behind the floor (``sampled``:
-    below k, so not a proven bound and checked), pass 2's slots per (query, span) and the keys kept beyond k."""
+    below k, so not a proven bound and checked), pass 2's slots per (query, span), the keys kept beyond k and how
+    they are selected, and whether incomplete lists are settled inside the chunk."""
 
     span: int
     offsets: torch.Tensor
@@ -61,37 +66,48 @@ class CoarseSpans(NamedTuple):
     sampled: bool
     cap: int
     margin: int
+    selection: Selection     # the best k + margin coarse keys of a row's candidates
+    settle_in_chunk: bool    # rescore every candidate of an incomplete list in the chunk (no host step)
 
 
 @dataclass(frozen=True, eq=False)
 class BlockPlan:
-    """What every query chunk of one block-path search shares."""
+    """What every query chunk of one block-route search runs: each choice made once (``lsr.search.block_planner``)
+    and only read by ``lsr.search.block_path`` and ``lsr.search.fallbacks``."""
 
-    index: InvertedIndex
-    cfg: SearchConfig          # batch-dependent fields, group and span resolved for this search
-    kernel: str                # the span scorer: "cuda" | "triton" | "torch"
-    scorer: SpanScorer         # the span scorer with its tuning bound
-    span_off: torch.Tensor     # int64 [V, n_spans + 1] span offsets for cfg.span
+    key: Hashable              # the plan's key in its index's cache; with a chunk's size, its CUDA graph's key
+    index: InvertedIndex       # a weak proxy: the plan is cached with the index, which it must not keep alive
+    cache: IndexCache          # the index's work items, graphs and counts of what ran
     k: int
-    n_sample: int              # spans scored by pass 1
-    cap: int                   # candidate slots per (query, span) in pass 2
-    max_terms: int             # query-length bucket (``plan.terms_bound``): one compile and one CUDA
+    scorer: str                # the span scorer (``lsr.search.scorers``)
+    launch: SpanScorer         # its launcher with its tuning bound (each call counted in ``cache.ran``)
+    span: int                  # docs per work item of pass 1 and the exact pass 2
+    group: int                 # queries per work item
+    span_off: torch.Tensor     # int64 [V, n_spans + 1] span offsets for ``span``
+    max_terms: int             # query-length bucket (``kernels.terms_bucket`` of ``block_planner.terms_bound``): one compile and one CUDA
                                # graph per bucket; a graph's term buffer holds n_queries x it
-    coarse: CoarseSpans | None  # the coarse passes (pass 1 on coarse sums too), where they run
-    chunk: int                 # queries per chunk: the candidate slots of a chunk fit cfg.candidate_budget
+    n_sample: int              # spans scored by pass 1
+    cap: int                   # candidate slots per (query, span) in the exact pass 2
+    coarse: CoarsePlan | None  # the coarse passes (pass 1 on coarse sums too), where they run
+    selection: Selection       # the exact pass 2's selection of the best k
+    chunk: int                 # queries per chunk: the candidate slots of a chunk fit pass2.candidate_budget
     fused: bool                # the bookkeeping runs as Triton kernels (CUDA, or the interpreter), not torch twins
     cuda_rescore: bool         # exact rescoring with the CUDA kernel (kernels.rescore_cuda), else the Triton CSR one
+    replay: bool               # chunks replay CUDA graphs (``graphs`` bounds their cache), else run eagerly
+    graphs: GraphTuning
+    caches: CacheTuning        # the work-items caches' bounds
 
     @property
     def n_spans(self) -> int:
         return self.span_off.shape[1] - 1
 
     def graph_key(self, n_queries: int) -> tuple:
-        return (n_queries, self.max_terms, self.k, self.cfg, self.n_sample, self.cap)
+        """A chunk's graph: everything its body runs follows from the plan's key and the chunk's size."""
+        return (n_queries, self.key)
 
     def without_coarse(self) -> BlockPlan:
         """This plan with the exact pass 2 (the last fallback of a coarse query, ``lsr.search.fallbacks``)."""
-        return replace(self, coarse=None)
+        return replace(self, coarse=None, key=(self.key, "exact"))
 
 
 class ScoreArgs(NamedTuple):

@@ -95,6 +95,7 @@ def exact_scores(plan: BlockPlan, queries: QueryCSR, scale: torch.Tensor, inv_sc
     index: InvertedIndex = plan.index
     qd = dense_queries(*queries, index.vocab_size)
     csr = index.docs
+    plan.cache.ran.note("rescoring", "cuda" if plan.cuda_rescore else "triton csr")
     if plan.cuda_rescore:
         return rescore_cuda.cuda_rescore(csr.indptr, csr.indices, csr.values, qd, scale, inv_scale, docs,
                                          queries.indptr, queries.terms)
@@ -115,7 +116,7 @@ def _rescore_overflow(plan: BlockPlan, result: ChunkResult, over: torch.Tensor) 
     n_fix = over.shape[0]
     items = (over[:, 0].to(torch.int32).contiguous(), over[:, 1].to(torch.int32).contiguous(),
              torch.arange(n_fix, device=over.device, dtype=torch.int64) * span, span)
-    keys, _ = plan.scorer(*result.args, items, n_fix * span, theta=result.theta, cap=span, group=1)
+    keys, _ = plan.launch(*result.args, items, n_fix * span, theta=result.theta, cap=span, group=1)
     keys = row_topk(keys.view(n_fix, span), min(k, span))
     # append every fixed pair's keys to its query's row, then take the top k again
     q = over[:, 0]

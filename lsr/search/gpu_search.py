@@ -1,8 +1,8 @@
 """The gpu backend: ``gpu_search(index, queries, k, config)``, exact top-k with the Triton / CUDA kernels.
 
 Every score is the fixed-point sum of ``kernels.fixed``, so both routes give bit-identical results. The route and
-everything else a batch runs is decided by ``lsr.search.plan`` (``plan_batch`` prints it); this module prepares the
-queries and executes the plan:
+everything else a batch runs is decided by ``lsr.search.plan`` (``plan_search``, printed by ``--explain``); this
+module prepares the queries and executes the plan (``run_plan``):
 
 * ``block`` (``lsr.search.block_path``): spans of docs scored without a dense [B, N] matrix; the route at scale.
 * ``dense-scatter`` (``kernels.scatter`` with fixed-point atomics, then ``select.triton_topk``): a dense [B, N]
@@ -20,9 +20,10 @@ import torch
 from lsr.search.block_path import block_search
 from lsr.search.block_plan import QueryCSR, Repairs
 from lsr.search.config import SearchConfig
+from lsr.search.index_cache import index_cache
 from lsr.search.kernels.fixed import query_scales
 from lsr.search.kernels.scatter import triton_scatter_scores
-from lsr.search.plan import execution_plan
+from lsr.search.plan import SearchPlan, plan_search
 from lsr.search.select import triton_topk
 from lsr.utils.kernels import INTERPRET
 from lsr.utils.ragged import segment_ids
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.inverted import InvertedIndex
     from lsr.sparse import SparseVectors
 
-__all__ = ["gpu_search", "query_csr"]
+__all__ = ["gpu_search", "query_csr", "run_plan"]
 
 _DEFAULT = SearchConfig()
 
@@ -60,10 +61,16 @@ def gpu_search(index: InvertedIndex, queries: SparseVectors, k: int, config: Sea
     if B == 0 or index.n_docs == 0:
         return (torch.zeros((B, k), dtype=torch.float32, device=dev),
                 torch.full((B, k), -1, dtype=torch.int64, device=dev))
-    route, chunk, block = execution_plan(index, queries, k, config or _DEFAULT)
-    if block is not None:
-        return block_search(block, query_csr(index, queries), trace)
-    return _dense_search(index, query_csr(index, queries), k, chunk)
+    return run_plan(index, queries, plan_search(index, queries, k, config or _DEFAULT), trace)
+
+
+def run_plan(index: InvertedIndex, queries: SparseVectors, plan: SearchPlan,
+             trace: list[Repairs] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute ``plan`` (``plan_search``'s for these queries on ``index``): the block route, or the dense scatter in
+    the plan's query chunks."""
+    if plan.block is not None:
+        return block_search(plan.block, query_csr(index, queries), trace)
+    return _dense_search(index, query_csr(index, queries), plan.k, plan.chunk)
 
 
 def query_csr(index: InvertedIndex, queries: SparseVectors) -> QueryCSR:
@@ -86,6 +93,7 @@ def _dense_search(index: InvertedIndex, queries: QueryCSR, k: int, step: int) ->
     ``dense_budget``), then the on-chip top-k."""
     indptr, terms, weights = queries
     B, N = indptr.numel() - 1, index.n_docs
+    index_cache(index).ran.note("route", "dense-scatter")
     outs_s, outs_d = [], []
     for b0 in range(0, B, step):
         b1 = min(B, b0 + step)

@@ -3,12 +3,13 @@
 A small batch spends more time launching the block path's dozen kernels than running them; replaying a
 captured graph removes that host cost. Larger batches gain too: between the two passes the host launches ~40
 small kernels slower than the GPU runs them, so an eager large batch leaves the GPU idle for part of its time
-(graphs up to ``SearchConfig.graph_max_batch``, the Searcher's batch; the measurements are in
-docs/performance/search.md). Graphs are kept per index, in a ``lsr.utils.cuda_graphs.GraphSet`` whose policy the
-config gives: at most ``graph_cache`` graphs and ``graph_bytes`` of memory they keep by estimate (a large batch's
-graph keeps its candidate slots), batches above ``graph_capture_at_once`` queries captured at their shape's second
-search (``graph_shapes_seen`` such shapes remembered), and with ``graph_shared_pool`` (the default) one memory pool
-and one lock for the graphs of an index. ``tests/search/test_graphs.py::test_gpu_block_graphs_share_one_pool``
+(graphs up to ``SearchConfig.graphs.max_batch``, the Searcher's batch; the measurements are in
+docs/performance/search.md). Graphs are kept per index (a ``GraphCache`` in ``lsr.search.index_cache``), in a
+``lsr.utils.cuda_graphs.GraphSet`` whose policy the config gives: at most ``graphs.cache`` graphs and
+``graphs.bytes`` of memory they keep by estimate (a large batch's graph keeps its candidate slots), batches above
+``graphs.capture_at_once`` queries captured at their shape's second search (``graphs.shapes_seen`` such shapes
+remembered), and with ``graphs.shared_pool`` (the default) one memory pool and one lock for the graphs of an
+index. ``tests/search/test_graphs.py::test_gpu_block_graphs_share_one_pool``
 replays shared-pool graphs in a shuffled order against the eager path.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,9 @@ from lsr.utils.cuda_graphs import captures as _captures_of
 from lsr.utils.runtime import failure_memory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lsr.index.inverted import InvertedIndex
-    from lsr.search.config import SearchConfig
+    from lsr.search.config import GraphTuning
 
-__all__ = ["CAPTURE_FAILED", "ChunkGraph", "GraphCache", "cached_chunk_graph", "captures", "graph_cache"]
+__all__ = ["CAPTURE_FAILED", "ChunkGraph", "GraphCache", "captures"]
 
 ChunkBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
@@ -67,8 +66,8 @@ class ChunkGraph:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(cfg: SearchConfig) -> GraphPolicy:
-    return GraphPolicy(cfg.graph_cache, cfg.graph_bytes, cfg.graph_shapes_seen, cfg.graph_shared_pool)
+def _policy(cfg: GraphTuning) -> GraphPolicy:
+    return GraphPolicy(cfg.cache, cfg.bytes, cfg.shapes_seen, cfg.shared_pool)
 
 
 class GraphCache:
@@ -92,10 +91,10 @@ class GraphCache:
     def pool(self) -> Any:
         return self.set.pool
 
-    def lookup(self, body: ChunkBody, B: int, n_terms: int, key: Hashable, cfg: SearchConfig,
+    def lookup(self, body: ChunkBody, B: int, n_terms: int, key: Hashable, cfg: GraphTuning,
                device: torch.device) -> Any:
         """The cached graph for ``key``; None where the caller runs eagerly: the first search of a batch above
-        ``cfg.graph_capture_at_once`` queries, every later one whose graph was captured once and dropped since, and
+        ``cfg.capture_at_once`` queries, every later one whose graph was captured once and dropped since, and
         every search with a key whose capture failed."""
         policy = _policy(cfg)
         lock = self.set.lock if policy.shared_pool else None
@@ -103,23 +102,9 @@ class GraphCache:
         def capture(pool: Any) -> Any:
             return self._capture(body, B, n_terms, device, pool=pool, lock=lock)
 
-        return self.set.lookup(key, capture, defer=B > cfg.graph_capture_at_once, policy=policy)
-
-
-_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        return self.set.lookup(key, capture, defer=B > cfg.capture_at_once, policy=policy)
 
 
 def captures() -> int:
     """Block-path graphs captured (or tried) in this process: a server's count after warm-up should not grow."""
     return _captures_of(CAPTURE_FAILED.name)
-
-
-def graph_cache(index: InvertedIndex) -> GraphCache:
-    """The graph cache of ``index`` (made at its first use)."""
-    return _GRAPHS.setdefault(index, GraphCache())
-
-
-def cached_chunk_graph(index: InvertedIndex, body: ChunkBody, B: int, n_terms: int, key: Hashable,
-                       cfg: SearchConfig) -> ChunkGraph | None:
-    """``graph_cache(index).lookup(...)``: the block route's graph for ``key``, or None (run eagerly)."""
-    return graph_cache(index).lookup(body, B, n_terms, key, cfg, index.device)

@@ -1,12 +1,12 @@
 """Searcher: exact top-k retrieval over an InvertedIndex (contract: docs/architecture.md, "Search").
 
 Two backends share query batching, checks and docno mapping (``SearchConfig.backend``; ``lsr.search.plan``
-chooses and ``Searcher.explain`` prints the choice):
+chooses, ``Searcher.explain`` prints the choice, and each backend runs the plan it is given):
 
 * ``"torch"`` (any device, the reference): for each doc chunk, scores = docs CSR chunk @ dense query
   block^T in float32, computed as a weighted ``embedding_bag`` sum (deterministic on CUDA, unlike
-  cuSPARSE SpMM), then the chunk's exact top-k is merged into the running top-k. Chunk sizes follow
-  ``max_memory_bytes``.
+  cuSPARSE SpMM), then the chunk's exact top-k is merged into the running top-k. The doc chunks (``torch_plan``)
+  follow ``batches.memory``.
 * ``"gpu"``: ``lsr.search.gpu_search.gpu_search`` over the term-major postings with the Triton / CUDA kernels
   (CUDA, or CPU under TRITON_INTERPRET=1). ``"auto"`` picks it on CUDA when triton imports, torch otherwise.
 
@@ -28,9 +28,11 @@ from tqdm.auto import tqdm
 
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
-from lsr.search.plan import SearchPlan, choose_backend, torch_plan
+from lsr.search.index_cache import index_cache
+from lsr.search.plan import SearchPlan, choose_backend, query_batch, torch_plan
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
+from lsr.utils.plans import Step
 
 __all__ = ["ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "check_request", "exact_topk", "run_depth"]
 
@@ -150,7 +152,7 @@ class Searcher:
         device: where to search: a torch.device, "cpu", "cuda" or "cuda:N" (default: the index's device).
         backend: shorthand for ``config.backend``: "auto" (gpu on CUDA when triton imports, else torch), "torch"
             or "gpu".
-        max_memory_bytes: shorthand for ``config.max_memory_bytes``: the torch backend's working memory (dense
+        max_memory_bytes: shorthand for ``config.batches.memory``: the torch backend's working memory (dense
             query block, chunk scores, top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
         config: every knob of the search (``SearchConfig``); the two shorthands override its fields.
     """
@@ -165,10 +167,11 @@ class Searcher:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.index = index if index.device == self.device else index.to(self.device)
         config = config or SearchConfig()
-        overrides = {name: value for name, value in (("backend", backend), ("max_memory_bytes", max_memory_bytes))
-                     if value is not None}
-        config = config.replace(**overrides) if overrides else config
-        self.max_memory_bytes = config.max_memory_bytes or _default_budget(self.device)
+        if backend is not None:
+            config = config.replace(backend=backend)
+        if max_memory_bytes is not None:
+            config = config.replace(batches={"memory": max_memory_bytes})
+        self.max_memory_bytes = config.batches.memory or _default_budget(self.device)
         self.backend, self._backend_why = choose_backend(config, self.device)
         self.config = config.replace(backend=self.backend)
         self._gpu: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -178,16 +181,16 @@ class Searcher:
             self._gpu = gpu_search
 
     # ------------------------------------------------------------------ public
-    def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+    def search(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
                query_metadata: Mapping[str, Any] | None = None,
                show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k documents of every query.
 
         Args:
             queries: B sparse queries over the index vocabulary.
-            k: hits per query (> 0; may exceed n_docs, the rest is padding).
-            query_batch: queries per batch (default ``config.query_batch``, else by backend: ``gpu_query_batch``, or
-                bounded by ``max_memory_bytes`` and at most ``torch_query_batch``).
+            k: hits per query (> 0; may exceed n_docs, the rest is padding); default ``config.k``.
+            query_batch: queries per batch (default ``config.batches.size``, else by backend: ``batches.gpu``, or
+                bounded by ``batches.memory`` and at most ``batches.torch``).
             query_metadata: encoder description of the queries, checked against the index's.
             show_progress_bar: tqdm bar over batches (default: when there are several batches and a tty).
 
@@ -195,9 +198,9 @@ class Searcher:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
             -1 / 0.0 where fewer than k documents score > 0.
         """
-        k = check_request(queries, k, query_metadata, self.index)
+        k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
         n_q = len(queries)
-        qb = self._query_batch(n_q, query_batch)
+        qb = self._query_batch(n_q, query_batch)[0]
         queries = queries.to(self.device)
         if n_q <= qb and queries.nnz > 0:  # one batch (e.g. a single query): no progress bar, no copies
             return self._search_batch(queries, k)
@@ -217,56 +220,48 @@ class Searcher:
             out_i[a:a + len(batch)] = i
         return out_s, out_i
 
-    def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+    def search_run(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
                    query_metadata: Mapping[str, Any] | None = None,
                    show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first (at most the index's
         documents per query: a deeper k would only allocate padding, ``run_depth``)."""
         from lsr.data.runs import from_topk
 
-        k = run_depth(check_request(queries, k, query_metadata, self.index), self.index.n_docs)
+        k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
+        k = run_depth(k, self.index.n_docs)
         scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
 
-    def explain(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None) -> SearchPlan:
+    def explain(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None) -> SearchPlan:
         """The plan ``search(queries, k, query_batch)`` follows for its first batch (``str(plan)`` prints it): the
         backend, the route, the kernels, the passes, the fallbacks, graphs and chunks, each with the reason. Plans
         nothing it would not plan for the search (on the gpu backend the plan is cached for it)."""
-        k = check_request(queries, k, None, self.index)
+        k = check_request(queries, self.config.k if k is None else k, None, self.index)
         n_q = len(queries)
-        qb = self._query_batch(n_q, query_batch)
+        qb, qb_why = self._query_batch(n_q, query_batch)
         first = queries[:qb].to(self.device)
         if self._gpu is not None and self.index.n_docs and len(first):
-            from lsr.search.plan import plan_batch
+            from lsr.search.plan import plan_search
 
-            plan = plan_batch(self.index, first, k, self.config)
+            plan = plan_search(self.index, first, k, self.config)
         else:
-            plan = torch_plan(len(first), k, len(self._doc_chunks(-(-max(len(first), 1) // QUERY_LANES)
-                                                                  * QUERY_LANES)))
+            plan = self._torch_plan(max(len(first), 1), k)
         batches = f"{-(-n_q // qb)} of <= {qb}" if n_q else "none"
-        return plan.with_steps((("backend", self.backend, self._backend_why),
-                                ("query batches", batches, "the first is planned here; each is planned alike")))
+        return plan.with_steps((Step("backend", self.backend, self._backend_why),
+                                Step("query batches", batches, f"{qb_why}; each batch is planned alike")))
 
     # ------------------------------------------------------------------ internals
-    def _query_batch(self, n_queries: int, query_batch: int | None) -> int:
-        qb = query_batch if query_batch is not None else self.config.query_batch
-        if qb is None:
-            return self._default_query_batch(n_queries)
-        if isinstance(qb, bool) or int(qb) <= 0:
-            raise ValueError(f"query_batch must be a positive integer, got {qb!r}")
-        return int(qb)
-
-    def _default_query_batch(self, n_queries: int) -> int:
-        if self._gpu is not None:
-            return max(1, min(n_queries, self.config.gpu_query_batch))
-        # the dense [V, b] query block and its [b, V] source take at most a quarter of the budget
-        per_query = 8 * max(self.index.vocab_size, 1)
-        return max(1, min(n_queries, self.config.torch_query_batch, self.max_memory_bytes // (4 * per_query)))
+    def _query_batch(self, n_queries: int, given: int | None) -> tuple[int, str]:
+        return query_batch(self.config, self.backend, n_queries, self.index.vocab_size, self.max_memory_bytes, given)
 
     def _search_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._gpu is not None:
             return self._gpu(self.index, queries, k, self.config)
-        return self._torch_batch(queries, k)
+        return self._torch_batch(queries, self._torch_plan(len(queries), k))
+
+    def _torch_plan(self, n_queries: int, k: int) -> SearchPlan:
+        """The torch backend's plan of ``n_queries`` queries: doc chunks sized for the padded query block."""
+        return torch_plan(n_queries, k, self._doc_chunks(-(-n_queries // QUERY_LANES) * QUERY_LANES))
 
     def _doc_chunks(self, n_queries: int) -> list[tuple[int, int, int, int]]:
         """Doc ranges [(row_start, row_end, nnz_start, nnz_end)] whose scores fit the memory budget."""
@@ -281,16 +276,18 @@ class Searcher:
         b = bounds.tolist()
         return [(b[j], b[j + 1], nnz[j], nnz[j + 1]) for j in range(len(b) - 1)]
 
-    def _torch_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference scorer: float32 sparse-dense products per doc chunk, exact top-k merged across chunks.
+    def _torch_batch(self, queries: SparseVectors, plan: SearchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference scorer: float32 sparse-dense products per doc chunk of ``plan``, exact top-k merged across
+        chunks.
 
         queries: b sparse queries -> (scores float32 [b, k], doc_idx int64 [b, k]).
         """
-        docs = self.index.docs
+        docs, k = self.index.docs, plan.k
         b = len(queries)
+        index_cache(self.index).ran.note("route", "torch-reference")
         dense_q = _padded_columns(queries.to_dense().t())  # [V, b rounded up to QUERY_LANES]
         best: tuple[torch.Tensor, torch.Tensor] | None = None
-        for r0, r1, p0, p1 in self._doc_chunks(dense_q.shape[1]):
+        for r0, r1, p0, p1 in plan.doc_chunks:
             if p1 == p0:
                 continue
             # CSR chunk @ dense queries as a weighted embedding-bag sum: one fused kernel that sums each

@@ -3,28 +3,26 @@
 An item is one (query group, span) with its output offset (``lsr.search.kernels.block.span_items``, 16 B). Made
 per call inside a graph they were ~20-30 of its kernels (each a node that the graph's launch pays for); cached, a
 graph's warm-up run makes them and the graph reads them. A graph holds its items in its ChunkResult, so an entry
-dropped from a cache stays allocated while that graph lives. The cache sizes are ``SearchConfig.items_cache_*``.
+dropped from a cache stays allocated while that graph lives. The caches belong to the index
+(``lsr.search.index_cache``); their sizes are ``SearchConfig.caches.items_*``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from lsr.search.kernels.block import span_items
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lsr.search.config import SearchConfig
-
-__all__ = ["LARGE", "SMALL", "ItemsCache", "make_span_items", "span_work_items"]
+__all__ = ["ItemsCache", "make_span_items"]
 
 
 def make_span_items(B: int, n_items: int, n_spans: int, group: int, width: int,
                     device: torch.device) -> tuple[torch.Tensor, ...]:
     """``span_items`` of ``n_items`` spans spread evenly over ``n_spans`` (all of them when equal)."""
+    from lsr.search.kernels.block import span_items  # here: the torch backend (no items) loads no kernel module
+
     spans = (torch.arange(n_items, device=device) * n_spans) // n_items
     return span_items(B, spans, group, width)
 
@@ -56,20 +54,3 @@ class ItemsCache:
     def cache_clear(self) -> None:
         with self.lock:
             self.entries.clear()
-
-
-SMALL = ItemsCache()
-LARGE = ItemsCache()
-
-
-def span_work_items(B: int, n_items: int, n_spans: int, group: int, width: int, device: torch.device,
-                    cfg: SearchConfig) -> tuple[torch.Tensor, ...]:
-    """The work items of one pass (``make_span_items``), from SMALL for batches up to ``cfg.items_cache_max_batch``,
-    from LARGE up to ``cfg.graph_max_batch`` (``items_cache_large`` entries of up to ``items_cache_large_bytes``),
-    made afresh for batches no graph holds."""
-    key = (B, n_items, n_spans, group, width, device)
-    if B <= cfg.items_cache_max_batch:
-        return SMALL.get(key, cfg.items_cache_small)
-    if B <= cfg.graph_max_batch:
-        return LARGE.get(key, cfg.items_cache_large, cfg.items_cache_large_bytes)
-    return make_span_items(*key)

@@ -326,8 +326,8 @@ class SearchEngine:
             sorted({1, max_batch})
         # the commonest shapes (short queries, small batches) last: the graph cache drops the least recently used
         for query in reversed(queries):
-            for b in reversed(sizes):   # a batch above graph_capture_at_once queries is captured at its second search
-                for _ in range(1 + (b > self.searcher.config.graph_capture_at_once)):
+            for b in reversed(sizes):   # a batch above graphs.capture_at_once queries is captured at its second search
+                for _ in range(1 + (b > self.searcher.config.graphs.capture_at_once)):
                     self.run_batch([SearchRequest(None, query[[0] * b], self.k)])
 
     def _stack(self, parts: list[tuple[SparseVectors, np.ndarray | None]], n: int) -> SparseVectors:

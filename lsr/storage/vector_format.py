@@ -100,8 +100,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 def _not_a_vector_folder(p: Path) -> str:
     """What ``p`` is instead of a vector folder, what was expected and how to make one."""
     expected = "expects a vector folder written by lsr encode (manifest.json + Parquet shards)"
-    anserini = ("to use Anserini / pyserini JSON vectors, set search.doc_vectors to the file or folder and "
-                "search.vocab to its vocabulary in an `lsr run` config (or read them with "
+    anserini = ("to use Anserini / pyserini JSON vectors, set inputs.doc_vectors to the file or folder and "
+                "inputs.vocab to its vocabulary in an `lsr run` config (or read them with "
                 "lsr.interop.anserini.read_anserini_documents)")
     name = p.name.lower()
     if p.is_file() and name.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")):

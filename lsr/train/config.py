@@ -20,12 +20,11 @@ from lsr.config import (
     DataConfig,
     EncoderConfig,
     EvaluationConfig,
-    at_least,
     check_evaluation,
-    choice,
     config_from_dict,
     load_config,
 )
+from lsr.utils.schema import at_least, choice
 
 __all__ = ["LOSSES", "NEGATIVES", "LossConfig", "NegativesConfig", "OptimConfig", "ScheduleConfig", "TrainConfig",
            "cuda_graph_refused", "load_train_config", "train_config_from_dict"]

@@ -27,10 +27,10 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["INTERPRET", "check_tensor", "fold_row_max", "grouped_program_ids", "triton", "tl", "use_triton"]
+__all__ = ["INTERPRET", "KERNEL_IMPLS", "check_tensor", "fold_row_max", "grouped_program_ids", "triton", "tl", "use_triton"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-BACKENDS = ("auto", "triton", "torch")
+KERNEL_IMPLS = ("auto", "triton", "torch")   # a kernel call's implementation (not the search backends)
 
 
 def use_triton(backend: str, device: torch.device) -> bool:
@@ -39,7 +39,7 @@ def use_triton(backend: str, device: torch.device) -> bool:
     ``"auto"`` means Triton on CUDA and the torch twin elsewhere; ``"triton"`` insists (CUDA, or the CPU in
     interpreter mode) and raises otherwise; ``"torch"`` always takes the twin.
     """
-    if backend not in BACKENDS:
+    if backend not in KERNEL_IMPLS:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "torch":
         return False

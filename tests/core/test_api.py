@@ -55,7 +55,7 @@ def test_encoders_follow_the_protocol_without_plural_aliases():
 def test_version_and_help_show_defaults(capsys):
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("lsr ")
     assert main(["search", "--help"]) == 0
-    assert "(default: 1000)" in capsys.readouterr().out
+    assert "(default: trec)" in capsys.readouterr().out
 
 
 @pytest.mark.slow

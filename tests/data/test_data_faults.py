@@ -149,7 +149,7 @@ def test_lsr_index_on_a_json_file_says_what_it_expects_and_how_to_index_it(tmp_p
     path.write_text('{"id": "d0", "vector": {"apple": 2}}\n')
     assert main(["index", "--vectors", str(path), "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
-    assert "expects a vector folder written by lsr encode" in err and "search.doc_vectors" in err
+    assert "expects a vector folder written by lsr encode" in err and "inputs.doc_vectors" in err
     assert "corrupt" not in err and "\n" not in err and not (tmp_path / "idx").exists()
 
 

@@ -224,8 +224,10 @@ def test_coarse_twin_on_compact_postings(gen):
 
 # --------------------------------------------------------------------------------------- search
 BLOCK = SearchConfig(route="block")
-CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64, rows=2, readout=32),
-           BLOCK.replace(span=256, group=4, rows=8, chunk=64, sample_every=2)]   # 256 > block: capped at it
+CONFIGS = [BLOCK.replace(triton={"span": 32, "group": 2, "rows": 4}),
+           BLOCK.replace(triton={"span": 64, "rows": 2, "readout": 32}),
+           BLOCK.replace(triton={"span": 256, "group": 4, "rows": 8, "chunk": 64},   # 256 > block: capped at it
+                         pass1={"sample_every": 2})]
 
 
 @pytest.mark.parametrize("quantized", [False, True])
@@ -252,10 +254,10 @@ def test_compact_search_k_beyond_matches_and_empty_queries(gen):
     q = random_dense_rows(1, 30, 0.1, gen).to(DEV)
     _, comp = both_layouts(docs, 32)
     k = 120
-    s, d = gpu_search(comp, q, k, BLOCK.replace(span=32))
+    s, d = gpu_search(comp, q, k, BLOCK.replace(triton={"span": 32}))
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
-    s, d = gpu_search(comp, empty, 5, BLOCK.replace(span=32))
+    s, d = gpu_search(comp, empty, 5, BLOCK.replace(triton={"span": 32}))
     assert bool((d == -1).all()) and bool((s == 0).all())
 
 
@@ -265,9 +267,10 @@ def test_compact_coarse_pass_matches_exact(gen):
     docs = bf16_rows(600, 30, 0.2, gen)
     q = random_dense_rows(7, 30, 0.3, gen, empty_rows=1).to(DEV)
     plain, comp = both_layouts(docs, 128)
-    cfg = BLOCK.replace(span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
+    cfg = BLOCK.replace(triton={"span": 64}, pass1={"sample_every": 2}, coarse={"sample_every": 2, "min_batch": 1},
+                        graphs={"enabled": False})
     want = gpu_search(plain, q, 6, cfg)
-    got = gpu_search(comp, q, 6, cfg.replace(kernel="torch", coarse_span=128))   # the twin runs the coarse passes
+    got = gpu_search(comp, q, 6, cfg.replace(scorer="torch", coarse={"span": 128}))   # the twin runs the coarse passes
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -338,13 +341,13 @@ def test_pipeline_config_takes_the_posting_layout():
                                              (64, 1000, 8192, torch.float16), (500, 100, 1 << 16, torch.float16)])
 def test_gpu_compact_search_matches_float64_and_float32_layout(B, k, bs, weights):
     from lsr.benchmarks.synth import synth_docs, synth_queries
-    from lsr.search.plan import block_plan
+    from lsr.search.plan import plan_search
     from lsr.search.searcher import Searcher
     docs = rounded_weights(synth_docs(60_000, device="cuda"), weights)
     q = synth_queries(B, device="cuda")
     plain, comp = both_layouts(docs, bs)
     assert comp.scores.dtype == weights
-    assert block_plan(comp, q, k, SearchConfig()).kernel == "cuda", "the compact CUDA kernel compiles and serves"
+    assert plan_search(comp, q, k, BLOCK).scorer == "cuda", "the compact CUDA kernel compiles and serves"
     s, d = Searcher(comp).search(q, k=k)
     assert_exact_topk(s, d, float64_scores(q, docs), k)
     s2, d2 = Searcher(plain).search(q, k=k)

@@ -74,7 +74,7 @@ def test_lsr_run_on_two_ranks_equals_one_process(tmp_path, data_dir):
             (_job(tmp_path, "dist-splade", *splade), str(tmp_path / "log-splade")),
             (_job(tmp_path, "foreign"), str(tmp_path / "log-foreign")),  # rank 0 refuses the folder
             # rank 0 fails after encoding and indexing: the queries file is missing
-            (_job(tmp_path, "midway", "--set", f"search.query_vectors={tmp_path / 'none.tsv'}"), str(tmp_path / "log-mid")),
+            (_job(tmp_path, "midway", "--set", f"inputs.query_vectors={tmp_path / 'none.tsv'}"), str(tmp_path / "log-mid")),
             (_job(tmp_path, "bad", "--set", "search.k=0"), str(tmp_path / "log-bad"))])  # every rank refuses
 
     logs = _logs(tmp_path / "log-dist")

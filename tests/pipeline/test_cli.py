@@ -71,7 +71,7 @@ def test_run_with_pre_encoded_anserini_queries_and_pyserini_documents(tmp_path):
     out = tmp_path / "pre"
     docs_json = DATA / "splade-samples" / "seismic-toy" / "documents.jsonl"
     assert main(["run", str(REPO / "configs" / "msmarco-passage-dev-anserini-queries.yaml"), "--set", f"output={out}",
-                 "--set", "device=cpu", "--set", f"search.doc_vectors={docs_json}", "--set", "search.k=5"]) == 0
+                 "--set", "device=cpu", "--set", f"inputs.doc_vectors={docs_json}", "--set", "search.k=5"]) == 0
     run: dict[str, list[tuple[str, float]]] = {}
     for line in (out / "run.trec").read_text().splitlines():
         qid, _, docno, _, score, _ = line.split()

@@ -58,7 +58,7 @@ def test_run_and_train_configs_share_their_sections(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("encoder.kk=1", "unknown key(s) in config.encoder: ['kk'] (known: ['attention', 'b', 'batch_size', 'compile',"),
     ("metrics=[RR@10]", "unknown key(s) in config: ['metrics'] (known: ['data', 'device', 'encoder', 'evaluation', "
-                        "'index', 'name', 'output', 'rerank', 'search']); did you mean evaluation.metrics?"),
+                        "'index', 'inputs', 'name', 'output', 'rerank', 'search']); did you mean evaluation.metrics?"),
     ("search.k=ten", "config.search.k must be int, got 'ten'"),
     ("search.k=0", "config.search.k must be >= 1, got 0"),
     ("search.k=99999999999999999999999", "config.search.k must be >= 1 and <= 9223372036854775807, got 9999"),
@@ -68,6 +68,8 @@ def test_run_and_train_configs_share_their_sections(tmp_path):
     ("encoder.tokenize_workers=5000", "config.encoder.tokenize_workers must be an integer in [0, 1024], got 5000"),
     ("encoder.k1=.inf", "config.encoder.k1 must be a finite number, got inf"),
     ("search.backend=triton", "config.search.backend must be one of auto, torch, gpu, got 'triton'"),
+    ("search.graphs.enabled=maybe", "config.search.graphs.enabled must be bool, got 'maybe'"),
+    ("search.doc_vectors=d", "config.search.doc_vectors is now inputs.doc_vectors: rename the key"),
     ("rerank.maxsim=cuda", "config.rerank.maxsim must be one of auto, triton, torch, got 'cuda'"),
     ("encoder.dtype=int8", "config.encoder.dtype must be one of bfloat16, bf16, float16, fp16, float32, fp32"),
     ("data=5", "config.data must be a mapping of keys to values, got 5"),

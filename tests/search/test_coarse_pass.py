@@ -3,7 +3,7 @@ lsr.search.block_path's coarse passes 1 and 2): the twin against brute force, th
 (``coarse_floor``, ``coarse_theta``), the fallbacks to the exact pass, and the CUDA kernel against the twin.
 
 Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py) with the twin standing in for the CUDA kernel
-(``SearchConfig(kernel="torch")``, which runs the coarse pass too); the ``gpu`` tests compare the kernel itself.
+(``SearchConfig(scorer="torch")``, which runs the coarse pass too); the ``gpu`` tests compare the kernel itself.
 What the fallback chain did is read from ``gpu_search``'s ``trace``.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lsr.index.inverted import InvertedIndex
-from lsr.search.config import SearchConfig
+from lsr.search.config import CoarseTuning, SearchConfig
 from lsr.search.gpu_search import gpu_search
 from lsr.search.kernels import block, bucket_select, topk
 from lsr.search.kernels.coarse import COARSE_KEY_SHIFT, COARSE_SHIFT, coarse_floor, coarse_theta, coarse_unusual
@@ -38,8 +38,9 @@ def csr_of(q: SparseVectors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 # the block route on the Triton kernel (exact pass 2 only on the CPU), and the same with the twin scoring both
 # passes on coarse sums (coarse pass 2 from one query on)
-EXACT = SearchConfig(route="block", span=64, sample_every=2, coarse_sample_every=2, coarse_min_batch=1, graphs=False)
-COARSE = EXACT.replace(kernel="torch", coarse_span=128)
+EXACT = SearchConfig(route="block", triton={"span": 64}, pass1={"sample_every": 2},
+                     coarse={"sample_every": 2, "min_batch": 1}, graphs={"enabled": False})
+COARSE = EXACT.replace(scorer="torch", coarse={"span": 128})
 
 
 def sent(trace: list, field: str) -> int:
@@ -160,16 +161,16 @@ def test_search_coarse_pass_matches_exact(gen):
     got = gpu_search(index, q, k, COARSE, trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert sent(trace, "redo") <= 1, "only the empty query (no theta) needs the exact pass"
-    no_margin = COARSE.replace(coarse_margin_min=0, coarse_margin_share=0)   # lists of exactly k: incomplete
-    for cells in (SearchConfig.rescue_cells, 0):   # settled from all candidates inside the chunk, then on the host
+    no_margin = COARSE.replace(coarse={"margin_min": 0, "margin_share": 0})   # lists of exactly k: incomplete
+    for cells in (CoarseTuning.rescue_cells, 0):   # settled from all candidates inside the chunk, then on the host
         trace = []
-        got = gpu_search(index, q, k, no_margin.replace(rescue_cells=cells), trace=trace)
+        got = gpu_search(index, q, k, no_margin.replace(coarse={"rescue_cells": cells}), trace=trace)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert sent(trace, "redo") <= 1
         assert (sent(trace, "rescue") >= 2) == (cells == 0), "incomplete lists are settled from their candidates"
     # and slots overflow: 2 per coarse span, while the first span holds 12 copies of a doc with every term at
     # the largest weight (each non-empty query's top k, so above its floor), whatever the random draw
-    tight = no_margin.replace(rescue_cells=0, slots_per_span=1)
+    tight = no_margin.replace(coarse={"rescue_cells": 0}, pass2={"slots_per_span": 1})
     heavy = torch.full((12, 30), float(docs.values.max()), device=DEV)
     tied = SparseVectors.concat([SparseVectors.from_dense(heavy, [f"tie{i}" for i in range(12)]), docs])
     trace = []
@@ -177,7 +178,7 @@ def test_search_coarse_pass_matches_exact(gen):
     assert_exact_topk(*got, float64_scores(q, tied), k)
     assert sent(trace, "redo") == int((q.indptr.diff() > 0).sum()), "overflowed slots send queries to the exact pass"
     trace = []
-    got = gpu_search(index, q, k, tight.replace(coarse_min_batch=8), trace=trace)  # 7 queries < 8
+    got = gpu_search(index, q, k, tight.replace(coarse={"min_batch": 8}), trace=trace)  # 7 queries < 8
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert sent(trace, "redo") == 0 and sent(trace, "rescue") == 0, "no coarse pass, so nothing to redo"
 
@@ -190,7 +191,7 @@ def test_coarse_floor_from_a_sampled_key_is_checked(gen):
     non-empty query lets fewer than k docs through, fails the check and is settled by the exact pass 2; with a
     rank between, the bits are the exact pass's whichever way the check goes."""
     from lsr.search.kernels import coarse
-    min_k = SearchConfig.sampled_rank_min_k
+    min_k = CoarseTuning.sampled_rank_min_k
     assert coarse.sampled_rank(10, 1 / 16, min_k) == 10 and coarse.sampled_rank(1000, 1 / 16, min_k) < 1000 // 8
     assert coarse.sampled_rank(min_k, 1.0, min_k) == min_k
     docs = rand_vectors(600, 30, 0.2, gen)
@@ -202,25 +203,25 @@ def test_coarse_floor_from_a_sampled_key_is_checked(gen):
     want = gpu_search(index, q, k, EXACT)
     assert_exact_topk(*want, float64_scores(q, docs), k)
     trace = []
-    got = gpu_search(index, q, k, COARSE.replace(floor_rank=1), trace=trace)
+    got = gpu_search(index, q, k, COARSE.replace(coarse={"floor_rank": 1}), trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     non_empty = torch.nonzero(q.indptr.diff() > 0).flatten().tolist()
     assert set(non_empty) <= set(redone(trace)), "every such query was redone"
-    got = gpu_search(index, q, k, COARSE.replace(floor_rank=k // 2))
+    got = gpu_search(index, q, k, COARSE.replace(coarse={"floor_rank": k // 2}))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_sampled_floor_end_to_end_at_large_k(gen):
     """k = 256 with the real rank (pass 1 samples half of 64 spans: the floor's key is the sampled rank, not
     the 256th): the top k equals the float64 reference, whether or not a query needed the exact pass 2."""
-    from lsr.search.plan import plan_batch
+    from lsr.search.plan import plan_search
     docs = random_dense_rows(65536, 40, 0.05, gen, device=DEV)
     q = random_dense_rows(6, 40, 0.15, gen, empty_rows=1, device=DEV)
     index = InvertedIndex.build(docs, device=DEV, block_size=1024, postings="float32")
-    k = SearchConfig.sampled_rank_min_k
-    cfg = SearchConfig(route="block", kernel="torch", span=1024, coarse_span=2048, coarse_sample_every=4,
-                       coarse_min_batch=1, graphs=False)
-    plan = plan_batch(index, q, k, cfg)
+    k = CoarseTuning.sampled_rank_min_k
+    cfg = SearchConfig(route="block", scorer="torch", triton={"span": 1024},
+                       coarse={"span": 2048, "sample_every": 4, "min_batch": 1}, graphs={"enabled": False})
+    plan = plan_search(index, q, k, cfg)
     assert plan.block.coarse.sampled and plan.block.coarse.floor_rank < k, "the sampled rank, below k, sets the floor"
     assert "sampled, checked" in plan.describe()
     got = gpu_search(index, q, k, cfg)
@@ -255,7 +256,7 @@ def test_sampled_floor_above_a_tie_with_k_docs_through_is_redone(monkeypatch):
     scale, _ = query_scales(*csr_of(q), index.max_scores)
     assert coarse_floor(theta, scale, q.indptr).tolist() == [s + 1], "the floor lets B through, not A"
     trace = []
-    got = gpu_search(index, q, k, COARSE.replace(floor_rank=1), trace=trace)
+    got = gpu_search(index, q, k, COARSE.replace(coarse={"floor_rank": 1}), trace=trace)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert redone(trace) == [0], "the check sent the query to the exact pass 2"
 
@@ -302,11 +303,12 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     """CTAs per SM the CUDA kernel is compiled for stay within 2048 threads, and the coarse passes only take
     spans whose read-out fits (64 rows of 128 docs a warp at most, one row a warp at least; a CPU check of the
     choices the GPU tests rely on)."""
+    from lsr.search.block_planner import coarse_choice
     from lsr.search.kernels import block_cuda
-    from lsr.search.plan import coarse_choice
+    from lsr.search.scorers import scorer
 
-    def coarse_span(cfg: SearchConfig, index: InvertedIndex) -> int | None:
-        return coarse_choice(cfg, index, "cuda", cfg.coarse_min_batch)[0]
+    def coarse_span(cfg: SearchConfig, index: InvertedIndex) -> int | None:   # pass 1 on the CUDA span
+        return coarse_choice(cfg, index, scorer("cuda"), cfg.cuda.span, 1, cfg.coarse.min_batch)[0]
 
     for warps in (1, 2, 4, 8, 16, 32):
         for coarse in (False, True):
@@ -315,12 +317,12 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
     assert (block_cuda._min_ctas(16, True), block_cuda._min_ctas(16, False)) == (3, 2)
     docs = random_dense_rows(40_000, 8, 0.3, seeded_generator())
     index = InvertedIndex.build(docs, block_size=1 << 16, postings="float32")
-    assert coarse_span(SearchConfig(cuda_warps=4), index) == 32768
-    assert coarse_span(SearchConfig(cuda_warps=2), index) is None     # 32768 docs need 128 rows a warp
-    assert coarse_span(SearchConfig(cuda_warps=2, coarse_span=8192), index) == 8192
+    assert coarse_span(SearchConfig(cuda={"warps": 4}), index) == 32768
+    assert coarse_span(SearchConfig(cuda={"warps": 2}), index) is None     # 32768 docs need 128 rows a warp
+    assert coarse_span(SearchConfig(cuda={"warps": 2}, coarse={"span": 8192}), index) == 8192
     # pass 1 runs in coarse mode on the plan's span (the CUDA span): 16 warps read rows of 128 docs, 2048 at least
-    assert coarse_span(SearchConfig(span=1024, cuda_warps=16), index) is None
-    assert coarse_span(SearchConfig(span=2048, cuda_warps=16), index) == 32768
+    assert coarse_span(SearchConfig(cuda={"span": 1024, "warps": 16}), index) is None
+    assert coarse_span(SearchConfig(cuda={"span": 2048, "warps": 16}), index) == 32768
 
 
 
@@ -328,11 +330,11 @@ def test_cuda_kernel_launch_bounds_and_coarse_span_fit():
 @pytest.mark.gpu
 def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
     from lsr.search.kernels import block_cuda
-    from lsr.search.plan import plan_batch
+    from lsr.search.plan import plan_search
     docs, q = (v.to("cuda") for v in _extreme_weights(torch.Generator(device="cpu").manual_seed(3), 40000))
     index = InvertedIndex.build(docs, device="cuda", block_size=1024)
-    cfg = SearchConfig(coarse_min_batch=1)
-    assert plan_batch(index, q, 5, cfg).block.coarse is not None, "the search runs the coarse pass"
+    cfg = SearchConfig(coarse={"min_batch": 1})
+    assert plan_search(index, q, 5, cfg).block.coarse is not None, "the search runs the coarse pass"
     span = 2048   # the coarse read-outs take rows of 128 docs a warp: 16 warps need 2048 docs
     off = span_offsets(index, span)
     scale, inv = query_scales(*csr_of(q), index.max_scores)
@@ -349,6 +351,6 @@ def test_gpu_cuda_coarse_flags_factor_outside_float32(gen):
                                             coarse_rows=True)[0]
     assert torch.equal(rows, block.torch_block_candidates(*args, items, rows.numel(), coarse_rows=True)[0])
     assert bool((rows.view(4, -1)[0] == -1).all()) and bool((rows.view(4, -1)[1:] >= 0).any())
-    want = gpu_search(index, q, 5, cfg.replace(coarse=False))
+    want = gpu_search(index, q, 5, cfg.replace(coarse={"enabled": False}))
     got = gpu_search(index, q, 5, cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -12,11 +12,12 @@ import torch
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.gpu_search import gpu_search
+from lsr.search.index_cache import index_cache
 from lsr.sparse import SparseVectors
 from lsr.testing import assert_exact_topk, float64_scores
 
 BLOCK = SearchConfig(route="block")
-EAGER = BLOCK.replace(graphs=False)
+EAGER = BLOCK.replace(graphs={"enabled": False})
 
 
 def build_index(docs: SparseVectors, block_size: int) -> InvertedIndex:
@@ -34,9 +35,8 @@ def fake_capture(made: list | None = None):
 
 @pytest.mark.gpu
 def test_gpu_block_graphs_match_eager():
-    """Batches up to graph_max_batch replay a captured CUDA graph: same bits as the eager path, with the
+    """Batches up to graphs.max_batch replay a captured CUDA graph: same bits as the eager path, with the
     graph's buffers reused by queries of other lengths, and with overflowed spans rescored."""
-    import lsr.search.graphs as sg
     from lsr.benchmarks.synth import synth_docs, synth_queries
     docs = synth_docs(40_000, device="cuda")
     index = build_index(docs, 2048)
@@ -60,16 +60,16 @@ def test_gpu_block_graphs_match_eager():
     assert_exact_topk(*got, float64_scores(skewed, docs), 50)
     # a batch split into one-query chunks: the long query's chunk holds more terms than its share of the mean
     # bound, so it runs eagerly instead of overrunning a graph's term buffer
-    got = gpu_search(index, skewed, 50, BLOCK.replace(candidate_budget=1))
+    got = gpu_search(index, skewed, 50, BLOCK.replace(pass2={"candidate_budget": 1}))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    held = sg.graph_cache(index).graphs
+    held = index_cache(index).graphs.graphs
     assert held and all(g is not None for g in held.values()), "captured, not eager"
     alone = [gpu_search(index, queries[i:i + 1], 50, BLOCK) for i in range(4)]
     batch = gpu_search(index, queries[:4], 50, BLOCK)
     assert torch.equal(torch.cat([a[0] for a in alone]), batch[0]) and torch.equal(torch.cat([a[1] for a in alone]), batch[1])
     q = queries[:2]   # 8 slots a span: most spans overflow, and the host-side fix runs
-    got = gpu_search(index, q, 200, BLOCK.replace(slots_per_span=8))
-    want = gpu_search(index, q, 200, EAGER.replace(slots_per_span=8))
+    got = gpu_search(index, q, 200, BLOCK.replace(pass2={"slots_per_span": 8}))
+    want = gpu_search(index, q, 200, EAGER.replace(pass2={"slots_per_span": 8}))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert_exact_topk(*got, float64_scores(q, docs), 200)
 
@@ -100,7 +100,6 @@ def test_gpu_block_graphs_share_one_pool():
     sizes replayed in a shuffled order give the eager path's bits, and hold less memory than private pools."""
     import random
 
-    import lsr.search.graphs as sg
     from lsr.benchmarks.synth import synth_docs, synth_queries
     docs = synth_docs(200_000, device="cuda")
     queries = synth_queries(400, device="cuda")
@@ -117,14 +116,14 @@ def test_gpu_block_graphs_share_one_pool():
         return sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) in pools)
 
     for shared in (False, True):
-        graphed = BLOCK.replace(graph_shared_pool=shared, graph_bytes=1 << 40)   # (none dropped)
+        graphed = BLOCK.replace(graphs={"shared_pool": shared, "bytes": 1 << 40})   # (none dropped)
         index = build_index(docs, 2048)
         for B in sizes:   # kernels compiled and tuned before any capture
             gpu_search(index, queries[:B], 1000, eager)
-        for B in sizes:   # batches above graph_capture_at_once are captured at their second search
+        for B in sizes:   # batches above graphs.capture_at_once are captured at their second search
             gpu_search(index, queries[:B], 1000, graphed)
             gpu_search(index, queries[:B], 1000, graphed)
-        graphs = sg.graph_cache(index)
+        graphs = index_cache(index).graphs
         assert all(g is not None for g in graphs.graphs.values()) and len(graphs.graphs) == len(sizes)
         held[shared] = pool_bytes(graphs)
         assert (graphs.pool is not None) == shared
@@ -141,7 +140,7 @@ def test_gpu_block_graphs_share_one_pool():
 
 
 def test_trim_graphs_keeps_count_and_bytes_within_bounds():
-    """The graph cache drops its least recently used entries beyond graph_cache graphs or graph_bytes of kept
+    """The graph cache drops its least recently used entries beyond graphs.cache graphs or graphs.bytes of kept
     memory; failed captures (None) count no bytes, and the newest graph stays even when it alone is over."""
     from collections import OrderedDict
 
@@ -161,8 +160,8 @@ def test_trim_graphs_keeps_count_and_bytes_within_bounds():
 
 @pytest.mark.gpu
 def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget():
-    """Batches above 64 queries (up to graph_max_batch) replay graphs too, captured at their shape's second search
-    (the first runs eagerly), with the eager path's bits; the graphs of an index keep at most graph_bytes (the
+    """Batches above 64 queries (up to graphs.max_batch) replay graphs too, captured at their shape's second search
+    (the first runs eagerly), with the eager path's bits; the graphs of an index keep at most graphs.bytes (the
     least recently used dropped, the newest kept)."""
     import lsr.search.graphs as sg
     from lsr.benchmarks.synth import synth_docs, synth_queries
@@ -183,12 +182,12 @@ def test_gpu_large_batch_graphs_match_eager_within_the_memory_budget():
         search_and_compare(q, k)   # the same shape (batch size, query-length bucket, k): captured now
         before += 1
         assert sg.captures() == before
-    held = sg.graph_cache(index).graphs
+    held = index_cache(index).graphs.graphs
     assert len(held) == 2 and all(g is not None and g.bytes > 0 for g in held.values())
     search_and_compare(queries[33:133], 10)              # replayed: no capture
     assert sg.captures() == before
-    for _ in range(2):   # graph_bytes=1: every older graph is over the budget now
-        search_and_compare(queries[:200], 100, BLOCK.replace(graph_bytes=1))
+    for _ in range(2):   # graphs.bytes=1: every older graph is over the budget now
+        search_and_compare(queries[:200], 100, BLOCK.replace(graphs={"bytes": 1}))
     assert len(held) == 1 and sg.captures() == before + 1
 
 
@@ -202,7 +201,7 @@ def test_graph_cache_bookkeeping_holds_under_threads():
 
     import lsr.search.graphs as sg
 
-    cache, cfg = sg.GraphCache(fake_capture()), SearchConfig(graph_cache=4, graph_bytes=300)
+    cache, cfg = sg.GraphCache(fake_capture()), SearchConfig(graphs={"cache": 4, "bytes": 300}).graphs
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)   # switch threads as often as possible
     errors = []
@@ -238,7 +237,7 @@ def test_a_large_batch_shape_is_captured_once():
     import lsr.search.graphs as sg
 
     made = []
-    cache, cfg = sg.GraphCache(fake_capture(made)), SearchConfig(graph_bytes=250)   # room for one large graph
+    cache, cfg = sg.GraphCache(fake_capture(made)), SearchConfig(graphs={"bytes": 250}).graphs   # one large graph
     look = lambda B: cache.lookup(None, B, 0, ("shape", B), cfg, torch.device("cpu"))  # noqa: E731
     assert look(200) is None and made == []               # first search: eager
     assert look(200).bytes == 200 and made == [200]       # second: captured
@@ -261,7 +260,7 @@ def test_gpu_search_graph_fallback_leaves_the_process_usable():
     cache = GraphCache()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graph = cache.lookup(lambda *_: x * float(x.sum().item()), 1, 8, "key", BLOCK,
+        graph = cache.lookup(lambda *_: x * float(x.sum().item()), 1, 8, "key", BLOCK.graphs,
                              torch.device("cuda"))
     assert graph is None and any("capture" in str(w.message) for w in caught)
     torch.nn.Linear(64, 32, device="cuda")

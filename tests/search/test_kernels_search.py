@@ -118,25 +118,26 @@ def test_csr_matches_twin_scatter_and_float64(gen, B):
 # --------------------------------------------------------------------------------------- top-k
 def test_terms_bucket_is_the_next_power_of_two_from_64():
     """The query-length bucket (one compile and one CUDA graph each) by integer bit arithmetic."""
-    from lsr.search.block_plan import terms_bucket
+    from lsr.search.kernels import terms_bucket
     want = [next(p for p in (2 ** i for i in range(6, 13)) if p >= n) for n in range(0, 3000)]   # smallest >= n
     assert [terms_bucket(n) for n in range(0, 3000)] == want
     assert terms_bucket(64) == 64 and terms_bucket(65) == 128 and terms_bucket(128) == 128 and terms_bucket(129) == 256
 
 
 def test_terms_bound_holds_every_term_of_a_skewed_batch():
-    """The block path's query-length bound: the longest query for the Triton kernel; for the CUDA kernel the mean,
-    whose bucket times B still holds every term of the batch (a CUDA graph's term buffer), with no host sync."""
-    from lsr.search.block_plan import terms_bucket
-    from lsr.search.plan import terms_bound
+    """The block path's query-length bound: the longest query for a scorer that needs it (Triton); for one that
+    reads any length (CUDA) the mean, whose bucket times B still holds every term of the batch (a CUDA graph's term
+    buffer), with no host sync."""
+    from lsr.search.block_planner import terms_bound
+    from lsr.search.kernels import terms_bucket
     dense = torch.zeros(5, 400)
     dense[0, :300] = 1.0                                   # one long query, four of 3 terms
     dense[1:, :3] = 1.0
     q = SparseVectors.from_dense(dense.to(DEV))
-    assert terms_bound(q, cuda_kernel=False) == 300
-    assert terms_bound(q, cuda_kernel=True) == 63          # ceil(312 / 5)
-    assert 5 * terms_bucket(terms_bound(q, cuda_kernel=True)) >= q.nnz
-    assert terms_bound(q[:1], cuda_kernel=True) == terms_bound(q[:1], cuda_kernel=False) == 300
+    assert terms_bound(q, any_length=False) == 300
+    assert terms_bound(q, any_length=True) == 63          # ceil(312 / 5)
+    assert 5 * terms_bucket(terms_bound(q, any_length=True)) >= q.nnz
+    assert terms_bound(q[:1], any_length=True) == terms_bound(q[:1], any_length=False) == 300
 
 
 def test_keys_roundtrip_and_order(gen):
@@ -251,8 +252,9 @@ def test_span_offsets_cover_each_span(gen):
 
 # --------------------------------------------------------------------------------------- gpu_search
 BLOCK = SearchConfig(route="block")
-SEARCH_CONFIGS = [BLOCK.replace(span=32, group=2, rows=4), BLOCK.replace(span=64, rows=2, readout=32),
-                  BLOCK.replace(span=32, group=4, rows=8, chunk=64, sample_every=2)]
+SEARCH_CONFIGS = [BLOCK.replace(triton={"span": 32, "group": 2, "rows": 4}),
+                  BLOCK.replace(triton={"span": 64, "rows": 2, "readout": 32}),
+                  BLOCK.replace(triton={"span": 32, "group": 4, "rows": 8, "chunk": 64}, pass1={"sample_every": 2})]
 
 
 @pytest.mark.parametrize("quantized", [False, True])
@@ -284,10 +286,10 @@ def test_search_k_beyond_matches_and_single_query(gen):
     index = build_index(docs, 32)
     k = 120  # more than docs, far more than matching docs
     for route in ("block", "dense-scatter", "auto"):
-        s, d = gpu_search(index, q, k, SearchConfig(route=route, span=32))
+        s, d = gpu_search(index, q, k, SearchConfig(route=route, triton={"span": 32}))
         assert_exact_topk(s, d, float64_scores(q, docs), k)
     empty = SparseVectors([0, 0, 0], [], [], vocab_size=30, device=DEV)
-    s, d = gpu_search(index, empty, 5, BLOCK.replace(span=32))
+    s, d = gpu_search(index, empty, 5, BLOCK.replace(triton={"span": 32}))
     assert bool((d == -1).all()) and bool((s == 0).all())
 
 
@@ -296,7 +298,8 @@ def test_search_overflow_is_rescored(gen):
     q = rand_vectors(3, 12, 0.5, gen, quantized=True)
     index = build_index(docs, 64)
     trace = []
-    cfg = BLOCK.replace(span=64, sample_every=4, slots_per_span=2)   # every busy span overflows its 2 slots
+    # every busy span overflows its 2 slots
+    cfg = BLOCK.replace(triton={"span": 64}, pass1={"sample_every": 4}, pass2={"slots_per_span": 2})
     s, d = gpu_search(index, q, 40, cfg, trace=trace)
     assert_exact_topk(s, d, float64_scores(q, docs), 40)
     assert trace[0].overflow > 0, "the overflow fallback ran"
@@ -306,7 +309,7 @@ def test_search_query_terms_outside_index_vocab(gen):
     docs = rand_vectors(60, 20, 0.3, gen)
     index = build_index(docs, 32)
     q = SparseVectors([0, 2, 3], [3, 25, 29], [1.0, 2.0, 0.5], vocab_size=30, device=DEV)
-    s, d = gpu_search(index, q, 5, BLOCK.replace(span=32))
+    s, d = gpu_search(index, q, 5, BLOCK.replace(triton={"span": 32}))
     ref = torch.cat([float64_scores(SparseVectors([0, 1], [3], [1.0], vocab_size=20, device=DEV), docs),
                      torch.zeros(1, 60, dtype=torch.float64, device=DEV)])
     assert_exact_topk(s, d, ref, 5)
@@ -324,32 +327,32 @@ def test_search_rejects_bad_arguments(gen):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_block_path_falls_back_to_triton_kernel_without_cuda(gen):
     from lsr.search.kernels import block_cuda
-    from lsr.search.plan import block_plan
+    from lsr.search.plan import plan_search
     docs = rand_vectors(150, 28, 0.3, gen)
     index = build_index(docs, 32)
     assert not block_cuda.usable(index.doc_ids, index.scores, 8192)
     q = rand_vectors(3, 28, 0.3, gen)
-    plan = block_plan(index, q, 5, SearchConfig())
-    assert plan.kernel == "triton" and plan.scorer.func is block.triton_block_candidates
-    assert plan.cfg.span == 256   # the collection, rounded up
-    with pytest.raises(RuntimeError, match="kernel='cuda'"):
-        gpu_search(index, q, 5, BLOCK.replace(kernel="cuda"))
-    with pytest.raises(ValueError, match="SearchConfig.kernel must be one of"):
-        SearchConfig(kernel="nope")
+    plan = plan_search(index, q, 5, BLOCK).block
+    assert plan.scorer == "triton" and plan.launch.fn.func is block.triton_block_candidates
+    assert plan.span == 256   # the collection, rounded up
+    with pytest.raises(RuntimeError, match="scorer='cuda'"):
+        gpu_search(index, q, 5, BLOCK.replace(scorer="cuda"))
+    with pytest.raises(ValueError, match="SearchConfig.scorer must be one of"):
+        SearchConfig(scorer="nope")
 
 
 # --------------------------------------------------------------------------------------- GPU only
 # the tuning these cases were written with (the small-batch defaults, whatever the batch size)
-SMALL = SearchConfig(route="block", rows=8, num_warps=4, per_sm=8, coarse_sample_every=32)
+SMALL = SearchConfig(route="block", triton={"rows": 8, "num_warps": 4, "per_sm": 8}, coarse={"sample_every": 32})
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [SMALL, SMALL.replace(group=2, rows=32), SMALL.replace(kernel="triton"),
-                                 SMALL.replace(span=4096, chunk=64, kernel="triton"),
-                                 SMALL.replace(cuda_span=1024, cuda_warps=4),
-                                 SMALL.replace(rows=32, num_warps=8, per_sm=2, kernel="triton"),
-                                 SMALL.replace(cuda_span=16384), SMALL.replace(coarse=False),
-                                 SMALL.replace(coarse_span=8192)])
+@pytest.mark.parametrize("cfg", [SMALL, SMALL.replace(triton={"group": 2, "rows": 32}), SMALL.replace(scorer="triton"),
+                                 SMALL.replace(scorer="triton", triton={"span": 4096, "chunk": 64}),
+                                 SMALL.replace(cuda={"span": 1024, "warps": 4}),
+                                 SMALL.replace(scorer="triton", triton={"rows": 32, "num_warps": 8, "per_sm": 2}),
+                                 SMALL.replace(cuda={"span": 16384}), SMALL.replace(coarse={"enabled": False}),
+                                 SMALL.replace(coarse={"span": 8192})])
 def test_gpu_block_search_synthetic(cfg):
     from lsr.benchmarks.synth import synth_docs, synth_queries
     docs = synth_docs(60_000, device="cuda")

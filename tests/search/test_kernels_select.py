@@ -40,12 +40,12 @@ CASES = [(1, 5000, 1000, 0.7, False), (3, 3000, 10, 0.5, True), (2, 700, 1000, 0
          (5, 4100, 64, 0.95, False), (2, 300, 7, 1.0, False)]
 
 
-@pytest.mark.parametrize("rank_max_k", [0, 1 << 30])   # the gathered slots through torch.topk / the rank kernel
+@pytest.mark.parametrize("by_rank", [False, True])   # the gathered slots through torch.topk / the rank kernel
 @pytest.mark.parametrize("B,C,k,empty,ties", CASES)
-def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties, rank_max_k):
+def test_bucket_topk_is_torch_topk(gen, B, C, k, empty, ties, by_rank):
     """The k largest keys, sorted, -1 padded; no row of these flags an overflow."""
     keys = random_keys(gen, B, C, empty, ties)
-    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
+    top, overflow = bucket_select.bucket_topk(keys, k, slots=bucket_select.select_slots(k), by_rank=by_rank)
     assert not bool(overflow.any())
     assert torch.equal(top, row_topk(keys, k))
 
@@ -70,7 +70,7 @@ def test_bucket_topk_flags_rows_whose_ties_overflow(gen):
     keys = random_keys(gen, 2, 6000, 0.1, False)
     tied = topk.pack_keys(torch.full((1, 6000), 7.0), torch.arange(6000).unsqueeze(0)).to(DEV)
     keys[1] = tied[0]
-    top, overflow = bucket_select.bucket_topk(keys, 10)
+    top, overflow = bucket_select.bucket_topk(keys, 10, slots=bucket_select.select_slots(10), by_rank=True)
     assert overflow.tolist() == [False, True]
     assert torch.equal(top[0], row_topk(keys[:1], 10)[0])
 
@@ -81,8 +81,9 @@ def test_block_search_reselects_overflowed_rows(gen):
     docs = rand_vectors(300, 20, 0.3, gen, quantized=True)        # few distinct scores: ties at the k-th
     q = rand_vectors(4, 20, 0.4, gen, quantized=True, empty_rows=1)
     index = InvertedIndex.build(docs, device=DEV, block_size=32)
-    cfg = SearchConfig(route="block", span=32, select_slots=16)   # fewer slots than k: rows of more keys overflow
-    for cfg in (cfg.replace(coarse=False), cfg):
+    # fewer slots than k: rows of more keys overflow
+    cfg = SearchConfig(route="block", triton={"span": 32}, selection={"slots": 16})
+    for cfg in (cfg.replace(coarse={"enabled": False}), cfg):
         trace = []
         s, d = gpu_search(index, q, 30, cfg, trace=trace)
         assert_exact_topk(s, d, float64_scores(q, docs), 30)
@@ -109,12 +110,12 @@ def test_triton_query_scales_is_query_scales(gen, lens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rank_max_k", [0, 1 << 30])
+@pytest.mark.parametrize("by_rank", [False, True])
 @pytest.mark.parametrize("B,C,k", [(1, 68800, 1000), (1, 17408, 10), (64, 68864, 1125), (500, 17408, 1000),
                                    (500, 17408, 1500)])
-def test_gpu_bucket_selection_at_search_shapes(gen, B, C, k, rank_max_k):
+def test_gpu_bucket_selection_at_search_shapes(gen, B, C, k, by_rank):
     keys = random_keys(gen, B, C, 0.75, False)
-    top, overflow = bucket_select.bucket_topk(keys, k, rank_max_k=rank_max_k, rank_max_b=0 if rank_max_k == 0 else 1 << 30)
+    top, overflow = bucket_select.bucket_topk(keys, k, slots=bucket_select.select_slots(k), by_rank=by_rank)
     assert not bool(overflow.any()) and torch.equal(top, row_topk(keys, k))
     got = bucket_select._levels(keys, k)
     assert all(torch.equal(a, b) for a, b in zip(got, bucket_select.torch_bucket_levels(keys, k)))
@@ -155,13 +156,13 @@ def test_gpu_graphs_keep_their_work_items():
     """A captured graph reads the cached work items; dropping the cache (and reusing its memory) must not
     change what the graph's replays return."""
     from lsr.benchmarks.synth import synth_docs, synth_queries
-    from lsr.search import work_items
+    from lsr.search.index_cache import index_cache
     docs = synth_docs(40_000, device="cuda")
     index = InvertedIndex.build(docs, device="cuda", block_size=2048)
     q = synth_queries(3, device="cuda")
-    want = gpu_search(index, q[:1], 100, SearchConfig(route="block", graphs=False))
+    want = gpu_search(index, q[:1], 100, SearchConfig(route="block", graphs={"enabled": False}))
     gpu_search(index, q[:1], 100, SearchConfig(route="block"))         # captures the graph
-    work_items.SMALL.cache_clear()                     # the items' blocks go back to the allocator ...
+    index_cache(index).items_small.cache_clear()       # the items' blocks go back to the allocator ...
     clobber = [torch.full((n,), 7, dtype=torch.int64, device="cuda") for n in (8, 16, 32, 64) for _ in range(500)]
     got = gpu_search(index, q[:1], 100, SearchConfig(route="block"))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -46,10 +46,10 @@ def test_cpu_keys_take_the_twin():
 
 
 def test_bucket_topk_without_the_rank_kernel_reads_only_the_gathered_slots(poison):
-    """bucket_topk's sorting branch (k > rank_max_k and B > rank_max_b) leaves the slots past each row's count
-    unwritten (torch.empty, poisoned here): the selection must read only the counted prefix."""
+    """bucket_topk's sorting branch (``by_rank=False``) leaves the slots past each row's count unwritten
+    (torch.empty, poisoned here): the selection must read only the counted prefix."""
     keys = unique_keys(5, 3000, 0.6, torch.Generator().manual_seed(2), DEV)
-    got, reselect = bucket_select.bucket_topk(keys, 40, rank_max_k=4, rank_max_b=2)
+    got, reselect = bucket_select.bucket_topk(keys, 40, slots=bucket_select.select_slots(40), by_rank=False)
     assert not bool(reselect.any())
     assert torch.equal(got.cpu(), reference(keys.cpu(), 40))
 

@@ -1,6 +1,6 @@
 """The plan cache (lsr.search.plan): a search reuses the plan of an earlier one with the same index, batch size, k,
-config and query-length bucket, keeps at most ``SearchConfig.plan_cache`` per index, and holds the index only
-weakly; and the work-items cache (lsr.search.work_items) keeps to its count and byte bounds."""
+config and query-length bucket, keeps at most ``SearchConfig.caches.plans`` per index (lsr.search.index_cache), and
+holds the index only weakly; and the work-items cache (lsr.search.work_items) keeps to its count and byte bounds."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.gpu_search import gpu_search
-from lsr.search.plan import block_plan, cached_plan_keys
+from lsr.search.index_cache import index_cache
+from lsr.search.plan import plan_search
 from lsr.sparse import SparseVectors
 from lsr.testing import random_dense_rows, seeded_generator
 from tests.conftest import DEV
@@ -33,18 +34,18 @@ def test_plans_are_reused_bounded_and_hold_the_index_weakly():
     docs = random_dense_rows(200, 50, 0.2, gen, device=DEV)
     q = random_dense_rows(4, 50, 0.3, gen, device=DEV)
     index = InvertedIndex.build(docs, device=DEV, block_size=64)
-    cfg = SearchConfig(route="block", span=64, plan_cache=3)
-    a = block_plan(index, queries_of([16, 3, 3, 3], 50), 10, cfg)
-    b = block_plan(index, queries_of([40, 3, 3, 3], 50), 10, cfg)   # another length, the same bucket (64 terms)
-    assert a.scorer is b.scorer and a.index is index, "the cached parts (a new scorer partial otherwise)"
-    assert block_plan(index, queries_of([16, 3, 3, 3], 50), 11, cfg).k == 11, "another k: another plan"
+    cfg = SearchConfig(route="block", triton={"span": 64}, caches={"plans": 3})
+    a = plan_search(index, queries_of([16, 3, 3, 3], 50), 10, cfg).block
+    b = plan_search(index, queries_of([40, 3, 3, 3], 50), 10, cfg).block   # another length, the same bucket (64)
+    assert a is b and a.index.n_docs == index.n_docs, "the cached plan"
+    assert plan_search(index, queries_of([16, 3, 3, 3], 50), 11, cfg).k == 11, "another k: another plan"
     for B in (1, 2, 3):
-        block_plan(index, queries_of([16] * B, 50), 10, cfg)
-    assert [key[:2] for key in cached_plan_keys(index)] == [(1, 10), (2, 10), (3, 10)], \
-        "at most plan_cache plans, the least recently used went first"
+        plan_search(index, queries_of([16] * B, 50), 10, cfg)
+    assert [key[:2] for key in index_cache(index).plan_keys()] == [(1, 10), (2, 10), (3, 10)], \
+        "at most caches.plans plans, the least recently used went first"
     cached = [gpu_search(index, q, 5, cfg) for _ in range(2)]
-    fresh = gpu_search(index, q, 5, cfg.replace(plan_cache=0))
-    assert cached_plan_keys(index) == [], "plan_cache=0 keeps none"
+    fresh = gpu_search(index, q, 5, cfg.replace(caches={"plans": 0}))
+    assert index_cache(index).plan_keys() == [], "caches.plans=0 keeps none"
     assert all(torch.equal(x, y) and torch.equal(x, z) for x, y, z in zip(fresh, *cached))
     ref = weakref.ref(index)
     del index, a, b

@@ -46,7 +46,7 @@ from lsr.encode.sparton.reference import (
     torch_packed_tokens_head,
     torch_sparton_head,
 )
-from lsr.utils.kernels import BACKENDS, INTERPRET, triton, use_triton
+from lsr.utils.kernels import INTERPRET, KERNEL_IMPLS, triton, use_triton
 from lsr.utils.plans import Plan, Step
 from lsr.utils.runtime import FailureMemory, failure_memory
 
@@ -168,7 +168,7 @@ def _forced(facts: HeadFacts, backend: str, variant: str) -> SpartonPlan:
     """The plan for ``variant=`` (raises where it cannot run these inputs)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be 'auto' or one of {', '.join(VARIANTS)}; got {variant!r}")
-    if backend not in BACKENDS:
+    if backend not in KERNEL_IMPLS:
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if variant in _TRITON_VARIANTS:
         if backend == "torch":

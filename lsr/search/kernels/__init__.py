@@ -19,7 +19,12 @@ import functools
 from importlib import resources
 from typing import Any
 
-__all__ = ["cuda_source", "nvrtc_available", "nvrtc_kernel"]
+__all__ = ["cuda_source", "nvrtc_available", "nvrtc_kernel", "terms_bucket"]
+
+
+def terms_bucket(max_terms: int) -> int:
+    """Query-length bucket (power of two >= 64): one Triton compile and one CUDA graph serve most queries."""
+    return max(64, 1 << max(0, max_terms - 1).bit_length())
 
 
 def cuda_source(name: str) -> str:

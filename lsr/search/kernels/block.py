@@ -34,7 +34,7 @@ import functools
 import torch
 
 from lsr.index.compact import WEIGHT_DTYPES, is_compact, local_ids
-from lsr.search.block_plan import terms_bucket
+from lsr.search.kernels import terms_bucket
 from lsr.search.kernels.coarse import COARSE_SHIFT, coarse_outputs, coarse_unusual
 from lsr.search.kernels.fixed import check_query_csr, check_scales, from_fixed, torch_from_fixed, torch_to_fixed
 from lsr.search.kernels.topk import (

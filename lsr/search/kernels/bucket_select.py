@@ -13,12 +13,12 @@ each a graph node) and ``torch.kthvalue`` a single-block one, which took a large
    k-th largest key. ``lo = p1 << 50 | p2 << 38`` is that bucket's lower edge, so the k largest keys are
    all >= ``lo``, and ``lo`` read as a score is a lower bound of the k-th score (at most 2**-15 relative
    below it): what pass 1 needs (``bucket_theta``).
-3. ``gather`` (``bucket_topk``): every key >= ``lo`` goes to a row of ``kmax`` slots (in an order the
-   atomics choose), then, for up to ``rank_max_b`` rows, ``rank``: each gathered key's rank is the number of
-   gathered keys above it (keys are unique), and the keys of rank < k are written in place: the answer,
-   sorted, whatever the slot order (``SearchConfig.rank_max_b`` / ``rank_max_k``). More rows sort their gathered slots (``row_topk_cuda``: one CTA a row,
-   or its twin, torch.topk). A row with more than ``kmax`` keys >= ``lo`` (thousands of docs tied within
-   2**-16 of the k-th score) is flagged: the caller selects it again with ``torch.topk``.
+3. ``gather`` (``bucket_topk``): every key >= ``lo`` goes to a row of ``slots`` slots (in an order the
+   atomics choose), then either ``rank``: each gathered key's rank is the number of gathered keys above it (keys
+   are unique), and the keys of rank < k are written in place: the answer, sorted, whatever the slot order; or a
+   sort of the gathered slots (``row_topk_cuda``: one CTA a row, or its twin, torch.topk). Which one runs is the
+   search plan's choice (``SearchConfig.selection``). A row with more than ``slots`` keys >= ``lo`` (thousands of
+   docs tied within 2**-16 of the k-th score) is flagged: the caller selects it again with ``torch.topk``.
 
 The histograms run as ``select_cuda``'s kernel on a GPU (shared-memory counts), as ``_hist_kernel`` elsewhere.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from lsr.search.config import SearchConfig
 from lsr.search.kernels import row_topk_cuda, select_cuda
 from lsr.utils.kernels import check_tensor, tl, triton
 
@@ -160,29 +159,25 @@ def select_slots(k: int, slots: int | None = None) -> int:
     return slots if slots is not None else triton.next_power_of_2(2 * k + 1024)
 
 
-def bucket_topk(keys: torch.Tensor, k: int, *, slots: int | None = None, rank_max_b: int = SearchConfig.rank_max_b,
-                rank_max_k: int = SearchConfig.rank_max_k) -> tuple[torch.Tensor, torch.Tensor]:
+def bucket_topk(keys: torch.Tensor, k: int, *, slots: int, by_rank: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(the k largest keys of every row, descending, -1 padding: int64 [B, k]; bool [B] rows whose keys near
     the k-th overflowed the slots, where the first result is wrong and ``torch.topk`` must redo it).
 
-    ``slots``: gather slots per row (``select_slots``); up to ``rank_max_b`` rows, or up to ``rank_max_k`` where the
-    CUDA row sort is not available, the gathered keys are ranked by counting (~n^2 compares of the n ~ k gathered
-    keys; one row: the rank kernel's 32 programs beat a single block), otherwise sorted (``row_topk``). The block
-    route passes its ``SearchConfig``'s values (the defaults are its defaults)."""
+    ``slots``: gather slots per row (``select_slots``); ``by_rank``: the gathered keys are ranked by counting (~n^2
+    compares of the n ~ k gathered keys; for few rows, where the rank kernel's programs beat one sort a row),
+    else sorted (``row_topk``). Both are the search plan's choice (``lsr.search.block_planner``: the block route's
+    ``Selection``); either gives the same keys."""
     keys = keys.contiguous()
     B, C = keys.shape
-    kmax = select_slots(k, slots)
     lo, total, _ = _levels(keys, k)
-    sortable = kmax <= row_topk_cuda.MAX_ROW and row_topk_cuda.available(keys.device)
-    by_rank = B <= rank_max_b or (k <= rank_max_k and not sortable)
-    buf = torch.empty((B, kmax), dtype=torch.int64, device=keys.device)   # both read only the gathered slots
+    buf = torch.empty((B, slots), dtype=torch.int64, device=keys.device)   # both read only the gathered slots
     count = torch.zeros(B, dtype=torch.int32, device=keys.device)
-    _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, kmax, BLOCK=_BLOCK)
+    _gather_kernel[(B, triton.cdiv(C, _BLOCK))](keys, C, lo, buf, count, slots, BLOCK=_BLOCK)
     if not by_rank:   # the gathered keys are unique and the empty slots -1: the k largest are the answer
-        return row_topk_cuda.row_topk(buf, k, count), total > kmax
+        return row_topk_cuda.row_topk(buf, k, count), total > slots
     top = torch.full((B, k), -1, dtype=torch.int64, device=keys.device)
-    _rank_kernel[(B, triton.cdiv(kmax, _TILE))](buf, count, top, kmax, k, TILE=_TILE, CH=_TILE)
-    return top, total > kmax
+    _rank_kernel[(B, triton.cdiv(slots, _TILE))](buf, count, top, slots, k, TILE=_TILE, CH=_TILE)
+    return top, total > slots
 
 
 def torch_bucket_levels(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

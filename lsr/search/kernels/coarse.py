@@ -86,7 +86,7 @@ def sampled_rank(k: int, share: float, min_k: int) -> int:
     ~(m + 4 sqrt(m)) / share docs through. It is not proven: the block path checks, from the k-th coarse key,
     that no doc of the top k was left below the floor, and sends a query that fails to the exact pass 2.
 
-    Below ``min_k`` (``SearchConfig.sampled_rank_min_k``) the k-th key sets the floor: such a query lets few docs
+    Below ``min_k`` (``SearchConfig.coarse.sampled_rank_min_k``) the k-th key sets the floor: such a query lets few docs
     through either way, and its ties at the k-th would fail the check more often."""
     if k < min_k:
         return k
