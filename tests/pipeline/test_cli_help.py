@@ -57,6 +57,6 @@ def test_each_flag_of_every_command_states_one_default(capsys):
 def test_a_default_is_shown_once_where_the_help_states_it_and_appended_where_not(capsys):
     entries = {e.split()[0]: e for e in _entries(_help(capsys, "search"))}
     assert entries["--batch-size"].endswith("texts per batch (default: the encoder's own)")
-    assert entries["--k"].endswith("(default: 1000)")
+    assert entries["--k"].endswith("(default: search.k, 1000)")
     assert "(default" not in entries["--index"]  # required
     assert "(default" not in entries["--overwrite"]  # a switch
