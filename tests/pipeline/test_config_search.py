@@ -97,3 +97,20 @@ def test_lsr_search_set_takes_search_keys_only(job, capsys):
                                                "dense-scatter, got 'csr'")
     assert main(argv + ["--set", "encoder.k1=2"]) == 2
     assert "only search.<key> can be set here" in capsys.readouterr().err
+
+
+def test_run_explain_composes_the_plans_and_writes_nothing(job, capsys):
+    """``lsr run --explain``: the encode and batch plans before the index exists, and once an earlier run left its
+    index in the output folder, the search plan its first batch follows, with the config's forced choices."""
+    fresh = job / "explain-fresh"
+    assert main(["run", str(job / "job.yaml"), "--set", f"output={fresh}", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("encode plan\n  documents  bm25") and "\nbatch plan: 6 queries" in text
+    assert "search plan\n  plan      after the index is built" in text
+    assert not fresh.exists(), "--explain writes nothing"
+    run_plan(job, "explain-after")
+    assert main(["run", str(job / "job.yaml"), "--set", f"output={job / 'explain-after'}", "--set",
+                 "search.triton.span=64", "--explain"]) == 0
+    got = plan_lines(capsys.readouterr().out)
+    assert got["route"] == "block  (forced by config)"
+    assert got["span scorer"] == "torch, span 64 (1 spans)  (forced by config)"

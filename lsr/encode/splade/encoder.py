@@ -27,6 +27,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +202,9 @@ class SpladeEncoder:
         ``seq``: default the kind's max length; ``train``: as ``TrainableEncoder`` runs it (bf16 autocast on CUDA)."""
         seq = seq or (self.max_length_doc if kind == "doc" else self.max_length_query)
         dtype = torch.bfloat16 if train and self.device.type == "cuda" else self.dtype
-        return plan_encode(self.tower(kind), varlen=self.varlen, device=self.device, dtype=dtype, backend=self.backend,
+        plan = plan_encode(self.tower(kind), varlen=self.varlen, device=self.device, dtype=dtype, backend=self.backend,
                            packed=self.packed, batch=batch, seq=seq, train=train)
+        return replace(plan, kind=kind)
 
     def __repr__(self) -> str:
         return (f"SpladeEncoder({self._towers['doc'].name!r}, device={self.device}, dtype={self.dtype}, "

@@ -104,9 +104,10 @@ class EncodePlan(Plan):
     body: str
     body_reason: str
     head: SpartonPlan | None
+    kind: str = ""        # "doc" / "query" where the caller says which tower (``SpladeEncoder.explain``)
 
     def title(self) -> str:
-        return f"encode plan: {self.architecture}"
+        return f"encode plan: {self.architecture}" + (f", {self.kind} batches" if self.kind else "")
 
     def plan_steps(self) -> tuple[Step, ...]:
         body = (Step("body", self.body, self.body_reason),)
