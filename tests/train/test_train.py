@@ -189,6 +189,20 @@ def test_cli_trains_and_resumes(tiny_model, beir, tmp_path, capsys):
     assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1]
 
 
+def test_cli_train_explain_prints_the_plans_and_trains_nothing(tiny_model, beir, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    out = tmp_path / "o"
+    path.write_text(f"output: {out}\nencoder:\n  model: {tiny_model}\n  head: torch\ndata:\n  dataset: {beir}\n"
+                    "negatives:\n  count: 0\noptim:\n  batch_size: 4\n")
+    assert cli_main(["train", str(path), "--device", "cpu", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("encode plan: ") == 2 and ", doc batches\n" in text and ", query batches\n" in text
+    assert "\n  head      torch  (" in text and "\n  backward  torch autograd" in text   # as training runs it
+    assert text.rstrip().endswith("train plan\n  step  eager  (optim.cuda_graph=auto: off, the device is cpu "
+                                  "(CUDA graphs need a GPU))")
+    assert not out.exists(), "--explain trains and writes nothing"
+
+
 @pytest.mark.parametrize("override, needle", [
     ("optim.lr=-1", "config.optim.lr must be > 0, got -1"),
     ("loss.kind=hinge", "config.loss.kind must be one of infonce, margin_mse, kl, got 'hinge'"),
