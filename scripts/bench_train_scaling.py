@@ -124,21 +124,19 @@ def measure(impl: str, folder: Path, device: torch.device, args: argparse.Namesp
 
 def worker(args: argparse.Namespace) -> None:
     """One torchrun job: every model and implementation at W ranks; rank 0 writes the rows to --rows-out."""
-    from lsr.parallel.topology import process_group
+    from lsr.parallel.jobs import rank_job
 
     rows = []
-    with process_group(args.device) as device:
-        import torch.distributed as dist
-
+    with rank_job(args.device) as job:
         for name, folder, vocab in zip(args.models.split(","), args.model_dirs.split(","),
                                        [int(v) for v in args.vocabs.split(",")], strict=True):
             for impl in args.impls.split(","):
-                row = measure(impl, Path(folder), device, args, vocab)
-                rows.append({"model": name, "vocab_size": vocab, "impl": impl, "world": dist.get_world_size(),
+                row = measure(impl, Path(folder), job.device, args, vocab)
+                rows.append({"model": name, "vocab_size": vocab, "impl": impl, "world": job.world,
                              "B": args.batch, "method": "scaling"} | row)
-                if dist.get_rank() == 0:
+                if job.lead:
                     print(json.dumps(rows[-1]), flush=True)
-        if dist.get_rank() == 0:
+        if job.lead:
             Path(args.rows_out).write_text(json.dumps(rows))
 
 

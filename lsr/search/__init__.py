@@ -6,6 +6,8 @@ Module map (``lsr.search.plan``'s docstring tells how one search is carried out)
 * ``plan``: the one dispatch module: the printable ``SearchPlan`` of a batch and the reason for each choice.
 * ``searcher``: ``Searcher`` (query batching, memory bounds, docno mapping, ``explain``), ``exact_topk`` and the
   torch backend (a weighted gather-sum per document over the doc CSR).
+* ``sharded``: ``ShardedSearcher``, the partitions of a ``ShardedIndex`` searched in turn on one device, merged
+  exactly (``merge_hit_lists``; distributed search merges the ranks' lists with it too).
 * ``factory``: ``open_searcher``, the searcher of an index or index folder, sharded or not.
 * ``gpu_search``: the gpu backend: the block route (``block_path``, its records ``block_plan``, the fallback chain
   ``fallbacks``, CUDA graphs ``graphs``, work items ``work_items``, spans ``spans``) and the dense-scatter route.
@@ -21,6 +23,7 @@ from lsr.search.config import SearchConfig
 from lsr.search.factory import open_searcher
 from lsr.search.plan import SearchPlan
 from lsr.search.searcher import ENCODER_IDENTITY_KEYS, Searcher, check_compatible, exact_topk
+from lsr.search.sharded import ShardedSearcher
 
-__all__ = ["ENCODER_IDENTITY_KEYS", "SearchConfig", "SearchPlan", "Searcher", "check_compatible", "exact_topk",
-           "open_searcher"]
+__all__ = ["ENCODER_IDENTITY_KEYS", "SearchConfig", "SearchPlan", "Searcher", "ShardedSearcher", "check_compatible",
+           "exact_topk", "open_searcher"]

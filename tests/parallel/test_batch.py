@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
+from lsr.index.sharded import ShardedIndex
 from lsr.parallel.exchange import pack_hits, unpack_hits
 from lsr.parallel.plan import plan_batch
-from lsr.parallel.sharded_index import ShardedIndex
 from lsr.storage.shards import write_vectors
 from lsr.testing import free_port, random_collection
 
@@ -52,8 +52,8 @@ def test_query_slices_cover_every_query_once_in_order(n_queries):
 
 @pytest.mark.parametrize("k", [1, 7, 40, 90])
 def test_key_merge_equals_exact_topk_with_ties_padding_and_short_lists(k):
-    from lsr.parallel.sharded_search import merge_hit_lists
     from lsr.search.searcher import exact_topk
+    from lsr.search.sharded import merge_hit_lists
 
     g = torch.Generator().manual_seed(k)
     parts = []
