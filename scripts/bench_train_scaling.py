@@ -5,7 +5,7 @@ Implementations (per model, all in one ``torchrun`` job per W):
 
 * ``lsr``: lsr.train's TrainableEncoder under DDP (``TrainableEncoder.distribute``; no DDP at W = 1),
   in-batch negatives of the rank's own batch;
-* ``lsr_gather``: the same with global in-batch negatives (``lsr.train.distributed.gather_rows`` of the
+* ``lsr_gather``: the same with global in-batch negatives (``lsr.parallel.training.gather_rows`` of the
   query and document vectors, as ``loss.gather_across_ranks`` does);
 * ``st`` / ``st_gather``: sentence-transformers' SparseEncoder in a manual DDP loop (torch DDP around the
   model the loss calls) with SpladeLoss(SparseMultipleNegativesRankingLoss(gather_across_devices=...));
@@ -38,7 +38,7 @@ def lsr_ddp_step(folder: Path, device: torch.device, world: int, gather: bool) -
     from bench_train import spladeish_loss
 
     from lsr.encode.splade.encoder import SpladeEncoder
-    from lsr.train.distributed import gather_rows
+    from lsr.parallel.training import gather_rows
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
