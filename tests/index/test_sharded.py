@@ -1,5 +1,6 @@
 """The sharded index (lsr.index.sharded): build / load / validation, the partitions' collection-wide term maxima,
-and the refusals (bad manifests, unlisted or swapped partitions, more partitions than documents)."""
+the refusals (bad manifests, unlisted or swapped partitions, more partitions than documents), and ``lsr index
+--partitions`` searched like one index."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import torch
 from lsr.cli import main
 from lsr.index import InvertedIndex
 from lsr.index.sharded import ShardedIndex, check_partition_count, partition_bounds
-from lsr.storage.shards import read_vector_rows, write_vectors
+from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
 from lsr.testing import random_collection
 
 
-def collection(n=90, vocab=50, seed=3):
+def _collection(n=90, vocab=50, seed=3):
     docs = random_collection(n, vocab, seed, density=0.15, quantized=True)  # many exact ties
     queries = random_collection(12, vocab, seed + 100, density=0.2, quantized=True)
     return docs, queries
 
 
-def corrupt_manifest(path, edit):
+def _corrupt(path, edit):
     mf = path / "manifest.json"
     m = json.loads(mf.read_text())
     edit(m)
@@ -38,7 +39,7 @@ def test_partition_bounds():
 
 
 def test_read_vector_rows_matches_slices(tmp_path):
-    docs, _ = collection()
+    docs, _ = _collection()
     write_vectors(tmp_path / "v", docs, shard_rows=7)
     for a, b in [(0, 90), (5, 6), (7, 14), (13, 71), (90, 90)]:
         assert read_vector_rows(tmp_path / "v", a, b).equal(docs[a:b])
@@ -47,7 +48,7 @@ def test_read_vector_rows_matches_slices(tmp_path):
 
 
 def test_global_max_scores_installed(tmp_path):
-    docs, _ = collection()
+    docs, _ = _collection()
     ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=16)
     sharded = ShardedIndex.load(tmp_path / "idx")
     single = InvertedIndex.build(docs, block_size=16)
@@ -56,7 +57,7 @@ def test_global_max_scores_installed(tmp_path):
 
 
 def test_partial_load_and_docnos(tmp_path):
-    docs, _ = collection()
+    docs, _ = _collection()
     ShardedIndex.build(docs, 3, tmp_path / "idx")
     one = ShardedIndex.load(tmp_path / "idx", partitions=[1])
     assert one.partitions[0] is None and one.partitions[1].n_docs == 30
@@ -77,16 +78,16 @@ def test_partial_load_and_docnos(tmp_path):
     (lambda m: m["max_scores"].update(sha256="0" * 64), "fails its sha256"),
 ])
 def test_bad_manifests_give_one_line_errors(tmp_path, edit, match):
-    docs, _ = collection()
+    docs, _ = _collection()
     ShardedIndex.build(docs, 3, tmp_path / "idx")
-    corrupt_manifest(tmp_path / "idx", edit)
+    _corrupt(tmp_path / "idx", edit)
     with pytest.raises(ValueError, match=match) as e:
         ShardedIndex.load(tmp_path / "idx")
     assert "\n" not in str(e.value)
 
 
 def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
-    docs, queries = collection()
+    docs, queries = _collection()
     write_vectors(tmp_path / "q", queries)
     ShardedIndex.build(docs, 3, tmp_path / "idx")
 
@@ -95,7 +96,7 @@ def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
         m["n_docs"] -= gone["n_docs"]
         m["n_postings"] -= gone["n_postings"]
 
-    corrupt_manifest(tmp_path / "idx", drop_last)
+    _corrupt(tmp_path / "idx", drop_last)
     with pytest.raises(ValueError, match="holds the partition part-00002, which its manifest.json does not list") as e:
         ShardedIndex.load(tmp_path / "idx")
     assert "\n" not in str(e.value) and "restore the manifest" in str(e.value)
@@ -109,7 +110,7 @@ def test_a_partition_the_manifest_does_not_list_is_refused(tmp_path, capsys):
 
 
 def test_more_partitions_than_documents_is_refused_before_any_work(tmp_path, capsys):
-    docs, _ = collection(n=4)
+    docs, _ = _collection(n=4)
     write_vectors(tmp_path / "v", docs)
     assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "7",
                  "--device", "cpu"]) == 2
@@ -130,7 +131,7 @@ def test_more_partitions_than_documents_is_refused_before_any_work(tmp_path, cap
 
 
 def test_swapped_partition_and_stale_max_scores(tmp_path):
-    docs, _ = collection()
+    docs, _ = _collection()
     ShardedIndex.build(docs, 2, tmp_path / "idx")
     np.save(tmp_path / "idx" / "max_scores.npy", np.zeros(50, np.float32))
     with pytest.raises(ValueError, match="below partition 0's term maxima"):
@@ -141,3 +142,25 @@ def test_swapped_partition_and_stale_max_scores(tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="refusing to overwrite"):
         ShardedIndex.build(docs, 2, tmp_path / "other", overwrite=True)
+
+
+def test_cli_index_partitions_and_search(tmp_path, capsys):
+    docs, queries = _collection()
+    write_vectors(tmp_path / "v", docs, shard_rows=13)
+    write_vectors(tmp_path / "q", queries)
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "3",
+                 "--device", "cpu"]) == 0
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "one"), "--device", "cpu"]) == 0
+    for idx in ("idx", "one"):
+        assert main(["search", "--index", str(tmp_path / idx), "--queries", str(tmp_path / "q"), "--k", "9",
+                     "--out", str(tmp_path / f"{idx}.trec"), "--device", "cpu", "--backend", "torch"]) == 0
+    assert (tmp_path / "idx.trec").read_text() == (tmp_path / "one.trec").read_text()
+    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "bad"), "--partitions", "0",
+                 "--device", "cpu"]) == 2
+    assert "--partitions" in capsys.readouterr().err
+    _corrupt(tmp_path / "idx", lambda m: m["partitions"][2].update(n_docs=1))
+    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
+                 str(tmp_path / "x.trec"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "do not tile" in err and not (tmp_path / "x.trec").exists()
+    assert read_vectors(tmp_path / "v").equal(docs)

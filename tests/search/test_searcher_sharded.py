@@ -11,15 +11,20 @@ from lsr.cli import main
 from lsr.index import InvertedIndex
 from lsr.index.sharded import ShardedIndex, is_sharded
 from lsr.search import Searcher, ShardedSearcher, open_searcher
-from lsr.storage.shards import read_vectors, write_vectors
+from lsr.storage.shards import write_vectors
 from lsr.testing import random_collection
 from tests.conftest import DEV
-from tests.index.test_sharded import collection, corrupt_manifest
+
+
+def _collection(n=90, vocab=50, seed=3):
+    docs = random_collection(n, vocab, seed, density=0.15, quantized=True)  # many exact ties
+    queries = random_collection(12, vocab, seed + 100, density=0.2, quantized=True)
+    return docs, queries
 
 
 @pytest.mark.parametrize("n_parts,k", [(1, 10), (3, 10), (4, 40), (7, 5)])
 def test_sharded_equals_single_bit_for_bit(tmp_path, n_parts, k):
-    docs, queries = collection()
+    docs, queries = _collection()
     write_vectors(tmp_path / "v", docs, {"kind": "test"}, shard_rows=11)
     path = ShardedIndex.build(tmp_path / "v", n_parts, tmp_path / "idx", block_size=16, workers=2)
     assert is_sharded(path)
@@ -47,7 +52,7 @@ def test_triton_backend_sharded_equals_single(tmp_path):
 
 
 def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
-    docs, queries = collection()
+    docs, queries = _collection()
     ShardedIndex.build(docs, 4, tmp_path / "idx", block_size=16)
     loaded = ShardedIndex.load(tmp_path / "idx")
     memory = ShardedIndex.from_vectors(docs, 4, block_size=16)
@@ -78,28 +83,6 @@ def test_gpu_streamed_and_resident_equal_single():
         assert searcher.stream == stream and searcher.backend == "gpu"
         got = searcher.search(queries, 1000, query_batch=20)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-def test_cli_index_partitions_and_search(tmp_path, capsys):
-    docs, queries = collection()
-    write_vectors(tmp_path / "v", docs, shard_rows=13)
-    write_vectors(tmp_path / "q", queries)
-    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "idx"), "--partitions", "3",
-                 "--device", "cpu"]) == 0
-    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "one"), "--device", "cpu"]) == 0
-    for idx in ("idx", "one"):
-        assert main(["search", "--index", str(tmp_path / idx), "--queries", str(tmp_path / "q"), "--k", "9",
-                     "--out", str(tmp_path / f"{idx}.trec"), "--device", "cpu", "--backend", "torch"]) == 0
-    assert (tmp_path / "idx.trec").read_text() == (tmp_path / "one.trec").read_text()
-    assert main(["index", "--vectors", str(tmp_path / "v"), "--out", str(tmp_path / "bad"), "--partitions", "0",
-                 "--device", "cpu"]) == 2
-    assert "--partitions" in capsys.readouterr().err
-    corrupt_manifest(tmp_path / "idx", lambda m: m["partitions"][2].update(n_docs=1))
-    assert main(["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--out",
-                 str(tmp_path / "x.trec"), "--device", "cpu"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "do not tile" in err and not (tmp_path / "x.trec").exists()
-    assert read_vectors(tmp_path / "v").equal(docs)
 
 
 @pytest.mark.slow
