@@ -45,10 +45,10 @@ import torch
 from lsr.benchmarks.harness import PeakMemory, Results, environment, format_table, quantiles, synchronize, time_calls
 from lsr.benchmarks.synth import SynthSpec, synth_docs, synth_queries
 from lsr.index.inverted import InvertedIndex
+from lsr.index.sharded import ShardedIndex, partition_bounds
 from lsr.parallel.search import DistributedSearcher
-from lsr.parallel.sharded_index import ShardedIndex, partition_bounds
-from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.search.searcher import Searcher
+from lsr.search.sharded import ShardedSearcher, merge_hit_lists, shift_ids
 from lsr.utils.host_copy import copy_to_host
 
 GIB = 1 << 30

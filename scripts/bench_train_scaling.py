@@ -5,7 +5,7 @@ Implementations (per model, all in one ``torchrun`` job per W):
 
 * ``lsr``: lsr.train's TrainableEncoder under DDP (``TrainableEncoder.distribute``; no DDP at W = 1),
   in-batch negatives of the rank's own batch;
-* ``lsr_gather``: the same with global in-batch negatives (``lsr.train.distributed.gather_rows`` of the
+* ``lsr_gather``: the same with global in-batch negatives (``lsr.parallel.training.gather_rows`` of the
   query and document vectors, as ``loss.gather_across_ranks`` does);
 * ``st`` / ``st_gather``: sentence-transformers' SparseEncoder in a manual DDP loop (torch DDP around the
   model the loss calls) with SpladeLoss(SparseMultipleNegativesRankingLoss(gather_across_devices=...));
@@ -38,7 +38,7 @@ SCALING_IMPLS = ("lsr", "lsr_gather", "st", "st_gather")
 
 def lsr_ddp_step(folder: Path, device: torch.device, world: int, gather: bool) -> Callable[[dict, dict], None]:
     from lsr.encode.splade.encoder import SpladeEncoder
-    from lsr.train.distributed import gather_rows
+    from lsr.parallel.training import gather_rows
     from lsr.train.model import TrainableEncoder, adamw_kernel
 
     enc = SpladeEncoder.from_pretrained(folder, device=device, dtype=torch.float32, varlen=False)
@@ -122,21 +122,19 @@ def measure(impl: str, folder: Path, device: torch.device, args: argparse.Namesp
 
 def worker(args: argparse.Namespace) -> None:
     """One torchrun job: every model and implementation at W ranks; rank 0 writes the rows to --rows-out."""
-    from lsr.parallel.topology import process_group
+    from lsr.parallel.jobs import rank_job
 
     rows = []
-    with process_group(args.device) as device:
-        import torch.distributed as dist
-
+    with rank_job(args.device) as job:
         for name, folder, vocab in zip(args.models.split(","), args.model_dirs.split(","),
                                        [int(v) for v in args.vocabs.split(",")], strict=True):
             for impl in args.impls.split(","):
-                row = measure(impl, Path(folder), device, args, vocab)
-                rows.append({"model": name, "vocab_size": vocab, "impl": impl, "world": dist.get_world_size(),
+                row = measure(impl, Path(folder), job.device, args, vocab)
+                rows.append({"model": name, "vocab_size": vocab, "impl": impl, "world": job.world,
                              "B": args.batch, "method": "scaling"} | row)
-                if dist.get_rank() == 0:
+                if job.lead:
                     print(json.dumps(rows[-1]), flush=True)
-        if dist.get_rank() == 0:
+        if job.lead:
             Path(args.rows_out).write_text(json.dumps(rows))
 
 

@@ -16,7 +16,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.partitions is not None:  # under torchrun every rank builds its partitions on its own device
-        from lsr.parallel.sharded_index import build_sharded_index, check_partition_count
+        from lsr.index.sharded import check_partition_count
+        from lsr.parallel.sharded_build import build_sharded_index
         from lsr.storage.shards import read_manifest
 
         n_docs = int(read_manifest(args.vectors)["n_rows"])

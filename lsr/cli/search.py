@@ -66,7 +66,7 @@ def _search_config(args: argparse.Namespace):
 
 def cmd_search(args: argparse.Namespace) -> int:
     from lsr.index.inverted import InvertedIndex
-    from lsr.parallel.sharded_index import is_sharded
+    from lsr.index.sharded import is_sharded
     from lsr.search.searcher import Searcher, run_depth
     from lsr.storage.provenance import check_not_inside
     from lsr.utils.devices import resolve_device
@@ -107,18 +107,15 @@ def _search_on_ranks(args: argparse.Namespace, device: str, config: Any) -> int:
     """``lsr search`` under torchrun: the ranks agree on the index and the options before any work
     (``rank_index_job``), rank 0 reads (or encodes) the queries, every rank searches its share, rank 0 writes."""
     from lsr.parallel.batch import rank_index_job, search_batch
-    from lsr.parallel.topology import agree, launch_rank
     from lsr.search.searcher import run_depth
 
     stream = {"auto": None, "yes": True, "no": False}[args.stream]
-    queries, meta = None, None
-    with rank_index_job(args.index, device, {"k": args.k, "backend": args.backend, "stream": stream}) as (mine, dev):
+    with rank_index_job(args.index, device, {"k": args.k, "backend": args.backend, "stream": stream}) as (mine, job):
         args.k = run_depth(args.k, mine.n_docs)
-        with agree("read the queries"):
-            if launch_rank() == 0:  # reads the queries and writes the run
-                queries, meta = _queries_from_args(args, str(dev))
-        hits = search_batch(mine, queries, args.k, dev, backend=args.backend, stream=stream, query_metadata=meta,
-                            config=config)
+        # rank 0 reads the queries and writes the run
+        queries, meta = job.on_lead("read the queries", lambda: _queries_from_args(args, str(job.device))) or (None, None)
+        hits = search_batch(mine, queries, args.k, job.device, backend=args.backend, stream=stream,
+                            query_metadata=meta, config=config)
     if hits is None:
         return 0
     return _write_run(args, queries, mine.docnos, hits.scores, hits.doc_idx)
@@ -137,9 +134,9 @@ def _write_run(args: argparse.Namespace, queries, docnos, scores, doc_idx) -> in
 def _explain_search(args: argparse.Namespace, config: Any) -> int:
     """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
     from lsr.index.inverted import InvertedIndex
+    from lsr.index.sharded import ShardedIndex, is_sharded
     from lsr.parallel.batch import index_partition_count
     from lsr.parallel.plan import plan_batch
-    from lsr.parallel.sharded_index import ShardedIndex, is_sharded
     from lsr.parallel.topology import launch_rank
     from lsr.search.searcher import Searcher, run_depth
     from lsr.utils.devices import resolve_device

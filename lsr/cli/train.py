@@ -1,5 +1,5 @@
 """``lsr train CONFIG.yaml [--set section.key=value ...]``: train a SPLADE model (keys: lsr.train.config); under
-``torchrun`` every rank trains its part of each global batch (``lsr.train.distributed``) and rank 0 reports."""
+``torchrun`` every rank trains its part of each global batch (``lsr.train.global_batch``) and rank 0 reports."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     if args.explain:
         return _explain_training(cfg, resolve_device(cfg.device), is_distributed())
-    from lsr.train.trainer import Trainer
+    from lsr.train.trainer import train
 
-    path = Trainer(cfg).run()
+    path = train(cfg)
     if launch_rank() == 0:  # one rank of a torchrun job reports
         print(f"trained model written to {path}")
     return 0

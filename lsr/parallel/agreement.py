@@ -10,7 +10,7 @@ failed and why, in the same collective.
 
 What a fingerprint reads (cheap: a few MiB at most per file, never a whole index or corpus):
 
-* an index (``lsr.parallel.index_identity.index_parts``): its layout (a plain index or a sharded one of P
+* an index (``index_parts``): its layout (a plain index or a sharded one of P
   partitions), document and vocabulary counts and the sha256 of each file that meta.json / the sharded manifest records, so a copy of
   the same shape with other weights differs; loading then checks the files against those checksums;
 * a file or folder given as an input (``content_part``): each file's size and the sha256 of its bytes (of a
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Part", "RanksDisagree", "agreement", "config_parts", "content_part", "corpus_part", "file_digest",
-           "first_difference", "output_part", "settings_part"]
+           "first_difference", "index_parts", "output_part", "settings_part"]
 
 WHOLE_FILE_BYTES = 1 << 20    # files up to this size are hashed whole
 SAMPLE_CHUNKS, CHUNK_BYTES = 16, 64 << 10   # larger ones: this many chunks spread over the file (1 MiB read)
@@ -104,6 +104,32 @@ def content_part(what: str, path: str | os.PathLike, fix: str = "") -> Part:
         else:
             fields[rel] = file_digest(f)
     return Part(what, str(p), fields or {"": "an empty folder"}, fix)
+
+
+def index_parts(path: str | os.PathLike) -> list[Part]:
+    """An index folder, plain or sharded: its layout and counts, then the checksums its meta.json or sharded
+    manifest records (so another build of the same shape differs), then those files' own hashes."""
+    from lsr.index.inverted import InvertedIndex
+    from lsr.index.sharded import is_sharded, read_sharded_manifest
+
+    p = Path(path)
+    fix = "give every rank the same index (copy rank 0's to the others, or build each copy from the same vectors)"
+    if is_sharded(p):
+        m = read_sharded_manifest(p)
+        fields = {"layout": f"a sharded index of {len(m['partitions'])} partitions", "documents": str(m["n_docs"]),
+                  "vocabulary": str(m["vocab_size"]),
+                  "max_scores.npy": f"sha256 {str((m.get('max_scores') or {}).get('sha256'))[:16]}"}
+        fields |= {f"{e['dir']}/meta.json": f"sha256 {str(e.get('meta_sha256'))[:16]}" for e in m["partitions"]}
+        names = ["manifest.json"]
+    else:
+        m = InvertedIndex.read_meta(p)
+        fields = {"layout": "a plain index", "documents": str(m.get("n_docs")),
+                  "vocabulary": str(m.get("vocab_size"))}
+        fields |= {name: f"sha256 {str((entry or {}).get('sha256'))[:16]}"
+                   for name, entry in sorted((m.get("files") or {}).items())}
+        names = ["meta.json"]
+    fields |= {name: file_digest(p / name) for name in names}
+    return [Part("index", str(p), fields, fix)]
 
 
 def corpus_part(dataset: Any) -> Part:

@@ -21,13 +21,15 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from lsr.index.sharded import ShardedIndex, is_sharded, read_sharded_manifest
+from lsr.parallel.agreement import index_parts, settings_part
 from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
+from lsr.parallel.jobs import RankJob, rank_job
 from lsr.parallel.plan import BatchPlan, plan_batch, rank_role, slice_bounds
-from lsr.parallel.sharded_index import ShardedIndex, is_sharded, read_sharded_manifest
-from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
-from lsr.parallel.topology import agree, comm_device, is_distributed, process_group
+from lsr.parallel.topology import agree, comm_device, is_distributed
 from lsr.search.config import SearchConfig
 from lsr.search.searcher import check_request
+from lsr.search.sharded import ShardedSearcher, merge_hit_lists
 from lsr.sparse import SparseVectors
 from lsr.utils.host_copy import copy_to_host
 
@@ -140,20 +142,16 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
 
 @contextmanager
 def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str, Any]
-                   ) -> Iterator[tuple[ShardedIndex, torch.device]]:
-    """The start of a search job on every rank of a torchrun job (collective): join the process group (left on
-    exit unless the caller had joined), agree on the index and ``settings`` (the search options; one
-    collective, ``lsr.parallel.agreement``), load this rank's partitions. Yields (them, this rank's device)."""
-    from lsr.parallel.agreement import agreement, settings_part
-    from lsr.parallel.index_identity import index_parts
-
-    with process_group(device) as dev:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        with agreement("read the index") as parts:
+                   ) -> Iterator[tuple[ShardedIndex, RankJob]]:
+    """The start of a search job on every rank of a torchrun job (``rank_job``: the process group joined, and
+    left on exit unless the caller had joined): agree on the index and ``settings`` (the search options; one
+    collective, ``lsr.parallel.agreement``), load this rank's partitions. Yields (them, the job)."""
+    with rank_job(device) as job:
+        with job.agreement("read the index") as parts:
             parts += [*index_parts(index), settings_part("search settings", settings)]
-        with agree("load its partitions"):
-            mine = load_rank_index(index, rank, world)
-        yield mine, dev
+        with job.step("load its partitions"):
+            mine = load_rank_index(index, job.rank, job.world)
+        yield mine, job
 
 
 def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: int, device: str, *,
@@ -173,7 +171,7 @@ def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: i
         scores, doc_idx = searcher.search(queries, k=k, query_batch=query_batch, query_metadata=query_metadata)
         return ShardedHits(scores, doc_idx, sharded.docnos)
     settings = {"k": k, "backend": backend, "stream": stream, "query_batch": query_batch}
-    with rank_index_job(index, device, settings) as (mine, dev):
-        hits = search_batch(mine, queries, k, dev, backend=backend, stream=stream, query_batch=query_batch,
+    with rank_index_job(index, device, settings) as (mine, job):
+        hits = search_batch(mine, queries, k, job.device, backend=backend, stream=stream, query_batch=query_batch,
                             query_metadata=query_metadata, config=config)
         return ShardedHits(hits.scores, hits.doc_idx, mine.docnos) if hits is not None else None

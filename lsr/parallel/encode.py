@@ -20,11 +20,10 @@ single-process folder is taken over the same way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +32,15 @@ from lsr.data.dataset import Dataset
 from lsr.encode.base import Encoder
 from lsr.encode.corpus import DISTRIBUTED_WORK, CorpusRun, check_windows, encode_corpus, vector_metadata
 from lsr.encode.stream import FIRST_WINDOW
-from lsr.parallel.agreement import agreement, output_part, settings_part
+from lsr.parallel.agreement import agreement, config_parts, corpus_part, output_part, settings_part
 from lsr.parallel.encode_units import EncodeWork, UnitWriter, claimed_windows
 from lsr.parallel.joblock import FolderLock
+from lsr.parallel.jobs import rank_job
+from lsr.parallel.topology import agree, rank_and_size
 from lsr.storage.files import remove_dead_temporaries
 from lsr.storage.shards import MANIFEST, read_manifest
 
 __all__ = ["encode_corpus_distributed", "encode_dataset_distributed", "encode_on_ranks"]
-
-
-@contextlib.contextmanager
-def _agreed(what: str) -> Iterator[None]:
-    """``agree`` inside a process group; a plain step in one process without one."""
-    from lsr.parallel.topology import agree, rank_and_size
-
-    with agree(what) if rank_and_size()[1] > 1 else contextlib.nullcontext():
-        yield
 
 
 def _start_job(work: EncodeWork, resume: bool) -> None:
@@ -87,8 +79,6 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
     holds an unfinished distributed encoding, which it finishes. ``stats`` (per rank): ``encode_corpus``'s
     and ``units`` (the units this rank encoded).
     """
-    from lsr.parallel.topology import rank_and_size
-
     rank, world = rank_and_size()
     out = Path(out_dir)
     settings = {"batch_size": batch_size, "doc_top_k": doc_top_k, "max_tokens": max_tokens,
@@ -109,7 +99,7 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
         facts = {k: v for k, v in plan["metadata"].items() if k not in ("model", "query_model")}
         parts += [settings_part("encoding plan", {**{k: v for k, v in plan.items() if k != "origin"}, "metadata": facts}),
                   output_part(out)]
-    with _agreed(f"open the output folder {out}"):
+    with agree(f"open the output folder {out}"):
         if rank == 0:
             taken = lock.acquire()  # one job at a time: a second one is refused before it touches the folder
             try:
@@ -130,20 +120,18 @@ def encode_corpus_distributed(encoder: Encoder, docs: Iterable[tuple[str, str]],
 def _run_units(encoder: Encoder, docs: Iterable[tuple[str, str]], work: EncodeWork, settings: dict[str, Any],
                prefetch: int, show_progress_bar: bool, stats: dict[str, Any] | None) -> None:
     """Every rank: its units, then the shards nobody wrote; rank 0 publishes the folder (each step agreed)."""
-    from lsr.parallel.topology import rank_and_size
-
     rank, world = rank_and_size()
-    with _agreed("encode the documents"):
+    with agree("encode the documents"):
         try:
             _encode_units(encoder, docs, work, settings, prefetch, show_progress_bar and rank == 0, stats)
         except Exception as e:
             work.fail(f"rank {rank}: {e}")  # the others stop at their next unit
             raise
-    with _agreed("write the shards"):  # those whose last unit was written by a rank that was stopped
+    with agree("write the shards"):  # those whose last unit was written by a rank that was stopped
         for k in range(rank, work.n_shards, world):
             if not work.shard_done(k):
                 work.merge_shard(k)
-    with _agreed(f"publish the vectors in {work.out}"):
+    with agree(f"publish the vectors in {work.out}"):
         if rank == 0:
             work.publish()
 
@@ -152,8 +140,6 @@ def _encode_units(encoder: Encoder, docs: Iterable[tuple[str, str]], work: Encod
                   prefetch: int, show_progress_bar: bool, stats: dict[str, Any] | None) -> None:
     """This rank's share: the units it takes, through ``encode_corpus``'s pipeline."""
     from tqdm.auto import tqdm
-
-    from lsr.parallel.topology import rank_and_size
 
     writer = UnitWriter(work)
     run = CorpusRun(encoder, writer, settings["batch_size"], settings["doc_top_k"], settings["max_tokens"],
@@ -173,8 +159,6 @@ def encode_dataset_distributed(encoder: Encoder, dataset: Dataset, out_dir: str 
                                **kwargs: Any) -> dict[str, Any]:
     """``encode_corpus_distributed`` over a dataset's documents (collective): counted first when the dataset
     does not say how many and the units need it; progress shown on rank 0."""
-    from lsr.parallel.topology import rank_and_size
-
     rank, world = rank_and_size()
     n_docs = dataset.n_docs
     if n_docs is None and (world > 1 or (Path(out_dir) / DISTRIBUTED_WORK).is_dir()):
@@ -186,20 +170,19 @@ def encode_dataset_distributed(encoder: Encoder, dataset: Dataset, out_dir: str 
 def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: EncoderConfig, device: str) -> dict[str, Any]:
     """``lsr encode`` (documents) on every rank of a torchrun job; returns the merged manifest on every rank.
 
-    Joins the process group (and leaves it when done, unless the caller had joined). The encoder is
+    One ``rank_job``: the process group joined (and left when done, unless the caller had joined), the ranks'
+    agreement on the documents, the encoder and the folder, then the work. The encoder is
     ``open_encoder(encoder)`` on this rank's device; BM25 without a fitted ``model`` is fitted on rank 0 and
     saved in ``out_dir/encoder``, where the other ranks load it. Vectors already in ``out_dir`` must come from
     the same documents (checked before a new fit replaces the saved one). ``encoder``'s batch_size,
     shard_rows, doc_top_k and tokenize_workers set the encoding.
     """
     from lsr.encode.factory import corpus_settings, open_encoder
-    from lsr.parallel.agreement import agreement, config_parts, corpus_part, output_part
-    from lsr.parallel.topology import agree, built_on_rank0, process_group, rank_and_size
 
     out = Path(out_dir)
     fit = encoder.kind == "bm25" and not encoder.model
-    with process_group(device) as dev:
-        with agreement("check where the documents come from") as parts:  # the ranks agree before any work
+    with rank_job(device) as job:
+        with job.agreement("check where the documents come from") as parts:  # the ranks agree before any work
             parts += [corpus_part(dataset), output_part(out), *config_parts({"encoder": dataclasses.asdict(encoder)})]
             if (out / MANIFEST).exists():
                 from lsr.storage.provenance import check_same_origin
@@ -207,7 +190,7 @@ def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: Encod
                 check_same_origin(read_manifest(out).get("origin"), dataset.docs_origin, out)
 
         def build() -> Encoder:
-            enc = open_encoder(encoder, str(dev))
+            enc = open_encoder(encoder, str(job.device))
             if fit:
                 enc.fit(text for _, text in dataset.docs_iter())
                 enc.save(out / "encoder")
@@ -218,12 +201,11 @@ def encode_on_ranks(dataset: Dataset, out_dir: str | os.PathLike, encoder: Encod
 
             return LexicalEncoder.load(out / "encoder")
 
-        lock, taken = FolderLock(out), False
-        with agree(f"lock the output folder {out}"):  # before the fit saves into it: a second job is refused here
-            if rank_and_size()[0] == 0:
-                taken = lock.acquire()
+        lock = FolderLock(out)
+        # before the fit saves into it: a second job is refused here
+        taken = job.on_lead(f"lock the output folder {out}", lock.acquire)
         try:
-            enc = built_on_rank0(build, load, "the encoder", rank0_only=fit)
+            enc = job.built_on_lead(build, load, "the encoder", lead_only=fit)
             return encode_dataset_distributed(enc, dataset, out, **corpus_settings(encoder, dataset.docs_origin))
         finally:
             if taken:

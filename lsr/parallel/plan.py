@@ -12,7 +12,13 @@ An index of P partitions (a plain index is one partition) searched by W ranks (`
 Slices are contiguous and in order (``slice_bounds``), so concatenating the slices gives the query set back.
 ``BatchPlan`` applies this to a whole query set (``lsr search`` / ``lsr run`` under torchrun,
 ``lsr.parallel.batch``); ``DistributedSearcher`` applies it to every batch it is given. ``str(plan)``
-prints it (``lsr search --explain`` under torchrun).
+prints it (``lsr search --explain`` under torchrun), as every plan of lsr (``lsr.utils.plans.Plan``)::
+
+    batch plan: 13 queries, 2 partition(s), 4 rank(s)
+      layout  replica groups  (2 copies of the index, each searches its share of the queries)
+      rank 0  partitions [0], queries 0..5 (6)
+      ...
+      merge   rank 0 gathers every rank's top-k once, after all searching  (by score desc, doc index asc; ...)
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from lsr.utils.plans import Plan, Step
+
 __all__ = ["BatchPlan", "RankRole", "plan_batch", "rank_partitions", "rank_role", "slice_bounds"]
 
-SHOWN_RANKS = 8  # ranks listed one per line by BatchPlan.describe; the others are summarised
+SHOWN_RANKS = 8  # ranks listed one per line by BatchPlan's steps; the others are summarised
 
 
 class RankRole(NamedTuple):
@@ -55,8 +63,14 @@ def slice_bounds(n: int, n_slices: int) -> list[int]:
     return [n * j // n_slices for j in range(n_slices + 1)]
 
 
+_WHY = {"one process": "no torchrun job: the partitions are searched in turn and merged",
+        "replicas": "the whole index on every rank, each searches 1/{W} of the queries",
+        "replica groups": "{R} copies of the index, each searches its share of the queries",
+        "partitioned": "the documents split over the ranks, each searches every query"}
+
+
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchPlan(Plan):
     """A whole query set searched by the ranks of a job: each rank its slice on its partitions, no collective
     until rank 0 gathers every rank's lists once, at the end, and merges them exactly."""
 
@@ -81,28 +95,23 @@ class BatchPlan:
         bounds = slice_bounds(self.n_queries, role.n_slices)
         return range(bounds[role.query_slice], bounds[role.query_slice + 1])
 
-    def describe(self) -> str:
-        """One line for the layout and why, one per rank (the first few), one for the gather."""
-        why = {"one process": "no torchrun job: the partitions are searched in turn and merged",
-               "replicas": f"the whole index on every rank, each searches 1/{self.world_size} of the queries",
-               "replica groups": f"{self.world_size // max(1, self.n_partitions)} copies of the index, each "
-                                 "searches its share of the queries",
-               "partitioned": "the documents split over the ranks, each searches every query"}[self.layout]
-        lines = [f"batch plan: {self.n_queries} queries, {self.n_partitions} partition(s), {self.world_size} "
-                 f"rank(s): {self.layout} ({why})"]
+    def title(self) -> str:
+        return f"batch plan: {self.n_queries} queries, {self.n_partitions} partition(s), {self.world_size} rank(s)"
+
+    def plan_steps(self) -> tuple[Step, ...]:
+        """The layout and why, one row per rank (the first few), the gather."""
+        why = _WHY[self.layout].format(W=self.world_size, R=self.world_size // max(1, self.n_partitions))
+        steps = [Step("layout", self.layout, why)]
         for r in range(min(self.world_size, SHOWN_RANKS)):
             q = self.query_range(r)
-            lines.append(f"  rank {r}: partitions {self.role(r).partitions}, queries {q.start}..{q.stop - 1} "
-                         f"({len(q)})")
+            steps.append(Step(f"rank {r}", f"partitions {self.role(r).partitions}, queries {q.start}..{q.stop - 1} "
+                                           f"({len(q)})"))
         if self.world_size > SHOWN_RANKS:
-            lines.append(f"  ... {self.world_size - SHOWN_RANKS} more ranks")
+            steps.append(Step("...", f"{self.world_size - SHOWN_RANKS} more ranks"))
         if self.world_size > 1:
-            lines.append("  merge: rank 0 gathers every rank's top-k once, after all searching, and merges them "
-                         "by (score desc, doc index asc); rank 0 writes the run")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.describe()
+            steps.append(Step("merge", "rank 0 gathers every rank's top-k once, after all searching",
+                              "by score desc, doc index asc; rank 0 writes the run"))
+        return tuple(steps)
 
 
 def plan_batch(n_partitions: int, world_size: int, n_queries: int) -> BatchPlan:

@@ -15,7 +15,7 @@ For every ``search`` call (interactive use: a batch at a time; a whole query set
    descending, doc index ascending). The flags are read once per call, after the last batch.
 
 Every rank scores every doc as the single-process index does (collection-wide ``max_scores``, see
-``lsr.parallel.sharded_index``), and the global top-k is inside the union of the ranks' top-k lists, so the
+``lsr.index.sharded``), and the global top-k is inside the union of the ranks' top-k lists, so the
 merged result equals single-process search bit for bit. Every rank gets the merged result.
 """
 
@@ -28,14 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lsr.parallel.agreement import agreement, settings_part
+from lsr.index.sharded import ShardedIndex, read_sharded_manifest
+from lsr.parallel.agreement import agreement, index_parts, settings_part
 from lsr.parallel.exchange import broadcast_queries, pack_hits, unpack_hits
-from lsr.parallel.index_identity import index_parts
 from lsr.parallel.plan import rank_role, slice_bounds
-from lsr.parallel.sharded_index import ShardedIndex, read_sharded_manifest
-from lsr.parallel.sharded_search import ShardedSearcher, merge_hit_lists
 from lsr.parallel.topology import agree, comm_device
 from lsr.search.searcher import check_request
+from lsr.search.sharded import ShardedSearcher, merge_hit_lists
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 

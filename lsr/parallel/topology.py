@@ -6,12 +6,16 @@ through gloo, staging the small collective tensors in host memory).
 
 Every collective waits at most ``LSR_DIST_TIMEOUT`` seconds (default 1800) for the other ranks: a rank that
 hung (not one that died: torchrun's agent ends the job at once then) makes the others fail after that long
-with one error naming the setting (``process_group``), instead of waiting forever. The wait must cover the
+with one error naming the setting (``lsr.parallel.jobs.rank_job``), instead of waiting forever. The wait must cover the
 longest stretch one rank works alone between two collectives (encoding its slice, building its partitions),
 hence the long default; search-only jobs can set it to a minute or two. A rank that stopped (SIGSTOP, a frozen
 host) is found sooner, by the heartbeat every rank runs from joining to leaving (``lsr.parallel.watchdog``,
 ``LSR_DIST_HEARTBEAT`` seconds, default 60); ``leave_distributed`` ends it, when it runs on this host, if this
 rank leaves with an error.
+
+The steps of a job (``agree``, ``broadcast_text``, ``built_on_rank0``) are plain steps outside a process group of
+several ranks, as ``lsr.parallel.agreement.agreement`` is: a job is written once for one process and for W ranks
+(``lsr.parallel.jobs``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from lsr.utils.env import env_seconds
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "agree", "broadcast_text", "built_on_rank0", "collective_backend",
            "collective_timeout", "comm_device", "init_distributed", "is_distributed", "launch_rank", "leave_distributed",
-           "process_group", "rank_and_size", "rank_device"]
+           "rank_and_size", "rank_device"]
 
 TIMEOUT_ENV = "LSR_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800.0
@@ -84,18 +88,6 @@ def rank_device(device: str) -> str:
 def collective_timeout() -> float:
     """Seconds a collective waits for the other ranks: ``LSR_DIST_TIMEOUT``, default 1800 (torch's own)."""
     return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
-
-
-def _timed_out(e: BaseException) -> bool:
-    """Whether ``e`` is a collective or the rendezvous store giving up waiting for another rank."""
-    store_error = getattr(dist, "DistStoreError", ())
-    return isinstance(e, store_error) or (isinstance(e, RuntimeError) and "timed out" in str(e).lower())
-
-
-def _timeout_error(e: BaseException) -> RuntimeError:
-    t = collective_timeout()
-    return RuntimeError(f"another rank did not answer within {t:g} s ({TIMEOUT_ENV}={t:g}): it stopped or hung; "
-                        f"if it was only busy for longer, raise {TIMEOUT_ENV} (seconds)")
 
 
 def init_distributed(device: str) -> torch.device:
@@ -176,27 +168,6 @@ def leave_distributed(failed: bool = False) -> None:
         dist.destroy_process_group()
 
 
-@contextmanager
-def process_group(device: str) -> Iterator[torch.device]:
-    """This rank's device inside the process group torchrun describes: joined on entry unless the caller
-    already has, and left on exit only if it was joined here. A collective (or the joining) that waited
-    ``LSR_DIST_TIMEOUT`` seconds for another rank leaves as one RuntimeError naming the setting."""
-    joined = not dist.is_initialized()
-    try:
-        dev = init_distributed(device)
-        failed = True
-        try:
-            yield dev
-            failed = False
-        finally:
-            if joined:
-                leave_distributed(failed)
-    except Exception as e:
-        if _timed_out(e):
-            raise _timeout_error(e) from e
-        raise
-
-
 def comm_device() -> torch.device:
     """Where collective tensors live: this rank's GPU under NCCL, else the CPU."""
     if dist.get_backend() == "nccl":
@@ -204,11 +175,18 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _several_ranks() -> bool:
+    return rank_and_size()[1] > 1
+
+
 @contextmanager
 def agree(what: str) -> Iterator[None]:
     """Run a step that may fail on some ranks: if it fails anywhere it fails everywhere (the failing
     rank raises its own error, the others say another rank failed) instead of leaving ranks waiting in
-    a later collective. Also a barrier."""
+    a later collective. Also a barrier. Outside a process group of several ranks: the step alone."""
+    if not _several_ranks():
+        yield
+        return
     error: BaseException | None = None
     try:
         yield
@@ -222,13 +200,21 @@ def agree(what: str) -> Iterator[None]:
         raise RuntimeError(f"another rank failed to {what} (its error says why)")
 
 
+def _text_bytes(text: str | None, limit: int) -> bytes:
+    data = (text or "").encode()
+    if len(data) > limit:
+        raise ValueError(f"text of {len(data)} bytes is longer than {limit}")
+    return data
+
+
 def broadcast_text(text: str | None, limit: int = 4096) -> str:
-    """Rank 0's ``text`` (at most ``limit`` UTF-8 bytes) on every rank (a tensor, no pickling)."""
+    """Rank 0's ``text`` (at most ``limit`` UTF-8 bytes) on every rank (a tensor, no pickling); in one process,
+    ``text`` itself ("" for None)."""
+    if not _several_ranks():
+        return _text_bytes(text, limit).decode()
     buf = torch.zeros(limit + 1, dtype=torch.uint8, device=comm_device())
     if dist.get_rank() == 0:
-        data = (text or "").encode()
-        if len(data) > limit:
-            raise ValueError(f"text of {len(data)} bytes is longer than {limit}")
+        data = _text_bytes(text, limit)
         if data:  # (torch.frombuffer refuses an empty buffer)
             buf[1:1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     dist.broadcast(buf, 0)
@@ -237,8 +223,9 @@ def broadcast_text(text: str | None, limit: int = 4096) -> str:
 
 def built_on_rank0(build: Callable[[], Any], load: Callable[[], Any], what: str, *, rank0_only: bool = True) -> Any:
     """``build()`` on rank 0 (on every rank when not ``rank0_only``); the other ranks then ``load()`` what
-    rank 0 saved, e.g. BM25 statistics fitted once. Each step fails every rank when one fails."""
+    rank 0 saved, e.g. BM25 statistics fitted once. Each step fails every rank when one fails. In one process:
+    ``build()``."""
     with agree(f"build {what}"):
-        built = build() if dist.get_rank() == 0 or not rank0_only else None
+        built = build() if rank_and_size()[0] == 0 or not rank0_only else None
     with agree(f"load {what}"):
         return built if built is not None else load()

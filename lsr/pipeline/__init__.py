@@ -1,13 +1,15 @@
 """The end-to-end job behind ``lsr run``: encode -> index -> search -> evaluate, from one ``RunConfig``.
 
 * ``run``: ``run_pipeline(cfg)``, the job in one process; under torchrun it hands the job to
-  ``lsr.parallel.pipeline`` (every rank runs it, every rank returns rank 0's result).
+  ``distributed`` (every rank runs it, every rank returns rank 0's result).
+* ``distributed``: ``run_pipeline_distributed``, the job spread over the ranks of a torchrun job (its rank
+  coordination from ``lsr.parallel``: ``jobs.rank_job``, distributed encoding, the sharded build, batch search).
 * ``steps``: the steps both jobs share: the documents' encoder, the output folder's claim, the queries, the
   run files and metrics (encoders come from ``lsr.encode.factory``, pre-encoded vectors from
   ``lsr.interop.vectors``).
 
-``lsr.parallel.pipeline`` imports ``steps`` and ``run`` imports ``lsr.parallel.pipeline`` (only under
-torchrun), so neither job module imports the other.
+``distributed`` imports ``steps`` and ``run`` imports ``distributed`` (only under torchrun), so neither job
+module imports the other.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``run_pipeline``: the whole ``lsr run`` job (encode -> index -> search -> evaluate) in one process, or handed
-to ``lsr.parallel.pipeline`` under torchrun.
+to ``lsr.pipeline.distributed`` under torchrun.
 
 Every step writes its result under ``config.output`` (vectors, index, runs, metrics.json), and the
 encoding step resumes from complete shards, so an interrupted job picks up where it stopped.
@@ -25,12 +25,12 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     ``cfg.output`` must be a new or empty folder, or one an earlier ``lsr run`` wrote for the same
     documents (its artefacts are then reused or resumed); ``overwrite=True`` also takes a folder lsr did
     not write or one made for other documents (lsr's own artefacts in it are recomputed). Under torchrun
-    every rank runs it (``lsr.parallel.pipeline``) and every rank returns rank 0's result.
+    every rank runs it (``lsr.pipeline.distributed``) and every rank returns rank 0's result.
     """
     from lsr.parallel.topology import is_distributed
 
     if is_distributed():
-        from lsr.parallel.pipeline import run_pipeline_distributed
+        from lsr.pipeline.distributed import run_pipeline_distributed
 
         return run_pipeline_distributed(cfg, overwrite)
     import torch
@@ -85,7 +85,7 @@ def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: di
                                     postings=cfg.index.postings)
         index.save(out, overwrite=True)
         return index
-    from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.index.sharded import ShardedIndex
 
     # built and saved partition by partition, then loaded: the partitions stay memory-mapped on the host
     # and the searcher moves them to the device, or streams them there when they do not fit

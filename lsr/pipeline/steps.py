@@ -1,5 +1,5 @@
 """The steps of ``lsr run`` that the one-process job (``lsr.pipeline.run``) and the torchrun job
-(``lsr.parallel.pipeline``) share: the documents' encoder (BM25 fitted once per corpus), the output folder's
+(``lsr.pipeline.distributed``) share: the documents' encoder (BM25 fitted once per corpus), the output folder's
 claim, the queries, and the run files and metrics. The encoder itself comes from ``lsr.encode.factory``,
 pre-encoded vectors from ``lsr.interop.vectors``.
 
@@ -173,6 +173,6 @@ def check_job_partitions(cfg: RunConfig, dataset: Any, n_partitions: int) -> Non
     """Refuse more partitions than the dataset's documents before any encoding (when the dataset knows its
     size and the job encodes it)."""
     if n_partitions > 1 and dataset.n_docs is not None and not cfg.inputs.doc_vectors:
-        from lsr.parallel.sharded_index import check_partition_count
+        from lsr.index.sharded import check_partition_count
 
         check_partition_count(dataset.n_docs, n_partitions, cfg.data.dataset)

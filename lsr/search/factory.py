@@ -1,7 +1,7 @@
 """``open_searcher``: the searcher that fits an index, or an index folder, sharded or not.
 
-It lives apart from ``lsr.search.searcher`` because ``lsr.parallel.sharded_search`` imports that module: the
-parallel package is imported here, inside the function, and nothing it imports comes back here.
+It lives apart from ``lsr.search.searcher`` because ``lsr.search.sharded`` (the sharded searcher) imports that
+module: this one imports both.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 import torch
 
 from lsr.index.inverted import InvertedIndex
+from lsr.index.sharded import ShardedIndex, is_sharded
 from lsr.search.config import SearchConfig
 from lsr.search.searcher import Searcher
+from lsr.search.sharded import ShardedSearcher
 from lsr.utils.devices import torch_device
 
 __all__ = ["open_searcher"]
@@ -21,8 +23,8 @@ __all__ = ["open_searcher"]
 
 def open_searcher(index_or_path: Any, *, device: str | torch.device | None = None,
                   config: SearchConfig | None = None, **kwargs: Any) -> Any:
-    """A ``Searcher`` for an ``InvertedIndex``, a ``lsr.parallel.sharded_search.ShardedSearcher`` for a
-    ``ShardedIndex`` (same API; partitions searched in turn, exact merge).
+    """A ``Searcher`` for an ``InvertedIndex``, a ``lsr.search.sharded.ShardedSearcher`` for a
+    ``lsr.index.sharded.ShardedIndex`` (same API; partitions searched in turn, exact merge).
 
     Args:
         index_or_path: an index, or the folder ``lsr index`` wrote (a sharded one is recognised by its manifest),
@@ -32,8 +34,6 @@ def open_searcher(index_or_path: Any, *, device: str | torch.device | None = Non
         **kwargs: further arguments of the searcher (``backend``, ``max_memory_bytes``; a sharded index also
             ``stream``).
     """
-    from lsr.parallel.sharded_index import ShardedIndex, is_sharded
-
     index = index_or_path
     if isinstance(index_or_path, (str, os.PathLike)):
         where = torch_device(device) if device is not None else torch.device(
@@ -41,8 +41,6 @@ def open_searcher(index_or_path: Any, *, device: str | torch.device | None = Non
         loader = ShardedIndex if is_sharded(index_or_path) else InvertedIndex
         index = loader.load(index_or_path, device=where)
     if isinstance(index, ShardedIndex):
-        from lsr.parallel.sharded_search import ShardedSearcher
-
         return ShardedSearcher(index, device, config=config, **kwargs)
     if isinstance(index, InvertedIndex):
         return Searcher(index, device, config=config, **kwargs)

@@ -2,10 +2,11 @@
 
 ``config`` (TrainConfig from YAML), ``data`` (examples, hard-negative mining with lsr's index, batches),
 ``losses`` (InfoNCE, MarginMSE, KL, FLOPS, L1), ``model`` (the trainable encoder, GradCache),
-``batch_loss`` (a batch's loss function), ``graph_step`` (the step replayed as CUDA graphs), ``distributed`` (data parallelism under torchrun: rank parts,
-the global batch's loss), ``sharding`` (FSDP2), ``state``
-(checkpoints without pickle), ``output`` (the output folder), ``dev_eval`` (the dev evaluation),
-``trainer`` (the loop), ``cli`` (the command).
+``batch_loss`` (a batch's loss function), ``eager_step`` (the step op by op), ``graph_step`` (the step replayed as
+CUDA graphs), ``global_batch`` (data parallelism under torchrun: rank parts, the global batch's loss; its
+collectives, DDP and FSDP2 are ``lsr.parallel.training``'s), ``state`` (checkpoints without pickle), ``output``
+(the output folder), ``dev_eval`` (the dev evaluation), ``trainer`` (the loop; ``train`` runs it in a
+``lsr.parallel.jobs.rank_job``). The command is ``lsr.cli.train``.
 Importing this package is cheap: torch loads with ``train`` / ``Trainer``.
 """
 

@@ -88,17 +88,14 @@ class TrainableEncoder:
     def distribute(self, sharding: str = "ddp") -> None:
         """Train data-parallel over the ranks of the current process group: DDP wraps the towers (its
         constructor broadcasts rank 0's weights) and averages the gradients during the backward; or
-        ``sharding="fsdp"``: FSDP2 shards them (``lsr.train.sharding``; parameters become DTensors)."""
-        from torch.nn.parallel import DistributedDataParallel
+        ``sharding="fsdp"``: FSDP2 shards them, each transformer layer apart (parameters become DTensors).
+        Both through ``lsr.parallel.training``."""
+        from lsr.parallel.training import data_parallel, shard_model
 
         if sharding == "fsdp":
-            from lsr.train.sharding import shard_modules
-
-            shard_modules(self.pair)
+            shard_model(self.pair, [layer for tower in self.pair.towers for layer in _layer_list(tower)])
             return
-        ids = [self.device] if self.device.type == "cuda" else None
-        self.ddp = self.pair = DistributedDataParallel(TowerPair(self), device_ids=ids, broadcast_buffers=False,
-                                                       gradient_as_bucket_view=True)
+        self.ddp = self.pair = data_parallel(TowerPair(self), self.device)
 
     def _tokenize(self, kind: str, texts: Sequence[str]) -> Any:
         prepared = self.encoder.prepare(list(texts), kind, batch_size=max(1, len(texts)),
@@ -170,10 +167,16 @@ class TrainableEncoder:
             self.encode(kind, texts).backward(grad)
         _set_rng_state(self.device, after)
         if self.ddp is not None:  # the chunks ran outside DDP's forward: no gradient was averaged yet
-            from lsr.train.distributed import average_gradients
+            from lsr.parallel.training import average_gradients
 
             average_gradients([p for _, p in self.named_parameters()])
         return loss.detach(), logs, q.detach(), d.detach()
+
+
+def _layer_list(tower: nn.Module) -> nn.ModuleList | list:
+    """A tower's transformer layers: the members of its first layer list (none when it has no list)."""
+    layer_lists = [m for m in tower.modules() if isinstance(m, nn.ModuleList)]
+    return layer_lists[0] if layer_lists else []
 
 
 class TowerPair(nn.Module):

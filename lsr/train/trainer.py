@@ -9,9 +9,10 @@ queries and documents, learning rate, step time, tokens/s); every ``eval_every``
 the dev split is searched exactly with lsr's own index (OUTPUT/eval.jsonl); every ``save_every``
 steps a resumable checkpoint is written (``lsr.train.state``); the final model goes to OUTPUT/model.
 
-Under torchrun every rank runs the loop on its part of each global batch (``lsr.train.distributed``);
-rank 0 alone writes the output folder (logs, evaluations, mined negatives, checkpoints, the model) while
-the others wait, and a failure there fails every rank (``lsr.parallel.topology.agree``).
+Under torchrun every rank runs the loop on its part of each global batch (``lsr.train.global_batch``) in one
+``lsr.parallel.jobs.rank_job`` (``train`` opens it): the ranks agree on the config and its inputs first, rank 0
+alone writes the output folder (logs, evaluations, mined negatives, checkpoints, the model) while the others
+wait, and a failure there fails every rank (``RankJob.on_lead``).
 """
 
 from __future__ import annotations
@@ -19,31 +20,31 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import random
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from lsr.config import apply_overrides
+from lsr.parallel.agreement import config_parts
+from lsr.parallel.jobs import RankJob, rank_job
+from lsr.parallel.topology import is_distributed
+from lsr.parallel.training import FullStateOptimizer, full_model_state
 from lsr.storage.files import atomic_write_text
-from lsr.train.batch_loss import batch_loss_fn
 from lsr.train.config import TrainConfig, load_train_config, train_config_from_dict
 from lsr.train.data import Example, TrainData, epoch_batches, load_train_data, mine_negatives
 from lsr.train.dev_eval import evaluate_encoder, load_dev_data
-from lsr.train.distributed import RankPart, group_rows, grouped_loss, rank_loss, reduce_logs
+from lsr.train.eager_step import EagerStep, check_finite
 from lsr.train.graph_step import GraphStep, plan_train_step
 from lsr.train.model import TrainableEncoder, adamw_kernel
 from lsr.train.output import claim_train_output, prepare_train_output
-from lsr.train.sharding import FullStateOptimizer, full_model_state
 from lsr.train.state import (
     checkpoint_path,
     find_checkpoint,
@@ -56,13 +57,17 @@ from lsr.train.state import (
 __all__ = ["Trainer", "train"]
 
 log = logging.getLogger("lsr.train")
-T = TypeVar("T")
 
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _deterministic_cublas(cfg: TrainConfig) -> None:
+    if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -73,31 +78,24 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 
 class Trainer:
-    """One configured run: ``Trainer(cfg).run()`` -> the final model folder."""
+    """One configured run: ``Trainer(cfg).run()`` -> the final model folder; under torchrun every rank's
+    ``Trainer(cfg, job)`` inside the job's ``rank_job`` (``train`` does both)."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        from lsr.parallel.topology import init_distributed, is_distributed, leave_distributed
+    def __init__(self, cfg: TrainConfig, job: RankJob | None = None) -> None:
         from lsr.utils.devices import resolve_device
 
         self.cfg, self.out = cfg, Path(cfg.output)
-        if cfg.optim.deterministic:  # (read when cuBLAS starts: set before the model touches the GPU)
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        self.joined = is_distributed() and not torch.distributed.is_initialized()  # left again by run()
-        self.device = init_distributed(resolve_device(cfg.device)) if is_distributed() else \
-            torch.device(resolve_device(cfg.device))
-        self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
-            if is_distributed() else (0, 1)
-        try:
-            if self.world > 1:  # the job's one agreement: the same config, inputs and output on every rank
-                from lsr.parallel.agreement import agreement, config_parts
-
-                with agreement("read the config and its inputs") as parts:
-                    parts += config_parts(cfg.to_dict())
-            self._setup()
-        except BaseException:
-            if self.joined:  # every rank fails here together (each step is agreed on)
-                leave_distributed(failed=True)
-            raise
+        _deterministic_cublas(cfg)
+        if job is None:
+            if is_distributed():
+                raise ValueError("under torchrun a Trainer trains one rank of the job: call lsr.train.train(cfg), or "
+                                 "pass job= (with lsr.parallel.jobs.rank_job(device) as job: ...)")
+            job = RankJob.alone(resolve_device(cfg.device))
+        self.job, self.device = job, job.device
+        self.rank, self.world = job.rank, job.world
+        with job.agreement("read the config and its inputs") as parts:  # the same config, inputs and output
+            parts += config_parts(cfg.to_dict())
+        self._setup()
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -109,10 +107,10 @@ class Trainer:
         if self.sharded and cfg.optim.grad_cache_chunk is not None:
             raise ValueError("config.optim.grad_cache_chunk encodes outside the sharded forward: use it with "
                              "optim.sharding: ddp, or unset it with fsdp")
-        self._on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
+        self.job.on_lead("claim the output folder", lambda: claim_train_output(cfg, self.out))  # before the slow load
         _seed_everything(cfg.seed)
         self.resume_from = self._find_resume()
-        with self._agree("load the model and the training data"):
+        with self.job.step("load the model and the training data"):
             self.model = TrainableEncoder(self._load_encoder(self.resume_from), head=cfg.encoder.head,
                                           deterministic=cfg.optim.deterministic, bf16=cfg.autocast_bf16,
                                           gradient_checkpointing=cfg.optim.gradient_checkpointing)
@@ -132,6 +130,7 @@ class Trainer:
                                            **adamw_kernel(self.device, cfg.optim.deterministic, capturable=graph))
         self.graph_step = GraphStep(self.model, self.optimizer, cfg.loss, cfg.optim.max_grad_norm,
                                     graph_batch=cfg.optim.batch_size) if graph else None
+        self.eager_step = EagerStep(self.model, self.optimizer, cfg, self.rank, self.world)
         # what checkpoints save and load: under FSDP the full state, gathered from the shards
         self.optimizer_state = FullStateOptimizer(self.optimizer, self.model.pair) if self.sharded else self.optimizer
         self.global_batch = cfg.optim.batch_size * self.world  # the data order is the global batch's
@@ -141,33 +140,15 @@ class Trainer:
         self._eval_data: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
-    def _agree(self, what: str) -> AbstractContextManager:
-        """A step every rank runs: if it fails on one, it fails on all (``agree``); nothing outside torchrun."""
-        if self.world == 1:
-            return nullcontext()
-        from lsr.parallel.topology import agree
-
-        return agree(what)
-
-    def _on_lead(self, what: str, fn: Callable[[], T]) -> T | None:
-        """``fn()`` on rank 0 (the one writer of the output folder) while the others wait; a failure
-        there fails every rank. Outside torchrun: ``fn()``."""
-        with self._agree(what):
-            return fn() if self.rank == 0 else None
-
     def _find_resume(self) -> Path | None:
         """The checkpoint to resume from: rank 0's choice on every rank (``resume: auto`` lists a folder)."""
         cfg = self.cfg
         if not cfg.resume:
             return None
-        found = self._on_lead("find the checkpoint", lambda: find_checkpoint(cfg.resume, self.out / "checkpoints",
-                                                                             cfg.to_dict()))
-        if self.world > 1:
-            from lsr.parallel.topology import broadcast_text
-
-            text = broadcast_text(str(found) if found is not None else "")
-            found = Path(text) if text else None
-        return found
+        found = self.job.on_lead("find the checkpoint", lambda: find_checkpoint(cfg.resume, self.out / "checkpoints",
+                                                                                cfg.to_dict()))
+        text = self.job.from_lead(str(found) if found is not None else "")
+        return Path(text) if text else None
 
     @property
     def lead_encoder(self) -> Any:
@@ -212,8 +193,8 @@ class Trainer:
         path = self.out / "negatives" / f"epoch-{mined_epoch}.json"
         if neg.mine == "model" and not path.is_file():
             self._gather_weights()
-        self._on_lead("mine hard negatives", lambda: self._mine_negatives(path))
-        with self._agree("read the mined negatives"):  # (several hosts: the output folder must be shared)
+        self.job.on_lead("mine hard negatives", lambda: self._mine_negatives(path))
+        with self.job.step("read the mined negatives"):  # (several hosts: the output folder must be shared)
             if self.rank != 0:
                 self.data.candidates = json.loads(path.read_text())
 
@@ -240,28 +221,15 @@ class Trainer:
         atomic_write_text(path, json.dumps(self.data.candidates))
 
     # ------------------------------------------------------------------ one step
-    def _loss_fn(self, batch: list[Example]):
-        return batch_loss_fn(self.cfg.loss, self.data, batch, self.step, self.device)
-
-    def _step_loss(self, batch: list[Example], part: RankPart | None):
-        """The loss function of this process's encoded rows: its rank's share (under torchrun), the
-        grouped loss (``loss.in_batch_groups``) or the batch's own."""
-        n_neg, loss_cfg = self.cfg.negatives.count, self.cfg.loss
-        if part is not None:
-            return rank_loss(self._loss_fn, batch, part, n_neg, loss_cfg.gather_across_ranks)
-        if loss_cfg.in_batch_groups > 1:
-            return grouped_loss(self._loss_fn, batch, loss_cfg.in_batch_groups, n_neg)
-        return self._loss_fn(batch)
-
     def train_step(self, batch: list[Example]) -> dict[str, Any]:
         """Forward, backward and optimizer step on one (global) batch; returns its log fields."""
         t0, optim = time.perf_counter(), self.cfg.optim
         lr = optim.lr * lr_factor(self.step, optim.warmup_steps, self.total_steps)
         if self.graph_step is not None:
             loss, logs, grad_norm, counts = self.graph_step.run(self.data, batch, self.step, lr)
-            self._check_finite(loss)  # (the graph left the weights as they were: it skips a non-finite update)
+            check_finite(loss, self.step)  # (the graph left the weights as they were: it skips a non-finite update)
         else:
-            loss, logs, grad_norm, counts = self._eager_step(batch, lr)
+            loss, logs, grad_norm, counts = self.eager_step.run(self.data, batch, self.step, lr)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
@@ -269,35 +237,6 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "loss": loss, **logs, "lr": lr, "grad_norm": grad_norm,
                 "nnz_q": counts["nnz_q"] / max(1, counts["n_q"]), "nnz_d": counts["nnz_d"] / max(1, counts["n_d"]),
                 "step_ms": dt * 1e3, "tokens_per_s": counts["tokens"] / dt}
-
-    def _check_finite(self, loss: float) -> None:
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {self.step}: the loss is {loss}; lower optim.lr or set encoder.dtype: float32")
-
-    def _eager_step(self, batch: list[Example], lr: float) -> tuple[float, dict[str, Any], float | None, dict]:
-        """The step issued op by op (any device, torchrun, GradCache): (loss, logs, grad norm, counts)."""
-        optim, data, tokens0 = self.cfg.optim, self.data, self.model.tokens
-        part = RankPart.of(batch, self.rank, self.world) if self.world > 1 else None
-        examples = part.examples if part is not None else batch
-        queries = [data.queries[e.qid] for e in examples]
-        docs = [data.docs[d] for d in [e.positive for e in examples] + [n for e in examples for n in e.negatives]]
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, logs, q, d = self.model.backward(self._step_loss(batch, part), queries, docs, optim.grad_cache_chunk)
-        q_rows, d_rows = group_rows(0, part.real if part else len(batch), len(examples), self.cfg.negatives.count)
-        counts = {"nnz_q": float((q[q_rows] > 0).sum()), "n_q": len(q_rows), "nnz_d": float((d[d_rows] > 0).sum()),
-                  "n_d": len(d_rows), "tokens": self.model.tokens - tokens0}
-        if self.world > 1:  # the global batch's loss and counts (also: every rank sees the same loss below)
-            loss, logs, counts = reduce_logs(loss, logs, counts)
-        self._check_finite(float(loss))
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = None
-        if optim.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm, foreach=not optim.deterministic)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # (a DTensor under FSDP)
-        self.optimizer.step()
-        return float(loss), logs, grad_norm, counts
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
@@ -325,7 +264,7 @@ class Trainer:
             save_trainer_state(folder, SimpleNamespace(state_dict=lambda: optimizer_state), self.param_names,
                                self.device, progress, config=self.cfg.to_dict())
             prune_checkpoints(self.out / "checkpoints", self.cfg.schedule.keep_checkpoints)
-        self._on_lead("save a checkpoint", write)
+        self.job.on_lead("save a checkpoint", write)
         return folder
 
     def _restore(self, folder: Path) -> None:
@@ -344,14 +283,14 @@ class Trainer:
                 if path.is_file():
                     keep = log_lines_up_to(path, self.step)
                     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
-        self._on_lead("truncate the logs", truncate_logs)
+        self.job.on_lead("truncate the logs", truncate_logs)
         log.info("resumed from %s at step %d", folder, self.step)
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
         def write() -> None:
             with open(self.out / name, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
-        self._on_lead(f"write {name}", write)
+        self.job.on_lead(f"write {name}", write)
 
     def _evaluate_and_log(self, bar: Any) -> dict[str, float]:
         """Rank 0 evaluates and logs (the others wait); {} on the other ranks."""
@@ -362,7 +301,7 @@ class Trainer:
                 f.write(json.dumps({"step": self.step, **metrics}) + "\n")
             bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             return metrics
-        return self._on_lead("evaluate", evaluate) or {}
+        return self.job.on_lead("evaluate", evaluate) or {}
 
     # ------------------------------------------------------------------ loop
     def run(self) -> Path:
@@ -370,21 +309,14 @@ class Trainer:
         before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
         if self.cfg.optim.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        failed = True
         try:
-            path = self._run()
-            failed = False
-            return path
+            return self._run()
         finally:  # a process-wide switch: leave it as it was
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-            if self.joined:
-                from lsr.parallel.topology import leave_distributed
-
-                leave_distributed(failed)
 
     def _run(self) -> Path:
         cfg, final = self.cfg, self.out / "model"
-        self._on_lead("prepare the output folder", lambda: prepare_train_output(cfg, self.out, self.resume_from))
+        self.job.on_lead("prepare the output folder", lambda: prepare_train_output(cfg, self.out, self.resume_from))
         if self.resume_from is not None:
             self._restore(self.resume_from)
         if self.rank == 0:
@@ -420,20 +352,23 @@ class Trainer:
             self.lead_encoder.save_pretrained(final, overwrite=True)
             if metrics:
                 atomic_write_text(self.out / "metrics.json", json.dumps({"step": self.step, **metrics}, indent=1))
-        self._on_lead("write the model", write_model)
+        self.job.on_lead("write the model", write_model)
         return final
 
 
 def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
           ) -> Path:
     """Train a SPLADE model from a TrainConfig, a nested mapping or a YAML file (+ ``section.key=value``
-    overrides);
-    returns the folder of the final model (loadable by ``SpladeEncoder.from_pretrained`` and by
-    sentence-transformers' ``SparseEncoder``)."""
+    overrides), in this process or on every rank of a torchrun job; returns the folder of the final model
+    (loadable by ``SpladeEncoder.from_pretrained`` and by sentence-transformers' ``SparseEncoder``)."""
     if isinstance(config, TrainConfig):
         cfg = config if not overrides else train_config_from_dict(apply_overrides(config.to_dict(), overrides))
     elif isinstance(config, Mapping):
         cfg = train_config_from_dict(apply_overrides(copy.deepcopy(dict(config)), overrides))
     else:
         cfg = load_train_config(config, overrides)
-    return Trainer(cfg).run()
+    from lsr.utils.devices import resolve_device
+
+    _deterministic_cublas(cfg)
+    with rank_job(resolve_device(cfg.device)) as job:  # under torchrun: this rank of the job
+        return Trainer(cfg, job).run()

@@ -64,12 +64,12 @@ def test_stage_packages_export_their_names_on_first_use():
     ``lsr.storage.files``) loads no torch until such a name is used."""
     code = ("import sys\nimport lsr.benchmarks, lsr.data, lsr.parallel, lsr.storage, lsr.storage.files, lsr.utils\n"
             "assert 'torch' not in sys.modules\n"
-            "from lsr.storage import read_vectors, write_vectors\nfrom lsr.parallel import ShardedIndex, search_sharded\n"
+            "from lsr.storage import read_vectors, write_vectors\nfrom lsr.parallel import rank_job, search_sharded\n"
             "from lsr.data import load_dataset\nfrom lsr.utils import resolve_device\n"
             "from lsr.benchmarks import synth_docs\nfrom lsr.pipeline import run_pipeline\n"
             "from lsr.sparse import SparseVectors\n"
             "assert read_vectors.__module__ == 'lsr.storage.shards' and 'read_vectors' in dir(lsr.storage)\n"
-            "assert ShardedIndex.__module__ == 'lsr.parallel.sharded_index'\n")
+            "assert rank_job.__module__ == 'lsr.parallel.jobs'\n")
     out = _python(code)
     assert out.returncode == 0, out.stderr
 

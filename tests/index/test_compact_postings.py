@@ -287,7 +287,7 @@ def test_searcher_on_a_saved_compact_index(saved):
 
 def test_cli_index_postings_option(tmp_path, capsys, gen):
     from lsr.cli import main
-    from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.index.sharded import ShardedIndex
     from lsr.search.factory import open_searcher
     from lsr.storage.shards import write_vectors
     docs = bf16_rows(80, 25, 0.2, gen).to("cpu")
@@ -313,7 +313,7 @@ def test_cli_index_postings_option(tmp_path, capsys, gen):
 
 
 def test_in_memory_sharded_index_takes_the_posting_layout(gen):
-    from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.index.sharded import ShardedIndex
     from lsr.search.factory import open_searcher
     docs = bf16_rows(90, 30, 0.2, gen).to("cpu")
     q = random_dense_rows(4, 30, 0.3, gen)

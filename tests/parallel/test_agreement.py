@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
-from lsr.parallel.sharded_index import ShardedIndex
+from lsr.index.sharded import ShardedIndex
 from lsr.sparse import SparseVectors
 from lsr.storage.shards import write_vectors
 from lsr.testing import free_port, join_or_kill, random_collection, write_scifact_slice

@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
+from lsr.index.sharded import ShardedIndex
 from lsr.parallel.exchange import pack_hits, unpack_hits
 from lsr.parallel.plan import plan_batch
-from lsr.parallel.sharded_index import ShardedIndex
 from lsr.storage.shards import write_vectors
 from lsr.testing import free_port, random_collection
 
@@ -50,10 +50,26 @@ def test_query_slices_cover_every_query_once_in_order(n_queries):
         plan_batch(3, 4, 13)
 
 
+def test_the_batch_plan_prints_as_every_plan_does():
+    from lsr.utils.plans import Plan, explain
+
+    plan = plan_batch(2, 4, 13)
+    assert isinstance(plan, Plan)
+    lines = str(plan).splitlines()
+    assert lines[0] == "batch plan: 13 queries, 2 partition(s), 4 rank(s)" and explain([None, plan]) == str(plan)
+    steps = {s.name: s for s in plan.plan_steps()}
+    assert list(steps) == ["layout", "rank 0", "rank 1", "rank 2", "rank 3", "merge"]
+    assert steps["layout"].choice == "replica groups" and "2 copies of the index" in steps["layout"].why
+    assert steps["rank 2"].choice == "partitions [0], queries 6..12 (7)"
+    many = [s.name for s in plan_batch(1, 10, 100).plan_steps()]
+    assert many[-2:] == ["...", "merge"] and "rank 7" in many and "rank 8" not in many
+    assert [s.name for s in plan_batch(3, 1, 13).plan_steps()] == ["layout", "rank 0"]  # one process: no merge
+
+
 @pytest.mark.parametrize("k", [1, 7, 40, 90])
 def test_key_merge_equals_exact_topk_with_ties_padding_and_short_lists(k):
-    from lsr.parallel.sharded_search import merge_hit_lists
     from lsr.search.searcher import exact_topk
+    from lsr.search.sharded import merge_hit_lists
 
     g = torch.Generator().manual_seed(k)
     parts = []

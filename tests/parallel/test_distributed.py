@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lsr.index import InvertedIndex
-from lsr.parallel.sharded_index import ShardedIndex
+from lsr.index.sharded import ShardedIndex
 from lsr.search import Searcher
 from lsr.storage.shards import read_vectors, write_vectors
 from lsr.testing import free_port, random_collection

@@ -43,10 +43,10 @@ def _stalled_rank(rank: int, port: int, tmp: str) -> None:
     """Rank 1 joins the process group and stops itself (as `kill -STOP` would); rank 0 searches."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LSR_DIST_TIMEOUT=str(TIMEOUT_S))
-    from lsr.parallel.topology import process_group
+    from lsr.parallel.jobs import rank_job
 
     if rank == 1:
-        with process_group("cpu"):
+        with rank_job("cpu"):
             os.kill(os.getpid(), signal.SIGSTOP)
         return
     import contextlib

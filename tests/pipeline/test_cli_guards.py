@@ -263,11 +263,11 @@ def test_searchers_name_a_malformed_device(tmp_path):
     import torch
 
     from lsr.index.inverted import InvertedIndex
+    from lsr.index.sharded import ShardedIndex
     from lsr.parallel.search import DistributedSearcher
-    from lsr.parallel.sharded_index import ShardedIndex
-    from lsr.parallel.sharded_search import ShardedSearcher
     from lsr.search.factory import open_searcher
     from lsr.search.searcher import Searcher
+    from lsr.search.sharded import ShardedSearcher
     from lsr.utils.devices import resolve_device
 
     docs = SparseVectors([0, 1, 3, 4], [0, 0, 1, 2], [1.0, 2.0, 1.0, 3.0], ids=["a", "b", "c"])

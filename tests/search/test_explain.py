@@ -131,8 +131,8 @@ def test_invalid_config_values_are_one_line_errors(case):
 
 
 def test_open_searcher_picks_the_searcher_of_an_index_or_folder(case, tmp_path):
-    from lsr.parallel.sharded_index import ShardedIndex
-    from lsr.parallel.sharded_search import ShardedSearcher
+    from lsr.index.sharded import ShardedIndex
+    from lsr.search.sharded import ShardedSearcher
     docs, queries, index = case
     cpu_docs = docs.to("cpu")
     index.save(tmp_path / "single")

@@ -94,6 +94,13 @@ def test_resume_equals_uninterrupted(tiny_model, beir, tmp_path):
     assert log == [3, 4, 5]
 
 
+def _batch_loss(trainer: Trainer, batch: list):
+    """The loss function the trainer's step uses for ``batch`` (one process)."""
+    from lsr.train.batch_loss import batch_loss_fn
+
+    return batch_loss_fn(trainer.cfg.loss, trainer.data, batch, trainer.step, trainer.device)
+
+
 def test_grad_cache_equals_full_batch_gradient(tiny_model, beir, tmp_path):
     trainer = Trainer(config(tiny_model, beir, tmp_path / "gc", {"optim.max_steps": 1, "optim.batch_size": 5}))
     from lsr.train.data import epoch_batches
@@ -107,7 +114,7 @@ def test_grad_cache_equals_full_batch_gradient(tiny_model, beir, tmp_path):
             p.grad = None
         queries = [trainer.data.queries[e.qid] for e in batch]
         docs = [trainer.data.docs[e.positive] for e in batch]
-        trainer.model.backward(trainer._loss_fn(batch), queries, docs, chunk)
+        trainer.model.backward(_batch_loss(trainer, batch), queries, docs, chunk)
         grads.append([p.grad.clone() for p in params])
     for full, cached in zip(*grads, strict=True):
         torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-6)
@@ -272,7 +279,7 @@ def test_triton_head_gives_the_torch_head_gradient(tiny_model, beir, tmp_path):
         trainer = Trainer(config(tiny_model, beir, tmp_path / head, {"encoder.head": head, **kw}))
         trainer.model.eval()  # no dropout
         batch = epoch_batches(trainer.data, trainer.cfg, 0)[0]
-        loss, *_ = trainer.model.backward(trainer._loss_fn(batch), [trainer.data.queries[e.qid] for e in batch],
+        loss, *_ = trainer.model.backward(_batch_loss(trainer, batch), [trainer.data.queries[e.qid] for e in batch],
                                           [trainer.data.docs[e.positive] for e in batch])
         out.append((float(loss), [p.grad for _, p in trainer.model.named_parameters()]))
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)

@@ -1,4 +1,5 @@
-"""``lsr run`` on every rank of a torchrun job: the steps of ``lsr.pipeline`` spread over the ranks.
+"""``lsr run`` on every rank of a torchrun job: the steps of ``lsr.pipeline.steps`` spread over the ranks, in one
+``lsr.parallel.jobs.rank_job`` (the process group, the heartbeat, the agreement before any work, one-line failures).
 
 * the ranks agree on what they use (``lsr.parallel.agreement``: the config, the documents, the encoder's and
   other input files by content, the output folder by path) in one collective before any work;
@@ -6,15 +7,16 @@
   other ranks follow once it has (they load the fit it saved);
 * every rank encodes its slice of the documents into the run's ``doc_vectors`` folder
   (``encode_corpus_distributed``: the folder one process writes, file for file);
-* every rank builds its partitions of the sharded index (``index.partitions``; default one per rank);
+* every rank builds its partitions of the sharded index (``index.partitions``; default one per rank;
+  ``lsr.parallel.sharded_build.build_on_ranks``);
 * rank 0 encodes the queries, every rank searches its share of them on its partitions with no collective per
   batch (``lsr.parallel.batch.search_batch``: the queries broadcast once, the per-rank top-k gathered once on
   rank 0 and merged exactly);
 * rank 0 alone writes run.trec, run.msmarco.tsv and metrics.json (and runs a configured rerank stage
   while the others wait), and every rank returns its result.
 
-Each step is wrapped in ``lsr.parallel.topology.agree``: a failure on one rank fails every rank (with the
-failing rank's error there and "another rank failed" elsewhere) instead of leaving the others waiting.
+Each step is a step of the job (``RankJob.step``): a failure on one rank fails every rank (with the failing
+rank's error there and "another rank failed" elsewhere) instead of leaving the others waiting.
 The run files and metrics equal a single-process ``lsr run`` with the same ``index.partitions`` (and one
 plain index), byte for byte.
 """
@@ -26,14 +28,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from lsr.config import RunConfig
 from lsr.encode.factory import corpus_settings
 from lsr.interop.vectors import is_vector_folder, read_doc_vectors
-from lsr.parallel.agreement import agreement, config_parts, corpus_part
+from lsr.parallel.agreement import config_parts, corpus_part
 from lsr.parallel.encode import encode_dataset_distributed
-from lsr.parallel.topology import agree, broadcast_text, built_on_rank0, process_group
+from lsr.parallel.jobs import RankJob, rank_job
 from lsr.pipeline.steps import (
     check_job_partitions,
     claim_output,
@@ -65,66 +65,58 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
     """``run_pipeline`` on every rank of the current torchrun job (collective); returns rank 0's result
     on every rank. Joins the process group torchrun describes (and leaves it when done) unless the
     caller already has."""
-    with process_group(resolve_device(cfg.device)) as device:
-        dev = str(device)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        with agreement("read the config and the dataset") as parts:  # the ranks agree before any work
-            cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, world)))
+    with rank_job(resolve_device(cfg.device)) as job:
+        with job.agreement("read the config and the dataset") as parts:  # the ranks agree before any work
+            cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, job.world)))
             from lsr.data.sources import load_dataset
 
             dataset = load_dataset(cfg.data.dataset, cfg.data.split)
             check_job_partitions(cfg, dataset, cfg.index.partitions)
             parts += [corpus_part(dataset), *config_parts(cfg.to_dict(), covered=("data.dataset",))]
-        with agree("claim the output folder"):
-            if rank == 0:  # rank 0 decides, the others follow
-                claim_output(cfg, dataset, Path(cfg.output), overwrite)
+        job.on_lead("claim the output folder", lambda: claim_output(cfg, dataset, Path(cfg.output), overwrite))
         timings: dict[str, float] = {}
-        vectors, encoder, doc_meta = _encode_corpus(cfg, dataset, dev, timings)
-        result = _index_search_write(cfg, dataset, vectors, encoder, doc_meta, dev, timings)
-        return json.loads(broadcast_text(json.dumps(result) if rank == 0 else None, RESULT_LIMIT))
+        vectors, encoder, doc_meta = _encode_corpus(job, cfg, dataset, timings)
+        result = _index_search_write(job, cfg, dataset, vectors, encoder, doc_meta, timings)
+        return json.loads(job.from_lead(json.dumps(result) if job.lead else None, RESULT_LIMIT))
 
 
-def _encode_corpus(cfg: RunConfig, dataset: Any, dev: str, timings: dict[str, float]) -> tuple[Any, Any, Any]:
+def _encode_corpus(job: RankJob, cfg: RunConfig, dataset: Any, timings: dict[str, float]) -> tuple[Any, Any, Any]:
     """(the document vectors: a folder or SparseVectors, the encoder or None, the vectors' metadata)."""
-    out, origin = Path(cfg.output), job_origin(cfg, dataset)
+    out, origin, dev = Path(cfg.output), job_origin(cfg, dataset), str(job.device)
     with timed_step("encode documents", timings):
         if cfg.inputs.doc_vectors:
-            with agree("read the document vectors"):
+            with job.step("read the document vectors"):
                 given = Path(cfg.inputs.doc_vectors)
                 vectors = given if is_vector_folder(given) else read_doc_vectors(given, cfg.inputs.vocab)
             return vectors, None, None
-        encoder = built_on_rank0(lambda: doc_encoder(cfg, dataset, out, origin, dev),
-                                 lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
-                                 rank0_only=cfg.encoder.kind == "bm25")  # the others load the statistics it saves
+        encoder = job.built_on_lead(lambda: doc_encoder(cfg, dataset, out, origin, dev),
+                                    lambda: doc_encoder(cfg, dataset, out, origin, dev, fit=False), "the encoder",
+                                    lead_only=cfg.encoder.kind == "bm25")  # the others load the statistics it saves
         manifest = encode_dataset_distributed(encoder, dataset, out / "doc_vectors",
                                               **corpus_settings(cfg.encoder, origin))
     return out / "doc_vectors", encoder, manifest.get("metadata")
 
 
-def _index_search_write(cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any, doc_meta: Any, dev: str,
+def _index_search_write(job: RankJob, cfg: RunConfig, dataset: Any, vectors: Any, encoder: Any, doc_meta: Any,
                         timings: dict[str, float]) -> dict[str, Any] | None:
     """Build the sharded index, search it with rank 0's queries, write the results on rank 0 (its result;
     None on the other ranks)."""
     from lsr.parallel.batch import load_rank_index, search_batch
-    from lsr.parallel.sharded_index import ShardedIndex
+    from lsr.parallel.sharded_build import build_on_ranks
     from lsr.search.searcher import run_depth
 
-    rank, world, out = dist.get_rank(), dist.get_world_size(), Path(cfg.output)
+    out, dev = Path(cfg.output), str(job.device)
     with timed_step("build index", timings):
         # metadata {} for pre-encoded vectors, as the single-process job builds them
-        ShardedIndex.build(vectors, cfg.index.partitions, out / "index", device=dev, block_size=cfg.index.block_size,
-                           metadata=doc_meta or {}, overwrite=True, postings=cfg.index.postings)
-        with agree("load its partitions"):
-            index = load_rank_index(out / "index", rank, world, verify=False)
-    queries, query_meta = None, None
-    with timed_step("encode queries", timings), agree("encode the queries"):
-        if rank == 0:
-            queries, query_meta = encode_queries(cfg, dataset, encoder)
+        build_on_ranks(vectors, cfg.index.partitions, out / "index", device=dev, block_size=cfg.index.block_size,
+                       metadata=doc_meta or {}, overwrite=True, postings=cfg.index.postings)
+        with job.step("load its partitions"):
+            index = load_rank_index(out / "index", job.rank, job.world, verify=False)
+    with timed_step("encode queries", timings):
+        queries, query_meta = job.on_lead("encode the queries", lambda: encode_queries(cfg, dataset, encoder)) \
+            or (None, None)
     with timed_step("search", timings):  # every rank its slice of the queries, gathered once on rank 0
         hits = search_batch(index, queries, run_depth(cfg.search.k, index.n_docs), dev, backend=cfg.search.backend,
                             query_metadata=query_meta, config=cfg.search)
-    result = None
-    with agree("write the run and metrics"):
-        if rank == 0:
-            result = write_results(cfg, dataset, queries, index.docnos, (hits.scores, hits.doc_idx), timings, dev)
-    return result
+    return job.on_lead("write the run and metrics", lambda: write_results(
+        cfg, dataset, queries, index.docnos, (hits.scores, hits.doc_idx), timings, dev))

@@ -1,4 +1,5 @@
-"""Data-parallel training over the ranks of a torchrun job, and the loss of one global batch.
+"""Data-parallel training over the ranks of a torchrun job: each rank's part of a global batch, and the loss of
+one global batch (the collectives it takes are ``lsr.parallel.training``'s).
 
 **Batches.** ``optim.batch_size`` is the per-rank batch, as Hugging Face Trainer's
 ``per_device_train_batch_size`` and sentence-transformers mean it: W ranks train on global batches of
@@ -8,7 +9,7 @@ batch's whatever the rank count. Rank r encodes the r-th of W contiguous parts o
 the same number of rows, a short part padded with copies of the batch's first example that no loss sees.
 
 **The loss.** With ``loss.gather_across_ranks`` every rank gathers all ranks' query and document
-vectors (``gather_rows``: an all-gather whose backward sums every rank's gradient of each part back to
+vectors (``lsr.parallel.training.gather_rows``: an all-gather whose backward sums every rank's gradient of each part back to
 its owner) into the global batch and computes the one-process loss of it (in-batch negatives, FLOPS and
 distillation over the global batch). Without it each rank's part is a group with its own in-batch
 negatives and FLOPS, and the loss is sum_r (k_r / g) loss_r over the parts (k_r of the g examples): the
@@ -25,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["SCALED_LOGS", "RankPart", "average_gradients", "gather_rows", "group_rows", "grouped_loss", "rank_loss", "reduce_logs",
-           "split_sizes"]
+from lsr.parallel.training import gather_rows, sum_over_ranks
+
+__all__ = ["SCALED_LOGS", "RankPart", "group_rows", "grouped_loss", "rank_loss", "reduce_logs", "split_sizes"]
 
 T = TypeVar("T")
 LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]]
@@ -116,72 +117,11 @@ def rank_loss(make_loss: Callable[[list], LossFn], batch: list, part: RankPart, 
     return lambda q, d: _scaled(*own(q[qi], d[di]), world * part.real / len(batch))
 
 
-class _GatherRows(torch.autograd.Function):
-    """All-gather of equal-shaped [n, ...] tensors along rows; backward: every rank's gradient of the
-    gathered tensor summed, each rank keeping its own rows."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        from lsr.parallel.topology import comm_device
-
-        ctx.device = x.device
-        staged = x.detach().to(comm_device()).contiguous()
-        parts = [torch.empty_like(staged) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, staged)
-        return torch.cat(parts).to(x.device)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        from lsr.parallel.topology import comm_device
-
-        world, rank = dist.get_world_size(), dist.get_rank()
-        n = grad.shape[0] // world
-        staged = grad.to(comm_device()).contiguous()
-        if dist.get_backend() == "nccl":
-            out = torch.empty_like(staged[:n])
-            dist.reduce_scatter_tensor(out, staged)
-        else:  # gloo has no reduce-scatter: the whole sum, then this rank's rows
-            staged = staged.clone()
-            dist.all_reduce(staged)
-            out = staged[rank * n:(rank + 1) * n]
-        return out.to(ctx.device)
-
-
-def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``x`` [n, ...] (equal shapes) stacked in rank order [W·n, ...], differentiable: the
-    gradient of each rank's rows, summed over the ranks, flows back to the rank that owns them."""
-    return _GatherRows.apply(x)
-
-
-def reduce_logs(loss: torch.Tensor, logs: dict, extra: dict[str, float]) -> tuple[float, dict, dict[str, float]]:
-    """One all-reduce of a step's numbers: the loss and its parts averaged over the ranks (each rank's
+def reduce_logs(loss: torch.Tensor, logs: dict, extra: dict[str, float], world: int
+                ) -> tuple[float, dict, dict[str, float]]:
+    """One all-reduce of a step's numbers over the ``world`` ranks: the loss and its parts averaged (each rank's
     value carries its weight), ``extra`` counts summed."""
-    from lsr.parallel.topology import comm_device
-
-    world = dist.get_world_size()
     keys = [k for k in SCALED_LOGS if k in logs]
-    values = [float(loss)] + [float(logs[k]) for k in keys] + list(extra.values())
-    buf = torch.tensor(values, dtype=torch.float64, device=comm_device())
-    dist.all_reduce(buf)
-    out = buf.tolist()
+    out = sum_over_ranks([float(loss)] + [float(logs[k]) for k in keys] + list(extra.values()))
     averaged = {k: v / world for k, v in zip(keys, out[1:1 + len(keys)], strict=True)}
     return out[0] / world, {**logs, **averaged}, dict(zip(extra, out[1 + len(keys):], strict=True))
-
-
-def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
-    """Average ``.grad`` over the ranks in one all-reduce (the GradCache step, which encodes in chunks
-    outside DDP's forward, synchronises this way)."""
-    from lsr.parallel.topology import comm_device
-
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1).float() for g in grads]).to(comm_device())
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    offset = 0
-    for p, g in zip(params, grads, strict=True):
-        mean = flat[offset:offset + g.numel()].view_as(g)
-        if p.grad is None:
-            p.grad = mean.to(device=g.device, dtype=g.dtype)
-        else:  # in place: DDP's gradient buckets may be views of it
-            p.grad.copy_(mean)
-        offset += g.numel()

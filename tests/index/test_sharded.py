@@ -1,5 +1,6 @@
-"""Sharded index (lsr.parallel.sharded_index) and ShardedSearcher: build / load / validation, and results equal to
-the unsharded index bit for bit (torch backend; the Triton backend under TRITON_INTERPRET=1)."""
+"""The sharded index (lsr.index.sharded): build / load / validation, the partitions' collection-wide term maxima,
+the refusals (bad manifests, unlisted or swapped partitions, more partitions than documents), and ``lsr index
+--partitions`` searched like one index."""
 
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ import torch
 
 from lsr.cli import main
 from lsr.index import InvertedIndex
-from lsr.parallel.sharded_index import ShardedIndex, check_partition_count, is_sharded, partition_bounds
-from lsr.parallel.sharded_search import ShardedSearcher
-from lsr.search import Searcher, open_searcher
+from lsr.index.sharded import ShardedIndex, check_partition_count, partition_bounds
 from lsr.storage.shards import read_vector_rows, read_vectors, write_vectors
 from lsr.testing import random_collection
-from tests.conftest import DEV
 
 
 def _collection(n=90, vocab=50, seed=3):
     docs = random_collection(n, vocab, seed, density=0.15, quantized=True)  # many exact ties
     queries = random_collection(12, vocab, seed + 100, density=0.2, quantized=True)
     return docs, queries
+
+
+def _corrupt(path, edit):
+    mf = path / "manifest.json"
+    m = json.loads(mf.read_text())
+    edit(m)
+    mf.write_text(json.dumps(m))
 
 
 def test_partition_bounds():
@@ -42,23 +47,6 @@ def test_read_vector_rows_matches_slices(tmp_path):
         read_vector_rows(tmp_path / "v", 3, 91)
 
 
-@pytest.mark.parametrize("n_parts,k", [(1, 10), (3, 10), (4, 40), (7, 5)])
-def test_sharded_equals_single_bit_for_bit(tmp_path, n_parts, k):
-    docs, queries = _collection()
-    write_vectors(tmp_path / "v", docs, {"kind": "test"}, shard_rows=11)
-    path = ShardedIndex.build(tmp_path / "v", n_parts, tmp_path / "idx", block_size=16, workers=2)
-    assert is_sharded(path)
-    sharded = ShardedIndex.load(path)
-    assert sharded.docnos == docs.ids and sharded.metadata == {"kind": "test"}
-    single = InvertedIndex.build(docs, block_size=16)
-    want = Searcher(single, backend="torch").search(queries, k)
-    for stream in (False, True):
-        got = ShardedSearcher(sharded, backend="torch", stream=stream).search(queries, k, query_batch=5)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    # k larger than any partition (40 > 90 / 4): padding and cross-partition ties merge exactly
-    assert (want[1] >= 0).sum() > 0
-
-
 def test_global_max_scores_installed(tmp_path):
     docs, _ = _collection()
     ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=16)
@@ -66,18 +54,6 @@ def test_global_max_scores_installed(tmp_path):
     single = InvertedIndex.build(docs, block_size=16)
     for part in sharded.partitions:
         assert torch.equal(part.max_scores, single.max_scores)
-
-
-@pytest.mark.skipif(DEV == "cpu" and not __import__("os").environ.get("TRITON_INTERPRET"), reason="no Triton")
-def test_triton_backend_sharded_equals_single(tmp_path):
-    # partitions with smaller term maxima than the collection would pick other fixed-point scales
-    docs = random_collection(60, 24, 5, density=0.2)
-    queries = random_collection(6, 24, 6, density=0.3)
-    ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=8)
-    sharded = ShardedIndex.load(tmp_path / "idx", device=DEV)
-    want = Searcher(InvertedIndex.build(docs, device=DEV, block_size=8), backend="gpu").search(queries, 7)
-    got = ShardedSearcher(sharded, backend="gpu").search(queries, 7)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_partial_load_and_docnos(tmp_path):
@@ -88,13 +64,6 @@ def test_partial_load_and_docnos(tmp_path):
     assert one.docnos == docs.ids  # read from the partitions' docno files
     with pytest.raises(ValueError, match="partitions 0..2"):
         ShardedIndex.load(tmp_path / "idx", partitions=[3])
-
-
-def _corrupt(path, edit):
-    mf = path / "manifest.json"
-    m = json.loads(mf.read_text())
-    edit(m)
-    mf.write_text(json.dumps(m))
 
 
 @pytest.mark.parametrize("edit,match", [
@@ -195,51 +164,3 @@ def test_cli_index_partitions_and_search(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "do not tile" in err and not (tmp_path / "x.trec").exists()
     assert read_vectors(tmp_path / "v").equal(docs)
-
-
-def test_searcher_of_a_sharded_index_and_in_memory_build(tmp_path):
-    docs, queries = _collection()
-    ShardedIndex.build(docs, 4, tmp_path / "idx", block_size=16)
-    loaded = ShardedIndex.load(tmp_path / "idx")
-    memory = ShardedIndex.from_vectors(docs, 4, block_size=16)
-    assert memory.doc_starts == loaded.doc_starts and memory.docnos == loaded.docnos
-    want = Searcher(InvertedIndex.build(docs, block_size=16), backend="torch").search(queries, 30)
-    for index in (loaded, memory):
-        searcher = open_searcher(index, backend="torch")
-        assert isinstance(searcher, ShardedSearcher)
-        got = searcher.search(queries, 30)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    run = open_searcher(memory, backend="torch").search_run(queries, 5)
-    assert list(run) == queries.ids and all(d in docs.ids for hits in run.values() for d in hits)
-    only = ShardedIndex.from_vectors(docs, 4, partitions=[2])
-    assert [p is None for p in only.partitions] == [True, True, False, True]
-    assert torch.equal(only.partitions[2].max_scores, loaded.partitions[2].max_scores)
-
-
-@pytest.mark.gpu
-def test_gpu_streamed_and_resident_equal_single():
-    from lsr.benchmarks.synth import synth_docs, synth_queries
-
-    docs = synth_docs(300_000, device="cuda")
-    queries = synth_queries(64, device="cuda")
-    want = Searcher(InvertedIndex.build(docs)).search(queries, 1000)
-    sharded = ShardedIndex.from_vectors(docs, 3, device="cuda")
-    for stream in (False, True):
-        searcher = ShardedSearcher(sharded, "cuda", stream=stream)
-        assert searcher.stream == stream and searcher.backend == "gpu"
-        got = searcher.search(queries, 1000, query_batch=20)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-@pytest.mark.slow
-def test_lsr_run_with_partitions_equals_one_index(tmp_path):
-    from tests.conftest import REPO
-
-    out = tmp_path / "job"
-    config = str(REPO / "configs" / "scifact-bm25.yaml")
-    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu"]) == 0
-    single = (out / "run.trec").read_text()
-    # same output folder: the vectors and the BM25 fit are reused, the index is replaced by a sharded one
-    assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu", "--set", "index.partitions=3"]) == 0
-    assert is_sharded(out / "index") and (out / "run.trec").read_text() == single
-    assert main(["run", config, "--set", "index.partitions=0"]) == 2

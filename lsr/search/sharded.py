@@ -25,7 +25,7 @@ import torch
 
 from lsr.index.build import POSTING_TENSORS
 from lsr.index.inverted import InvertedIndex
-from lsr.parallel.sharded_index import ShardedIndex
+from lsr.index.sharded import ShardedIndex
 from lsr.search.config import SearchConfig
 from lsr.search.searcher import Searcher, check_request, exact_topk
 from lsr.sparse import SparseVectors

@@ -22,6 +22,9 @@ collection's maxima every partition scores every doc exactly as the unsharded in
 top-k is bit-identical. Loading installs them in each partition.
 
 The folder is built under a temporary name and renamed into place (``lsr.storage.files.atomic_directory``).
+``ShardedIndex.build`` builds it in this process; the steps it takes (``PartitionBuild``: the partitions, one at
+a time or several in threads, then the manifest) are the ones every rank of a torchrun job takes on its share
+of the partitions (``lsr.parallel.sharded_build``, which coordinates the ranks).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +49,8 @@ from lsr.storage.formats import check_format_version
 from lsr.storage.provenance import check_replaceable
 from lsr.storage.shards import read_manifest, read_vector_rows, refuse_unlisted, sha256_file
 
-__all__ = ["FORMAT", "ShardedIndex", "build_sharded_index", "is_sharded", "partition_bounds", "check_partition_count",
-           "read_sharded_manifest"]
+__all__ = ["FORMAT", "PartitionBuild", "ShardedIndex", "check_index_target", "check_partition_count", "is_sharded",
+           "partition_bounds", "read_partition_docnos", "read_sharded_manifest"]
 
 FORMAT = "lsr-sharded-index"
 VERSION = 1
@@ -89,28 +92,6 @@ def _bad(mf: Path, problem: str) -> ValueError:
     return ValueError(f"{mf}: {problem}; the sharded index is corrupt (rebuild it with lsr index --partitions)")
 
 
-def build_sharded_index(vectors: SparseVectors | str | os.PathLike, n_partitions: int, out: str | os.PathLike, *,
-                        device: str = "cpu", **build_kwargs: Any) -> int:
-    """``ShardedIndex.build`` in this process or, under torchrun, on every rank (collective: each rank builds
-    its partitions on its own device; the process group is joined and left unless the caller had joined).
-    ``build_kwargs`` go to ``ShardedIndex.build``. Returns the number of partitions written."""
-    from lsr.parallel.topology import is_distributed, process_group
-
-    if is_distributed():
-        from lsr.parallel.agreement import agreement, content_part, output_part, settings_part
-
-        with process_group(device) as dev:
-            with agreement("read the vectors") as parts:  # the ranks agree before any work
-                parts += [settings_part("index settings", {"partitions": n_partitions, **build_kwargs}),
-                          output_part(out, "index folder")]
-                if not isinstance(vectors, SparseVectors):
-                    parts.append(content_part("vectors", vectors))
-            ShardedIndex.build(vectors, n_partitions, out, device=str(dev), **build_kwargs)
-    else:
-        ShardedIndex.build(vectors, n_partitions, out, device=device, **build_kwargs)
-    return len(read_sharded_manifest(out)["partitions"])  # at most one per document
-
-
 def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """manifest.json of a sharded index, checked for format, version and contiguous partitions."""
     path = Path(path)
@@ -143,6 +124,65 @@ def read_sharded_manifest(path: str | os.PathLike) -> dict[str, Any]:
     # a listing, no reads
     refuse_unlisted(path, PARTITION_NAME, dirs, "partition", "rebuild the index (lsr index --partitions)")
     return m
+
+
+@dataclass(frozen=True)
+class PartitionBuild:
+    """The build of a sharded index folder, partition by partition: the vectors (SparseVectors or a vector
+    folder, of which a partition reads only its rows), the partitions' document boundaries and the settings
+    every partition is built with. ``build_partitions`` builds some of them into a folder, ``write_manifest``
+    completes it; one process takes every partition (``ShardedIndex.build``), the ranks of a job their shares
+    (``lsr.parallel.sharded_build.build_on_ranks``)."""
+
+    vectors: SparseVectors | Path
+    bounds: list[int]
+    vocab_size: int
+    metadata: dict[str, Any]
+    device: str | torch.device = "cpu"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    postings: str = "auto"
+    workers: int = 1
+
+    @classmethod
+    def of(cls, vectors: SparseVectors | str | os.PathLike, n_partitions: int, *, device: str | torch.device = "cpu",
+           block_size: int = DEFAULT_BLOCK_SIZE, metadata: dict[str, Any] | None = None, postings: str = "auto",
+           workers: int = 1) -> PartitionBuild:
+        """The build of ``n_partitions`` of ``vectors``; a bad block size, or more partitions than documents
+        (``check_partition_count``), is refused here, before any work. ``metadata`` defaults to the vector
+        folder's."""
+        check_block_size(block_size)
+        if isinstance(vectors, SparseVectors):
+            n_docs, vocab = len(vectors), vectors.vocab_size
+        else:
+            vectors = Path(vectors)
+            manifest = read_manifest(vectors)
+            n_docs, vocab = int(manifest["n_rows"]), int(manifest["vocab_size"])
+            metadata = manifest.get("metadata", {}) if metadata is None else metadata
+        check_partition_count(n_docs, n_partitions, "the vectors" if isinstance(vectors, SparseVectors) else vectors)
+        return cls(vectors, partition_bounds(n_docs, n_partitions), vocab, json.loads(json.dumps(metadata or {})),
+                   device, block_size, postings, workers)
+
+    @property
+    def n_partitions(self) -> int:
+        return len(self.bounds) - 1
+
+    def build_partitions(self, folder: Path, partitions: Iterable[int]) -> None:
+        """Build, save into ``folder`` and drop each of ``partitions`` (``workers`` at once, in threads: torch
+        and pyarrow release the GIL), so peak memory is ``workers`` partitions."""
+        mine = list(partitions)
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(mine)))) as pool:
+            list(pool.map(lambda p: self._build_one(folder, p), mine))
+
+    def _build_one(self, folder: Path, p: int) -> None:
+        a, b = self.bounds[p], self.bounds[p + 1]
+        v = self.vectors
+        rows = v[a:b] if isinstance(v, SparseVectors) else read_vector_rows(v, a, b)
+        InvertedIndex.build(rows, device=self.device, block_size=self.block_size, metadata=self.metadata,
+                            postings=self.postings).save(folder / _part(p))
+
+    def write_manifest(self, folder: Path) -> None:
+        """max_scores.npy (the partitions' term maxima combined) and manifest.json of the built partitions."""
+        _write_manifest(folder, self.bounds, self.vocab_size, self.block_size, self.metadata)
 
 
 @dataclass(eq=False)
@@ -190,55 +230,22 @@ class ShardedIndex:
               device: str | torch.device = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
               metadata: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 1,
               postings: str = "auto") -> Path:
-        """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) and save the folder;
-        ``n_partitions`` above the documents is refused before any work (``check_partition_count``).
+        """Build the P partitions of ``vectors`` (SparseVectors or a vector directory) in this process and save
+        the folder; ``n_partitions`` above the documents is refused before any work (``check_partition_count``).
 
         Each partition is read (only its rows of a vector directory), built on ``device``, saved and
         dropped, so peak memory is ``workers`` partitions. ``workers`` > 1 builds partitions in threads
-        (torch and pyarrow release the GIL: it pays on a many-core CPU). Inside a torch.distributed job
-        (collective: every rank calls it) rank r builds partitions r, r + W, ... on its own device into
-        rank 0's temporary folder (one shared file system), and rank 0 writes the manifest and publishes
-        the folder. Returns the folder's path. ``postings``: the partitions' posting layout
+        (it pays on a many-core CPU). Returns the folder's path. ``postings``: the partitions' posting layout
         (``InvertedIndex.build``; with "auto" each partition takes its own, which does not change results).
+        Every rank of a torchrun job building its share: ``lsr.parallel.sharded_build.build_on_ranks``.
         """
-        from lsr.parallel.topology import rank_and_size
-
-        check_block_size(block_size)
+        plan = PartitionBuild.of(vectors, n_partitions, device=device, block_size=block_size, metadata=metadata,
+                                 postings=postings, workers=workers)
         out = Path(out)
-        if isinstance(vectors, SparseVectors):
-            n_docs, vocab = len(vectors), vectors.vocab_size
-        else:
-            manifest = read_manifest(vectors)
-            n_docs, vocab = int(manifest["n_rows"]), int(manifest["vocab_size"])
-            metadata = manifest.get("metadata", {}) if metadata is None else metadata
-        metadata = json.loads(json.dumps(metadata or {}))
-        check_partition_count(n_docs, n_partitions, "the vectors" if isinstance(vectors, SparseVectors) else vectors)
-        rank, world = rank_and_size()
-        bounds = partition_bounds(n_docs, n_partitions)
-
-        def build_one(p: int) -> None:
-            a, b = bounds[p], bounds[p + 1]
-            rows = vectors[a:b] if isinstance(vectors, SparseVectors) else read_vector_rows(vectors, a, b)
-            InvertedIndex.build(rows, device=device, block_size=block_size, metadata=metadata,
-                                postings=postings).save(tmp / _part(p))
-
-        # the outer agree waits for rank 0 to publish the folder: no rank returns before it is in place
-        with _everywhere("publish the index folder", world), ExitStack() as stack:
-            with _everywhere("prepare the output folder", world):
-                if rank == 0:
-                    _check_target(out, overwrite)
-                    tmp = stack.enter_context(atomic_directory(out, overwrite=overwrite))
-            if world > 1:
-                from lsr.parallel.topology import broadcast_text
-
-                tmp = Path(broadcast_text(str(tmp) if rank == 0 else None))
-            with _everywhere("build its partitions", world):
-                mine = range(rank, n_partitions, world)
-                with ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine)))) as pool:
-                    list(pool.map(build_one, mine))
-            with _everywhere("write the manifest", world):
-                if rank == 0:
-                    _write_manifest(tmp, bounds, vocab, block_size, metadata)
+        check_index_target(out, overwrite)
+        with atomic_directory(out, overwrite=overwrite) as tmp:
+            plan.build_partitions(tmp, range(plan.n_partitions))
+            plan.write_manifest(tmp)
         return out
 
     @classmethod
@@ -290,15 +297,6 @@ def _part(p: int) -> str:
     return f"part-{p:05d}"
 
 
-def _everywhere(what: str, world: int) -> Any:
-    """``lsr.parallel.topology.agree`` in a distributed job (a failure on one rank fails all), else nothing."""
-    if world == 1:
-        return nullcontext()
-    from lsr.parallel.topology import agree
-
-    return agree(what)
-
-
 def _write_manifest(d: Path, bounds: list[int], vocab: int, block_size: int, metadata: dict[str, Any]) -> None:
     """max_scores.npy (the partitions' term maxima combined) and manifest.json of the built partitions in ``d``."""
     entries, max_scores = [], np.zeros(vocab, np.float32)
@@ -314,7 +312,9 @@ def _write_manifest(d: Path, bounds: list[int], vocab: int, block_size: int, met
     fsynced_write(d / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
 
 
-def _check_target(out: Path, overwrite: bool) -> None:
+def check_index_target(out: Path, overwrite: bool) -> None:
+    """Whether a sharded index may be written at ``out``: a new path, or (``overwrite``) an lsr index or an empty
+    folder; FileExistsError / ValueError saying why not."""
     if not out.exists():
         return
     if not overwrite:
