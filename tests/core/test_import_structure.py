@@ -16,14 +16,6 @@ LSR = Path(__file__).resolve().parents[2] / "lsr"
 FACE = "lsr"  # lsr/__init__.py and any ``from lsr import <public name>``
 CLI_IMPORTERS = {"cli", "__main__"}  # the command line itself and ``python -m lsr``
 
-# Pairs that another part of issue 49 removes: the sharded index goes to lsr/index/, the sharded searcher to
-# lsr/search/ and lsr/parallel/pipeline.py to lsr/pipeline/. The integrator deletes this set after merging it.
-EXPECTED_PAIRS: set[frozenset[str]] = {
-    frozenset({"search", "parallel"}),  # moved by issue 49's sharded-index move
-    frozenset({"pipeline", "parallel"}),  # moved by issue 49's sharded-index move
-}
-
-
 def _parts(root: Path) -> set[str]:
     """The top-level parts of the package at ``root``: its sub-packages and single modules."""
     return {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} | {
@@ -116,8 +108,5 @@ def test_no_stage_package_imports_the_command_line():
 
 def test_no_two_packages_import_each_other():
     pairs = mutual_pairs(part_imports())
-    unexpected = sorted((pair, files) for pair, files in pairs.items() if frozenset(pair) not in EXPECTED_PAIRS)
-    assert not unexpected, "package pairs that import each other:\n" + "\n".join(
-        f"{a} <-> {b} (e.g. lsr/{fa} and lsr/{fb})" for (a, b), (fa, fb) in unexpected)
-    gone = EXPECTED_PAIRS - {frozenset(pair) for pair in pairs}
-    assert not gone, f"no longer import each other, remove them from EXPECTED_PAIRS: {sorted(map(sorted, gone))}"
+    assert not pairs, "package pairs that import each other:\n" + "\n".join(
+        f"{a} <-> {b} (e.g. lsr/{fa} and lsr/{fb})" for (a, b), (fa, fb) in sorted(pairs.items()))
