@@ -130,7 +130,7 @@ def coarse_choice(cfg: SearchConfig, index: InvertedIndex, sc: Scorer, span: int
 def plan_block(index: InvertedIndex, cache: IndexCache, key: Hashable, B: int, k: int, cfg: SearchConfig,
                choice: tuple[Scorer, int, str], max_terms: int) -> tuple[BlockPlan, tuple[Step, ...]]:
     """The block route's plan for batches of ``B`` queries and its steps (after "route"); ``choice`` is
-    ``choose_scorer``'s, ``max_terms`` ``terms_bound``'s."""
+    ``choose_scorer``'s, ``max_terms`` the query-length bucket (``kernels.terms_bucket`` of ``terms_bound``)."""
     gpu = _gpu()
     sc, span, scorer_why = choice
     group = batch_group(cfg, B) if sc.groups else 1

@@ -128,8 +128,10 @@ def plan_search(index: InvertedIndex, queries: SparseVectors, k: int, config: Se
     # a forced dense route never asks about the CUDA scorer (its check compiles it at first use)
     choice = choose_scorer(config, index, batch_group(config, B)) if config.route != "dense-scatter" else None
     route, route_why = _route(config, index, B, choice[0] if choice else None)
-    max_terms = terms_bound(queries, choice[0].any_length) if route == "block" and choice else 0
-    key = (B, k, config, terms_bucket(max_terms))
+    # the plan (cached per bucket) holds the bucket, not this batch's bound: a later batch of the bucket may hold
+    # longer queries, and a CUDA graph's term buffer must take them (B x the bucket)
+    bucket = terms_bucket(terms_bound(queries, choice[0].any_length) if route == "block" and choice else 0)
+    key = (B, k, config, bucket)
     cache = index_cache(index)
 
     def make() -> SearchPlan:
@@ -137,7 +139,7 @@ def plan_search(index: InvertedIndex, queries: SparseVectors, k: int, config: Se
         if route == "dense-scatter":
             return _dense_plan(index, B, k, config, head)
         assert choice is not None
-        block, steps = plan_block(index, cache, key, B, k, config, choice, max_terms)
+        block, steps = plan_block(index, cache, key, B, k, config, choice, bucket)
         return SearchPlan("gpu", "block", B, k, block.chunk, head + steps, block.scorer, block)
 
     return cache.plan(key, make, config.caches.plans)

@@ -231,3 +231,18 @@ def test_gpu_scorers_and_graphs_run_as_explained():
         searcher.search(q, k)   # a small batch is captured at its first search: the second replays it
         assert ("replayed" in index_cache(index).ran.choices("cuda graph")) == replay, steps["cuda graph"]
         assert_exact_topk(*got["result"], ref, k)
+
+
+def test_a_cached_plan_holds_the_query_length_bucket_not_its_first_batch_s_length(case):
+    """Plans are cached per query-length bucket; the plan holds the bucket, so a later batch of the bucket with
+    longer queries fits what the plan sized (a CUDA graph's term buffer holds B x the plan's max_terms: a plan that
+    kept its first batch's length ran later, longer batches eagerly)."""
+    docs, _, index = case
+    gen = seeded_generator()
+    short = rand_vectors(4, 30, 0.1, gen, quantized=True)
+    long = rand_vectors(4, 30, 0.9, gen, quantized=True)
+    searcher = Searcher(index, backend="gpu")
+    first, later = searcher.explain(short, k=10).block, searcher.explain(long, k=10).block
+    assert later is first, "one bucket, one cached plan"
+    assert first.max_terms >= int(long.indptr.diff().max()) and first.max_terms == 64
+    assert_exact_topk(*searcher.search(long, k=10), float64_scores(long, docs), 10)
