@@ -124,6 +124,7 @@ class ShardedSearcher:
         if stream is None:
             stream = self.device.type == "cuda" and index.memory_bytes() > torch.cuda.mem_get_info(self.device)[0] // 2
         self.stream = bool(stream) and self.device.type == "cuda"
+        self.config = config or SearchConfig()
         self._backend_args = {"backend": backend, "max_memory_bytes": max_memory_bytes, "config": config}
         self._parts: list[tuple[int, InvertedIndex]] = []
         for p, part in loaded:
@@ -142,12 +143,12 @@ class ShardedSearcher:
     def _searcher(self, part: InvertedIndex) -> Searcher:
         return Searcher(part, device=self.device, **self._backend_args)
 
-    def search(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+    def search(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
                query_metadata: Mapping[str, Any] | None = None,
                show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k documents of every query over the loaded partitions (see ``Searcher.search``); doc
-        indices are global."""
-        k = check_request(queries, k, query_metadata, self.index)
+        """Top-k documents of every query over the loaded partitions (see ``Searcher.search``; ``k`` None: the
+        config's ``k``); doc indices are global."""
+        k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
         queries = queries.to(self.device)
         best: tuple[torch.Tensor, torch.Tensor] | None = None
         for offset, part in self._device_parts():
@@ -180,7 +181,7 @@ class ShardedSearcher:
             yield self._parts[j][0], cur
             del cur
 
-    def search_run(self, queries: SparseVectors, k: int = 1000, query_batch: int | None = None,
+    def search_run(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
                    query_metadata: Mapping[str, Any] | None = None,
                    show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first."""

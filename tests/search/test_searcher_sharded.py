@@ -97,3 +97,18 @@ def test_lsr_run_with_partitions_equals_one_index(tmp_path):
     assert main(["run", config, "--set", f"output={out}", "--set", "device=cpu", "--set", "index.partitions=3"]) == 0
     assert is_sharded(out / "index") and (out / "run.trec").read_text() == single
     assert main(["run", config, "--set", "index.partitions=0"]) == 2
+
+
+def test_sharded_search_defaults_to_the_config_s_k():
+    """``k`` left out: the config's ``k``, as ``Searcher.search`` (``lsr run``'s search.k reaches both)."""
+    from lsr.index.sharded import ShardedIndex
+    from lsr.search import SearchConfig
+    from lsr.search.sharded import ShardedSearcher
+    from lsr.testing import random_dense_rows, seeded_generator
+
+    gen = seeded_generator()
+    docs = random_dense_rows(40, 20, 0.3, gen, quantized=True)
+    queries = random_dense_rows(3, 20, 0.3, gen, quantized=True)
+    index = ShardedIndex.from_vectors(docs, 2, block_size=64)
+    scores, idx = ShardedSearcher(index, "cpu", config=SearchConfig(k=7)).search(queries)
+    assert scores.shape == idx.shape == (3, 7)
