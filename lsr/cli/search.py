@@ -110,7 +110,8 @@ def _search_on_ranks(args: argparse.Namespace, device: str, config: Any) -> int:
     from lsr.search.searcher import run_depth
 
     stream = {"auto": None, "yes": True, "no": False}[args.stream]
-    with rank_index_job(args.index, device, {"k": args.k, "backend": args.backend, "stream": stream}) as (mine, job):
+    settings = {"k": args.k, "backend": args.backend, "stream": stream}
+    with rank_index_job(args.index, device, settings, config) as (mine, job):
         args.k = run_depth(args.k, mine.n_docs)
         # rank 0 reads the queries and writes the run
         queries, meta = job.on_lead("read the queries", lambda: _queries_from_args(args, str(job.device))) or (None, None)

@@ -12,6 +12,7 @@ for byte (same scores per document: see ``lsr.parallel.search``). The gather goe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -141,14 +142,17 @@ def _gather_merge_to_rank0(local: tuple[torch.Tensor, torch.Tensor], plan: Batch
 
 
 @contextmanager
-def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str, Any]
-                   ) -> Iterator[tuple[ShardedIndex, RankJob]]:
+def rank_index_job(index: str | os.PathLike, device: str, settings: Mapping[str, Any],
+                   config: SearchConfig | None = None) -> Iterator[tuple[ShardedIndex, RankJob]]:
     """The start of a search job on every rank of a torchrun job (``rank_job``: the process group joined, and
-    left on exit unless the caller had joined): agree on the index and ``settings`` (the search options; one
-    collective, ``lsr.parallel.agreement``), load this rank's partitions. Yields (them, the job)."""
+    left on exit unless the caller had joined): agree on the index, ``settings`` (the search options) and the
+    ``config`` the ranks search with (one collective, ``lsr.parallel.agreement``), load this rank's partitions.
+    Yields (them, the job)."""
     with rank_job(device) as job:
         with job.agreement("read the index") as parts:
             parts += [*index_parts(index), settings_part("search settings", settings)]
+            if config is not None:   # a route or a knob that differs between ranks would change their bits
+                parts.append(settings_part("the search config", dataclasses.asdict(config)))
         with job.step("load its partitions"):
             mine = load_rank_index(index, job.rank, job.world)
         yield mine, job
@@ -171,7 +175,7 @@ def search_sharded(index: str | os.PathLike, queries: SparseVectors | None, k: i
         scores, doc_idx = searcher.search(queries, k=k, query_batch=query_batch, query_metadata=query_metadata)
         return ShardedHits(scores, doc_idx, sharded.docnos)
     settings = {"k": k, "backend": backend, "stream": stream, "query_batch": query_batch}
-    with rank_index_job(index, device, settings) as (mine, job):
+    with rank_index_job(index, device, settings, config) as (mine, job):
         hits = search_batch(mine, queries, k, job.device, backend=backend, stream=stream, query_batch=query_batch,
                             query_metadata=query_metadata, config=config)
         return ShardedHits(hits.scores, hits.doc_idx, mine.docnos) if hits is not None else None

@@ -75,8 +75,10 @@ def test_ranks_with_other_index_weights_or_layout_are_refused(tmp_path):
         return [["search", "--index", str(tmp_path / i), *search, "--out", str(tmp_path / f"{name}.trec")]
                 for i in (index0, index1)]
 
+    knob = on("a", "a", "knob")
+    knob[1] += ["--set", "search.triton.span=64"]   # another tuning knob on one rank (a host's own command line)
     logs = _spawn(tmp_path, {"weights": on("a", "b", "weights"), "layout": on("a", "c", "layout"),
-                             "copies": on("a", "a-copy", "copies")})
+                             "copies": on("a", "a-copy", "copies"), "knob": knob})
     line = _refused(logs["weights"])
     assert line.startswith(f"lsr search: error: the ranks disagree: rank 1's index {tmp_path / 'b'} differs from "
                            f"rank 0's {tmp_path / 'a'}: "), line
@@ -84,7 +86,10 @@ def test_ranks_with_other_index_weights_or_layout_are_refused(tmp_path):
     line = _refused(logs["layout"])
     assert "rank 1's index" in line and "layout a sharded index of 2 partitions on rank 1, a plain index on rank 0" \
         in line, line
+    line = _refused(logs["knob"])
+    assert "the search config" in line and "triton" in line, line
     assert not (tmp_path / "weights.trec").exists() and not (tmp_path / "layout.trec").exists()
+    assert not (tmp_path / "knob.trec").exists()
     assert [g["rc"] for g in logs["copies"]] == [0, 0], logs["copies"]   # identical copies: the job runs
     assert main(["search", "--index", str(tmp_path / "a"), *search, "--out", str(tmp_path / "one.trec")]) == 0
     assert (tmp_path / "copies.trec").read_bytes() == (tmp_path / "one.trec").read_bytes()
