@@ -8,13 +8,13 @@ import errno
 import importlib
 import logging
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from lsr import __version__
 from lsr.cli.args import HelpFormatter
 from lsr.errors import UsageError
+from lsr.utils.console import error_line
 
 __all__ = ["add_command", "build_parser", "main"]
 
@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         _check_output_flags(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print(f"lsr {args.command}: interrupted", file=sys.stderr)
+        error_line(f"lsr {args.command}: interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - every error leaves as one line, never a traceback
         if args.verbose:
             import traceback
 
             traceback.print_exc()
-        print(f"lsr {args.command}: error: {_one_line(e, args)}", file=sys.stderr)
+        error_line(f"lsr {args.command}: error: {_one_line(e, args)}")
         return 2 if isinstance(e, UsageError) else 1

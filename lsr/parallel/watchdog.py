@@ -37,6 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from lsr.utils.console import error_line
 from lsr.utils.env import env_seconds
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "HEARTBEAT_ENV", "ProcessId", "Watchdog", "heartbeat_timeout", "report_as"]
@@ -207,7 +208,7 @@ class Watchdog:
         else:
             fate = f" (rank {rank} too); run the job again"
         sys.stdout.flush()
-        print(f"{_error_prefix}{what}, so every rank ends{fate} ({wait})", file=sys.stderr, flush=True)
+        error_line(f"{_error_prefix}{what}, so every rank ends{fate} ({wait})")
         if peer is not None:
             peer.end()
         os._exit(1)

@@ -159,9 +159,14 @@ def _shards_done(folder: Path, n: int, job: subprocess.Popen, timeout_s: float =
 
 
 def _scifact(folder: Path, data_dir: Path, n: int) -> str:
+    """A dataset folder of SciFact's first ``n`` documents (past its 5,183, the corpus again under new ids)."""
     folder.mkdir()
-    with open(data_dir / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
-        (folder / "corpus.jsonl").write_text("".join(itertools.islice(f, n)))
+    lines = (data_dir / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = lines[:n]
+    for i in range(len(lines), n):   # (a job that must still be at work seconds after its first shards)
+        doc = json.loads(lines[i % len(lines)])
+        rows.append(json.dumps(dict(doc, _id=f"{doc['_id']}-{i // len(lines)}")))
+    (folder / "corpus.jsonl").write_text("".join(r + "\n" for r in rows), encoding="utf-8")
     (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "a query"}\n')
     return str(folder)
 
@@ -173,7 +178,7 @@ def test_a_killed_rank_ends_the_job_and_one_process_resumes_it(tmp_path, data_di
     single process writes from scratch."""
     from lsr.cli import main
 
-    ds = _scifact(tmp_path / "ds", data_dir, 2000)
+    ds = _scifact(tmp_path / "ds", data_dir, 8000)   # a job of seconds: rank 1 is killed at work, not after
     args = ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu"]
     job = _torchrun(2, [*args, "--out", str(tmp_path / "dist")])
     _shards_done(tmp_path / "dist", 5, job)
@@ -225,7 +230,7 @@ def test_a_second_torchrun_encode_into_a_busy_folder_is_refused(tmp_path, data_d
     writes, no lock or working folder left)."""
     from lsr.cli import main
 
-    ds = _scifact(tmp_path / "ds", data_dir, 2000)
+    ds = _scifact(tmp_path / "ds", data_dir, 8000)   # a job of seconds: both ranks are stopped at work
     args = ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu"]
     first, ranks = _torchrun(2, [*args, "--out", str(tmp_path / "dist")]), {}
     try:
@@ -249,7 +254,7 @@ def test_a_second_torchrun_encode_into_a_busy_folder_is_refused(tmp_path, data_d
     assert any(f"{tmp_path / 'dist'} is being written by another job (pid {ranks[0]} on host " in e for e in errors), errors
     assert any("another rank failed to lock the output folder" in e for e in errors), errors
     assert first.returncode == 0, first_err[-3000:]
-    assert out.endswith("(2000 documents in 100 shards)\n")
+    assert out.endswith("(8000 documents in 400 shards)\n")
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert _files(tmp_path / "dist") == _files(tmp_path / "one")   # (rglob: no lock, no .lsr-encode left)
 

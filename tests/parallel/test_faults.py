@@ -160,7 +160,7 @@ def test_a_stopped_rank_is_found_by_the_heartbeat_and_no_rank_outlives_the_job(t
     running or stopped; nothing is published."""
     from tests.parallel.test_distributed_encode import _alive, _children, _scifact, _shards_done, _torchrun
 
-    ds = _scifact(tmp_path / "ds", data_dir, 2000)
+    ds = _scifact(tmp_path / "ds", data_dir, 20000)   # a job of seconds: rank 1 is stopped at work, not after
     job = _torchrun(2, ["encode", "--dataset", ds, "--shard-rows", "20", "--device", "cpu", "--out",
                         str(tmp_path / "vec")], LSR_DIST_HEARTBEAT=str(HEARTBEAT_S), LSR_DIST_TIMEOUT="900")
     ranks: dict[int, int] = {}
