@@ -26,10 +26,11 @@ from lsr.utils.ranges import NumberRange
 from lsr.utils.schema import at_least, check_fields, choice, within
 
 __all__ = ["BACKENDS", "ROUTES", "SCORER_CHOICES", "BatchTuning", "CacheTuning", "CoarseTuning", "CudaTuning", "DenseTuning",
-           "GraphTuning", "Pass1Tuning", "Pass2Tuning", "SearchConfig", "SelectionTuning", "TritonTuning"]
+           "FILTER_ROUTES", "FilterTuning", "GraphTuning", "Pass1Tuning", "Pass2Tuning", "SearchConfig", "SelectionTuning", "TritonTuning"]
 
 BACKENDS = ("auto", "torch", "gpu")
 ROUTES = ("auto", "block", "dense-scatter")
+FILTER_ROUTES = ("auto", "subset", "mask", "widen")
 SCORER_CHOICES = ("auto",) + SCORER_NAMES
 
 
@@ -220,9 +221,29 @@ class CacheTuning(_Group):
     """... of at most this many bytes each."""
 
 
+@dataclass(frozen=True)
+class FilterTuning(_Group):
+    """Step "filter": how a filtered search finds the top-k among the allowed documents (``lsr.search.filtered``)."""
+
+    SECTION: ClassVar[str] = "filters"
+    route: str = choice("auto", FILTER_ROUTES)
+    """auto (subset for narrow filters, else mask on the torch backend and widen on the gpu backend), subset (search an
+    index of the allowed documents), mask (the torch scorer drops the others) or widen (a deeper top-k of the whole
+    index, the others dropped)."""
+    subset_docs: int = at_least(1 << 16, 0)
+    """auto: the subset route when a filter allows at most this many documents ..."""
+    subset_fraction: float = within(0.001, NumberRange(float, 0.0, 1.0))
+    """... or at most this fraction of them."""
+    widen_margin: float = within(1.5, NumberRange(float, 1.0, 1e6))
+    """widen: the first top-k' is k / (allowed fraction) times this (at most k + the denied documents); a k' that
+    still holds fewer than k allowed documents is searched again 4x deeper."""
+    subset_cache: int = at_least(4, 0)
+    """Indexes of allowed documents kept per index (a filter repeated by a server is not indexed again)."""
+
+
 _GROUPS: dict[str, type[_Group]] = {g.SECTION: g for g in (
     BatchTuning, DenseTuning, TritonTuning, CudaTuning, Pass1Tuning, Pass2Tuning, CoarseTuning, SelectionTuning,
-    GraphTuning, CacheTuning)}
+    GraphTuning, CacheTuning, FilterTuning)}
 
 
 @dataclass(frozen=True)
@@ -255,6 +276,7 @@ class SearchConfig:
     selection: SelectionTuning = field(default_factory=SelectionTuning)
     graphs: GraphTuning = field(default_factory=GraphTuning)
     caches: CacheTuning = field(default_factory=CacheTuning)
+    filters: FilterTuning = field(default_factory=FilterTuning)
 
     def __post_init__(self) -> None:
         for name, group in _GROUPS.items():

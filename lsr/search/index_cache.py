@@ -55,6 +55,8 @@ class IndexCache:
 
     def __init__(self) -> None:
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self._subsets: OrderedDict[Hashable, Any] = OrderedDict()
+        self._docnos: Any = None   # pyarrow.Array of the docnos, once a filter needs them
         self._lock = threading.Lock()
         self.items_small = ItemsCache()   # work items of batches up to caches.items_max_batch
         self.items_large = ItemsCache()   # ... and of larger ones up to graphs.max_batch
@@ -63,17 +65,33 @@ class IndexCache:
 
     def plan(self, key: Hashable, make: Callable[[], Any], size: int) -> Any:
         """The plan cached for ``key``, else ``make()``'s, kept with at most ``size`` plans (``caches.plans``)."""
+        return self._lru(self._plans, key, make, size)
+
+    def subset(self, key: Hashable, make: Callable[[], Any], size: int) -> Any:
+        """The index of a filter's allowed documents cached for ``key`` (``lsr.search.filtered``), else ``make()``'s,
+        kept with at most ``size`` of them (``filters.subset_cache``)."""
+        return self._lru(self._subsets, key, make, size)
+
+    def docno_array(self, docnos: list[str]) -> Any:
+        """The index's docnos as one Arrow array (what filters are resolved against), made once."""
+        if self._docnos is None:
+            import pyarrow as pa
+
+            self._docnos = pa.array(docnos, type=pa.large_string())
+        return self._docnos
+
+    def _lru(self, store: OrderedDict[Hashable, Any], key: Hashable, make: Callable[[], Any], size: int) -> Any:
         with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None:
-                self._plans.move_to_end(key)
-                return plan
-        plan = make()
+            value = store.get(key)
+            if value is not None:
+                store.move_to_end(key)
+                return value
+        value = make()
         with self._lock:
-            self._plans[key] = plan
-            while len(self._plans) > size:
-                self._plans.popitem(last=False)
-        return plan
+            store[key] = value
+            while len(store) > size:
+                store.popitem(last=False)
+        return value
 
     def work_items(self, caches: CacheTuning, graph_max_batch: int, B: int, n_items: int, n_spans: int, group: int,
                    width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -97,6 +115,8 @@ class IndexCache:
         caller holds it)."""
         with self._lock:
             self._plans.clear()
+            self._subsets.clear()
+            self._docnos = None
         self.items_small.cache_clear()
         self.items_large.cache_clear()
         self.graphs = GraphCache()

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from lsr.index.inverted import InvertedIndex
 from lsr.search.config import SearchConfig
+from lsr.search.filtered import explain_filtered, search_with_filters
 from lsr.search.index_cache import index_cache
 from lsr.search.plan import SearchPlan, choose_backend, query_batch, torch_plan
 from lsr.sparse import SparseVectors
@@ -155,10 +156,13 @@ class Searcher:
         max_memory_bytes: shorthand for ``config.batches.memory``: the torch backend's working memory (dense
             query block, chunk scores, top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
         config: every knob of the search (``SearchConfig``); the two shorthands override its fields.
+        metadata: the index's metadata columns (a pyarrow Table, one row per document in document order), what
+            ``DocFilter.where`` expressions read; ``open_searcher`` loads the ones ``lsr index --metadata`` attached.
     """
 
     def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str | None = None,
-                 max_memory_bytes: int | None = None, *, config: SearchConfig | None = None) -> None:
+                 max_memory_bytes: int | None = None, *, config: SearchConfig | None = None,
+                 metadata: Any = None) -> None:
         if not isinstance(index, InvertedIndex):
             raise TypeError(f"Searcher takes an InvertedIndex, got {type(index).__name__}; "
                             "use lsr.search.open_searcher for a ShardedIndex or an index folder")
@@ -174,6 +178,10 @@ class Searcher:
         self.max_memory_bytes = config.batches.memory or _default_budget(self.device)
         self.backend, self._backend_why = choose_backend(config, self.device)
         self.config = config.replace(backend=self.backend)
+        self.metadata = metadata
+        if metadata is not None and metadata.num_rows != index.n_docs:
+            raise ValueError(f"metadata has {metadata.num_rows:,} rows, the index {index.n_docs:,} documents: give one "
+                             "row per document, in document order")
         self._gpu: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
         if self.backend == "gpu":
             from lsr.search.gpu_search import gpu_search
@@ -182,9 +190,9 @@ class Searcher:
 
     # ------------------------------------------------------------------ public
     def search(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
-               query_metadata: Mapping[str, Any] | None = None,
-               show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k documents of every query.
+               query_metadata: Mapping[str, Any] | None = None, show_progress_bar: bool | None = None,
+               filter: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k documents of every query (among those ``filter`` allows).
 
         Args:
             queries: B sparse queries over the index vocabulary.
@@ -193,17 +201,29 @@ class Searcher:
                 bounded by ``batches.memory`` and at most ``batches.torch``).
             query_metadata: encoder description of the queries, checked against the index's.
             show_progress_bar: tqdm bar over batches (default: when there are several batches and a tty).
+            filter: the documents to search (``lsr.search.filters``): a ``DocFilter``, a boolean mask [n_docs], a
+                metadata expression (str), or a list of those, one per query (None there: that query unfiltered).
+                The result is the top-k of an index of the allowed documents only (``lsr.search.filtered``).
 
         Returns:
             scores float32 [B, k] descending and doc_idx int64 [B, k] on the searcher's device;
             -1 / 0.0 where fewer than k documents score > 0.
         """
         k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
+        if filter is not None:
+            return search_with_filters(self, queries.to(self.device), k, filter,
+                                       lambda q, depth, allowed=None: self._search(q, depth, query_batch,
+                                                                                   show_progress_bar, allowed))
+        return self._search(queries, k, query_batch, show_progress_bar)
+
+    def _search(self, queries: SparseVectors, k: int, query_batch: int | None, show_progress_bar: bool | None,
+                allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``search`` without a filter (``allowed``: the mask route's documents, torch backend)."""
         n_q = len(queries)
         qb = self._query_batch(n_q, query_batch)[0]
         queries = queries.to(self.device)
         if n_q <= qb and queries.nnz > 0:  # one batch (e.g. a single query): no progress bar, no copies
-            return self._search_batch(queries, k)
+            return self._search_batch(queries, k, allowed)
         out_s = torch.zeros(n_q, k, dtype=torch.float32, device=self.device)
         out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=self.device)
         starts = range(0, n_q, qb)
@@ -215,28 +235,32 @@ class Searcher:
             batch = queries[a:a + qb]
             if batch.nnz == 0:
                 continue  # nothing matches: keep the padding
-            s, i = self._search_batch(batch, k)
+            s, i = self._search_batch(batch, k, allowed)
             out_s[a:a + len(batch)] = s
             out_i[a:a + len(batch)] = i
         return out_s, out_i
 
     def search_run(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
-                   query_metadata: Mapping[str, Any] | None = None,
-                   show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
+                   query_metadata: Mapping[str, Any] | None = None, show_progress_bar: bool | None = None,
+                   filter: Any = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first (at most the index's
-        documents per query: a deeper k would only allocate padding, ``run_depth``)."""
+        documents per query: a deeper k would only allocate padding, ``run_depth``); ``filter`` as in ``search``."""
         from lsr.data.runs import from_topk
 
         k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
         k = run_depth(k, self.index.n_docs)
-        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
+        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar, filter)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())
 
-    def explain(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None) -> SearchPlan:
+    def explain(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
+                filter: Any = None) -> SearchPlan:
         """The plan ``search(queries, k, query_batch)`` follows for its first batch (``str(plan)`` prints it): the
         backend, the route, the kernels, the passes, the fallbacks, graphs and chunks, each with the reason. Plans
-        nothing it would not plan for the search (on the gpu backend the plan is cached for it)."""
+        nothing it would not plan for the search (on the gpu backend the plan is cached for it). With a ``filter``
+        (one per query: the first query's) its route comes first, then the plan of the search that route runs."""
         k = check_request(queries, self.config.k if k is None else k, None, self.index)
+        if filter is not None:
+            return explain_filtered(self, queries, k, query_batch, filter)
         n_q = len(queries)
         qb, qb_why = self._query_batch(n_q, query_batch)
         first = queries[:qb].to(self.device)
@@ -254,10 +278,12 @@ class Searcher:
     def _query_batch(self, n_queries: int, given: int | None) -> tuple[int, str]:
         return query_batch(self.config, self.backend, n_queries, self.index.vocab_size, self.max_memory_bytes, given)
 
-    def _search_batch(self, queries: SparseVectors, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_batch(self, queries: SparseVectors, k: int,
+                      allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if self._gpu is not None:
+            assert allowed is None, "the mask route is the torch backend's (lsr.search.filtered.plan_filter)"
             return self._gpu(self.index, queries, k, self.config)
-        return self._torch_batch(queries, self._torch_plan(len(queries), k))
+        return self._torch_batch(queries, self._torch_plan(len(queries), k), allowed)
 
     def _torch_plan(self, n_queries: int, k: int) -> SearchPlan:
         """The torch backend's plan of ``n_queries`` queries: doc chunks sized for the padded query block."""
@@ -276,9 +302,10 @@ class Searcher:
         b = bounds.tolist()
         return [(b[j], b[j + 1], nnz[j], nnz[j + 1]) for j in range(len(b) - 1)]
 
-    def _torch_batch(self, queries: SparseVectors, plan: SearchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def _torch_batch(self, queries: SparseVectors, plan: SearchPlan,
+                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reference scorer: float32 sparse-dense products per doc chunk of ``plan``, exact top-k merged across
-        chunks.
+        chunks (``allowed``: bool [n_docs], the documents a filter keeps; the others score 0, no match).
 
         queries: b sparse queries -> (scores float32 [b, k], doc_idx int64 [b, k]).
         """
@@ -299,6 +326,8 @@ class Searcher:
             bags = (docs.indptr[r0:r1 + 1] - p0).to(terms.dtype)
             chunk_scores = F.embedding_bag(terms, dense_q, bags, mode="sum", per_sample_weights=docs.values[p0:p1],
                                            include_last_offset=True)[:, :b].t()  # [b, c]
+            if allowed is not None:
+                chunk_scores = chunk_scores.masked_fill(~allowed[r0:r1], 0.0)
             top = exact_topk(chunk_scores, k, offset=r0)
             del chunk_scores
             if best is not None:
