@@ -72,6 +72,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.utils.devices import resolve_device
 
     config = _search_config(args)
+    from lsr.parallel.topology import is_distributed
+
+    if filter_from_args(args) is not None and (is_sharded(args.index) or is_distributed()):
+        raise UsageError("--filter / --allow-docnos / --deny-docnos search one unsharded index in one process for now "
+                         "(lsr.search.ShardedSearcher takes filter= in Python)")
     if args.explain:
         return _explain_search(args, config)
     if args.out is None:
@@ -82,8 +87,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
-    from lsr.parallel.topology import is_distributed
-
     if is_distributed():  # any index on every rank of a torchrun job
         return _search_on_ranks(args, device, config)
     if is_sharded(args.index):
@@ -97,10 +100,58 @@ def cmd_search(args: argparse.Namespace) -> int:
         return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
+    doc_filter = filter_from_args(args)
     queries, query_meta = _queries_from_args(args, device)
-    scores, doc_idx = Searcher(index, device=device, config=config).search(
-        queries.to(device), k=args.k, query_metadata=query_meta)
+    searcher = Searcher(index, device=device, config=config, metadata=_metadata_for(args, doc_filter, index))
+    scores, doc_idx = searcher.search(queries.to(device), k=args.k, query_metadata=query_meta, filter=doc_filter)
     return _write_run(args, queries, index.docnos, scores, doc_idx)
+
+
+def filter_from_args(args: argparse.Namespace) -> Any:
+    """The ``DocFilter`` of ``--filter`` / ``--allow-docnos`` / ``--deny-docnos`` (all that are given must hold),
+    or None."""
+    from lsr.search.filters import DocFilter
+
+    parts = []
+    if getattr(args, "filter", None):
+        try:
+            parts.append(DocFilter.where(args.filter))
+        except ValueError as e:
+            raise UsageError(f"--filter: {e}") from e
+    for flag, make in (("allow_docnos", DocFilter.allow), ("deny_docnos", DocFilter.deny)):
+        path = getattr(args, flag, None)
+        if path:
+            parts.append(make(read_docno_list(path, "--" + flag.replace("_", "-")), missing=args.filter_missing))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out & p
+    return out
+
+
+def read_docno_list(path: str, flag: str) -> list[str]:
+    """A docno list file: one docno per line (a UTF-8 BOM, surrounding spaces and blank lines are ignored)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path}: no such file (one docno per line)") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {path}: not UTF-8 text at byte {e.start} (one docno per line)") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _metadata_for(args: argparse.Namespace, doc_filter: Any, index: Any) -> Any:
+    """The index folder's metadata columns when the filter reads them (else None: nothing is loaded)."""
+    if doc_filter is None or not doc_filter.reads_metadata():
+        return None
+    from lsr.index.metadata import load_metadata
+
+    table = load_metadata(args.index, index.docnos)
+    if table is None:
+        raise UsageError(f"--filter reads metadata columns and {args.index} has none: attach them with "
+                         f"`lsr index --metadata CORPUS --out {args.index}`, or filter with --allow-docnos / --deny-docnos")
+    return table
 
 
 def _search_on_ranks(args: argparse.Namespace, device: str, config: Any) -> int:
@@ -154,8 +205,9 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     queries, _ = _queries_from_args(args, device)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks of this torchrun job (1 outside one)
     print(plan_batch(index_partition_count(args.index), world, len(queries)))
-    searcher = Searcher(index, device=device, config=config)
-    print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)))))
+    doc_filter = filter_from_args(args)
+    searcher = Searcher(index, device=device, config=config, metadata=_metadata_for(args, doc_filter, index))
+    print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)), filter=doc_filter)))
     from lsr.utils.runtime import failures_block
 
     if failures_block():   # the routes this process disabled (loading and encoding the queries ran kernels)
@@ -183,6 +235,12 @@ def register(sub: Any, command: Any) -> None:
     p.add_argument("--set", action="append", metavar="search.KEY=VALUE",
                    help="set a search key, e.g. search.route=block, search.scorer=triton, search.triton.span=1024 "
                         "(repeatable; every key: lsr.search.config)")
+    p.add_argument("--filter", metavar="EXPR", help="search only the documents whose metadata columns satisfy EXPR, "
+                   "e.g. \"year >= 2015 and lang == 'en'\" (columns attached by lsr index --metadata)")
+    p.add_argument("--allow-docnos", metavar="FILE", help="search only these documents (one docno per line)")
+    p.add_argument("--deny-docnos", metavar="FILE", help="never return these documents (one docno per line)")
+    p.add_argument("--filter-missing", choices=("error", "ignore"), default="error",
+                   help="docnos of --allow-docnos / --deny-docnos that the index lacks: an error, or skipped")
     p.add_argument("--explain", action="store_true",
                    help="print the plan: how the ranks of a torchrun job share the index and the queries, and the "
                         "search plan of the first query batch (backend, route, kernels, passes, fallbacks, each "

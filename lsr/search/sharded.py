@@ -21,17 +21,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import torch
 
 from lsr.index.build import POSTING_TENSORS
 from lsr.index.inverted import InvertedIndex
 from lsr.index.sharded import ShardedIndex
 from lsr.search.config import SearchConfig
+from lsr.search.filtered import per_query_filters
+from lsr.search.filters import DocFilter, as_filter
 from lsr.search.searcher import Searcher, check_request, exact_topk
 from lsr.sparse import SparseVectors
 from lsr.utils.devices import torch_device
 
 __all__ = ["ShardedSearcher", "merge_hit_lists", "shift_ids"]
+
+
+def slice_filters(masks: Any, offset: int, n_docs: int) -> Any:
+    """A partition's filter(s): its documents' slice of a global mask, or of each per-query one."""
+    if isinstance(masks, np.ndarray):
+        return DocFilter.mask(masks[offset:offset + n_docs])
+    return [None if m is None else DocFilter.mask(m[offset:offset + n_docs]) for m in masks]
 
 
 def shift_ids(doc_idx: torch.Tensor, offset: int) -> torch.Tensor:
@@ -106,13 +117,14 @@ class ShardedSearcher:
         backend: as ``Searcher``.
         max_memory_bytes: as ``Searcher`` (per partition).
         config: as ``Searcher`` (every partition's search).
+        metadata: the metadata columns of every document (global order), what filter expressions read.
         stream: keep partitions in host memory and copy each to the device when it is searched
             (default: on CUDA when the loaded partitions exceed half the free device memory).
     """
 
     def __init__(self, index: ShardedIndex, device: str | torch.device | None = None, backend: str | None = None,
                  max_memory_bytes: int | None = None, stream: bool | None = None, *,
-                 config: SearchConfig | None = None) -> None:
+                 config: SearchConfig | None = None, metadata: Any = None) -> None:
         device = torch_device(device) if device is not None else None  # a bad name fails before any work
         loaded = [(p, part) for p, part in enumerate(index.partitions) if part is not None]
         if not loaded:
@@ -125,6 +137,7 @@ class ShardedSearcher:
             stream = self.device.type == "cuda" and index.memory_bytes() > torch.cuda.mem_get_info(self.device)[0] // 2
         self.stream = bool(stream) and self.device.type == "cuda"
         self.config = config or SearchConfig()
+        self.metadata = metadata   # global rows, document order (``DocFilter.where``)
         self._backend_args = {"backend": backend, "max_memory_bytes": max_memory_bytes, "config": config}
         self._parts: list[tuple[int, InvertedIndex]] = []
         for p, part in loaded:
@@ -144,20 +157,41 @@ class ShardedSearcher:
         return Searcher(part, device=self.device, **self._backend_args)
 
     def search(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
-               query_metadata: Mapping[str, Any] | None = None,
-               show_progress_bar: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               query_metadata: Mapping[str, Any] | None = None, show_progress_bar: bool | None = None,
+               filter: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k documents of every query over the loaded partitions (see ``Searcher.search``; ``k`` None: the
-        config's ``k``); doc indices are global."""
+        config's ``k``); doc indices are global. ``filter`` as in ``Searcher.search``, over the global document
+        indices (every partition loaded); each partition searches its slice of it."""
         k = check_request(queries, self.config.k if k is None else k, query_metadata, self.index)
         queries = queries.to(self.device)
+        masks = self._filter_masks(filter, len(queries))
         best: tuple[torch.Tensor, torch.Tensor] | None = None
         for offset, part in self._device_parts():
-            s, i = self._searcher(part).search(queries, k, query_batch, show_progress_bar=show_progress_bar)
+            part_filter = None if masks is None else slice_filters(masks, offset, part.n_docs)
+            s, i = self._searcher(part).search(queries, k, query_batch, show_progress_bar=show_progress_bar,
+                                               filter=part_filter)
             top = (s, shift_ids(i, offset))
             best = top if best is None else merge_hit_lists([best, top], k, self.index.n_docs)
             del part
         assert best is not None
         return best
+
+    def _filter_masks(self, value: Any, n_queries: int) -> Any:
+        """The global masks of a filter (one, or one per query with None where unfiltered), or None."""
+        if value is None:
+            return None
+        if len(self._parts) != self.index.n_partitions:
+            raise ValueError("a filtered search of a sharded index needs every partition loaded (a mask is over "
+                             "the global document indices)")
+        docnos = pa.array([d for _, part in self._parts for d in part.docnos], type=pa.large_string())
+        per_query = per_query_filters(value, n_queries)
+        if per_query is None:
+            return as_filter(value).resolve(docnos, self.metadata)
+        resolved: dict[int, np.ndarray] = {}
+        for v in per_query:
+            if v is not None and id(v) not in resolved:
+                resolved[id(v)] = as_filter(v).resolve(docnos, self.metadata)
+        return [None if v is None else resolved[id(v)] for v in per_query]
 
     def _device_parts(self):
         """(doc offset, partition on the device); streamed: the next copy overlaps the current search."""
@@ -182,10 +216,10 @@ class ShardedSearcher:
             del cur
 
     def search_run(self, queries: SparseVectors, k: int | None = None, query_batch: int | None = None,
-                   query_metadata: Mapping[str, Any] | None = None,
-                   show_progress_bar: bool | None = None) -> dict[str, dict[str, float]]:
+                   query_metadata: Mapping[str, Any] | None = None, show_progress_bar: bool | None = None,
+                   filter: Any = None) -> dict[str, dict[str, float]]:
         """Search and return a run: {qid: {docno: score}} with hits ordered best first."""
         from lsr.data.runs import from_topk
 
-        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar)
+        scores, doc_idx = self.search(queries, k, query_batch, query_metadata, show_progress_bar, filter)
         return from_topk(queries.ids, self.index.docnos, scores.cpu(), doc_idx.cpu())

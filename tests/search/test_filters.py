@@ -142,3 +142,47 @@ def test_bad_filters_are_one_line_errors(case):
             queries, 5, filter=masks()["50%"])
     with pytest.raises(ValueError, match="unknown key"):
         SearchConfig(filters={"rout": "mask"})
+
+
+def test_a_sharded_index_filters_over_global_document_indices(case, tmp_path):
+    from lsr.index.sharded import ShardedIndex
+    from lsr.search.sharded import ShardedSearcher
+
+    docs, queries, index = case
+    ShardedIndex.build(docs, 3, tmp_path / "idx", block_size=16)
+    sharded = ShardedSearcher(ShardedIndex.load(tmp_path / "idx", device=DEV), backend="torch")
+    one = Searcher(index, backend="torch")
+    for flt in (masks()["50%"], DocFilter.deny(index.docnos[::2]), [DocFilter.allow(index.docnos[:30]), None] * 6):
+        got, want = sharded.search(queries, 15, filter=flt), one.search(queries, 15, filter=flt)
+        assert torch.equal(got[1].cpu(), want[1].cpu()) and torch.equal(got[0].cpu(), want[0].cpu())
+
+
+def test_lsr_search_filters_from_docno_files(case, tmp_path, capsys):
+    from lsr.cli import main
+    from lsr.data.runs import read_run
+    from lsr.storage.shards import write_vectors
+
+    docs, queries, index = case
+    index.to("cpu").save(tmp_path / "idx")
+    write_vectors(tmp_path / "q", queries.to("cpu"))
+    allow, deny = tmp_path / "allow.txt", tmp_path / "deny.txt"
+    allow.write_text("\ufeff" + "\n".join(index.docnos[:100]) + "\n\n", encoding="utf-8")   # a BOM, a blank line
+    deny.write_text("\n".join(index.docnos[:20]) + "\n", encoding="utf-8")
+    base = ["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q"), "--k", "30",
+            "--device", "cpu"]
+    assert main([*base, "--allow-docnos", str(allow), "--deny-docnos", str(deny), "--out", str(tmp_path / "r")]) == 0
+    run = read_run(tmp_path / "r")
+    allowed = set(index.docnos[20:100])
+    assert run and all(set(hits) <= allowed for hits in run.values())
+    want = Searcher(index.to("cpu")).search_run(queries.to("cpu"), 30, filter=DocFilter.allow(sorted(allowed)))
+    assert {q: list(h) for q, h in run.items()} == {q: list(h) for q, h in want.items() if h}
+    capsys.readouterr()
+    assert main([*base, "--allow-docnos", str(allow), "--explain"]) == 0
+    assert "filter" in capsys.readouterr().out
+    deny.write_text("not-a-docno\n", encoding="utf-8")
+    assert main([*base, "--deny-docnos", str(deny), "--out", str(tmp_path / "r2")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'not-a-docno'" in err and "--filter-missing ignore" in err
+    assert main([*base, "--deny-docnos", str(deny), "--filter-missing", "ignore", "--out", str(tmp_path / "r2")]) == 0
+    assert main([*base, "--allow-docnos", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "r3")]) == 2
+    assert "no such file" in capsys.readouterr().err
