@@ -115,6 +115,20 @@ class InputsConfig:
 
 
 @dataclass(frozen=True)
+class FilterConfig:
+    """The documents the run's search may return (docs/guide/filters.md); every field given must hold."""
+
+    where: str | None = None
+    """An expression over the index's metadata columns (``index.metadata``), e.g. ``year >= 2015 and lang == 'en'``."""
+    allow_docnos: str | None = None
+    """A file of docnos (one per line): only these are searched."""
+    deny_docnos: str | None = None
+    """A file of docnos (one per line): these are never returned."""
+    missing: str = choice("error", ("error", "ignore"))
+    """Listed docnos the index lacks: an error, or skipped."""
+
+
+@dataclass(frozen=True)
 class RerankConfig:
     """Optional second stage (lsr.rerank): rescore each query's top-k with a late-interaction model."""
 
@@ -196,6 +210,7 @@ class RunConfig(ConfigSchema):
     index: IndexConfig = field(default_factory=IndexConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 

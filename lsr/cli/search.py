@@ -110,35 +110,25 @@ def cmd_search(args: argparse.Namespace) -> int:
 def filter_from_args(args: argparse.Namespace) -> Any:
     """The ``DocFilter`` of ``--filter`` / ``--allow-docnos`` / ``--deny-docnos`` (all that are given must hold),
     or None."""
+    from lsr.search.filters import filter_of
+
+    for flag in ("allow_docnos", "deny_docnos"):
+        path = getattr(args, flag, None)
+        if path and not Path(path).is_file():
+            raise UsageError(f"--{flag.replace('_', '-')} {path}: no such file (one docno per line)")
+    lists = filter_of(None, args.allow_docnos, args.deny_docnos, args.filter_missing)
+    if not args.filter:
+        return lists
+    return _where(args) if lists is None else _where(args) & lists
+
+
+def _where(args: argparse.Namespace) -> Any:
     from lsr.search.filters import DocFilter
 
-    parts = []
-    if getattr(args, "filter", None):
-        try:
-            parts.append(DocFilter.where(args.filter))
-        except ValueError as e:
-            raise UsageError(f"--filter: {e}") from e
-    for flag, make in (("allow_docnos", DocFilter.allow), ("deny_docnos", DocFilter.deny)):
-        path = getattr(args, flag, None)
-        if path:
-            parts.append(make(read_docno_list(path, "--" + flag.replace("_", "-")), missing=args.filter_missing))
-    if not parts:
-        return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = out & p
-    return out
-
-
-def read_docno_list(path: str, flag: str) -> list[str]:
-    """A docno list file: one docno per line (a UTF-8 BOM, surrounding spaces and blank lines are ignored)."""
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise UsageError(f"{flag} {path}: no such file (one docno per line)") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{flag} {path}: not UTF-8 text at byte {e.start} (one docno per line)") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+        return DocFilter.where(args.filter)
+    except ValueError as e:
+        raise UsageError(f"--filter: {e}") from e
 
 
 def _metadata_for(args: argparse.Namespace, doc_filter: Any, index: Any) -> Any:

@@ -65,6 +65,8 @@ def run_pipeline_distributed(cfg: RunConfig, overwrite: bool = False) -> dict[st
     """``run_pipeline`` on every rank of the current torchrun job (collective); returns rank 0's result
     on every rank. Joins the process group torchrun describes (and leaves it when done) unless the
     caller already has."""
+    if any(getattr(cfg.filter, f) for f in ("where", "allow_docnos", "deny_docnos")):
+        raise ValueError("a run with a filter: section runs in one process for now (not under torchrun)")
     with rank_job(resolve_device(cfg.device)) as job:
         with job.agreement("read the config and the dataset") as parts:  # the ranks agree before any work
             cfg = dataclasses.replace(cfg, index=dataclasses.replace(cfg.index, partitions=job_partitions(cfg, job.world)))

@@ -83,4 +83,8 @@ def _search_plan(cfg: RunConfig, dataset: object, encoder: object | None, device
         encoder = doc_encoder(cfg, dataset, Path(cfg.output), {}, device, fit=False)
     queries, _ = encode_queries(cfg, dataset, encoder)
     batch = queries[: cfg.search.batches.size or len(queries)].to(device)
-    return Searcher(index, config=cfg.search).explain(batch, k=run_depth(cfg.search.k, index.n_docs))
+    from lsr.pipeline.run import run_filter, run_metadata
+
+    doc_filter = run_filter(cfg)
+    searcher = Searcher(index, config=cfg.search, metadata=run_metadata(cfg, doc_filter, index, index_dir))
+    return searcher.explain(batch, k=run_depth(cfg.search.k, index.n_docs), filter=doc_filter)

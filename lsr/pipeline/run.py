@@ -44,6 +44,7 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     out = Path(cfg.output)
     timings: dict[str, float] = {}
+    doc_filter = run_filter(cfg)   # (a bad expression or docno file fails before any work)
     dataset = load_dataset(cfg.data.dataset, cfg.data.split)
     check_job_partitions(cfg, dataset, cfg.index.partitions)
     origin = claim_output(cfg, dataset, out, overwrite)
@@ -64,16 +65,38 @@ def run_pipeline(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
     with timed_step("encode queries", timings):
         queries, query_meta = encode_queries(cfg, dataset, encoder)
     with timed_step("search", timings):
-        searcher = open_searcher(index, device=device, config=cfg.search)
+        searcher = open_searcher(index, device=device, config=cfg.search,
+                                 metadata=run_metadata(cfg, doc_filter, index, out / "index"))
         k = run_depth(cfg.search.k, index.n_docs)
         queries = queries.to(device)
         explain = getattr(searcher, "explain", None)   # one index: the plan its first batch follows, for the record
-        plan = explain(queries, k) if explain is not None else None
-        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_meta)
+        plan = explain(queries, k, filter=doc_filter) if explain is not None else None
+        scores, doc_idx = searcher.search(queries, k=k, query_metadata=query_meta, filter=doc_filter)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     return write_results(cfg, dataset, queries, index.docnos, (scores, doc_idx), timings, device,
                          search_plan=None if plan is None else plan.describe())
+
+
+def run_filter(cfg: RunConfig) -> Any:
+    """The ``DocFilter`` of the config's ``filter:`` section, or None."""
+    from lsr.search.filters import filter_of
+
+    f = cfg.filter
+    return filter_of(f.where, f.allow_docnos, f.deny_docnos, f.missing)
+
+
+def run_metadata(cfg: RunConfig, doc_filter: Any, index: Any, folder: Path) -> Any:
+    """The metadata columns of the run's index when its filter reads them, else None."""
+    if doc_filter is None or not doc_filter.reads_metadata():
+        return None
+    from lsr.index.metadata import load_metadata
+
+    table = load_metadata(folder, index.docnos)
+    if table is None:
+        raise ValueError(f"filter.where reads metadata columns and {folder} has none: list the corpus columns to keep "
+                         "in index.metadata (e.g. index.metadata=[year, lang])")
+    return table
 
 
 def _build_index(cfg: RunConfig, docs: Any, out: Path, device: str, doc_meta: dict[str, Any] | None) -> Any:

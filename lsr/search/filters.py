@@ -12,8 +12,10 @@ lists that legitimately span several indexes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +26,7 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from lsr.index.filter_expr import FilterExpr
 
-__all__ = ["DocFilter", "FilterInput", "as_filter", "mask_key"]
+__all__ = ["DocFilter", "FilterInput", "as_filter", "filter_of", "mask_key", "read_docnos"]
 
 _MISSING = ("error", "ignore")
 
@@ -129,6 +131,30 @@ def as_filter(value: FilterInput) -> DocFilter:
     if isinstance(value, (np.ndarray, torch.Tensor, list, tuple)):
         return DocFilter.mask(value)
     raise TypeError(f"a filter is a DocFilter, a boolean mask or a metadata expression (str), got {type(value).__name__}")
+
+
+def read_docnos(path: str | os.PathLike) -> list[str]:
+    """A docno list file: one docno per line (a UTF-8 BOM, surrounding spaces and blank lines are ignored)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text at byte {e.start} (a docno list holds one docno per line)") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def filter_of(where: str | None = None, allow_docnos: str | os.PathLike | None = None,
+              deny_docnos: str | os.PathLike | None = None, missing: str = "error") -> DocFilter | None:
+    """The filter of a metadata expression and docno list files (all that are given must hold), or None: what
+    ``lsr search --filter / --allow-docnos / --deny-docnos`` and a run config's ``filter:`` section give."""
+    parts = [DocFilter.where(where)] if where else []
+    if allow_docnos:
+        parts.append(DocFilter.allow(read_docnos(allow_docnos), missing))
+    if deny_docnos:
+        parts.append(DocFilter.deny(read_docnos(deny_docnos), missing))
+    out = parts[0] if parts else None
+    for p in parts[1:]:
+        out = out & p
+    return out
 
 
 def _docno_array(docnos: Iterable[str]) -> pa.Array:

@@ -114,3 +114,24 @@ def test_run_explain_composes_the_plans_and_writes_nothing(job, capsys):
     got = plan_lines(capsys.readouterr().out)
     assert got["route"] == "block  (forced by config)"
     assert got["span scorer"] == "torch, span 64 (1 spans)  (forced by config)"
+
+
+def test_a_filter_section_restricts_the_run_and_the_plan_says_how(job, capsys):
+    """``filter.deny_docnos`` from --set: the denied documents leave every query's ranking and the others keep
+    their order (the rest of the unfiltered run, moved up); the recorded plan names the filter's route."""
+    from lsr.data.runs import read_run
+
+    run_plan(job, "unfiltered")
+    full = read_run(job / "unfiltered" / "run.trec")
+    denied = sorted({d for hits in full.values() for d in list(hits)[:2]})
+    (job / "deny.txt").write_text("\n".join(denied) + "\n", encoding="utf-8")
+    got = run_plan(job, "filtered", f"filter.deny_docnos={job / 'deny.txt'}")
+    assert got["filter"].startswith("subset") and f"deny {len(denied)} docnos" in got["filter"]
+    filtered = read_run(job / "filtered" / "run.trec")
+    for qid, hits in full.items():
+        kept = [d for d in hits if d not in denied]
+        assert list(filtered[qid])[:len(kept)] == kept and not set(filtered[qid]) & set(denied), qid
+    (job / "deny.txt").write_text("no-such-doc\n", encoding="utf-8")
+    assert main(["run", str(job / "job.yaml"), "--set", f"output={job / 'bad'}",
+                 "--set", f"filter.deny_docnos={job / 'deny.txt'}"]) == 1
+    assert "'no-such-doc'" in capsys.readouterr().err
