@@ -66,6 +66,7 @@ FORMAT = "lsr-index"
 VERSION = 2             # read up to this; written: 1 (float32 postings) or 2 (compact postings)
 META = "meta.json"
 DOCNOS = "docnos.arrow"
+METADATA = "metadata.parquet"   # lsr.index.metadata: filter columns attached to the index
 _DOC_FIELDS = {"doc_indptr": "indptr", "doc_indices": "indices", "doc_values": "values"}  # file -> CSR member
 
 
@@ -103,7 +104,7 @@ def _load_npy(f: Path, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int,
 
 def is_index_file(name: str) -> bool:
     """Whether an entry of an index directory is one ``save`` writes (an overwrite may replace it)."""
-    return name in (META, DOCNOS) or name.endswith(".npy")
+    return name in (META, DOCNOS, METADATA) or name.endswith(".npy")
 
 
 def _weights_ok(t: torch.Tensor, zero_ok: bool) -> bool:
