@@ -31,8 +31,8 @@ def open_searcher(index_or_path: Any, *, device: str | torch.device | None = Non
             loaded onto ``device`` (default: CUDA when available, else the CPU).
         device: where to search (default: the index's device).
         config: the search's ``SearchConfig``.
-        **kwargs: further arguments of the searcher (``backend``, ``max_memory_bytes``; a sharded index also
-            ``stream``).
+        **kwargs: further arguments of the searcher (``backend``, ``max_memory_bytes``, ``metadata``: by default
+            an index folder's own metadata columns; a sharded index also ``stream``).
     """
     index = index_or_path
     if isinstance(index_or_path, (str, os.PathLike)):
@@ -40,6 +40,10 @@ def open_searcher(index_or_path: Any, *, device: str | torch.device | None = Non
             "cuda" if torch.cuda.is_available() else "cpu")
         loader = ShardedIndex if is_sharded(index_or_path) else InvertedIndex
         index = loader.load(index_or_path, device=where)
+        if "metadata" not in kwargs:   # the columns ``lsr index --metadata`` attached, for filter expressions
+            from lsr.index.metadata import load_metadata
+
+            kwargs["metadata"] = load_metadata(index_or_path, index.docnos)
     if isinstance(index, ShardedIndex):
         return ShardedSearcher(index, device, config=config, **kwargs)
     if isinstance(index, InvertedIndex):

@@ -229,3 +229,32 @@ def test_a_sharded_index_keeps_one_file_in_global_doc_order(tmp_path, capsys):
     assert main(["index", "--vectors", str(tmp_path / "vec"), "--out", str(tmp_path / "sh"), "--partitions", "2",
                  "--device", "cpu", "--metadata", str(tmp_path / "m.parquet")]) == 0
     assert load_metadata(tmp_path / "sh", list(docs.ids)).column("pos").to_pylist() == list(range(25))
+
+
+def test_lsr_search_filter_reads_the_attached_columns(tmp_path, data_dir, capsys):
+    """``lsr search --filter EXPR`` on an index with metadata: the run holds only documents the expression allows,
+    ranked as an unfiltered search of the same index ranks them; a bad expression is one usage line."""
+    from lsr.data.runs import read_run
+
+    n_docs, corpus, rows = _scifact_index(tmp_path, data_dir, capsys)
+    idx = tmp_path / "idx"
+    assert main(["index", "--vectors", str(tmp_path / "vec"), "--out", str(idx), "--device", "cpu",
+                 "--metadata", str(tmp_path / "meta.jsonl")]) == 0
+    base = ["search", "--index", str(idx), "--queries", str(tmp_path / "slice"), "--model",
+            str(tmp_path / "vec" / "encoder"), "--device", "cpu", "--k", "20"]
+    assert main([*base, "--out", str(tmp_path / "all.trec")]) == 0
+    expr = "source == 'even' and n_words > 150"
+    assert main([*base, "--filter", expr, "--out", str(tmp_path / "f.trec")]) == 0
+    by_id = {r["_id"]: r for r in rows}
+    allowed = {d for d, r in by_id.items() if r["source"] == "even" and r["n_words"] > 150}
+    full, got = read_run(tmp_path / "all.trec"), read_run(tmp_path / "f.trec")
+    assert got and all(set(hits) <= allowed for hits in got.values())
+    for qid, hits in got.items():   # the allowed documents of the unfiltered top-20 come first, in its order
+        seen = [d for d in full.get(qid, {}) if d in allowed]
+        assert list(hits)[:len(seen)] == seen, qid
+    capsys.readouterr()
+    assert main([*base, "--filter", "year >> 3", "--out", str(tmp_path / "x.trec")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--filter: filter 'year >> 3': operator >> is not supported" in err
+    assert main([*base, "--filter", "colour == 'red'", "--out", str(tmp_path / "x.trec")]) == 1
+    assert "colour" in capsys.readouterr().err
