@@ -28,9 +28,9 @@ LOCK_NAME = ".lsr-encode.lock"
 class FolderLock:
     """The lock of ``folder`` (``acquire`` / ``release``, by the one process that writes the folder's plan)."""
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, name: str = LOCK_NAME) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_NAME
+        self.path = self.folder / name   # (another kind of writer, e.g. a live index's, has its own name)
 
     def _holder(self) -> tuple[ProcessId, str] | None:
         """(the holding process, since when) as the lock file says, or None when it cannot be read."""

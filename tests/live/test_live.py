@@ -1,0 +1,204 @@
+"""Live indexes (lsr.live): random sequences of adds, upserts, deletes, compactions and reopenings search exactly
+as an index rebuilt from scratch over the resulting documents (property test, both backends); the log's torn
+tail and damaged records; the writer lock; refused updates leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from lsr.index.inverted import InvertedIndex
+from lsr.live import LiveIndex, LiveSearcher
+from lsr.search import SearchConfig, Searcher
+from lsr.search.filters import DocFilter
+from lsr.sparse import SparseVectors
+from tests.conftest import REPO
+
+VOCAB = 30
+
+
+def docs_of(ids: list[str], seed: int) -> SparseVectors:
+    """Sparse vectors with quantized weights (tied scores) for ``ids``."""
+    g = torch.Generator().manual_seed(seed)
+    dense = (torch.rand(len(ids), VOCAB, generator=g) < 0.25) * torch.randint(1, 4, (len(ids), VOCAB), generator=g)
+    dense[:, 0] += 1   # no empty document
+    return SparseVectors.from_dense(dense.float(), ids=ids)
+
+
+def queries(seed: int = 99) -> SparseVectors:
+    return docs_of([f"q{i}" for i in range(8)], seed)
+
+
+def rebuilt_run(live: LiveIndex, q: SparseVectors, k: int, backend: str, flt=None) -> dict:
+    index = InvertedIndex.build(live.documents(), block_size=16)
+    return Searcher(index, backend=backend).search_run(q, k, filter=flt)
+
+
+def test_random_updates_search_as_a_rebuild(tmp_path):
+    rng = np.random.default_rng(5)
+    live = LiveIndex.create(tmp_path / "live", docs_of([f"d{i}" for i in range(40)], 0), block_size=16)
+    next_id, q = 40, queries()
+    for step in range(60):
+        op = rng.choice(["add", "upsert", "delete", "compact", "reopen"], p=[0.3, 0.3, 0.25, 0.05, 0.1])
+        current = live.documents().ids
+        if op == "add":
+            n = int(rng.integers(1, 6))
+            live.add(docs_of([f"d{next_id + i}" for i in range(n)], step))
+            next_id += n
+        elif op == "upsert" and current:
+            old = list(rng.choice(current, size=min(3, len(current)), replace=False))
+            live.upsert(docs_of(old + [f"d{next_id}"], 1000 + step))
+            next_id += 1
+        elif op == "delete" and len(current) > 5:
+            live.delete(list(rng.choice(current, size=3, replace=False)))
+        elif op == "compact":
+            live.compact()
+        elif op == "reopen":
+            live.close()
+            live = LiveIndex.open(tmp_path / "live")
+        if step % 6 == 5:
+            for k in (5, 200):
+                assert LiveSearcher(live).search_run(q, k) == rebuilt_run(live, q, k, "torch"), (step, k)
+            deny = DocFilter.deny(live.documents().ids[::4])
+            assert LiveSearcher(live).search_run(q, 10, filter=deny) == rebuilt_run(live, q, 10, "torch", deny)
+    gpu = LiveSearcher(live, config=SearchConfig(backend="gpu")).search_run(q, 20)   # TRITON_INTERPRET on a CPU
+    assert gpu == rebuilt_run(live, q, 20, "gpu")
+    live.close()
+
+
+def test_refused_updates_write_nothing(tmp_path):
+    live = LiveIndex.create(tmp_path / "live", docs_of(["a", "b", "c"], 0))
+    size = os.path.getsize(tmp_path / "live" / "wal-000000.log")
+    with pytest.raises(KeyError, match=r"1 docno\(s\) are in the index already \('b'\): use upsert"):
+        live.add(docs_of(["x", "b"], 1))
+    with pytest.raises(KeyError, match=r"1 docno\(s\) to delete are not in the index \('nope'\)"):
+        live.delete(["a", "nope"])
+    with pytest.raises(ValueError, match="vocab_size 7, the index 30"):
+        live.add(SparseVectors.from_dense(torch.ones(1, 7), ids=["y"]))
+    assert os.path.getsize(tmp_path / "live" / "wal-000000.log") == size and live.seq == 0
+    assert live.delete(["a", "nope"], missing="ignore") == 1 and live.documents().ids == ["b", "c"]
+    live.close()
+    with pytest.raises(FileExistsError, match="already exists"):
+        LiveIndex.create(tmp_path / "live", docs_of(["a"], 0))
+    reader = LiveIndex.open(tmp_path / "live", write=False)
+    with pytest.raises(ValueError, match="open it with write=True"):
+        reader.delete(["b"])
+
+
+def test_a_torn_last_record_is_dropped_and_a_damaged_one_refused(tmp_path):
+    live = LiveIndex.create(tmp_path / "live", docs_of(["a", "b"], 0))
+    live.add(docs_of(["c"], 1))
+    live.add(docs_of(["d"], 2))
+    live.close()
+    wal = tmp_path / "live" / "wal-000000.log"
+    whole = wal.read_bytes()
+    wal.write_bytes(whole[:-5])   # a kill in the middle of the last append
+    again = LiveIndex.open(tmp_path / "live")
+    assert again.documents().ids == ["a", "b", "c"] and again.seq == 1
+    again.add(docs_of(["e"], 3))   # the torn bytes were cut off: the log goes on cleanly
+    again.close()
+    assert LiveIndex.open(tmp_path / "live", write=False).documents().ids == ["a", "b", "c", "e"]
+    data = bytearray(wal.read_bytes())
+    data[30] ^= 0xFF   # inside the first record, with another after it
+    wal.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"wal-000000.log: record 1 at byte 0 is damaged \(checksum\) and more follow"):
+        LiveIndex.open(tmp_path / "live", write=False)
+
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path):
+    LiveIndex.create(tmp_path / "live", docs_of(["a"], 0)).close()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from lsr.live import LiveIndex; live = LiveIndex.open(sys.argv[1]); "
+        "print('open', flush=True); time.sleep(60)"), str(tmp_path / "live")],
+        env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(FileExistsError, match=rf"is being written by another job \(pid {holder.pid} on host "):
+            LiveIndex.open(tmp_path / "live")
+        assert LiveIndex.open(tmp_path / "live", write=False).n_docs == 1   # readers are not refused
+    finally:
+        holder.kill()
+        holder.wait()
+    LiveIndex.open(tmp_path / "live").close()   # the holder is gone: its lock is taken over
+
+
+CHILD = r"""
+import hashlib, json, sys
+import torch
+from lsr.live import LiveIndex
+from lsr.sparse import SparseVectors
+from pathlib import Path
+
+def doc(i):   # update i's document: a docno of 12, its weights from i
+    g = torch.Generator().manual_seed(i)
+    dense = (torch.rand(1, 30, generator=g) < 0.3) * torch.randint(1, 5, (1, 30), generator=g)
+    dense[:, 0] += 1
+    return SparseVectors.from_dense(dense.float(), ids=[f"d{i % 12}"])
+
+def digest(live):
+    d = live.documents()
+    blob = json.dumps([d.ids, d.indptr.tolist(), d.indices.tolist(), d.values.tolist()])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+path = Path(sys.argv[1])
+live = LiveIndex.open(path) if path.exists() else LiveIndex.create(path, doc(0))
+print("open", live.seq, digest(live), flush=True)
+i = live.seq
+while True:
+    i += 1
+    if i % 7 == 0:
+        live.delete([f"d{i % 12}"], missing="ignore")
+    else:
+        live.upsert(doc(i))
+    print("ack", live.seq, flush=True)
+    if i % 25 == 0:
+        live.compact()
+        print("compacted", flush=True)
+"""
+
+
+def model_digest(n_updates: int) -> str:
+    """The documents after ``n_updates`` of CHILD's updates, as CHILD digests them (computed here, in order)."""
+    import hashlib
+    import json
+
+    namespace: dict = {}
+    exec(CHILD.split("path = Path")[0], namespace)   # doc() only
+    state: dict[str, SparseVectors] = {"d0": namespace["doc"](0)}
+    for i in range(1, n_updates + 1):
+        state.pop(f"d{i % 12}", None)
+        if i % 7:
+            state[f"d{i % 12}"] = namespace["doc"](i)
+    d = SparseVectors.concat(list(state.values()))
+    blob = json.dumps([d.ids, d.indptr.tolist(), d.indices.tolist(), d.values.tolist()])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@pytest.mark.slow
+def test_no_acknowledged_update_is_lost_to_100_kills(tmp_path):
+    """A writer SIGKILLed 100 times at random points (mid-append, mid-compaction, between updates): every reopen
+    holds every update it acknowledged (at most one more, written but not yet acknowledged), and exactly the
+    documents those updates make."""
+    rng = np.random.default_rng(11)
+    path, acked = tmp_path / "live", 0
+    for kill in range(100):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
+        opened = child.stdout.readline().split()
+        assert opened[0] == "open", opened
+        seq, digest = int(opened[1]), opened[2]
+        assert acked <= seq <= acked + 1, (kill, acked, seq)   # nothing acknowledged is lost
+        assert digest == model_digest(seq), kill
+        acked = seq
+        time.sleep(float(rng.uniform(0.0, 0.08)))   # then kill it wherever it is
+        child.kill()
+        out, _ = child.communicate()
+        acks = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ack")]
+        acked = max([acked, *acks])
+    assert acked > 100   # the kills landed among real work
