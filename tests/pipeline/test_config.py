@@ -57,7 +57,7 @@ def test_run_and_train_configs_share_their_sections(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("encoder.kk=1", "unknown key(s) in config.encoder: ['kk'] (known: ['attention', 'b', 'batch_size', 'compile',"),
-    ("metrics=[RR@10]", "unknown key(s) in config: ['metrics'] (known: ['data', 'device', 'encoder', 'evaluation', "
+    ("metrics=[RR@10]", "unknown key(s) in config: ['metrics'] (known: ['data', 'device', 'encoder', 'evaluation', 'filter', "
                         "'index', 'inputs', 'name', 'output', 'rerank', 'search']); did you mean evaluation.metrics?"),
     ("search.k=ten", "config.search.k must be int, got 'ten'"),
     ("search.k=0", "config.search.k must be >= 1, got 0"),
