@@ -17,6 +17,10 @@ Results are lsr's exact top-k (ties by ascending doc index), with PyTerrier's co
 score, rank`` (rank from 0) plus the query columns. :func:`doc_encoder` / :func:`query_encoder` add
 ``toks`` / ``query_toks`` columns ({token: weight} dicts, as pyt_splade does); the indexer and the
 retriever use such columns when present instead of encoding the text again.
+
+Filters (``lsr.search.filters``): ``index.retriever(enc, filter=DocFilter.allow([...]))`` searches only the
+documents a filter allows, for every query; a ``filter`` column of the queries (a ``DocFilter`` or a metadata
+expression per query; None / NaN: none) adds one per query (both given: a document must pass both).
 """
 
 from __future__ import annotations
@@ -235,7 +239,7 @@ class LsrRetriever(pt.Transformer):
     """Queries (``qid`` + ``query``, or pre-encoded ``query_toks``) -> ``qid, docno, score, rank`` (exact)."""
 
     def __init__(self, index: LsrIndex, encoder: Any, k: int = 1000, device: str | None = None,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", filter: Any = None) -> None:
         if not _is_fitted(encoder):
             raise ValueError("the BM25 encoder is not fitted: index with LsrIndex(...).indexer(encoder) first "
                              "(it fits the encoder) or load a fitted one with LexicalEncoder.load(dir)")
@@ -245,6 +249,7 @@ class LsrRetriever(pt.Transformer):
         if device is not None and not (isinstance(device, str) and is_device_name(device)):
             raise ValueError(f"device must be None or {DEVICE_HELP}, got {device!r}")
         self.lsr_index, self.encoder, self.k, self.device, self.backend = index, encoder, k, device, backend
+        self.filter = _as_filter(filter, "filter") if filter is not None else None
         self._searcher: Any = None
 
     def searcher(self) -> Any:
@@ -270,8 +275,45 @@ class LsrRetriever(pt.Transformer):
         else:
             raise ValueError(f"the queries need a 'query' or 'query_toks' column (columns: {list(inp.columns)})")
         searcher = self.searcher()
-        scores, doc_idx = searcher.search(queries.to(searcher.device), k=self.k, query_metadata=meta)
+        scores, doc_idx = searcher.search(queries.to(searcher.device), k=self.k, query_metadata=meta,
+                                          filter=self._query_filters(inp, qids))
         return _results_frame(inp, searcher.index.docnos, scores.cpu().numpy(), doc_idx.cpu().numpy())
+
+
+    def _query_filters(self, inp: pd.DataFrame, qids: Sequence[str]) -> Any:
+        """What ``Searcher.search`` gets as ``filter``: the retriever's filter, or one per query where the queries
+        have a ``filter`` column (each joined with the retriever's; a value seen again reuses its DocFilter, so
+        the search resolves it once)."""
+        if "filter" not in inp.columns:
+            return self.filter
+        seen: dict[Any, Any] = {}
+        out = []
+        for qid, value in zip(qids, inp["filter"].tolist()):
+            if _is_missing(value):
+                out.append(self.filter)
+                continue
+            key = value if isinstance(value, str) else id(value)
+            if key not in seen:
+                flt = _as_filter(value, f"the 'filter' of qid {qid!r}")
+                seen[key] = flt if self.filter is None else self.filter & flt
+            out.append(seen[key])
+        return out if any(f is not None for f in out) else None
+
+
+def _is_missing(value: Any) -> bool:
+    """None, NaN or pd.NA (a cell of a filter column with no filter); an array is never missing."""
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def _as_filter(value: Any, name: str) -> Any:
+    """A DocFilter from a DocFilter, a metadata expression (str) or a boolean mask; ValueError naming ``name``."""
+    from lsr.search.filters import as_filter
+
+    try:
+        return as_filter(value)
+    except TypeError:
+        raise ValueError(f"{name} is a {type(value).__name__}; give a DocFilter (lsr.search.filters), a metadata "
+                         "expression (str), a boolean mask or None") from None
 
 
 def _results_frame(inp: pd.DataFrame, docnos: Sequence[str], scores: np.ndarray, doc_idx: np.ndarray) -> pd.DataFrame:
@@ -297,9 +339,12 @@ class LsrIndex:
         return LsrIndexer(self.path, _resolve_encoder(encoder, device), device=device, fields=fields,
                           block_size=block_size, batch_size=batch_size, overwrite=overwrite)
 
-    def retriever(self, encoder: Any, k: int = 1000, device: str | None = None, backend: str = "auto") -> LsrRetriever:
-        """A ``pt.Transformer`` returning the exact top ``k`` of each query (GPU when available)."""
-        return LsrRetriever(self, _resolve_encoder(encoder, device), k=k, device=device, backend=backend)
+    def retriever(self, encoder: Any, k: int = 1000, device: str | None = None, backend: str = "auto",
+                  filter: Any = None) -> LsrRetriever:
+        """A ``pt.Transformer`` returning the exact top ``k`` of each query (GPU when available) among the
+        documents ``filter`` allows (a DocFilter, a metadata expression or a boolean mask; None: all)."""
+        return LsrRetriever(self, _resolve_encoder(encoder, device), k=k, device=device, backend=backend,
+                            filter=filter)
 
     def __repr__(self) -> str:
         return f"LsrIndex({str(self.path)!r})"

@@ -5,7 +5,9 @@ Endpoints:
 * ``POST /search``: ``{"queries": [text, ...]}``, ``{"query": text}`` or ``{"vectors": [{term: weight}, ...]}``
   (keys: tokens of the encoder's vocabulary when the server has one, else term ids), optional ``"k"``;
   answers ``{"results": [{"docnos": [...], "scores": [...]}, ...]}``, one entry per query, best first.
-  An optional ``"timeout_ms"`` shortens the request's deadline (the server's ``request_timeout_s``).
+  An optional ``"timeout_ms"`` shortens the request's deadline (the server's ``request_timeout_s``); an optional
+  ``"filter"`` (``{"allow": [docno, ...]}``, ``{"deny": [...]}``, ``{"where": "expression"}``, ``{"and" | "or":
+  [filter, ...]}``, ``{"not": filter}``: ``lsr.serve.filters``) limits the documents its queries may return.
 * ``GET /health``: ``{"status": "ok", ...}`` with the index size, device, backend and encoder, and each replica
   (device, ready, hung, queue depth, the error that stopped it); "degraded" (HTTP 200) while some replica has
   failed or is past its batch deadline, "unavailable" (HTTP 503) while none can take requests.
@@ -298,6 +300,8 @@ def _add_routes(app: Any, replicas: ReplicaSet, limits: BodyLimits, config: dict
             parsed, timeout_s = _decode(engine, body, config["request_timeout_s"]) \
                 if len(body) < DECODE_INLINE_BYTES else \
                 await asyncio.to_thread(_decode, engine, body, config["request_timeout_s"])
+            if getattr(parsed, "filter", None) is not None:   # O(documents): off the event loop; its errors are this request's
+                await asyncio.to_thread(engine.resolve_filter, parsed)
         except RequestError as e:
             return _error(e.status, str(e))
         try:

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lsr.search.filters import DocFilter
 from lsr.search.searcher import run_depth
 from lsr.serve.body import LongInt, RequestError, show_value
+from lsr.serve.filters import parse_filter, row_filters, search_rows
 from lsr.sparse import SparseVectors, weight_limit
 
 __all__ = ["MAX_QUERIES_PER_REQUEST", "STAGES", "Batch", "RequestError", "SearchEngine", "SearchRequest", "load_query_encoder"]
@@ -38,11 +40,15 @@ _FIELDS = ("queries", "query", "vectors")
 
 @dataclass
 class SearchRequest:
-    """One request's queries: texts to encode or pre-encoded vectors (over the index vocabulary)."""
+    """One request's queries: texts to encode or pre-encoded vectors (over the index vocabulary); ``filter``:
+    the documents its queries may return (``lsr.serve.filters``), ``mask`` the same resolved against the index
+    (``SearchEngine.resolve_filter``)."""
 
     texts: list[str] | None
     vectors: SparseVectors | None
     k: int
+    filter: DocFilter | None = None
+    mask: np.ndarray | None = None
 
     @property
     def n_queries(self) -> int:
@@ -104,11 +110,14 @@ class SearchEngine:
         backend: the search backend ("auto", "torch", "gpu"), passed to the Searcher.
         pad_batches: search batches padded to a power of two (copies of the last query, whose hits are
             dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
-            captured again for every size; default: on CUDA.
+            captured again for every size; default: on CUDA. The rows of filtered requests are not padded.
+        metadata: the index's metadata columns (a pyarrow Table in document order) that ``"where"`` filters
+            read (``Searcher(metadata=...)``); None: a request filtering by metadata is refused (422).
     """
 
     def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 1000,
-                 max_k: int | None = None, backend: str = "auto", pad_batches: bool | None = None) -> None:
+                 max_k: int | None = None, backend: str = "auto", pad_batches: bool | None = None,
+                 metadata: Any = None) -> None:
         from lsr.index.inverted import InvertedIndex
         from lsr.search.searcher import Searcher, check_compatible
         from lsr.utils.devices import resolve_device
@@ -119,7 +128,7 @@ class SearchEngine:
         self.device = resolve_device(device)
         self.k, self.max_k = int(k), int(max_k)
         self.index = index if isinstance(index, InvertedIndex) else InvertedIndex.load(index, device=self.device)
-        self.searcher = Searcher(self.index, device=self.device, backend=backend)
+        self.searcher = Searcher(self.index, device=self.device, backend=backend, metadata=metadata)
         self.index = self.searcher.index  # on the search device (an index given on another one is copied)
         self.encoder = load_query_encoder(model, self.device) if model else None
         self.token_ids: dict[str, int] | None = None
@@ -152,16 +161,17 @@ class SearchEngine:
         """A decoded JSON body -> SearchRequest; RequestError (one line) for anything else."""
         if not isinstance(payload, dict):
             raise RequestError("the body must be a JSON object with 'queries', 'query' or 'vectors'", 400)
-        unknown = sorted(set(payload) - {*_FIELDS, "k"})
+        unknown = sorted(set(payload) - {*_FIELDS, "k", "filter"})
         if unknown:
-            raise RequestError(f"unknown field {unknown[0]!r}; use 'queries', 'query' or 'vectors', and 'k'")
+            raise RequestError(f"unknown field {unknown[0]!r}; use 'queries', 'query' or 'vectors', 'k' and 'filter'")
         given = [f for f in _FIELDS if f in payload]
         if len(given) != 1:
             raise RequestError("give exactly one of 'queries' (list of texts), 'query' (a text) or 'vectors' "
                                f"(list of {{term: weight}}); got {given or 'none'}")
         k = self._parse_k(payload.get("k", self.k))
+        flt = parse_filter(payload["filter"]) if payload.get("filter") is not None else None   # null: unfiltered
         if given[0] == "vectors":
-            return SearchRequest(None, self._parse_vectors(payload["vectors"]), k)
+            return SearchRequest(None, self._parse_vectors(payload["vectors"]), k, flt)
         texts = [payload["query"]] if given[0] == "query" else payload["queries"]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise RequestError("'queries' must be a non-empty list of strings and 'query' a string")
@@ -169,7 +179,19 @@ class SearchEngine:
         if self.encoder is None:
             raise RequestError("this server has no query encoder (start it with --model); send pre-encoded "
                                "'vectors' instead of texts")
-        return SearchRequest(texts, None, k)
+        return SearchRequest(texts, None, k, flt)
+
+    def resolve_filter(self, request: SearchRequest) -> None:
+        """Resolve the request's filter against the index (``request.mask``), so that a docno the index lacks or
+        an expression it cannot evaluate is this request's one-line error (RequestError, 422), never its batch's.
+        O(documents): the server runs it off the event loop."""
+        from lsr.search.filtered import resolve_filter
+
+        if request.filter is not None and request.mask is None:
+            try:
+                request.mask = resolve_filter(self.searcher, request.filter)[0]
+            except ValueError as e:
+                raise RequestError(f"filter: {e}") from None
 
     def _parse_k(self, k: Any) -> int:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_k:
@@ -273,8 +295,11 @@ class SearchEngine:
         clock.lap("encode")
         parts += [(requests[i].vectors, None) for i in batch.order if requests[i].vectors is not None]
         queries = self._stack(parts, batch.n_rows)
-        scores, doc_idx = self.searcher.search(queries, k=run_depth(max(r.k for r in requests), self.index.n_docs),
-                                               show_progress_bar=False)
+        k, filters = run_depth(max(r.k for r in requests), self.index.n_docs), row_filters(batch)
+        if filters is None:   # no request filters: the batch as it always ran
+            scores, doc_idx = self.searcher.search(queries, k=k, show_progress_bar=False)
+        else:
+            scores, doc_idx = search_rows(self.searcher, queries, k, filters, lambda q: self._stack([(q, None)], len(q)))
         batch.scores, batch.doc_idx = scores.cpu().numpy(), doc_idx.cpu().numpy()  # one device sync per batch
         clock.lap("search")
         return batch

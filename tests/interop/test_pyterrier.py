@@ -178,3 +178,78 @@ def test_bad_indexer_and_encoder_arguments_are_refused_at_construction(tiny_pt_i
         lsr_pt.LsrIndex(tmp_path / "i").indexer(encoder, fields="text")
     with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got -1"):
         lsr_pt.query_encoder(encoder, batch_size=-1)
+
+
+def _searched(index, encoder, texts, k, flt):
+    """Searcher.search of the tiny index with ``flt``: per query the (docno, float64 score) hits, best first."""
+    import numpy as np
+
+    from lsr.index.inverted import InvertedIndex
+    from lsr.search.searcher import Searcher
+
+    idx = InvertedIndex.load(index.path, device="cpu")
+    scores, doc_idx = Searcher(idx, device="cpu").search(encoder.encode_query(texts), k=k, filter=flt)
+    return [[(idx.docnos[d], float(np.float32(s))) for s, d in zip(row_s, row_d) if d >= 0]
+            for row_s, row_d in zip(scores.numpy(), doc_idx.numpy())]
+
+
+def _hits(res, qid):
+    rows = res[res.qid == qid]
+    assert rows["rank"].tolist() == list(range(len(rows)))
+    return list(zip(rows.docno.tolist(), rows.score.tolist()))
+
+
+def test_a_retriever_filter_and_a_filter_column_equal_searcher_search(tiny_pt_index):
+    import numpy as np
+
+    from lsr.search.filters import DocFilter
+
+    index, encoder = tiny_pt_index
+    texts = ["cells proteins", "cells fold", "vitamin cells"]
+    topics = pd.DataFrame({"qid": ["q1", "q2", "q3"], "query": texts})
+    plain = index.retriever(encoder, k=4, device="cpu")(topics)
+    # one filter for every query: a DocFilter or a boolean mask over the documents
+    deny = DocFilter.deny(["d3"])
+    res = index.retriever(encoder, k=4, device="cpu", filter=deny)(topics)
+    want = _searched(index, encoder, texts, 4, deny)
+    assert [_hits(res, q) for q in ("q1", "q2", "q3")] == want
+    assert "d3" not in set(res.docno) and "d3" in set(plain.docno)
+    mask = np.array([True, False, True, False])   # d1, d3
+    masked = index.retriever(encoder, k=4, device="cpu", filter=mask)(topics)
+    assert set(masked.docno) <= {"d1", "d3"}
+    assert [_hits(masked, q) for q in ("q1", "q2", "q3")] == _searched(index, encoder, texts, 4, DocFilter.mask(mask))
+    # a filter column: one per query (None / NaN: unfiltered), the same DocFilter twice
+    only = DocFilter.allow(["d2", "d4"])
+    column = topics.assign(filter=[only, None, only])
+    res = index.retriever(encoder, k=4, device="cpu")(column)
+    assert [_hits(res, q) for q in ("q1", "q2", "q3")] == _searched(index, encoder, texts, 4, [only, None, only])
+    assert set(res[res.qid != "q2"].docno) <= {"d2", "d4"} and _hits(res, "q2") == _hits(plain, "q2")
+    nan = topics.assign(filter=[float("nan"), only, pd.NA])
+    res = index.retriever(encoder, k=4, device="cpu", filter=deny)(nan)   # both: a document passes both
+    assert [_hits(res, q) for q in ("q1", "q2", "q3")] == _searched(index, encoder, texts, 4,
+                                                                    [deny, deny & only, deny])
+
+
+def test_bad_retriever_filters_are_one_line_errors(tiny_pt_index):
+    from lsr.search.filters import DocFilter
+
+    index, encoder = tiny_pt_index
+    with pytest.raises(ValueError, match=r"^filter is a int; give a DocFilter"):
+        index.retriever(encoder, k=2, device="cpu", filter=3)
+    topics = pd.DataFrame({"qid": ["q1", "q2"], "query": ["cells", "vitamin"], "filter": [None, 7]}, dtype=object)
+    with pytest.raises(ValueError, match=r"^the 'filter' of qid 'q2' is a int; give a DocFilter"):
+        index.retriever(encoder, k=2, device="cpu")(topics)
+    unknown = topics.assign(filter=[DocFilter.allow(["d9"]), None])
+    with pytest.raises(ValueError, match=r"^1 docno\(s\) of the allow list are not in the index \('d9'\)"):
+        index.retriever(encoder, k=2, device="cpu")(unknown)
+    ignored = topics.assign(filter=[DocFilter.allow(["d9", "d1"], missing="ignore"), None])
+    res = index.retriever(encoder, k=2, device="cpu")(ignored)
+    assert res[res.qid == "q1"].docno.tolist() == ["d1"]
+
+
+def test_an_expression_on_an_index_without_metadata_is_refused(tiny_pt_index):
+    pytest.importorskip("lsr.index.filter_expr")
+    index, encoder = tiny_pt_index
+    topics = pd.DataFrame({"qid": ["q1"], "query": ["cells"], "filter": ["year >= 2015"]})
+    with pytest.raises(ValueError, match="reads metadata columns, and this index has none"):
+        index.retriever(encoder, k=2, device="cpu")(topics)
