@@ -145,8 +145,9 @@ def resolve_filter(searcher: object, value: object) -> tuple[np.ndarray, str]:
 def per_query_filters(value: object, n_queries: int) -> list[object] | None:
     """The list of per-query filters when ``value`` is one (a list of DocFilter / str / None, one per query),
     else None (one filter for every query: a DocFilter, an expression or a boolean mask)."""
-    if not isinstance(value, (list, tuple)) or not any(isinstance(v, (DocFilter, str)) or v is None for v in value):
-        return None
+    if not isinstance(value, (list, tuple)) or not any(
+            isinstance(v, (DocFilter, str, np.ndarray, torch.Tensor)) or v is None for v in value):
+        return None   # (a list of bools is one mask)
     if len(value) != n_queries:
         raise ValueError(f"{len(value)} filters for {n_queries} queries: give one per query, or one for all")
     return list(value)
@@ -160,6 +161,8 @@ def search_with_filters(searcher: object, queries: object, k: int, value: object
     if per_query is None:
         mask, described = resolve_filter(searcher, value)
         return search_filtered(searcher, queries, k, mask, described, search)
+    if all(v is None for v in per_query):
+        return search(queries, k)
     groups: dict[bytes | None, list[int]] = {}
     masks: dict[bytes | None, tuple[np.ndarray, str]] = {}
     resolved: dict[int, bytes] = {}   # the same filter object given to many queries is resolved once

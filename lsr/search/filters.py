@@ -101,7 +101,7 @@ class DocFilter:
         masks = [p.resolve(docnos, metadata) for p in self.parts]
         if self.kind == "not":
             return ~masks[0]
-        return np.logical_and(*masks) if self.kind == "and" else np.logical_or(*masks)
+        return (np.logical_and if self.kind == "and" else np.logical_or).reduce(masks)
 
     def reads_metadata(self) -> bool:
         """Whether resolving needs the index's metadata columns."""

@@ -112,7 +112,8 @@ class SearchEngine:
             dropped), so the Triton path's CUDA graphs, cached per batch size, are reused instead of
             captured again for every size; default: on CUDA. The rows of filtered requests are not padded.
         metadata: the index's metadata columns (a pyarrow Table in document order) that ``"where"`` filters
-            read (``Searcher(metadata=...)``); None: a request filtering by metadata is refused (422).
+            read (``Searcher(metadata=...)``); None: an index folder's own (``lsr index --metadata``), else a request
+            filtering by metadata is refused (422).
     """
 
     def __init__(self, index: str | Path | Any, model: str | Path | None = None, device: str = "auto", k: int = 1000,
@@ -128,6 +129,10 @@ class SearchEngine:
         self.device = resolve_device(device)
         self.k, self.max_k = int(k), int(max_k)
         self.index = index if isinstance(index, InvertedIndex) else InvertedIndex.load(index, device=self.device)
+        if metadata is None and not isinstance(index, InvertedIndex):   # an index folder's own columns
+            from lsr.index.metadata import load_metadata
+
+            metadata = load_metadata(index, self.index.docnos)
         self.searcher = Searcher(self.index, device=self.device, backend=backend, metadata=metadata)
         self.index = self.searcher.index  # on the search device (an index given on another one is copied)
         self.encoder = load_query_encoder(model, self.device) if model else None

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import types
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -180,15 +177,8 @@ def test_filters_past_the_bounds_are_refused(served):
     assert r.status_code == 413 and f"more than {MAX_FILTER_NODES:,} filter objects" in r.json()["error"]
 
 
-def test_where_without_metadata_is_the_librarys_one_line_error(served, monkeypatch):
-    """The index has no metadata columns: a "where" filter is a 422 with the library's line (the expression
-    parser is stubbed where this lsr lacks it: the server's handling is under test, not the parser)."""
-    try:
-        import lsr.index.filter_expr  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("lsr.index.filter_expr")
-        stub.parse_filter = _Expr
-        monkeypatch.setitem(sys.modules, "lsr.index.filter_expr", stub)
+def test_where_without_metadata_is_the_librarys_one_line_error(served):
+    """The index has no metadata columns: a "where" filter is a 422 with the library's line."""
     app, vectors, top, pool = served
     bodies = [{"query": TEXTS[0], "filter": {"where": "year >= 2015"}},
               {"query": TEXTS[0], "filter": {"and": [{"deny": pool[:2]}, {"not": {"where": "year >= 2015"}}]}},
@@ -200,13 +190,3 @@ def test_where_without_metadata_is_the_librarys_one_line_error(served, monkeypat
         assert error.startswith("filter: filter 'year >= 2015' reads metadata columns, and this index has none"), error
     assert responses[2].status_code == 200   # in the same batch, unharmed
 
-
-class _Expr:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-    def evaluate(self, table):  # pragma: no cover - the index has no metadata: never evaluated
-        return np.ones(table.num_rows, dtype=bool)
