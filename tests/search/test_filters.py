@@ -186,3 +186,26 @@ def test_lsr_search_filters_from_docno_files(case, tmp_path, capsys):
     assert main([*base, "--deny-docnos", str(deny), "--filter-missing", "ignore", "--out", str(tmp_path / "r2")]) == 0
     assert main([*base, "--allow-docnos", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "r3")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_routes_equal_an_index_of_the_allowed_documents():
+    """On a GPU at a size where every route runs its real kernels (block route, several blocks): subset, widen and
+    the 'all' / 'none' shortcuts against an index of the allowed documents, and the same bits twice."""
+    gen = seeded_generator()
+    docs = random_dense_rows(6000, 400, 0.05, gen, quantized=True, device="cuda")
+    queries = random_dense_rows(64, 400, 0.05, gen, quantized=True, device="cuda")
+    index = InvertedIndex.build(docs, device="cuda", block_size=1024)
+    rng = np.random.default_rng(1)
+    for share in (0.002, 0.3, 0.9):
+        mask = rng.random(index.n_docs) < share
+        rows = torch.from_numpy(np.flatnonzero(mask)).cuda()
+        sub = InvertedIndex.build(docs[rows], device="cuda", block_size=1024)
+        want_s, want_i = Searcher(sub, backend="gpu").search(queries, 100)
+        want_i = torch.where(want_i >= 0, rows[want_i.clamp_min(0)], -1)
+        for route in ("subset", "widen"):
+            searcher = Searcher(index, config=SearchConfig(backend="gpu", filters={"route": route}))
+            a, b = searcher.search(queries, 100, filter=mask), searcher.search(queries, 100, filter=mask)
+            assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]), (share, route)
+            assert torch.equal(a[1], want_i), (share, route)
+            assert torch.allclose(a[0], want_s, rtol=1e-6, atol=0), (share, route)   # (widen: the whole index's scale)
