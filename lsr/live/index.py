@@ -11,7 +11,8 @@ Document order is insertion order: the base's documents, then the added ones; a 
 from its place and added at the end. So the live documents (``documents()``) are what an index rebuilt from
 scratch holds, in its order, and searching the live index (``lsr.live.search``) equals searching that rebuild.
 In memory: the base, a mask of its live documents (deletes are tombstones), the added documents (the delta
-segment) and theirs; ``compact`` folds them into a new base.
+segment: one small index per update batch, folded into one past ``MAX_SEGMENTS``) and theirs; ``compact`` folds
+them into a new base.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from lsr.parallel.joblock import FolderLock
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_directory, atomic_write_text, fsync_dir
 
-__all__ = ["LOCK", "MANIFEST", "LiveIndex", "is_live"]
+__all__ = ["LOCK", "MANIFEST", "MAX_SEGMENTS", "LiveIndex", "is_live"]
 
 MANIFEST, LOCK, FORMAT = "live.json", ".lsr-live.lock", "lsr-live"
+MAX_SEGMENTS = 8   # delta parts searched one by one before they are folded into one
 
 
 def is_live(path: str | os.PathLike) -> bool:
@@ -68,7 +70,7 @@ class LiveIndex:
             raise ValueError(f"{self.path}: the base index holds a docno twice; a live index needs unique docnos")
         self.seq = 0                    # the last update applied
         self.version = getattr(self, "version", -1) + 1   # changes of the searchable state
-        self._delta_index: tuple[int, InvertedIndex | None] | None = None
+        self._segments: dict[int, InvertedIndex] = {}   # built indexes of the delta's parts, by position
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -244,15 +246,26 @@ class LiveIndex:
                                            rows.vocab_size, validate=False))
             return SparseVectors.concat(parts) if len(parts) > 1 else parts[0]
 
-    def delta_index(self) -> InvertedIndex | None:
-        """The index of the added documents (built again after each update, on the base's device)."""
+    def delta_segments(self) -> list[tuple[int, InvertedIndex]]:
+        """The delta segment as [(first slot, index)]: one small index per update batch, each built once (an
+        update costs an index of its own documents, not of the whole delta); past ``MAX_SEGMENTS`` they are
+        folded into one (the slots stay: the documents keep their order)."""
         with self._mutex:
-            if self._delta_index is None or self._delta_index[0] != self.version:
-                delta = self.delta_vectors()
-                built = None if delta is None else InvertedIndex.build(
-                    delta.to(self.base.device), block_size=self.base.block_size, postings=self.base.postings)
-                self._delta_index = (self.version, built)
-            return self._delta_index[1]
+            if len(self._delta) > MAX_SEGMENTS:
+                merged = self.delta_vectors()
+                self._delta, self._segments = [SparseVectors(merged.indptr, merged.indices, merged.values,
+                                                             [d for p in self._delta for d in p.ids],
+                                                             merged.vocab_size, validate=False)], {}
+            out, first = [], self.base.n_docs
+            for j, part in enumerate(self._delta):
+                if j not in self._segments:
+                    self._segments[j] = InvertedIndex.build(
+                        SparseVectors(part.indptr, part.indices, part.values, [str(first + i) for i in range(len(part))],
+                                      part.vocab_size, validate=False).to(self.base.device),
+                        block_size=self.base.block_size, postings=self.base.postings)
+                out.append((first, self._segments[j]))
+                first += len(part)
+            return out
 
     # ------------------------------------------------------------------ compaction
     def compact(self) -> None:

@@ -44,7 +44,7 @@ class LiveSearcher:
         with live._mutex:
             if self._base_of is not live.base:   # a compaction: the new base
                 self._base, self._base_of = Searcher(live.base, self.device, config=self.config), live.base
-            return (self._base, live.base_alive.copy(), live.delta_index(), live.delta_alive.copy(),
+            return (self._base, live.base_alive.copy(), live.delta_segments(), live.delta_alive.copy(),
                     live.slot_docnos())
 
     def search(self, queries: SparseVectors, k: int | None = None, filter: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +67,12 @@ class LiveSearcher:
         queries = queries.to(self.device)
         n_base = len(base_alive)
         parts = [base.search(queries, k, filter=None if allowed_base.all() else DocFilter.mask(allowed_base))]
-        if delta is not None and allowed_delta.any():
-            s, i = Searcher(delta, self.device, config=self.config).search(queries, k, filter=DocFilter.mask(allowed_delta))
-            parts.append((s, shift_ids(i, n_base)))
+        for first, segment in delta:   # each part of the delta with its live documents
+            allowed = allowed_delta[first - n_base:first - n_base + segment.n_docs]
+            if allowed.any():
+                s, i = Searcher(segment, self.device, config=self.config).search(
+                    queries, k, filter=None if allowed.all() else DocFilter.mask(allowed))
+                parts.append((s, shift_ids(i, first)))
         return (*merge_hit_lists(parts, k, n_base + len(delta_alive)), docnos)
 
     def search_run(self, queries: SparseVectors, k: int | None = None, filter: Any = None) -> dict[str, dict[str, float]]:
