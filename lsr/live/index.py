@@ -57,6 +57,7 @@ class LiveIndex:
         self.path, self._lock_file = path, lock
         self._mutex = threading.RLock()   # updates and the search snapshot take it
         self._log: LogWriter | None = None
+        self._compacting: list[tuple[int, dict]] | None = None   # updates made while a compaction builds
         self._start(base, generation)
 
     def _start(self, base: InvertedIndex, generation: int) -> None:
@@ -156,6 +157,8 @@ class LiveIndex:
         with self._mutex:
             payload = self._checked(op, vectors, docnos, missing)
             self._log.append(self.seq + 1, payload)   # on disk (fsynced) before it is applied or acknowledged
+            if self._compacting is not None:
+                self._compacting.append((self.seq + 1, payload))
             self._apply(payload)
             self.seq += 1
             return self.seq
@@ -268,27 +271,48 @@ class LiveIndex:
             return out
 
     # ------------------------------------------------------------------ compaction
-    def compact(self) -> None:
-        """Fold the updates into a new base (the next generation): written beside the current one, published by
-        replacing ``live.json``, then the old generation is removed. Searches of the old state may go on."""
+    def compact(self, background: bool = False) -> threading.Thread | None:
+        """Fold the updates into a new base (the next generation): built from a snapshot beside the current one,
+        published by replacing ``live.json``, then the old generation is removed. Searches go on meanwhile; so do
+        updates: those made while the base was built are carried into the new generation's log. ``background``:
+        run in a thread (returned; ``join`` it), else return when done."""
         if self._log is None:
             raise ValueError(f"{self.path} is open read-only (or closed): open it with write=True to compact it")
         with self._mutex:
-            docs = self.documents()
-            nxt = self.generation + 1
-            base_name, wal_name = _names(nxt)
+            if self._compacting is not None:
+                raise RuntimeError(f"{self.path}: a compaction is running already")
+            self._compacting = []   # the updates made from here on, carried into the next generation
+            docs, seq0 = self.documents(), self.seq
+        if not background:
+            self._compact_from(docs, seq0)
+            return None
+        thread = threading.Thread(target=self._compact_from, args=(docs, seq0), name="lsr-live-compact", daemon=True)
+        thread.start()
+        return thread
+
+    def _compact_from(self, docs: SparseVectors, seq0: int) -> None:
+        nxt = self.generation + 1
+        base_name, wal_name = _names(nxt)
+        try:
             base = InvertedIndex.build(docs.to(self.base.device), block_size=self.base.block_size,
                                        metadata=dict(self.base.metadata), postings=self.base.postings)
             base.to("cpu").save(self.path / base_name, overwrite=True)
-            LogWriter(self.path / wal_name).close()
-            fsync_dir(self.path)
-            _write_manifest(self.path, nxt, self.seq)   # the switch: before it the old generation, after it the new one
-            self._log.close()
-            seq = self.seq
-            self._start(base, nxt)
-            self.seq = seq   # (sequence numbers go on across generations)
-            self._log = LogWriter(self.path / wal_name)
-            self._remove_other_generations()
+            with self._mutex:
+                since = self._compacting
+                log = LogWriter(self.path / wal_name)
+                for seq, payload in since:
+                    log.append(seq, payload)
+                fsync_dir(self.path)
+                _write_manifest(self.path, nxt, seq0)   # the switch: before it the old generation, after it the new
+                self._log.close()
+                seq = self.seq
+                self._start(base, nxt)
+                for _, payload in since:
+                    self._apply(payload)
+                self.seq, self._log = seq, log   # (sequence numbers go on across generations)
+                self._remove_other_generations()
+        finally:
+            self._compacting = None
 
     def _remove_other_generations(self) -> None:
         keep = set(_names(self.generation))

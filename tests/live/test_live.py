@@ -73,6 +73,30 @@ def test_random_updates_search_as_a_rebuild(tmp_path):
     live.close()
 
 
+def test_a_background_compaction_keeps_the_updates_made_meanwhile(tmp_path):
+    live = LiveIndex.create(tmp_path / "live", docs_of([f"d{i}" for i in range(300)], 0), block_size=16)
+    for j in range(12):   # more update batches than MAX_SEGMENTS: the delta parts are folded once
+        live.upsert(docs_of([f"d{j}", f"n{j}"], j + 1))
+    q = queries()
+    thread = live.compact(background=True)
+    with pytest.raises(RuntimeError, match="a compaction is running already"):
+        live.compact()
+    for j in range(12, 30):   # while it builds: updates and searches go on
+        live.upsert(docs_of([f"d{j}", f"n{j}"], j + 1))
+        live.delete([f"d{100 + j}"])
+        assert LiveSearcher(live).search_run(q, 20) == rebuilt_run(live, q, 20, "torch"), j
+    thread.join()
+    assert live.generation == 1 and live.seq == 12 + 2 * 18
+    assert LiveSearcher(live).search_run(q, 50) == rebuilt_run(live, q, 50, "torch")
+    ids = live.documents().ids
+    live.close()
+    again = LiveIndex.open(tmp_path / "live")   # the updates made during the compaction are in the new log
+    assert again.documents().ids == ids and again.seq == live.seq
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == [".lsr-live.lock", "base-000001", "live.json",
+                                                                     "wal-000001.log"]
+    again.close()
+
+
 def test_refused_updates_write_nothing(tmp_path):
     live = LiveIndex.create(tmp_path / "live", docs_of(["a", "b", "c"], 0))
     size = os.path.getsize(tmp_path / "live" / "wal-000000.log")
