@@ -72,8 +72,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     from lsr.utils.devices import resolve_device
 
     config = _search_config(args)
+    from lsr.live import is_live
     from lsr.parallel.topology import is_distributed
 
+    if is_live(args.index):
+        _check_live_search(args, is_distributed())
     if filter_from_args(args) is not None and (is_sharded(args.index) or is_distributed()):
         raise UsageError("--filter / --allow-docnos / --deny-docnos search one unsharded index in one process for now "
                          "(lsr.search.ShardedSearcher takes filter= in Python)")
@@ -87,6 +90,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"--out {args.out} already exists; pass --overwrite to replace it")
     device = resolve_device(args.device)
+    if is_live(args.index):
+        return _search_live(args, device, config)
     if is_distributed():  # any index on every rank of a torchrun job
         return _search_on_ranks(args, device, config)
     if is_sharded(args.index):
@@ -144,6 +149,72 @@ def _metadata_for(args: argparse.Namespace, doc_filter: Any, index: Any) -> Any:
     return table
 
 
+def _check_live_search(args: argparse.Namespace, distributed: bool) -> None:
+    """What ``lsr search`` does not offer on a live index (yet), refused in one line before any work."""
+    if args.filter:
+        raise UsageError(f"--filter reads metadata columns and the live index {args.index} has none (its added "
+                         "documents carry no metadata): filter it with --allow-docnos / --deny-docnos")
+    if distributed:
+        raise UsageError(f"{args.index} is a live index, searched in one process: run lsr search without torchrun")
+
+
+def _open_live(args: argparse.Namespace, device: str, config: Any) -> tuple[Any, Any]:
+    """(the live index at ``--index``, read-only: readers never take the writer lock; its ``LiveSearcher``)."""
+    from lsr.live import LiveIndex, LiveSearcher
+
+    live = LiveIndex.open(args.index, device=device, write=False)
+    return live, LiveSearcher(live, device, config=config)
+
+
+def _check_live_filter(live: Any, doc_filter: Any) -> None:
+    """Docno lists checked against the live documents, as a rebuilt index checks them: the searcher resolves
+    them over every slot, where a deleted document's docno (and a replaced one's old slot) still stands."""
+    if doc_filter is None:
+        return
+    import numpy as np
+    import pyarrow as pa
+
+    from lsr.search.filters import as_filter
+
+    alive = np.concatenate([live.base_alive, live.delta_alive])
+    docnos = [d for d, keep in zip(live.slot_docnos(), alive) if keep]
+    as_filter(doc_filter).resolve(pa.array(docnos, type=pa.large_string()))
+
+
+def _search_live(args: argparse.Namespace, device: str, config: Any) -> int:
+    """``lsr search --index L`` on a live index: its base (deletes masked out) and its added documents, merged
+    exactly; the run is what searching an index rebuilt from its documents writes."""
+    from lsr.search.searcher import check_compatible, run_depth
+
+    live, searcher = _open_live(args, device, config)
+    args.k = run_depth(args.k, max(live.n_docs, 1))
+    doc_filter = filter_from_args(args)
+    _check_live_filter(live, doc_filter)
+    queries, query_meta = _queries_from_args(args, device)
+    check_compatible(query_meta, live.base.metadata)
+    scores, slots = searcher.search(queries, args.k, filter=doc_filter)
+    return _write_run(args, queries, live.slot_docnos(), scores, slots)   # (read-only: no update in between)
+
+
+def _live_base_for_explain(args: argparse.Namespace, device: str, config: Any, doc_filter: Any) -> tuple[Any, Any]:
+    """(the live index's base, the filter its search applies: its deleted documents and the docno lists' part
+    of it), after the line saying what the live index holds."""
+    import pyarrow as pa
+
+    from lsr.search.filters import DocFilter, as_filter
+
+    live, _ = _open_live(args, device, config)
+    n_base = int(live.base_alive.sum())
+    print(f"live index {args.index}: {n_base:,} base + {live.n_docs - n_base:,} added documents (generation "
+          f"{live.generation}, update {live.seq}); the plan below is the base index's")
+    allowed = live.base_alive
+    _check_live_filter(live, doc_filter)
+    if doc_filter is not None:   # resolved over every slot, as LiveSearcher does (a listed docno may be an added one)
+        mask = as_filter(doc_filter).resolve(pa.array(live.slot_docnos(), type=pa.large_string()))
+        allowed = allowed & mask[:live.base.n_docs]
+    return live.base, None if allowed.all() else DocFilter.mask(allowed)
+
+
 def _search_on_ranks(args: argparse.Namespace, device: str, config: Any) -> int:
     """``lsr search`` under torchrun: the ranks agree on the index and the options before any work
     (``rank_index_job``), rank 0 reads (or encodes) the queries, every rank searches its share, rank 0 writes."""
@@ -177,6 +248,7 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     """``lsr search --explain``: print the plan of the first query batch; nothing is searched or written."""
     from lsr.index.inverted import InvertedIndex
     from lsr.index.sharded import ShardedIndex, is_sharded
+    from lsr.live import is_live
     from lsr.parallel.batch import index_partition_count
     from lsr.parallel.plan import plan_batch
     from lsr.parallel.topology import launch_rank
@@ -186,8 +258,10 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     if launch_rank() != 0:  # under torchrun one rank prints the plan; nothing is searched
         return 0
     device = resolve_device(args.device)
-    note = ""
-    if is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
+    note, doc_filter = "", filter_from_args(args)
+    if is_live(args.index):   # the base's plan; the delta segment is planned alike, per search
+        index, doc_filter = _live_base_for_explain(args, device, config, doc_filter)
+    elif is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them
         sharded = ShardedIndex.load(args.index, device=device, partitions=[0])
         index, note = sharded.partitions[0], f"(partition 1 of {sharded.n_partitions}) "
     else:
@@ -195,7 +269,6 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     queries, _ = _queries_from_args(args, device)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks of this torchrun job (1 outside one)
     print(plan_batch(index_partition_count(args.index), world, len(queries)))
-    doc_filter = filter_from_args(args)
     searcher = Searcher(index, device=device, config=config, metadata=_metadata_for(args, doc_filter, index))
     print(note + str(searcher.explain(queries.to(device), k=run_depth(args.k, max(index.n_docs, 1)), filter=doc_filter)))
     from lsr.utils.runtime import failures_block
@@ -208,7 +281,7 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
 def register(sub: Any, command: Any) -> None:
     """Add ``lsr search`` to the ``lsr`` command's sub-parsers (``lsr.cli``)."""
     p = command(sub, "search", "batch-search queries and write a run", cmd_search)
-    p.add_argument("--index", required=True, help="index directory written by lsr index (sharded or not)")
+    p.add_argument("--index", required=True, help="index directory written by lsr index (sharded, live or plain)")
     p.add_argument("--queries", required=True,
                    help="query vectors (lsr vector dir or Anserini TSV), or a dataset whose queries to encode")
     p.add_argument("--out", help="run file to write (required unless --explain)")

@@ -1,5 +1,5 @@
 """Live indexes: documents added, replaced and deleted without a rebuild, crash-safe (``LiveIndex``), and searched
-exactly alongside (``LiveSearcher``): docs/guide/filters.md, "Updates"."""
+exactly alongside (``LiveSearcher``): docs/guide/filters.md, "Live updates"."""
 
 from lsr.live.index import LiveIndex, is_live
 from lsr.live.search import LiveSearcher

@@ -26,7 +26,7 @@ DOCS = REPO / "docs"
 # The public names of lsr.__all__ and one stage package each: the reference must render all of them.
 PUBLIC = ["SparseVectors", "InvertedIndex", "Searcher", "SpladeEncoder", "LexicalEncoder", "evaluate", "load_dataset"]
 STAGE_PAGES = ["sparse", "config", "data", "storage", "encode-splade", "encode-bm25", "encode-sparton", "index-package",
-               "search", "evaluation", "train", "serve", "rerank", "parallel", "interop"]
+               "search", "live", "evaluation", "train", "serve", "rerank", "parallel", "interop"]
 
 
 @pytest.fixture(scope="module")
