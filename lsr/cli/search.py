@@ -166,41 +166,25 @@ def _open_live(args: argparse.Namespace, device: str, config: Any) -> tuple[Any,
     return live, LiveSearcher(live, device, config=config)
 
 
-def _check_live_filter(live: Any, doc_filter: Any) -> None:
-    """Docno lists checked against the live documents, as a rebuilt index checks them: the searcher resolves
-    them over every slot, where a deleted document's docno (and a replaced one's old slot) still stands."""
-    if doc_filter is None:
-        return
-    import numpy as np
-    import pyarrow as pa
-
-    from lsr.search.filters import as_filter
-
-    alive = np.concatenate([live.base_alive, live.delta_alive])
-    docnos = [d for d, keep in zip(live.slot_docnos(), alive) if keep]
-    as_filter(doc_filter).resolve(pa.array(docnos, type=pa.large_string()))
-
-
 def _search_live(args: argparse.Namespace, device: str, config: Any) -> int:
     """``lsr search --index L`` on a live index: its base (deletes masked out) and its added documents, merged
     exactly; the run is what searching an index rebuilt from its documents writes."""
-    from lsr.search.searcher import check_compatible, run_depth
+    from lsr.search.searcher import run_depth
 
     live, searcher = _open_live(args, device, config)
     args.k = run_depth(args.k, max(live.n_docs, 1))
     doc_filter = filter_from_args(args)
-    _check_live_filter(live, doc_filter)
     queries, query_meta = _queries_from_args(args, device)
-    check_compatible(query_meta, live.base.metadata)
-    scores, slots = searcher.search(queries, args.k, filter=doc_filter)
+    scores, slots = searcher.search(queries, args.k, filter=doc_filter, query_metadata=query_meta)
     return _write_run(args, queries, live.slot_docnos(), scores, slots)   # (read-only: no update in between)
 
 
 def _live_base_for_explain(args: argparse.Namespace, device: str, config: Any, doc_filter: Any) -> tuple[Any, Any]:
     """(the live index's base, the filter its search applies: its deleted documents and the docno lists' part
     of it), after the line saying what the live index holds."""
-    import pyarrow as pa
+    import numpy as np
 
+    from lsr.live.search import live_slot_mask
     from lsr.search.filters import DocFilter, as_filter
 
     live, _ = _open_live(args, device, config)
@@ -208,10 +192,9 @@ def _live_base_for_explain(args: argparse.Namespace, device: str, config: Any, d
     print(f"live index {args.index}: {n_base:,} base + {live.n_docs - n_base:,} added documents (generation "
           f"{live.generation}, update {live.seq}); the plan below is the base index's")
     allowed = live.base_alive
-    _check_live_filter(live, doc_filter)
-    if doc_filter is not None:   # resolved over every slot, as LiveSearcher does (a listed docno may be an added one)
-        mask = as_filter(doc_filter).resolve(pa.array(live.slot_docnos(), type=pa.large_string()))
-        allowed = allowed & mask[:live.base.n_docs]
+    if doc_filter is not None:   # over the live slots, as LiveSearcher resolves it (a listed docno may be an added one)
+        alive = np.concatenate([live.base_alive, live.delta_alive])
+        allowed = allowed & live_slot_mask(as_filter(doc_filter), live.slot_docnos(), alive)[:live.base.n_docs]
     return live.base, None if allowed.all() else DocFilter.mask(allowed)
 
 

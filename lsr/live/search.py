@@ -22,11 +22,20 @@ import torch
 from lsr.live.index import LiveIndex
 from lsr.search.config import SearchConfig
 from lsr.search.filters import DocFilter, as_filter
-from lsr.search.searcher import Searcher, run_depth
+from lsr.search.searcher import Searcher, check_request, run_depth
 from lsr.search.sharded import merge_hit_lists, shift_ids
 from lsr.sparse import SparseVectors
 
-__all__ = ["LiveSearcher"]
+__all__ = ["LiveSearcher", "live_slot_mask"]
+
+
+def live_slot_mask(flt: DocFilter, slot_docnos: list[str], alive: np.ndarray) -> np.ndarray:
+    """A docno filter's mask over the slots, resolved against the live documents only: a deleted document's slot,
+    and a replaced one's old slot, name no document (a list naming a deleted one is refused as a rebuild would)."""
+    import pyarrow as pa
+
+    return flt.resolve(pa.array([d if a else None for d, a in zip(slot_docnos, alive, strict=True)],
+                                type=pa.large_string()))
 
 
 class LiveSearcher:
@@ -47,10 +56,13 @@ class LiveSearcher:
             return (self._base, live.base_alive.copy(), live.delta_segments(), live.delta_alive.copy(),
                     live.slot_docnos())
 
-    def search(self, queries: SparseVectors, k: int | None = None, filter: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def search(self, queries: SparseVectors, k: int | None = None, filter: Any = None,
+               query_metadata: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k live documents of every query (among those ``filter`` allows: docno lists or a mask over slots;
-        metadata expressions are not offered on a live index yet): (scores, slots)."""
-        return self._search(queries, self.config.k if k is None else k, filter)[:2]
+        metadata expressions are not offered on a live index yet): (scores, slots). ``query_metadata``: the
+        queries' encoder description, checked against the index's."""
+        k = check_request(queries, self.config.k if k is None else k, query_metadata, self.live.base)
+        return self._search(queries, k, filter)[:2]
 
     def _search(self, queries: SparseVectors, k: int, filter: Any) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """(scores, slots, the snapshot's docno of every slot)."""
@@ -60,9 +72,7 @@ class LiveSearcher:
             flt = as_filter(filter)
             if flt.reads_metadata():
                 raise ValueError("a live index has no metadata columns for its added documents: filter it by docnos")
-            import pyarrow as pa
-
-            mask = flt.resolve(pa.array(docnos, type=pa.large_string()))
+            mask = live_slot_mask(flt, docnos, np.concatenate([base_alive, delta_alive]))
             allowed_base, allowed_delta = base_alive & mask[:len(base_alive)], delta_alive & mask[len(base_alive):]
         queries = queries.to(self.device)
         n_base = len(base_alive)
@@ -75,10 +85,12 @@ class LiveSearcher:
                 parts.append((s, shift_ids(i, first)))
         return (*merge_hit_lists(parts, k, n_base + len(delta_alive)), docnos)
 
-    def search_run(self, queries: SparseVectors, k: int | None = None, filter: Any = None) -> dict[str, dict[str, float]]:
+    def search_run(self, queries: SparseVectors, k: int | None = None, filter: Any = None,
+                   query_metadata: Any = None) -> dict[str, dict[str, float]]:
         """A run {qid: {docno: score}}, best first, at most the live documents deep."""
         from lsr.data.runs import from_topk
 
-        k = run_depth(self.config.k if k is None else k, max(self.live.n_docs, 1))
+        k = check_request(queries, self.config.k if k is None else k, query_metadata, self.live.base)
+        k = run_depth(k, max(self.live.n_docs, 1))
         scores, slots, docnos = self._search(queries, k, filter)
         return from_topk(queries.ids, docnos, scores.cpu(), slots.cpu())

@@ -246,3 +246,18 @@ def test_no_acknowledged_update_is_lost_to_100_kills(tmp_path):
         zygote.kill()
         zygote.wait()
     assert acked > 200   # the kills landed among real work
+
+
+def test_docno_filters_name_live_documents_only(tmp_path):
+    """A docno list is checked against the live documents, as a rebuilt index checks it: a deleted one is not in the
+    index, and a replaced one's old slot does not count twice."""
+    live = LiveIndex.create(tmp_path / "live", docs_of(["a", "b", "c", "d"], 0))
+    live.delete(["b"])
+    live.upsert(docs_of(["c"], 1))
+    q, searcher = queries(), LiveSearcher(live)
+    with pytest.raises(ValueError, match=r"1 docno\(s\) of the deny list are not in the index \('b'\)"):
+        searcher.search(q, 3, filter=DocFilter.deny(["b"]))
+    with pytest.raises(ValueError, match=r"\('zz'\)"):
+        searcher.search(q, 3, filter=DocFilter.allow(["c", "zz"]))
+    allow = DocFilter.allow(["c", "d"])
+    assert searcher.search_run(q, 3, filter=allow) == rebuilt_run(live, q, 3, "torch", allow)
