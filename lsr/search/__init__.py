@@ -11,6 +11,8 @@ Module map (``lsr.search.plan``'s docstring tells how one search is carried out)
   torch backend (a weighted gather-sum per document over the doc CSR).
 * ``sharded``: ``ShardedSearcher``, the partitions of a ``ShardedIndex`` searched in turn on one device, merged
   exactly (``merge_hit_lists``; distributed search merges the ranks' lists with it too).
+* ``filters``: ``DocFilter``, which documents a search may return (docno lists, masks, metadata expressions);
+  ``filtered``: its routes (subset, mask, widen), planned by selectivity (``Searcher.search(filter=...)``).
 * ``factory``: ``open_searcher``, the searcher of an index or index folder, sharded or not.
 * ``gpu_search``: the gpu backend: the block route (``block_path``, its records ``block_plan``, the fallback chain
   ``fallbacks``, CUDA graphs ``graphs``, work items ``work_items``, spans ``spans``) and the dense-scatter route.
@@ -30,10 +32,11 @@ from lsr.utils.lazy import lazy_exports
 _EXPORTS = {
     "lsr.search.config": ("SearchConfig",),
     "lsr.search.factory": ("open_searcher",),
+    "lsr.search.filters": ("DocFilter",),
     "lsr.search.plan": ("SearchPlan", "plan_search"),
     "lsr.search.searcher": ("ENCODER_IDENTITY_KEYS", "Searcher", "check_compatible", "exact_topk"),
     "lsr.search.sharded": ("ShardedSearcher",),
 }
-__all__ = ["ENCODER_IDENTITY_KEYS", "SearchConfig", "SearchPlan", "Searcher", "ShardedSearcher", "check_compatible",
+__all__ = ["ENCODER_IDENTITY_KEYS", "DocFilter", "SearchConfig", "SearchPlan", "Searcher", "ShardedSearcher", "check_compatible",
            "exact_topk", "open_searcher", "plan_search"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
