@@ -77,9 +77,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if is_live(args.index):
         _check_live_search(args, is_distributed())
-    if filter_from_args(args) is not None and (is_sharded(args.index) or is_distributed()):
-        raise UsageError("--filter / --allow-docnos / --deny-docnos search one unsharded index in one process for now "
-                         "(lsr.search.ShardedSearcher takes filter= in Python)")
+    filtered = filter_from_args(args) is not None
+    if filtered and is_distributed():
+        raise UsageError("--filter / --allow-docnos / --deny-docnos search in one process for now (not under torchrun)")
+    if filtered and args.explain and is_sharded(args.index):
+        raise UsageError("--explain with a filter plans one unsharded index; a sharded index's partitions are each "
+                         "filtered by their slice of the filter: drop --explain, or explain without the filter")
     if args.explain:
         return _explain_search(args, config)
     if args.out is None:
@@ -94,6 +97,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         return _search_live(args, device, config)
     if is_distributed():  # any index on every rank of a torchrun job
         return _search_on_ranks(args, device, config)
+    if is_sharded(args.index) and filtered:
+        return _search_sharded_filtered(args, device, config)
     if is_sharded(args.index):
         from lsr.parallel.batch import index_doc_count, search_sharded
 
@@ -110,6 +115,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     searcher = Searcher(index, device=device, config=config, metadata=_metadata_for(args, doc_filter, index))
     scores, doc_idx = searcher.search(queries.to(device), k=args.k, query_metadata=query_meta, filter=doc_filter)
     return _write_run(args, queries, index.docnos, scores, doc_idx)
+
+
+def _search_sharded_filtered(args: argparse.Namespace, device: str, config: Any) -> int:
+    """A filtered search of a sharded index in one process: ``ShardedSearcher`` with the filter over the global
+    document indices (each partition searches its slice), the folder's metadata columns loaded."""
+    from lsr.search.factory import open_searcher
+    from lsr.search.searcher import run_depth
+
+    stream = {"auto": None, "yes": True, "no": False}[args.stream]
+    searcher = open_searcher(args.index, device=device, config=config, backend=args.backend, stream=stream)
+    args.k = run_depth(args.k, searcher.index.n_docs)
+    queries, meta = _queries_from_args(args, device)
+    scores, doc_idx = searcher.search(queries.to(device), args.k, query_metadata=meta, filter=filter_from_args(args))
+    return _write_run(args, queries, searcher.index.docnos, scores, doc_idx)
 
 
 def filter_from_args(args: argparse.Namespace) -> Any:

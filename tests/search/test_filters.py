@@ -209,3 +209,29 @@ def test_cuda_routes_equal_an_index_of_the_allowed_documents():
             assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]), (share, route)
             assert torch.equal(a[1], want_i), (share, route)
             assert torch.allclose(a[0], want_s, rtol=1e-6, atol=0), (share, route)   # (widen: the whole index's scale)
+
+
+def test_lsr_search_filters_a_sharded_index(case, tmp_path, capsys):
+    """``lsr search --deny-docnos`` on a sharded index folder: the run of the unsharded index with the same filter."""
+    from lsr.cli import main
+    from lsr.data.runs import read_run
+    from lsr.index.sharded import ShardedIndex
+    from lsr.storage.shards import write_vectors
+
+    docs, queries, index = case
+    ShardedIndex.build(docs.to("cpu"), 3, tmp_path / "sharded", block_size=16)
+    index.to("cpu").save(tmp_path / "one")
+    write_vectors(tmp_path / "q", queries.to("cpu"))
+    (tmp_path / "deny.txt").write_text("\n".join(index.docnos[::3]) + "\n", encoding="utf-8")
+    runs = {}
+    for name in ("sharded", "one"):
+        assert main(["search", "--index", str(tmp_path / name), "--queries", str(tmp_path / "q"), "--k", "25",
+                     "--device", "cpu", "--backend", "torch", "--deny-docnos", str(tmp_path / "deny.txt"),
+                     "--out", str(tmp_path / f"{name}.trec")]) == 0
+        runs[name] = read_run(tmp_path / f"{name}.trec")
+    assert runs["sharded"] == runs["one"] and runs["one"]
+    assert not {d for hits in runs["one"].values() for d in hits} & set(index.docnos[::3])
+    capsys.readouterr()
+    assert main(["search", "--index", str(tmp_path / "sharded"), "--queries", str(tmp_path / "q"), "--device", "cpu",
+                 "--deny-docnos", str(tmp_path / "deny.txt"), "--explain"]) == 2
+    assert "--explain with a filter plans one unsharded index" in capsys.readouterr().err
