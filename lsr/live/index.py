@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +76,15 @@ class LiveIndex:
     # ------------------------------------------------------------------ opening
     @classmethod
     def create(cls, path: str | os.PathLike, documents: SparseVectors | InvertedIndex, *,
-               block_size: int | None = None, postings: str = "auto") -> LiveIndex:
+               block_size: int | None = None, postings: str = "auto", metadata: dict[str, Any] | None = None) -> LiveIndex:
         """A new live index folder at ``path`` (which must not exist) over ``documents`` (vectors with their
-        docnos as ids, or a built index), opened for writing."""
+        docnos as ids, or a built index), opened for writing. ``metadata``: the encoder's description (its
+        ``describe()``), checked against queries and against the encoder of ``add_texts``."""
         path = Path(path)
         if path.exists():
             raise FileExistsError(f"{path} already exists: give a new folder for the live index, or open it")
         base = documents if isinstance(documents, InvertedIndex) else InvertedIndex.build(
-            documents, block_size=block_size or 65536, postings=postings)
+            documents, block_size=block_size or 65536, postings=postings, metadata=metadata)
         base_name, wal_name = _names(0)
         with atomic_directory(path) as tmp:   # a kill while it is made leaves no half live index
             base.to("cpu").save(tmp / base_name)
@@ -143,6 +144,21 @@ class LiveIndex:
     def upsert(self, vectors: SparseVectors) -> int:
         """Add documents, replacing those whose docnos the index holds (a replaced one moves to the end)."""
         return self._update("upsert", vectors, None)
+
+    def add_texts(self, encoder: Any, texts: Sequence[str], docnos: Sequence[str], replace: bool = False) -> int:
+        """Encode documents with the index's encoder (``encoder.describe()`` must agree with the index's encoder
+        description) and add them (``replace``: upsert); the update's sequence number."""
+        from lsr.search.searcher import check_compatible
+
+        if len(texts) != len(docnos):
+            raise ValueError(f"{len(texts)} texts for {len(docnos)} docnos: give one docno per text")
+        try:
+            check_compatible(encoder.describe(), self.base.metadata)
+        except ValueError as e:
+            raise ValueError(f"this encoder is not the one the index was built with ({e}); encode the documents "
+                             "with the index's encoder") from None
+        vectors = encoder.encode_document(list(texts), ids=list(docnos))
+        return self.upsert(vectors) if replace else self.add(vectors)
 
     def delete(self, docnos: Iterable[str], missing: str = "error") -> int:
         """Delete documents by docno; a docno the index lacks is an error (``missing="ignore"``: skipped)."""

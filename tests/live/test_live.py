@@ -261,3 +261,28 @@ def test_docno_filters_name_live_documents_only(tmp_path):
         searcher.search(q, 3, filter=DocFilter.allow(["c", "zz"]))
     allow = DocFilter.allow(["c", "d"])
     assert searcher.search_run(q, 3, filter=allow) == rebuilt_run(live, q, 3, "torch", allow)
+
+
+def test_texts_are_encoded_with_the_index_encoder(tmp_path, data_dir):
+    """``add_texts`` with the real SPLADE model: the live documents are the vectors the encoder gives; an encoder
+    the index was not built with is refused in one line."""
+    import json
+
+    from lsr.encode.splade.encoder import SpladeEncoder
+
+    rows = [json.loads(line) for line in (data_dir / "scifact" / "corpus.jsonl").read_text().splitlines()[:12]]
+    texts, ids = [r["title"] + " " + r["text"] for r in rows], [r["_id"] for r in rows]
+    encoder = SpladeEncoder.from_pretrained(str(data_dir / "models" / "splade-tiny"), device="cpu")
+    live = LiveIndex.create(tmp_path / "live", encoder.encode_document(texts[:8], ids=ids[:8]),
+                            metadata=encoder.describe())
+    live.add_texts(encoder, texts[8:], ids[8:])
+    live.add_texts(encoder, texts[:1], ids[:1], replace=True)
+    want = encoder.encode_document(texts[1:] + texts[:1], ids=ids[1:] + ids[:1])
+    assert live.documents().equal(want)
+    other = type("Other", (), {"describe": lambda self: {"model": "another/model"},
+                               "encode_document": encoder.encode_document})()
+    with pytest.raises(ValueError, match="this encoder is not the one the index was built with"):
+        live.add_texts(other, texts[:1], ["new"])
+    with pytest.raises(ValueError, match="2 texts for 1 docnos"):
+        live.add_texts(encoder, texts[:2], ["x"])
+    live.close()
