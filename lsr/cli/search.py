@@ -77,7 +77,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if is_live(args.index):
         _check_live_search(args, is_distributed())
-    filtered = filter_from_args(args) is not None
+    args.doc_filter = filter_from_args(args)   # (the docno files are read once, here)
+    filtered = args.doc_filter is not None
     if filtered and is_distributed():
         raise UsageError("--filter / --allow-docnos / --deny-docnos search in one process for now (not under torchrun)")
     if filtered and args.explain and is_sharded(args.index):
@@ -110,7 +111,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         return _write_run(args, queries, hits.docnos, hits.scores, hits.doc_idx)
     index = InvertedIndex.load(args.index, device=device)
     args.k = run_depth(args.k, index.n_docs)
-    doc_filter = filter_from_args(args)
+    doc_filter = args.doc_filter
     queries, query_meta = _queries_from_args(args, device)
     searcher = Searcher(index, device=device, config=config, metadata=_metadata_for(args, doc_filter, index))
     scores, doc_idx = searcher.search(queries.to(device), k=args.k, query_metadata=query_meta, filter=doc_filter)
@@ -127,7 +128,7 @@ def _search_sharded_filtered(args: argparse.Namespace, device: str, config: Any)
     searcher = open_searcher(args.index, device=device, config=config, backend=args.backend, stream=stream)
     args.k = run_depth(args.k, searcher.index.n_docs)
     queries, meta = _queries_from_args(args, device)
-    scores, doc_idx = searcher.search(queries.to(device), args.k, query_metadata=meta, filter=filter_from_args(args))
+    scores, doc_idx = searcher.search(queries.to(device), args.k, query_metadata=meta, filter=args.doc_filter)
     return _write_run(args, queries, searcher.index.docnos, scores, doc_idx)
 
 
@@ -192,7 +193,7 @@ def _search_live(args: argparse.Namespace, device: str, config: Any) -> int:
 
     live, searcher = _open_live(args, device, config)
     args.k = run_depth(args.k, max(live.n_docs, 1))
-    doc_filter = filter_from_args(args)
+    doc_filter = args.doc_filter
     queries, query_meta = _queries_from_args(args, device)
     scores, slots = searcher.search(queries, args.k, filter=doc_filter, query_metadata=query_meta)
     return _write_run(args, queries, live.slot_docnos(), scores, slots)   # (read-only: no update in between)
@@ -260,7 +261,7 @@ def _explain_search(args: argparse.Namespace, config: Any) -> int:
     if launch_rank() != 0:  # under torchrun one rank prints the plan; nothing is searched
         return 0
     device = resolve_device(args.device)
-    note, doc_filter = "", filter_from_args(args)
+    note, doc_filter = "", args.doc_filter
     if is_live(args.index):   # the base's plan; the delta segment is planned alike, per search
         index, doc_filter = _live_base_for_explain(args, device, config, doc_filter)
     elif is_sharded(args.index):   # every partition is planned alike: the first one's plan stands for them

@@ -35,7 +35,7 @@ from lsr.parallel.joblock import FolderLock
 from lsr.sparse import SparseVectors
 from lsr.storage.files import atomic_directory, atomic_write_text, fsync_dir
 
-__all__ = ["LOCK", "MANIFEST", "MAX_SEGMENTS", "LiveIndex", "is_live"]
+__all__ = ["LOCK", "MANIFEST", "MAX_SEGMENTS", "LiveIndex", "SlotDocnos", "is_live"]
 
 MANIFEST, LOCK, FORMAT = "live.json", ".lsr-live.lock", "lsr-live"
 MAX_SEGMENTS = 8   # delta parts searched one by one before they are folded into one
@@ -247,10 +247,11 @@ class LiveIndex:
                                  torch.cat([p.values for p in self._delta]),
                                  [str(first + i) for i in range(len(lengths))], self.base.vocab_size, validate=False)
 
-    def slot_docnos(self) -> list[str]:
-        """The docno of every slot: the base's, then the added documents' (deleted ones included)."""
+    def slot_docnos(self) -> SlotDocnos:
+        """The docno of every slot: the base's, then the added documents' (deleted ones included); a view that
+        copies only the added ones (a search takes one per call)."""
         with self._mutex:
-            return list(self.base.docnos) + [d for part in self._delta for d in part.ids]
+            return SlotDocnos(self.base.docnos, tuple(d for part in self._delta for d in part.ids))
 
     def documents(self) -> SparseVectors:
         """The live documents in index order: what an index rebuilt from scratch holds."""
@@ -339,6 +340,24 @@ class LiveIndex:
                 else:
                     with contextlib.suppress(OSError):
                         entry.unlink()
+
+
+class SlotDocnos(Sequence):
+    """The docnos of a live index's slots: its base's list (not copied: a generation's base does not change), then
+    the added documents'."""
+
+    def __init__(self, base: list[str], added: tuple[str, ...]) -> None:
+        self.base, self.added = base, added
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.added)
+
+    def __getitem__(self, slot: int) -> str:   # (ints only: from_topk and the run writers index one slot at a time)
+        return self.base[slot] if slot < len(self.base) else self.added[slot - len(self.base)]
+
+    def __iter__(self):
+        yield from self.base
+        yield from self.added
 
 
 def _write_manifest(path: Path, generation: int, seq: int = 0) -> None:

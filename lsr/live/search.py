@@ -14,12 +14,13 @@ search that starts after it returned.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from lsr.live.index import LiveIndex
+from lsr.live.index import LiveIndex, SlotDocnos
 from lsr.search.config import SearchConfig
 from lsr.search.filters import DocFilter, as_filter
 from lsr.search.searcher import Searcher, check_request, run_depth
@@ -29,7 +30,7 @@ from lsr.sparse import SparseVectors
 __all__ = ["LiveSearcher", "live_slot_mask"]
 
 
-def live_slot_mask(flt: DocFilter, slot_docnos: list[str], alive: np.ndarray) -> np.ndarray:
+def live_slot_mask(flt: DocFilter, slot_docnos: Sequence[str], alive: np.ndarray) -> np.ndarray:
     """A docno filter's mask over the slots, resolved against the live documents only: a deleted document's slot,
     and a replaced one's old slot, name no document (a list naming a deleted one is refused as a rebuild would)."""
     import pyarrow as pa
@@ -48,7 +49,7 @@ class LiveSearcher:
         self.device = torch.device(device) if device is not None else live.base.device
         self._base, self._base_of = Searcher(live.base, self.device, config=self.config), live.base
 
-    def _snapshot(self) -> tuple[Any, np.ndarray, Any, np.ndarray, list[str]]:
+    def _snapshot(self) -> tuple[Any, np.ndarray, Any, np.ndarray, SlotDocnos]:
         live = self.live
         with live._mutex:
             if self._base_of is not live.base:   # a compaction: the new base
@@ -64,7 +65,7 @@ class LiveSearcher:
         k = check_request(queries, self.config.k if k is None else k, query_metadata, self.live.base)
         return self._search(queries, k, filter)[:2]
 
-    def _search(self, queries: SparseVectors, k: int, filter: Any) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    def _search(self, queries: SparseVectors, k: int, filter: Any) -> tuple[torch.Tensor, torch.Tensor, SlotDocnos]:
         """(scores, slots, the snapshot's docno of every slot)."""
         base, base_alive, delta, delta_alive, docnos = self._snapshot()
         allowed_base, allowed_delta = base_alive, delta_alive

@@ -18,7 +18,7 @@ from lsr.search.searcher import Searcher
 from lsr.search.sharded import ShardedSearcher
 from lsr.utils.devices import torch_device
 
-__all__ = ["open_searcher"]
+__all__ = ["metadata_loader", "open_searcher"]
 
 
 def open_searcher(index_or_path: Any, *, device: str | torch.device | None = None,
@@ -40,13 +40,21 @@ def open_searcher(index_or_path: Any, *, device: str | torch.device | None = Non
             "cuda" if torch.cuda.is_available() else "cpu")
         loader = ShardedIndex if is_sharded(index_or_path) else InvertedIndex
         index = loader.load(index_or_path, device=where)
-        if "metadata" not in kwargs:   # the columns ``lsr index --metadata`` attached, for filter expressions
-            from lsr.index.metadata import load_metadata
-
-            kwargs["metadata"] = load_metadata(index_or_path, index.docnos)
+        if "metadata" not in kwargs:   # the columns ``lsr index --metadata`` attached, read at the first expression
+            kwargs["metadata"] = metadata_loader(index_or_path, index)
     if isinstance(index, ShardedIndex):
         return ShardedSearcher(index, device, config=config, **kwargs)
     if isinstance(index, InvertedIndex):
         return Searcher(index, device, config=config, **kwargs)
     raise TypeError(f"open_searcher takes an InvertedIndex, a ShardedIndex or an index folder, "
                     f"got {type(index_or_path).__name__}")
+
+
+def metadata_loader(folder: str | os.PathLike, index: Any) -> Any:
+    """A function returning ``folder``'s metadata columns checked against ``index``'s docnos (None without
+    them), read once, at its first call: a search that no expression filters reads nothing."""
+    import functools
+
+    from lsr.index.metadata import load_metadata
+
+    return functools.cache(lambda: load_metadata(folder, index.docnos))

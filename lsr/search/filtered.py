@@ -34,7 +34,8 @@ from lsr.search.filters import DocFilter, as_filter, mask_key
 from lsr.search.index_cache import index_cache
 from lsr.utils.plans import Step
 
-__all__ = ["FilterPlan", "plan_filter", "resolve_filter", "search_subset", "search_widened", "explain_filtered", "search_with_filters"]
+__all__ = ["FilterPlan", "cached_subset", "explain_filtered", "no_hits", "plan_filter", "resolve_filter", "search_subset",
+           "search_widened", "search_with_filters"]
 
 Search = Callable[..., tuple[torch.Tensor, torch.Tensor]]   # (queries, k[, allowed]) -> (scores, doc_idx)
 
@@ -91,18 +92,28 @@ def search_subset(index: object, mask: np.ndarray, queries: object, k: int, cfg:
                   searcher_of: Callable[[object], Search]) -> tuple[torch.Tensor, torch.Tensor]:
     """The subset route: search an index of the allowed documents (built once per filter and index) and map its
     document indices back to ``index``'s."""
-    rows = torch.from_numpy(np.flatnonzero(mask)).to(index.device)
-    sub = index_cache(index).subset(mask_key(mask), lambda: subset_index(index, rows), max(cfg.subset_cache, 1))
+    rows, sub = cached_subset(index, mask, cfg)
     scores, idx = searcher_of(sub)(queries, k)
     return scores, torch.where(idx >= 0, rows[idx.clamp_min(0)], idx)
 
 
-def subset_index(index: object, rows: torch.Tensor) -> object:
-    """An index of ``index``'s documents ``rows`` (ascending), in their order, its layout and block size."""
+def cached_subset(index: object, mask: np.ndarray, cfg: FilterTuning) -> tuple[torch.Tensor, object]:
+    """(the allowed documents' indices on the index's device, an index of them in their order, layout and block
+    size), built at a filter's first search and kept per index (``filters.subset_cache``)."""
     from lsr.index.inverted import InvertedIndex
 
-    return InvertedIndex.build(index.docs[rows], index.device, block_size=index.block_size,
-                               metadata=dict(index.metadata), postings=index.postings)
+    def build() -> tuple[torch.Tensor, InvertedIndex]:
+        rows = torch.from_numpy(np.flatnonzero(mask)).to(index.device)
+        return rows, InvertedIndex.build(index.docs[rows], index.device, block_size=index.block_size,
+                                         metadata=dict(index.metadata), postings=index.postings)
+
+    return index_cache(index).subset(mask_key(mask), build, max(cfg.subset_cache, 1))
+
+
+def no_hits(n_queries: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padding only: scores 0.0 and doc indices -1, [n_queries, k]."""
+    return (torch.zeros(n_queries, k, dtype=torch.float32, device=device),
+            torch.full((n_queries, k), -1, dtype=torch.int64, device=device))
 
 
 def search_widened(allowed: torch.Tensor, queries: object, k: int, k_search: int, n_docs: int,
@@ -110,8 +121,7 @@ def search_widened(allowed: torch.Tensor, queries: object, k: int, k_search: int
     """The widen route: top-``k_search`` of the whole index, the documents ``allowed`` (bool [n_docs] on the search
     device) does not hold dropped, the first ``k`` kept; queries left short are searched again 4x deeper."""
     n_q = len(queries)
-    out_s = torch.zeros(n_q, k, dtype=torch.float32, device=allowed.device)
-    out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=allowed.device)
+    out_s, out_i = no_hits(n_q, k, allowed.device)
     todo = torch.arange(n_q, device=allowed.device)
     depth = k_search
     while todo.numel():
@@ -176,8 +186,7 @@ def search_with_filters(searcher: object, queries: object, k: int, value: object
             key = resolved[id(v)]
         groups.setdefault(key, []).append(q)
     dev = searcher.device
-    out_s = torch.zeros(len(queries), k, dtype=torch.float32, device=dev)
-    out_i = torch.full((len(queries), k), -1, dtype=torch.int64, device=dev)
+    out_s, out_i = no_hits(len(queries), k, dev)
     for key, rows in groups.items():
         part = queries[torch.tensor(rows, device=dev)]
         s, i = search(part, k) if key is None else search_filtered(searcher, part, k, *masks[key], search)
@@ -194,8 +203,7 @@ def search_filtered(searcher: object, queries: object, k: int, mask: np.ndarray,
     if plan.route == "all":
         return search(queries, k)
     if plan.route == "none":
-        return (torch.zeros(len(queries), k, dtype=torch.float32, device=searcher.device),
-                torch.full((len(queries), k), -1, dtype=torch.int64, device=searcher.device))
+        return no_hits(len(queries), k, searcher.device)
     if plan.route == "subset":
         def searcher_of(sub: object) -> Search:
             return type(searcher)(sub, searcher.device, config=searcher.config).search
@@ -217,14 +225,7 @@ def explain_filtered(searcher: object, queries: object, k: int, query_batch: int
     plan = plan_filter(mask, k, searcher.backend, searcher.config.filters, described)
     target, depth = searcher, plan.k_search
     if plan.route == "subset":
-        from lsr.index.inverted import InvertedIndex
-
-        rows = torch.from_numpy(np.flatnonzero(mask)).to(searcher.index.device)
-
-        def build() -> InvertedIndex:
-            return subset_index(searcher.index, rows)
-
-        sub = index_cache(searcher.index).subset(mask_key(mask), build, max(searcher.config.filters.subset_cache, 1))
+        sub = cached_subset(searcher.index, mask, searcher.config.filters)[1]
         target = type(searcher)(sub, searcher.device, config=searcher.config)
     inner = target.explain(queries, depth, query_batch)
     return inner.with_steps((plan.step(),))

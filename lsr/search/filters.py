@@ -13,7 +13,7 @@ lists that legitimately span several indexes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,9 +79,10 @@ class DocFilter:
         return DocFilter("not", parts=(self,))
 
     # ------------------------------------------------------------------ resolving
-    def resolve(self, docnos: pa.Array, metadata: pa.Table | None = None) -> np.ndarray:
+    def resolve(self, docnos: pa.Array, metadata: pa.Table | Callable[[], pa.Table | None] | None = None) -> np.ndarray:
         """The mask of allowed documents, bool [n_docs], for an index whose docnos are ``docnos`` (in document
-        order) and whose metadata columns are ``metadata`` (rows in document order)."""
+        order) and whose metadata columns are ``metadata`` (rows in document order; or a function returning them,
+        called only when an expression reads them: an index folder's columns are not read for other filters)."""
         n = len(docnos)
         if self.kind in ("allow", "deny"):
             hit = pc.is_in(docnos, value_set=self.docnos).to_numpy(zero_copy_only=False)
@@ -94,6 +95,8 @@ class DocFilter:
                                  "give one entry per document index")
             return self.bits
         if self.kind == "where":
+            if callable(metadata):
+                metadata = metadata()
             if metadata is None:
                 raise ValueError(f"filter {str(self.expr)!r} reads metadata columns, and this index has none: attach "
                                  "them with `lsr index --metadata CORPUS` (or filter by docnos)")

@@ -156,8 +156,9 @@ class Searcher:
         max_memory_bytes: shorthand for ``config.batches.memory``: the torch backend's working memory (dense
             query block, chunk scores, top-k temporaries); default 1 GiB on CPU, min(8 GiB, free / 4) on CUDA.
         config: every knob of the search (``SearchConfig``); the two shorthands override its fields.
-        metadata: the index's metadata columns (a pyarrow Table, one row per document in document order), what
-            ``DocFilter.where`` expressions read; ``open_searcher`` loads the ones ``lsr index --metadata`` attached.
+        metadata: the index's metadata columns (a pyarrow Table, one row per document in document order, or a
+            function returning it at the first expression that reads it), what ``DocFilter.where`` expressions read;
+            ``open_searcher`` gives an index folder's (``lsr index --metadata``), read when first needed.
     """
 
     def __init__(self, index: InvertedIndex, device: str | torch.device | None = None, backend: str | None = None,
@@ -179,7 +180,7 @@ class Searcher:
         self.backend, self._backend_why = choose_backend(config, self.device)
         self.config = config.replace(backend=self.backend)
         self.metadata = metadata
-        if metadata is not None and metadata.num_rows != index.n_docs:
+        if metadata is not None and not callable(metadata) and metadata.num_rows != index.n_docs:
             raise ValueError(f"metadata has {metadata.num_rows:,} rows, the index {index.n_docs:,} documents: give one "
                              "row per document, in document order")
         self._gpu: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None

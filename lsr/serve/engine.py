@@ -129,10 +129,10 @@ class SearchEngine:
         self.device = resolve_device(device)
         self.k, self.max_k = int(k), int(max_k)
         self.index = index if isinstance(index, InvertedIndex) else InvertedIndex.load(index, device=self.device)
-        if metadata is None and not isinstance(index, InvertedIndex):   # an index folder's own columns
-            from lsr.index.metadata import load_metadata
+        if metadata is None and not isinstance(index, InvertedIndex):   # an index folder's own columns, when needed
+            from lsr.search.factory import metadata_loader
 
-            metadata = load_metadata(index, self.index.docnos)
+            metadata = metadata_loader(index, self.index)
         self.searcher = Searcher(self.index, device=self.device, backend=backend, metadata=metadata)
         self.index = self.searcher.index  # on the search device (an index given on another one is copied)
         self.encoder = load_query_encoder(model, self.device) if model else None
