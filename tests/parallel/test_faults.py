@@ -169,7 +169,12 @@ def test_a_stopped_rank_is_found_by_the_heartbeat_and_no_rank_outlives_the_job(t
         ranks = _children(job.pid)
         os.kill(ranks[1], signal.SIGSTOP)
         stopped = time.monotonic()
-        _, err = job.communicate(timeout=120)
+        try:
+            _, err = job.communicate(timeout=120)
+        except subprocess.TimeoutExpired as e:   # say where it stands: which rank still runs, in which state
+            states = {r: _state(pid) for r, pid in ranks.items()}
+            tail = (e.stderr or b"").decode(errors="replace")[-2000:].replace("\r", "\n")
+            pytest.fail(f"no end 120 s after the stop; rank states {states}, torchrun {_state(job.pid)}; stderr:\n{tail}")
         took = time.monotonic() - stopped
     finally:
         job.kill()
@@ -183,3 +188,11 @@ def test_a_stopped_rank_is_found_by_the_heartbeat_and_no_rank_outlives_the_job(t
     assert f"sent no heartbeat for {HEARTBEAT_S} s: it is stopped (e.g. SIGSTOP) or hung" in errors[0], errors
     assert not [r for r, pid in ranks.items() if _alive(pid)]   # none left running, none left stopped
     assert not (tmp_path / "vec" / "manifest.json").exists()
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped, Z zombie), or "gone"."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
